@@ -1,0 +1,515 @@
+#!/usr/bin/env bash
+# benches/run.sh — leasefs against the native directory and the FUSE ceiling,
+# measured in ONE run on the same disk (see benches/README.md).
+#
+#   benches/run.sh                # full: 1 GiB, 10,000 files, 2000 fsyncs, 3 runs
+#   benches/run.sh --quick        # CI: 64 MiB, 1000 files, 200 fsyncs, 1 run
+#   benches/run.sh --runs 5 --targets native,leasefs-r1
+#
+# Targets: native, fuse-ceiling (../shared/tools/fuse-ceiling, `file` mode),
+# bindfs (-o big_writes), leasefs-r1 (one datanode), leasefs-r3 (three datanodes).
+# A target that cannot be set up or mounted shows n/a; the script carries on.
+# Prints one table (medians of the runs) and keeps raw figures, fio JSON and
+# logs in target/bench/<time>/. Benchmarks are reports, not tests: exit status
+# is 0 unless the script itself is misused.
+#
+# Environment: LEASEFS_BIN (default target/release/leasefs), BENCH_DIR (parent
+# of the scratch directory, default /var/tmp: must be a real disk, not tmpfs),
+# BENCH_OUT (output directory), FUSE_CEILING_DIR (default ../shared/tools/fuse-ceiling).
+set -uo pipefail
+
+usage() {
+    sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'
+}
+
+runs=
+quick=0
+targets_arg=native,fuse-ceiling,bindfs,leasefs-r1,leasefs-r3
+while [[ $# -gt 0 ]]; do
+    case $1 in
+        --runs) runs=${2:?--runs needs a number}; shift 2 ;;
+        --runs=*) runs=${1#--runs=}; shift ;;
+        --quick) quick=1; shift ;;
+        --targets) targets_arg=${2:?--targets needs a list}; shift 2 ;;
+        --targets=*) targets_arg=${1#--targets=}; shift ;;
+        -h | --help) usage; exit 0 ;;
+        *) echo "run.sh: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
+    esac
+done
+[[ -z $runs || $runs =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: --runs needs a positive number" >&2; exit 2; }
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(git -C "$here" rev-parse --show-toplevel 2>/dev/null || (cd "$here/.." && pwd))
+
+if [[ $quick -eq 1 ]]; then
+    runs=${runs:-1}
+    seq_mib=64; nfiles=1000; nfsync=200; nopen=500
+else
+    runs=${runs:-3}
+    seq_mib=1024; nfiles=10000; nfsync=2000; nopen=2000
+fi
+
+IFS=, read -r -a targets <<<"$targets_arg"
+for t in "${targets[@]}"; do
+    case $t in
+        native | fuse-ceiling | bindfs | leasefs-r1 | leasefs-r3) ;;
+        *) echo "run.sh: unknown target '$t'" >&2; exit 2 ;;
+    esac
+done
+
+for tool in fio python3 findmnt fusermount3; do
+    command -v "$tool" >/dev/null 2>&1 || { echo "run.sh: $tool is required" >&2; exit 2; }
+done
+
+bin=${LEASEFS_BIN:-$root/target/release/leasefs}
+out=${BENCH_OUT:-$root/target/bench/$(date +%Y%m%d-%H%M%S)}
+mkdir -p "$out/fio" "$out/logs"
+results=$out/results.tsv
+: >"$results"
+notes=$out/notes.txt
+: >"$notes"
+
+work=$(mktemp -d "${BENCH_DIR:-/var/tmp}/leasefs-bench.XXXXXX")
+
+log() { printf '[bench] %s\n' "$*" >&2; }
+note() { printf '%s\n' "$*" >>"$notes"; log "$*"; }
+
+# --- mounts and cleanup --------------------------------------------------------
+declare -A mounted=()    # mount dir -> 1
+fc_pid=
+fc_bin=
+
+is_mounted() { findmnt -rn -M "$1" >/dev/null 2>&1; }
+
+wait_mounted() { # DIR TIMEOUT_TENTHS [PID]
+    local dir=$1 n=$2 pid=${3:-}
+    while ((n-- > 0)); do
+        is_mounted "$dir" && return 0
+        [[ -z $pid ]] || kill -0 "$pid" 2>/dev/null || return 1
+        sleep 0.1
+    done
+    return 1
+}
+
+fuse_unmount() { # DIR
+    local dir=$1
+    if is_mounted "$dir"; then
+        for _ in 1 2 3 4 5 6 7 8 9 10; do
+            fusermount3 -u "$dir" 2>/dev/null && break
+            sleep 0.5
+        done
+        if is_mounted "$dir"; then
+            log "unmount of $dir busy: lazy unmount"
+            fusermount3 -u -z "$dir" 2>/dev/null || umount -l "$dir" 2>/dev/null
+        fi
+    fi
+    unset 'mounted[$dir]'
+}
+
+stop_fc() {
+    [[ -n $fc_pid ]] || return 0
+    for _ in $(seq 1 100); do
+        kill -0 "$fc_pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    kill "$fc_pid" 2>/dev/null
+    wait "$fc_pid" 2>/dev/null
+    fc_pid=
+}
+
+# shellcheck disable=SC2317  # called from the EXIT trap
+cleanup() {
+    local d
+    for d in "${!mounted[@]}"; do fuse_unmount "$d"; done
+    stop_fc
+    if [[ -n $(findmnt -rn -o TARGET | grep -F "$work/" || true) ]]; then
+        log "something is still mounted under $work; leaving it"
+    else
+        rm -rf --one-file-system "$work"
+    fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+can_drop_caches=0
+if [[ -w /proc/sys/vm/drop_caches ]]; then
+    can_drop_caches=1
+else
+    note "cannot write /proc/sys/vm/drop_caches (not root): cold reads are n/a"
+fi
+drop_caches() {
+    sync
+    [[ $can_drop_caches -eq 1 ]] && echo 3 >/proc/sys/vm/drop_caches
+}
+
+# --- targets -------------------------------------------------------------------
+declare -A label=(
+    [native]="native" [fuse-ceiling]="fuse-ceiling" [bindfs]="bindfs"
+    [leasefs-r1]="leasefs R=1" [leasefs-r3]="leasefs R=3"
+)
+declare -A usable=()   # target -> 1 when it can be tried
+declare -A tdir=()     # target -> directory the figures run in
+
+prepare_target() { # TARGET: one-time checks/builds
+    local t=$1
+    case $t in
+        native) usable[$t]=1 ;;
+        fuse-ceiling)
+            local fcdir=${FUSE_CEILING_DIR:-$root/../shared/tools/fuse-ceiling}
+            if [[ ! -x $fcdir/build.sh ]]; then
+                note "fuse-ceiling: $fcdir/build.sh not found: n/a"
+                return
+            fi
+            log "building fuse-ceiling"
+            if fc_bin=$("$fcdir/build.sh" 2>"$out/logs/fuse-ceiling-build.log") && [[ -x $fc_bin ]]; then
+                usable[$t]=1
+            else
+                note "fuse-ceiling: build failed (see $out/logs/fuse-ceiling-build.log): n/a"
+            fi
+            ;;
+        bindfs)
+            if command -v bindfs >/dev/null 2>&1; then
+                usable[$t]=1
+            else
+                note "bindfs: not installed (apt-get install bindfs): n/a"
+            fi
+            ;;
+        leasefs-r1 | leasefs-r3)
+            if [[ -x $bin ]]; then
+                usable[$t]=1
+            else
+                note "${label[$t]}: no binary at $bin: n/a"
+            fi
+            ;;
+    esac
+}
+
+mount_target() { # TARGET RUN -> sets tdir[TARGET]; non-zero when it cannot mount
+    local t=$1 run=$2 base=$work/$1 mnt
+    mnt=$base/mnt
+    case $t in
+        native)
+            mkdir -p "$base/dir"
+            tdir[$t]=$base/dir
+            return 0
+            ;;
+        fuse-ceiling)
+            mkdir -p "$mnt" "$base/backing"
+            "$fc_bin" file "$mnt" --threads 2 --backing "$base/backing" \
+                >>"$out/logs/fuse-ceiling.log" 2>&1 &
+            fc_pid=$!
+            if ! wait_mounted "$mnt" 100 "$fc_pid"; then
+                note "fuse-ceiling: did not mount (run $run, see logs/fuse-ceiling.log)"
+                kill "$fc_pid" 2>/dev/null; wait "$fc_pid" 2>/dev/null; fc_pid=
+                return 1
+            fi
+            ;;
+        bindfs)
+            mkdir -p "$mnt" "$base/src"
+            if ! bindfs -o big_writes "$base/src" "$mnt" >>"$out/logs/bindfs.log" 2>&1; then
+                note "bindfs: mount failed (run $run, see logs/bindfs.log)"
+                return 1
+            fi
+            ;;
+        leasefs-r1 | leasefs-r3)
+            local r=${t#leasefs-r} i args
+            mkdir -p "$mnt" "$base/data"
+            args=(mount "$mnt" --data "$base/data")
+            for ((i = 1; i <= r; i++)); do
+                mkdir -p "$base/dn$i"
+                args+=(--datanode "$base/dn$i")
+            done
+            args+=(--replication "$r")
+            # A daemon that was just unmounted may still hold its data dir for a
+            # moment: retry for up to ~10 s.
+            local ok=0 msg
+            for _ in 1 2 3 4 5 6 7 8 9 10; do
+                echo "+ $bin ${args[*]}" >>"$out/logs/$t.log"
+                if msg=$(timeout 60 "$bin" "${args[@]}" 2>&1) && wait_mounted "$mnt" 50; then
+                    ok=1
+                    break
+                fi
+                echo "$msg" >>"$out/logs/$t.log"
+                sleep 1
+            done
+            if [[ $ok -ne 1 ]]; then
+                note "${label[$t]}: mount failed (run $run): $(printf '%s' "$msg" | head -n1)"
+                return 1
+            fi
+            ;;
+    esac
+    mounted[$mnt]=1
+    # The figures run in the mount's root: fuse-ceiling has a flat namespace
+    # (no mkdir), so no target gets subdirectories.
+    tdir[$t]=$mnt
+}
+
+unmount_target() { # TARGET
+    local t=$1 mnt=$work/$1/mnt
+    case $t in
+        native) ;;
+        fuse-ceiling) fuse_unmount "$mnt"; stop_fc ;;
+        *) fuse_unmount "$mnt" ;;
+    esac
+}
+
+# Make the next read cold: drop the page cache; targets that keep their files
+# across a remount are unmounted and mounted again first (fuse-ceiling keeps its
+# namespace in memory, so it is only dropped from the cache).
+make_cold() { # TARGET RUN
+    local t=$1 run=$2
+    case $t in
+        native | fuse-ceiling) drop_caches ;;
+        *)
+            unmount_target "$t"
+            drop_caches
+            mount_target "$t" "$run"
+            ;;
+    esac
+}
+
+wipe_target() { # TARGET: remove its scratch data after a run
+    rm -rf --one-file-system "${work:?}/$1"
+}
+
+# --- figures -------------------------------------------------------------------
+record() { # RUN TARGET FIGURE VALUE
+    printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "${4:-NA}" >>"$results"
+}
+
+fio_json() { # FILE EXPR -> prints python expression over j (jobs[0])
+    python3 - "$1" "$2" <<'PY' 2>/dev/null
+import json, sys
+try:
+    j = json.load(open(sys.argv[1]))["jobs"][0]
+    print(eval(sys.argv[2], {"j": j}))
+except Exception:
+    pass
+PY
+}
+
+fio_run() { # JSON_OUT FIO_ARGS...
+    local json=$1
+    shift
+    fio --ioengine=psync --fallocate=none --invalidate=0 --output-format=json \
+        --output="$json" "$@" >>"$out/logs/fio.log" 2>&1
+}
+
+fig_seq() { # RUN TARGET DIR
+    local run=$1 t=$2 dir=$3 f=$3/seq.dat js
+    rm -f "$f"
+    js=$out/fio/$t-run$run-seqwrite.json
+    if fio_run "$js" --name=seqwrite --filename="$f" --rw=write --bs=1M \
+        --size="${seq_mib}M" --end_fsync=1; then
+        record "$run" "$t" seq_write "$(fio_json "$js" 'round(j["write"]["bw_bytes"] / 1e6, 1)')"
+    else
+        record "$run" "$t" seq_write NA
+        note "${label[$t]}: sequential write failed (run $run, see logs/fio.log)"
+        return
+    fi
+    if [[ $can_drop_caches -eq 1 ]] && make_cold "$t" "$run"; then
+        f=${tdir[$t]}/seq.dat
+        js=$out/fio/$t-run$run-readcold.json
+        if fio_run "$js" --name=readcold --filename="$f" --rw=read --bs=1M --size="${seq_mib}M"; then
+            record "$run" "$t" seq_read_cold "$(fio_json "$js" 'round(j["read"]["bw_bytes"] / 1e6, 1)')"
+        else
+            record "$run" "$t" seq_read_cold NA
+        fi
+    else
+        record "$run" "$t" seq_read_cold NA
+        is_mounted "$work/$t/mnt" || [[ $t == native ]] || return 1
+    fi
+    f=${tdir[$t]}/seq.dat
+    js=$out/fio/$t-run$run-readwarm.json
+    if fio_run "$js" --name=readwarm --filename="$f" --rw=read --bs=1M --size="${seq_mib}M"; then
+        record "$run" "$t" seq_read_warm "$(fio_json "$js" 'round(j["read"]["bw_bytes"] / 1e6, 1)')"
+    else
+        record "$run" "$t" seq_read_warm NA
+    fi
+    rm -f "$f"
+}
+
+fig_small_files() { # RUN TARGET DIR
+    local run=$1 t=$2 d=$3 v
+    # Files go straight into DIR (no subdirectory: see mount_target), named
+    # small-NNNNNN, and are removed afterwards (untimed).
+    v=$(python3 - "$d" "$nfiles" <<'PY'
+import os, sys, time
+d, n = sys.argv[1], int(sys.argv[2])
+buf = b"x" * 4096
+flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY
+t0 = time.perf_counter()
+for i in range(n):
+    fd = os.open(f"{d}/small-{i:06d}", flags, 0o644)
+    if os.write(fd, buf) != len(buf):
+        sys.exit("short write")
+    os.close(fd)
+print(round(n / (time.perf_counter() - t0)))
+PY
+    ) || { v=NA; note "${label[$t]}: small-file loop failed (run $run)"; }
+    record "$run" "$t" create_4k "$v"
+    find "$d" -maxdepth 1 -name 'small-*' -delete
+}
+
+fig_fsync() { # RUN TARGET DIR
+    local run=$1 t=$2 f=$3/fsync.dat js
+    rm -f "$f"
+    js=$out/fio/$t-run$run-fsync.json
+    if fio_run "$js" --name=fsync --filename="$f" --rw=write --bs=4k \
+        --size="$((nfsync * 4))k" --fsync=1; then
+        record "$run" "$t" fsync_p50 "$(fio_json "$js" 'round(j["sync"]["lat_ns"]["percentile"]["50.000000"] / 1e3)')"
+        record "$run" "$t" fsync_p99 "$(fio_json "$js" 'round(j["sync"]["lat_ns"]["percentile"]["99.000000"] / 1e3)')"
+    else
+        record "$run" "$t" fsync_p50 NA
+        record "$run" "$t" fsync_p99 NA
+        note "${label[$t]}: fsync job failed (run $run, see logs/fio.log)"
+    fi
+    rm -f "$f"
+}
+
+fig_open() { # RUN TARGET DIR
+    local run=$1 t=$2 f=$3/open.dat line
+    rm -f "$f"
+    if line=$(python3 - "$f" "$nopen" <<'PY'
+import os, statistics, sys, time
+path, n = sys.argv[1], int(sys.argv[2])
+fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+os.write(fd, b"x" * 4096)
+os.close(fd)
+def loop(flags):
+    ts = []
+    for _ in range(n):
+        t0 = time.perf_counter_ns()
+        fd = os.open(path, flags)
+        os.close(fd)
+        ts.append(time.perf_counter_ns() - t0)
+    return statistics.median(ts) / 1e3
+# Alternate the two kinds in blocks so drift affects both alike.
+w, r = [], []
+for _ in range(4):
+    w.append(loop(os.O_WRONLY))
+    r.append(loop(os.O_RDONLY))
+w, r = statistics.median(w), statistics.median(r)
+print(f"{w:.1f} {r:.1f} {w / r:.2f}")
+PY
+    ); then
+        read -r ow or ratio <<<"$line"
+        record "$run" "$t" open_w "$ow"
+        record "$run" "$t" open_r "$or"
+        record "$run" "$t" open_ratio "$ratio"
+    else
+        record "$run" "$t" open_w NA
+        record "$run" "$t" open_r NA
+        record "$run" "$t" open_ratio NA
+        note "${label[$t]}: open loop failed (run $run)"
+    fi
+    rm -f "$f"
+}
+
+all_figures=(seq_write seq_read_cold seq_read_warm create_4k fsync_p50 fsync_p99 open_w open_r open_ratio)
+
+run_target() { # RUN TARGET
+    local run=$1 t=$2 fig
+    if [[ -z ${usable[$t]:-} ]] || ! mount_target "$t" "$run"; then
+        for fig in "${all_figures[@]}"; do record "$run" "$t" "$fig" NA; done
+        return
+    fi
+    log "run $run: ${label[$t]}"
+    if fig_seq "$run" "$t" "${tdir[$t]}"; then
+        fig_small_files "$run" "$t" "${tdir[$t]}"
+        fig_fsync "$run" "$t" "${tdir[$t]}"
+        fig_open "$run" "$t" "${tdir[$t]}"
+    else
+        note "${label[$t]}: lost its mount during the cold-read remount (run $run)"
+        for fig in create_4k fsync_p50 fsync_p99 open_w open_r open_ratio; do record "$run" "$t" "$fig" NA; done
+    fi
+    unmount_target "$t"
+    wipe_target "$t"
+}
+
+# --- main ------------------------------------------------------------------------
+fstype=$(findmnt -rn -T "$work" -o FSTYPE | tail -n1)
+{
+    echo "leasefs benchmark $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo "host: $(uname -srm), $(nproc) CPUs, scratch $work ($fstype)"
+    echo "leasefs: $bin"
+    echo "mode: $([[ $quick -eq 1 ]] && echo quick || echo full), runs $runs, seq ${seq_mib} MiB, $nfiles files, $nfsync fsyncs, $nopen opens"
+} | tee "$out/header.txt" >&2
+[[ $fstype != tmpfs ]] || note "warning: scratch directory is on tmpfs; set BENCH_DIR to a disk"
+
+for t in "${targets[@]}"; do prepare_target "$t"; done
+
+for ((run = 1; run <= runs; run++)); do
+    # Interleave: rotate the target order every run.
+    n=${#targets[@]}
+    for ((k = 0; k < n; k++)); do
+        run_target "$run" "${targets[$(((k + run - 1) % n))]}"
+    done
+done
+
+python3 - "$results" "$seq_mib" "$targets_arg" <<'PY' | tee "$out/table.txt"
+import csv, statistics, sys
+path, seq_mib, targets = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(",")
+size = f"{seq_mib // 1024} GiB" if seq_mib >= 1024 else f"{seq_mib} MiB"
+rows = [
+    ("seq_write", f"seq write {size} 1M+fsync MB/s", "higher"),
+    ("seq_read_cold", "seq read cold MB/s", "higher"),
+    ("seq_read_warm", "seq read warm MB/s", "higher"),
+    ("create_4k", "create+4K write+close files/s", "higher"),
+    ("fsync_p50", "4K append+fsync p50 us", "lower"),
+    ("fsync_p99", "4K append+fsync p99 us", "lower"),
+    ("open_w", "open(O_WRONLY)+close us", "lower"),
+    ("open_r", "open(O_RDONLY)+close us", "lower"),
+    ("open_ratio", "open write/read ratio", "lower"),
+]
+cols = [("native", "native"), ("fuse-ceiling", "fuse-ceil"), ("bindfs", "bindfs"),
+        ("leasefs-r1", "lfs R=1"), ("leasefs-r3", "lfs R=3")]
+vals = {}
+for run, target, fig, v in csv.reader(open(path), delimiter="\t"):
+    if v not in ("", "NA"):
+        try:
+            vals.setdefault((fig, target), []).append(float(v))
+        except ValueError:
+            pass
+med = {k: statistics.median(v) for k, v in vals.items()}
+
+def fmt(x):
+    if x is None:
+        return "n/a"
+    return f"{x:.2f}" if abs(x) < 10 else f"{x:.0f}"
+
+def ratio(a, b):
+    return None if a is None or b is None or b == 0 else a / b
+
+head = ["figure", "better"] + [c[1] for c in cols] + ["R1/nat", "R1/fc", "R3/nat", "R3/fc"]
+lines = []
+for key, name, better in rows:
+    m = {t: med.get((key, t)) for t, _ in cols}
+    line = [name, better] + [fmt(m[t]) for t, _ in cols]
+    for lt in ("leasefs-r1", "leasefs-r3"):
+        for base in ("native", "fuse-ceiling"):
+            r = ratio(m[lt], m[base])
+            line.append("n/a" if r is None else f"{r:.2f}")
+    lines.append(line)
+w = [max(len(str(r[i])) for r in [head] + lines) for i in range(len(head))]
+def show(r):
+    return "  ".join(str(c).ljust(w[i]) if i < 2 else str(c).rjust(w[i]) for i, c in enumerate(r))
+print()
+print(show(head))
+print("  ".join("-" * x for x in w))
+for l in lines:
+    print(show(l))
+n = max((len(v) for v in vals.values()), default=0)
+print()
+print(f"medians of up to {n} run(s); ratios are leasefs / column "
+      "(for 'higher' rows > 1 is faster, for 'lower' rows < 1 is faster)")
+PY
+if [[ -s $notes ]]; then
+    echo
+    echo "notes:"
+    sed 's/^/  /' "$notes"
+fi
+echo
+echo "raw figures, fio JSON and logs: $out"
+exit 0

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# test.sh — the project's test command (README; .ci/run calls it).
+#
+#   mount-scripts/test.sh [--no-pjdfstest] [--no-bench] [-- CARGO_TEST_ARGS...]
+#
+# 1. cargo build --release (once)
+# 2. cargo test --release          unit + integration tests; the integration
+#                                  tests find the binary through LEASEFS_BIN
+# 3. tests/pjdfstest.sh            POSIX suite against a real mount; passes when
+#                                  every failure is in tests/pjdfstest-expected-failures.txt
+# 4. benches/run.sh --quick        report only: never fails the run
+#
+# Real mounts need /dev/fuse and, for pjdfstest's privileged cases, root.
+# Exit status: 0 when build, cargo test and pjdfstest all passed, 1 otherwise.
+set -uo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root" || exit 1
+
+run_pjdfstest=1
+run_bench=1
+cargo_test_args=()
+while [[ $# -gt 0 ]]; do
+    case $1 in
+        --no-pjdfstest) run_pjdfstest=0; shift ;;
+        --no-bench) run_bench=0; shift ;;
+        --) shift; cargo_test_args=("$@"); break ;;
+        -h | --help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) echo "test.sh: unknown argument '$1'" >&2; exit 2 ;;
+    esac
+done
+
+# A rustup toolchain that is not on PATH yet (fresh shell after setup.sh).
+if ! command -v cargo >/dev/null 2>&1 && [[ -x ${CARGO_HOME:-$HOME/.cargo}/bin/cargo ]]; then
+    export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
+fi
+
+section() { printf '\n=== %s ===\n' "$*"; }
+
+declare -A status=()
+started=$SECONDS
+
+section "cargo build --release"
+if ! cargo build --release; then
+    echo "test.sh: build failed" >&2
+    exit 1
+fi
+export LEASEFS_BIN=${LEASEFS_BIN:-$root/target/release/leasefs}
+
+[[ -e /dev/fuse ]] || echo "test.sh: warning: /dev/fuse is missing: mounting tests will fail" >&2
+
+section "cargo test --release"
+if cargo test --release "${cargo_test_args[@]}"; then
+    status[cargo-test]=ok
+else
+    status[cargo-test]=FAILED
+fi
+
+if [[ $run_pjdfstest -eq 1 ]]; then
+    section "pjdfstest"
+    if "$root/tests/pjdfstest.sh"; then
+        status[pjdfstest]=ok
+    else
+        status[pjdfstest]=FAILED
+    fi
+fi
+
+if [[ $run_bench -eq 1 ]]; then
+    section "benchmark (quick, report only)"
+    if timeout --kill-after=30 600 "$root/benches/run.sh" --quick; then
+        status[bench]="ran (report only)"
+    else
+        status[bench]="did not complete (report only, ignored)"
+    fi
+fi
+
+section "summary ($((SECONDS - started)) s)"
+rc=0
+for step in cargo-test pjdfstest bench; do
+    [[ -n ${status[$step]:-} ]] || continue
+    printf '%-12s %s\n' "$step" "${status[$step]}"
+    [[ ${status[$step]} != FAILED ]] || rc=1
+done
+exit $rc

@@ -1,0 +1,127 @@
+//! Commands that talk to a running daemon through its control socket:
+//! `leases` and `recover-lease`.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use serde_json::{Value, json};
+
+use super::fail;
+
+/// The leasefs mount that contains `path`: (mountpoint, path inside it).
+fn find_mount(path: &Path) -> Result<(PathBuf, String), String> {
+    let abs = std::fs::canonicalize(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let info = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| format!("cannot read mounts: {e}"))?;
+    let mut best: Option<PathBuf> = None;
+    for line in info.lines() {
+        let Some((left, right)) = line.split_once(" - ") else { continue };
+        if right.split(' ').next() != Some("fuse.leasefs") {
+            continue;
+        }
+        let Some(mp) = left.split(' ').nth(4) else { continue };
+        let mp = PathBuf::from(mp.replace("\\040", " "));
+        if abs.starts_with(&mp) && best.as_ref().is_none_or(|b| mp.as_os_str().len() > b.as_os_str().len()) {
+            best = Some(mp);
+        }
+    }
+    let mp = best.ok_or_else(|| format!("{} is not inside a leasefs mount", path.display()))?;
+    let rel = abs
+        .strip_prefix(&mp)
+        .map(|r| format!("/{}", r.display()))
+        .unwrap_or_else(|_| "/".into());
+    Ok((mp, rel))
+}
+
+/// Sends one request to the daemon serving `mountpoint`.
+fn ask(mountpoint: &Path, req: Value) -> Result<Value, String> {
+    let data = xattr_get(mountpoint, "user.leasefs.data")
+        .map_err(|e| format!("{} is not a leasefs mount ({e})", mountpoint.display()))?;
+    let sock = PathBuf::from(data).join("control.sock");
+    let mut s = UnixStream::connect(&sock).map_err(|e| format!("cannot reach the daemon at {}: {e}", sock.display()))?;
+    writeln!(s, "{req}").map_err(|e| format!("control socket: {e}"))?;
+    let mut line = String::new();
+    BufReader::new(s)
+        .read_line(&mut line)
+        .map_err(|e| format!("control socket: {e}"))?;
+    let v: Value = serde_json::from_str(&line).map_err(|e| format!("bad answer from daemon: {e}"))?;
+    if let Some(e) = v["error"].as_str() {
+        return Err(e.to_string());
+    }
+    Ok(v)
+}
+
+fn xattr_get(path: &Path, name: &str) -> Result<String, String> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let p = CString::new(path.as_os_str().as_bytes()).map_err(|e| e.to_string())?;
+    let n = CString::new(name).map_err(|e| e.to_string())?;
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: valid C strings and a buffer of the stated length.
+    let r = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error().to_string());
+    }
+    buf.truncate(r as usize);
+    String::from_utf8(buf).map_err(|e| e.to_string())
+}
+
+pub fn leases(mountpoint: &Path, as_json: bool) -> ExitCode {
+    let (mp, _) = match find_mount(mountpoint) {
+        Ok(m) => m,
+        Err(e) => return fail(2, e),
+    };
+    let v = match ask(&mp, json!({"op": "leases"})) {
+        Ok(v) => v,
+        Err(e) => return fail(2, e),
+    };
+    let list = v["leases"].as_array().cloned().unwrap_or_default();
+    if as_json {
+        println!("{}", Value::Array(list));
+        return ExitCode::SUCCESS;
+    }
+    println!(
+        "{:<40} {:<10} {:<24} {:<16} {:>8} {:<6} {:>12} {:>7}",
+        "PATH", "STATE", "HOLDER", "COMM", "EPOCH", "MODE", "RENEWED_AGO", "WAITERS"
+    );
+    for l in list {
+        let s = |k: &str| l[k].as_str().map(str::to_string).unwrap_or_else(|| "-".into());
+        let ago = l["renewed_ms_ago"].as_u64().map(|m| format!("{:.1}s", m as f64 / 1000.0)).unwrap_or_else(|| "-".into());
+        println!(
+            "{:<40} {:<10} {:<24} {:<16} {:>8} {:<6} {:>12} {:>7}",
+            s("path"),
+            s("state"),
+            s("holder"),
+            s("comm"),
+            l["epoch"].as_u64().unwrap_or(0),
+            s("mode"),
+            ago,
+            l["waiters"].as_u64().unwrap_or(0)
+        );
+    }
+    ExitCode::SUCCESS
+}
+
+pub fn recover_lease(path: &Path, retries: u32) -> ExitCode {
+    let (mp, rel) = match find_mount(path) {
+        Ok(m) => m,
+        Err(e) => return fail(2, e),
+    };
+    for attempt in 0..retries.max(1) {
+        match ask(&mp, json!({"op": "recover", "path": rel})) {
+            Ok(v) if v["closed"].as_bool() == Some(true) => {
+                println!("recover-lease: {} is closed", path.display());
+                return ExitCode::SUCCESS;
+            }
+            Ok(_) => {
+                if attempt + 1 < retries {
+                    std::thread::sleep(std::time::Duration::from_secs(1));
+                }
+            }
+            Err(e) => return fail(2, e),
+        }
+    }
+    println!("recover-lease: recovery of {} is still under way", path.display());
+    ExitCode::from(1)
+}

@@ -1,0 +1,70 @@
+//! The `leasefs` command line (DESIGN.md §4). Every failure is one line on
+//! stderr and a non-zero exit; nothing here panics on input.
+
+mod client;
+mod mount;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(name = "leasefs", version, about = "A FUSE filesystem with HDFS write semantics: one writer per file by lease, replicated blocks, fsync on every replica")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Cmd {
+    /// Mount a leasefs filesystem.
+    Mount(mount::MountArgs),
+    /// List the write leases of a mount.
+    Leases {
+        mountpoint: PathBuf,
+        /// Print a JSON array instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Recover a file's lease now and report whether the file is closed.
+    RecoverLease {
+        path: PathBuf,
+        /// How many times to ask before giving up.
+        #[arg(long, default_value_t = 1)]
+        retries: u32,
+    },
+}
+
+/// Sets up logging: `RUST_LOG` wins, else `default`.
+pub fn init_logging(default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+}
+
+pub fn run() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { 2 } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    match cli.cmd {
+        Cmd::Mount(a) => mount::run(a),
+        Cmd::Leases { mountpoint, json } => client::leases(&mountpoint, json),
+        Cmd::RecoverLease { path, retries } => client::recover_lease(&path, retries),
+    }
+}
+
+/// Prints one clear line and returns the exit code.
+pub(crate) fn fail(code: u8, msg: impl std::fmt::Display) -> ExitCode {
+    eprintln!("leasefs: {msg}");
+    ExitCode::from(code)
+}

@@ -1,0 +1,75 @@
+//! Injected time. Lease expiry, renewal and monitor ticks read time only
+//! through [`Clock`], so tests drive minutes of lease life in microseconds
+//! with [`FakeClock`] instead of sleeping.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// A monotonic clock plus the wall clock used only for display and audit.
+pub trait Clock: Send + Sync + 'static {
+    /// Monotonic time since an arbitrary origin; never goes backwards.
+    fn now(&self) -> Duration;
+    /// Milliseconds since the Unix epoch, for records humans read.
+    fn wall_ms(&self) -> u64;
+}
+
+/// The real clock.
+#[derive(Debug)]
+pub struct SystemClock {
+    origin: Instant,
+}
+
+impl SystemClock {
+    pub fn new() -> Self {
+        SystemClock {
+            origin: Instant::now(),
+        }
+    }
+}
+
+impl Default for SystemClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for SystemClock {
+    fn now(&self) -> Duration {
+        self.origin.elapsed()
+    }
+    fn wall_ms(&self) -> u64 {
+        wall_ms()
+    }
+}
+
+/// Milliseconds since the Unix epoch from the system clock.
+pub fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// A clock that only moves when a test says so.
+#[derive(Debug, Default)]
+pub struct FakeClock {
+    nanos: AtomicU64,
+}
+
+impl FakeClock {
+    pub fn new() -> Self {
+        Self::default()
+    }
+    pub fn advance(&self, by: Duration) {
+        self.nanos.fetch_add(by.as_nanos() as u64, Ordering::SeqCst);
+    }
+}
+
+impl Clock for FakeClock {
+    fn now(&self) -> Duration {
+        Duration::from_nanos(self.nanos.load(Ordering::SeqCst))
+    }
+    fn wall_ms(&self) -> u64 {
+        1_700_000_000_000 + self.now().as_millis() as u64
+    }
+}

@@ -1,0 +1,187 @@
+//! Mount options (`-o key=value,...`): parsing, validation and defaults.
+
+use std::time::Duration;
+
+/// Every tunable of a mount. Defaults follow HDFS (DESIGN.md §1).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MountOptions {
+    pub soft_limit: Duration,
+    pub hard_limit: Duration,
+    pub monitor_interval: Duration,
+    /// `None`: a second writer gets EBUSY at once.
+    pub lease_wait: Option<Duration>,
+    pub block_size: u64,
+    pub packet_size: u64,
+    pub max_packets_in_flight: usize,
+    /// Test-only fault: (datanode index, delay per packet).
+    pub test_slow_datanode: Option<(usize, Duration)>,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions {
+            soft_limit: Duration::from_secs(60),
+            hard_limit: Duration::from_secs(3600),
+            monitor_interval: Duration::from_secs(2),
+            lease_wait: None,
+            block_size: 64 << 20,
+            packet_size: 64 << 10,
+            max_packets_in_flight: 80,
+            test_slow_datanode: None,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum OptionError {
+    #[error("unknown mount option '{0}' (known: soft_limit, hard_limit, monitor_interval, lease_wait, block_size, packet_size, max_packets_in_flight)")]
+    Unknown(String),
+    #[error("mount option '{key}' has a bad value '{value}': {why}")]
+    BadValue {
+        key: String,
+        value: String,
+        why: String,
+    },
+}
+
+/// Parses a size such as `4096`, `64K`, `64M`, `1G` (binary multiples).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let m = match c.to_ascii_uppercase() {
+                'K' => 1u64 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                _ => return Err("size suffix must be K, M or G".into()),
+            };
+            (&s[..i], m)
+        }
+        _ => (s, 1),
+    };
+    let n: u64 = num
+        .parse()
+        .map_err(|_| "expected a whole number with an optional K/M/G suffix".to_string())?;
+    n.checked_mul(mult).ok_or_else(|| "size too large".to_string())
+}
+
+/// Parses seconds: a whole or decimal number, optionally ending in `s`.
+pub fn parse_secs(s: &str) -> Result<Duration, String> {
+    let t = s.trim().trim_end_matches('s');
+    let v: f64 = t
+        .parse()
+        .map_err(|_| "expected a number of seconds".to_string())?;
+    if !v.is_finite() || v < 0.0 || v > 1e9 {
+        return Err("seconds must be between 0 and 1e9".into());
+    }
+    Ok(Duration::from_secs_f64(v))
+}
+
+impl MountOptions {
+    /// Applies one `-o` argument (`key=value,key=value`).
+    pub fn apply(&mut self, list: &str) -> Result<(), OptionError> {
+        for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let (key, value) = item.split_once('=').unwrap_or((item, ""));
+            let bad = |why: String| OptionError::BadValue {
+                key: key.to_string(),
+                value: value.to_string(),
+                why,
+            };
+            match key {
+                "soft_limit" => self.soft_limit = parse_secs(value).map_err(bad)?,
+                "hard_limit" => self.hard_limit = parse_secs(value).map_err(bad)?,
+                "monitor_interval" => self.monitor_interval = parse_secs(value).map_err(bad)?,
+                "lease_wait" => {
+                    let d = parse_secs(value).map_err(bad)?;
+                    self.lease_wait = if d.is_zero() { None } else { Some(d) };
+                }
+                "block_size" => self.block_size = parse_size(value).map_err(bad)?,
+                "packet_size" => self.packet_size = parse_size(value).map_err(bad)?,
+                "max_packets_in_flight" => {
+                    self.max_packets_in_flight = value
+                        .parse()
+                        .map_err(|_| bad("expected a whole number".into()))?
+                }
+                "test_slow_datanode" => {
+                    let (dn, ms) = value
+                        .split_once(':')
+                        .ok_or_else(|| bad("expected INDEX:MILLISECONDS".into()))?;
+                    let dn = dn.parse().map_err(|_| bad("bad datanode index".into()))?;
+                    let ms = ms.parse().map_err(|_| bad("bad milliseconds".into()))?;
+                    self.test_slow_datanode = Some((dn, Duration::from_millis(ms)));
+                }
+                _ => return Err(OptionError::Unknown(key.to_string())),
+            }
+        }
+        self.validate()
+    }
+
+    fn validate(&self) -> Result<(), OptionError> {
+        let bad = |key: &str, value: String, why: &str| {
+            Err(OptionError::BadValue {
+                key: key.into(),
+                value,
+                why: why.into(),
+            })
+        };
+        if self.packet_size < 512 || self.packet_size % 512 != 0 || self.packet_size > 16 << 20 {
+            return bad(
+                "packet_size",
+                self.packet_size.to_string(),
+                "must be a multiple of 512 between 512 and 16M",
+            );
+        }
+        if self.block_size % self.packet_size != 0 || self.block_size < self.packet_size {
+            return bad(
+                "block_size",
+                self.block_size.to_string(),
+                "must be a multiple of packet_size",
+            );
+        }
+        if self.max_packets_in_flight == 0 || self.max_packets_in_flight > 100_000 {
+            return bad(
+                "max_packets_in_flight",
+                self.max_packets_in_flight.to_string(),
+                "must be between 1 and 100000",
+            );
+        }
+        if self.soft_limit.is_zero() || self.hard_limit < self.soft_limit {
+            return bad(
+                "hard_limit",
+                format!("{:?}", self.hard_limit),
+                "soft_limit must be > 0 and hard_limit >= soft_limit",
+            );
+        }
+        if self.monitor_interval.is_zero() {
+            return bad("monitor_interval", "0".into(), "must be > 0");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_accept_binary_suffixes() {
+        assert_eq!(parse_size("64K"), Ok(65536));
+        assert_eq!(parse_size("1g"), Ok(1 << 30));
+        assert_eq!(parse_size("512"), Ok(512));
+        assert!(parse_size("12X").is_err());
+        assert!(parse_size("").is_err());
+    }
+
+    #[test]
+    fn options_parse_and_reject_unknown_keys() {
+        let mut o = MountOptions::default();
+        o.apply("soft_limit=2,hard_limit=5,lease_wait=1.5,block_size=1M,packet_size=64K")
+            .unwrap();
+        assert_eq!(o.soft_limit, Duration::from_secs(2));
+        assert_eq!(o.lease_wait, Some(Duration::from_millis(1500)));
+        assert_eq!(o.block_size, 1 << 20);
+        assert!(matches!(o.apply("bogus=1"), Err(OptionError::Unknown(_))));
+        assert!(o.apply("packet_size=1000").is_err());
+        assert!(o.apply("max_packets_in_flight=x").is_err());
+    }
+}

@@ -1,0 +1,102 @@
+//! The filesystem's error type and the one place where errors become errnos.
+//!
+//! Each subsystem has its own `thiserror` enum carrying the facts of the
+//! failure; [`FsError`] wraps them and [`FsError::errno`] is the only mapping
+//! to what the kernel (and so the user) sees.
+
+use crate::lease::LeaseError;
+use crate::storage::datanode::StorageError;
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum FsError {
+    #[error("no such file or directory")]
+    NotFound,
+    #[error("file exists")]
+    Exists,
+    #[error("not a directory")]
+    NotDir,
+    #[error("is a directory")]
+    IsDir,
+    #[error("directory not empty")]
+    NotEmpty,
+    #[error("name too long")]
+    NameTooLong,
+    #[error("operation not permitted: {0}")]
+    NotPermitted(&'static str),
+    #[error("permission denied")]
+    Access,
+    #[error("invalid argument: {0}")]
+    Invalid(String),
+    #[error("write at offset {got} but the file's end for this handle is {expected}: leasefs files are append-only")]
+    OutOfOrderWrite { expected: u64, got: u64 },
+    #[error("no such attribute")]
+    NoXattr,
+    #[error("attribute buffer too small")]
+    Range,
+    #[error("bad file handle")]
+    BadHandle,
+    #[error("not supported: {0}")]
+    Unsupported(&'static str),
+    #[error("no space left on any datanode")]
+    NoSpace,
+    #[error("file handle is unusable after an earlier failure: {0}")]
+    Poisoned(String),
+    #[error("{0}")]
+    Lease(#[from] LeaseError),
+    #[error("{0}")]
+    Storage(String, i32),
+    #[error("metadata store: {0}")]
+    Meta(String),
+    #[error("i/o error: {0}")]
+    Io(String),
+}
+
+impl From<StorageError> for FsError {
+    fn from(e: StorageError) -> Self {
+        let errno = e.errno();
+        FsError::Storage(e.to_string(), errno)
+    }
+}
+
+impl From<rusqlite::Error> for FsError {
+    fn from(e: rusqlite::Error) -> Self {
+        FsError::Meta(e.to_string())
+    }
+}
+
+impl From<std::io::Error> for FsError {
+    fn from(e: std::io::Error) -> Self {
+        FsError::Io(e.to_string())
+    }
+}
+
+impl FsError {
+    /// The errno the kernel returns to the caller.
+    pub fn errno(&self) -> i32 {
+        use libc::*;
+        match self {
+            FsError::NotFound => ENOENT,
+            FsError::Exists => EEXIST,
+            FsError::NotDir => ENOTDIR,
+            FsError::IsDir => EISDIR,
+            FsError::NotEmpty => ENOTEMPTY,
+            FsError::NameTooLong => ENAMETOOLONG,
+            FsError::NotPermitted(_) => EPERM,
+            FsError::Access => EACCES,
+            FsError::Invalid(_) => EINVAL,
+            FsError::OutOfOrderWrite { .. } => EINVAL,
+            FsError::NoXattr => ENODATA,
+            FsError::Range => ERANGE,
+            FsError::BadHandle => EBADF,
+            FsError::Unsupported(_) => EOPNOTSUPP,
+            FsError::NoSpace => ENOSPC,
+            FsError::Poisoned(_) => EIO,
+            FsError::Lease(e) => e.errno(),
+            FsError::Storage(_, errno) => *errno,
+            FsError::Meta(_) => EIO,
+            FsError::Io(_) => EIO,
+        }
+    }
+}
+
+pub type FsResult<T> = Result<T, FsError>;

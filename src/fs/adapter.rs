@@ -1,0 +1,450 @@
+//! The fuser adapter: each callback becomes one call of [`Core`] and its
+//! result one reply. No filesystem rule lives here.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fuser::{
+    AccessFlags, BsdFileFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
+    Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags,
+    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyIoctl,
+    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+
+use super::attr::Attr;
+use super::core::{Caller, Core};
+use crate::error::FsError;
+use crate::meta::{AttrChange, Kind};
+use crate::sync::Arc;
+
+/// Attribute and entry cache lifetime for files nobody is writing. Files
+/// under construction get 0 so `stat` follows the visible length.
+const TTL: Duration = Duration::from_secs(1);
+
+pub struct Adapter {
+    pub core: Arc<Core>,
+}
+
+fn errno(e: &FsError) -> Errno {
+    Errno::from_i32(e.errno())
+}
+
+fn time(ns: i64) -> SystemTime {
+    if ns >= 0 {
+        UNIX_EPOCH + Duration::from_nanos(ns as u64)
+    } else {
+        UNIX_EPOCH - Duration::from_nanos(ns.unsigned_abs())
+    }
+}
+
+fn ns(t: SystemTime) -> i64 {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => d.as_nanos() as i64,
+        Err(e) => -(e.duration().as_nanos() as i64),
+    }
+}
+
+fn time_or_now(t: TimeOrNow) -> i64 {
+    match t {
+        TimeOrNow::SpecificTime(t) => ns(t),
+        TimeOrNow::Now => crate::meta::now_ns(),
+    }
+}
+
+fn file_type(k: Kind) -> FileType {
+    match k {
+        Kind::File => FileType::RegularFile,
+        Kind::Dir => FileType::Directory,
+        Kind::Symlink => FileType::Symlink,
+        Kind::Fifo => FileType::NamedPipe,
+        Kind::Socket => FileType::Socket,
+        Kind::CharDev => FileType::CharDevice,
+        Kind::BlockDev => FileType::BlockDevice,
+    }
+}
+
+fn fattr(a: &Attr) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(a.ino),
+        size: a.size,
+        // Whole 512-byte units, so tools never mistake a file for sparse.
+        blocks: a.size.div_ceil(512),
+        atime: time(a.atime),
+        mtime: time(a.mtime),
+        ctime: time(a.ctime),
+        crtime: time(a.crtime),
+        kind: file_type(a.kind),
+        perm: a.perm,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: a.rdev,
+        blksize: 65536,
+        flags: 0,
+    }
+}
+
+fn ttl(a: &Attr) -> Duration {
+    if a.under_construction { Duration::ZERO } else { TTL }
+}
+
+fn caller(req: &Request) -> Caller {
+    Caller {
+        pid: req.pid(),
+        uid: req.uid(),
+        gid: req.gid(),
+    }
+}
+
+fn entry(reply: ReplyEntry, r: Result<Attr, FsError>) {
+    match r {
+        Ok(a) => reply.entry(&ttl(&a), &fattr(&a), Generation(0)),
+        Err(e) => reply.error(errno(&e)),
+    }
+}
+
+fn empty(reply: ReplyEmpty, r: Result<(), FsError>) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(errno(&e)),
+    }
+}
+
+fn open_flags(direct_io: bool) -> FopenFlags {
+    if direct_io {
+        FopenFlags::FOPEN_DIRECT_IO
+    } else {
+        FopenFlags::empty()
+    }
+}
+
+impl Filesystem for Adapter {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let _ = config.set_max_write(1 << 20);
+        let _ = config.set_max_readahead(1 << 20);
+        // O_TRUNC arrives with the open (so the holder's own truncate is
+        // never refused by its own lease); killpriv_v2 spares a GETXATTR
+        // before every write.
+        let want = InitFlags::FUSE_ATOMIC_O_TRUNC
+            | InitFlags::FUSE_HANDLE_KILLPRIV_V2
+            | InitFlags::FUSE_BIG_WRITES
+            | InitFlags::FUSE_PARALLEL_DIROPS;
+        let _ = config.add_capabilities(want & config.capabilities());
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        self.core.wait_closes(Duration::from_secs(30));
+        self.core.leases.shutdown();
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        entry(reply, self.core.lookup(parent.0, name.as_bytes()))
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.core.getattr(ino.0) {
+            Ok(a) => reply.attr(&ttl(&a), &fattr(&a)),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let core = self.core.clone();
+        let c = caller(req);
+        let ch = AttrChange {
+            mode,
+            uid,
+            gid,
+            atime: atime.map(time_or_now),
+            mtime: mtime.map(time_or_now),
+            ctime: ctime.map(ns),
+        };
+        let finish = move |core: &Core, reply: ReplyAttr| {
+            let any = ch.mode.is_some() || ch.uid.is_some() || ch.gid.is_some() || ch.atime.is_some() || ch.mtime.is_some();
+            let r = if any { core.set_attrs(ino.0, ch, c) } else { core.getattr(ino.0) };
+            match r {
+                Ok(a) => reply.attr(&ttl(&a), &fattr(&a)),
+                Err(e) => reply.error(errno(&e)),
+            }
+        };
+        match size {
+            None => finish(&core, reply),
+            Some(size) => {
+                let core2 = core.clone();
+                core.set_size(
+                    ino.0,
+                    size,
+                    fh.map(|f| f.0),
+                    c,
+                    Box::new(move |r| match r {
+                        Ok(()) => finish(&core2, reply),
+                        Err(e) => reply.error(errno(&e)),
+                    }),
+                );
+            }
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.core.readlink(ino.0) {
+            Ok(t) => reply.data(&t),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, rdev: u32, reply: ReplyEntry) {
+        let Some(kind) = Kind::from_mode(mode) else {
+            return reply.error(Errno::EINVAL);
+        };
+        let _ = umask; // the kernel applied it already
+        entry(reply, self.core.mknode(parent.0, name.as_bytes(), kind, mode, rdev, None, caller(req)))
+    }
+
+    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, reply: ReplyEntry) {
+        entry(reply, self.core.mknode(parent.0, name.as_bytes(), Kind::Dir, mode, 0, None, caller(req)))
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        empty(reply, self.core.unlink(parent.0, name.as_bytes()))
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        empty(reply, self.core.rmdir(parent.0, name.as_bytes()))
+    }
+
+    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        entry(
+            reply,
+            self.core.mknode(
+                parent.0,
+                link_name.as_bytes(),
+                Kind::Symlink,
+                0o777,
+                0,
+                Some(target.as_os_str().as_bytes()),
+                caller(req),
+            ),
+        )
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        empty(
+            reply,
+            self.core
+                .rename(parent.0, name.as_bytes(), newparent.0, newname.as_bytes(), flags.bits()),
+        )
+    }
+
+    fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        entry(reply, self.core.link(ino.0, newparent.0, newname.as_bytes()))
+    }
+
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        self.core.open(
+            ino.0,
+            flags.0,
+            caller(req),
+            Box::new(move |r| match r {
+                Ok(o) => reply.opened(FileHandle(o.fh), open_flags(o.direct_io)),
+                Err(e) => reply.error(errno(&e)),
+            }),
+        )
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        match self.core.read(fh.0, offset, size) {
+            Ok(d) => reply.data(&d),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        self.core.write(
+            fh.0,
+            offset,
+            data,
+            Box::new(move |r| match r {
+                Ok(n) => reply.written(n),
+                Err(e) => reply.error(errno(&e)),
+            }),
+        )
+    }
+
+    fn flush(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+        self.core.flush(fh.0, Box::new(move |r| empty(reply, r)))
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.core.release(fh.0, Box::new(move |r| empty(reply, r)))
+    }
+
+    fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        self.core.fsync(fh.0, Box::new(move |r| empty(reply, r)))
+    }
+
+    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        match self.core.readdir(ino.0) {
+            Ok(entries) => {
+                for (i, (name, ino, kind)) in entries.iter().enumerate().skip(offset as usize) {
+                    if reply.add(INodeNo(*ino), (i + 1) as u64, file_type(*kind), OsStr::from_bytes(name)) {
+                        break;
+                    }
+                }
+                reply.ok()
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn fsyncdir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        empty(reply, self.core.meta.durable(|_| Ok(())))
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        match self.core.statfs() {
+            Ok((total, free, files)) => reply.statfs(total, free, free, files, u64::from(u32::MAX), 4096, 255, 4096),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn setxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, value: &[u8], flags: i32, _position: u32, reply: ReplyEmpty) {
+        empty(reply, self.core.setxattr(ino.0, name.as_bytes(), value, flags))
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        xattr_reply(reply, size, self.core.getxattr(ino.0, name.as_bytes()))
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let r = self.core.listxattr(ino.0).map(|names| {
+            let mut out = Vec::new();
+            for n in names {
+                out.extend_from_slice(&n);
+                out.push(0);
+            }
+            out
+        });
+        xattr_reply(reply, size, r)
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        empty(reply, self.core.removexattr(ino.0, name.as_bytes()))
+    }
+
+    fn access(&self, _req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+        // default_permissions: the kernel has already checked.
+        reply.ok()
+    }
+
+    fn create(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, flags: i32, reply: ReplyCreate) {
+        let c = caller(req);
+        let core = &self.core;
+        let attr = match core.lookup(parent.0, name.as_bytes()) {
+            Ok(_) if flags & libc::O_EXCL != 0 => return reply.error(Errno::EEXIST),
+            Ok(a) => a,
+            Err(FsError::NotFound) => match core.mknode(parent.0, name.as_bytes(), Kind::File, mode, 0, None, c) {
+                Ok(a) => a,
+                Err(e) => return reply.error(errno(&e)),
+            },
+            Err(e) => return reply.error(errno(&e)),
+        };
+        let core2 = core.clone();
+        core.open(
+            attr.ino,
+            flags,
+            c,
+            Box::new(move |r| match r {
+                Ok(o) => {
+                    let a = core2.getattr(attr.ino).unwrap_or(attr);
+                    reply.created(&Duration::ZERO, &fattr(&a), Generation(0), FileHandle(o.fh), open_flags(o.direct_io))
+                }
+                Err(e) => reply.error(errno(&e)),
+            }),
+        )
+    }
+
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: IoctlFlags,
+        cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        match self.core.ioctl(fh.0, cmd) {
+            Ok(d) => reply.ioctl(0, &d),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+}
+
+fn xattr_reply(reply: ReplyXattr, size: u32, r: Result<Vec<u8>, FsError>) {
+    match r {
+        Ok(v) if size == 0 => reply.size(v.len() as u32),
+        Ok(v) if v.len() > size as usize => reply.error(Errno::ERANGE),
+        Ok(v) => reply.data(&v),
+        Err(e) => reply.error(errno(&e)),
+    }
+}

@@ -1,0 +1,640 @@
+//! [`Core`]: open, read, write, flush, fsync, release and truncate with
+//! leases, on top of the namespace and the write pipeline. No fuser types:
+//! completions are callbacks, called from whichever thread finishes the
+//! work (a lease grant, the stream worker), never while a lock is held.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use dashmap::DashMap;
+
+use super::attr::Attr;
+use super::handles::{Handle, OpenFile};
+use super::proc_info;
+use crate::clock::{Clock, SystemClock};
+use crate::config::MountOptions;
+use crate::error::{FsError, FsResult};
+use crate::lease::{
+    Acquire, AcquireOpts, EpochSource, Grant, Holder, LeaseConfig, LeaseError, LeaseManager,
+    RecoveryReason, RecoveryTicket, RenewalMode,
+};
+use crate::meta::{Kind, MetaStore, UnderConstruction};
+use crate::pipeline::reader::{self, BadReplicas};
+use crate::pipeline::{Datanodes, OutputStream, StreamCtx, recovery};
+use crate::sync::{Arc, AtomicU64, Mutex, Ordering, lock};
+
+/// ioctl: the caller takes over renewal of its lease (client renewal).
+pub const IOC_CLIENT_RENEWAL: u32 = 0x4C01; // _IO('L', 1)
+/// ioctl: renew the caller's lease now.
+pub const IOC_RENEW: u32 = 0x4C02; // _IO('L', 2)
+/// ioctl: the epoch of the caller's lease grant, as a u64.
+pub const IOC_EPOCH: u32 = 0x8008_4C03; // _IOR('L', 3, u64)
+
+pub type Reply<T> = Box<dyn FnOnce(FsResult<T>) + Send>;
+
+/// Who is asking.
+#[derive(Debug, Clone, Copy)]
+pub struct Caller {
+    pub pid: u32,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// How an open was granted.
+#[derive(Debug, Clone, Copy)]
+pub struct Opened {
+    pub fh: u64,
+    /// Serve reads without the page cache (the file is being written).
+    pub direct_io: bool,
+}
+
+/// Epochs reserved from the metadata store in batches, so each grant does
+/// not need a commit and epochs still never repeat after a restart.
+struct StoreEpochs {
+    meta: Arc<MetaStore>,
+    next: u64,
+    end: u64,
+}
+
+impl EpochSource for StoreEpochs {
+    fn next(&mut self) -> u64 {
+        if self.next >= self.end {
+            match self.meta.reserve_epochs(1024) {
+                Ok(first) => {
+                    self.next = first;
+                    self.end = first + 1024;
+                }
+                // Keep increasing in memory; the next reservation catches up.
+                Err(e) => tracing::error!("cannot reserve epochs: {e}"),
+            }
+        }
+        let e = self.next;
+        self.next += 1;
+        e
+    }
+}
+
+pub struct Core {
+    pub meta: Arc<MetaStore>,
+    pub dns: Arc<Datanodes>,
+    pub leases: Arc<LeaseManager>,
+    pub ctx: Arc<StreamCtx>,
+    pub opts: MountOptions,
+    pub bad: BadReplicas,
+    pub data_dir: PathBuf,
+    pub host: Arc<str>,
+    pub mount_id: String,
+    handles: DashMap<u64, Arc<Handle>>,
+    files: DashMap<u64, Arc<OpenFile>>,
+    next_fh: AtomicU64,
+    /// Closes still finishing, so unmount can wait for them.
+    pending_closes: Mutex<usize>,
+}
+
+impl Core {
+    pub fn new(
+        meta: Arc<MetaStore>,
+        dns: Arc<Datanodes>,
+        opts: MountOptions,
+        rt: tokio::runtime::Handle,
+        data_dir: PathBuf,
+        clock: Arc<dyn Clock>,
+    ) -> Arc<Core> {
+        let host: Arc<str> = nix::unistd::gethostname()
+            .ok()
+            .and_then(|h| h.into_string().ok())
+            .unwrap_or_else(|| "localhost".into())
+            .into();
+        let cfg = LeaseConfig {
+            soft_limit: opts.soft_limit,
+            hard_limit: opts.hard_limit,
+            lease_wait: opts.lease_wait,
+            release_grace: Duration::from_secs(2),
+        };
+        let epochs = StoreEpochs {
+            meta: meta.clone(),
+            next: 0,
+            end: 0,
+        };
+        let leases = Arc::new(LeaseManager::new(cfg, clock, Box::new(epochs), host.clone()));
+        let ctx = Arc::new(StreamCtx {
+            meta: meta.clone(),
+            dns: dns.clone(),
+            rt,
+            packet_size: opts.packet_size as usize,
+            max_in_flight: opts.max_packets_in_flight,
+        });
+        Arc::new(Core {
+            meta,
+            dns,
+            leases,
+            ctx,
+            opts,
+            bad: BadReplicas::default(),
+            data_dir,
+            mount_id: format!("{}:{}:{}", host, std::process::id(), crate::clock::wall_ms()),
+            host,
+            handles: DashMap::new(),
+            files: DashMap::new(),
+            next_fh: AtomicU64::new(1),
+            pending_closes: Mutex::new(0),
+        })
+    }
+
+    /// A core with the system clock (the daemon's).
+    pub fn with_system_clock(
+        meta: Arc<MetaStore>,
+        dns: Arc<Datanodes>,
+        opts: MountOptions,
+        rt: tokio::runtime::Handle,
+        data_dir: PathBuf,
+    ) -> Arc<Core> {
+        Self::new(meta, dns, opts, rt, data_dir, Arc::new(SystemClock::new()))
+    }
+
+    fn handle(&self, fh: u64) -> FsResult<Arc<Handle>> {
+        self.handles.get(&fh).map(|h| h.clone()).ok_or(FsError::BadHandle)
+    }
+
+    fn open_file(&self, ino: u64) -> Arc<OpenFile> {
+        self.files.entry(ino).or_default().clone()
+    }
+
+    /// The live stream of a file, if a writer has it open.
+    pub fn stream_of(&self, ino: u64) -> Option<Arc<OutputStream>> {
+        self.files.get(&ino).and_then(|f| lock(&f.stream).clone())
+    }
+
+    /// Attributes with the live view of a file under construction: its
+    /// visible (acknowledged) length and latest write time.
+    pub fn getattr(&self, ino: u64) -> FsResult<Attr> {
+        let i = self.meta.get(ino)?;
+        let mut a = Attr::from_inode(&i);
+        if let Some(s) = self.stream_of(ino) {
+            a.size = s.visible_len();
+            if let Some(m) = s.mtime() {
+                a.mtime = m;
+                a.ctime = a.ctime.max(m);
+            }
+            a.under_construction = true;
+        }
+        Ok(a)
+    }
+
+    // ---- open / create ------------------------------------------------
+
+    /// Opens `ino`. Readers are never gated; writers take the file's lease
+    /// first, which may complete later (lease_wait, a pending release, or
+    /// recovery of an expired holder).
+    pub fn open(self: &Arc<Self>, ino: u64, flags: i32, caller: Caller, reply: Reply<Opened>) {
+        let inode = match self.meta.get(ino) {
+            Ok(i) => i,
+            Err(e) => return reply(Err(e)),
+        };
+        let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        if inode.kind == Kind::Dir && write {
+            return reply(Err(FsError::IsDir));
+        }
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        let (tgid, comm) = proc_info::identity(caller.pid);
+        if !write || inode.kind != Kind::File {
+            let h = Handle {
+                fh,
+                ino,
+                write: false,
+                append: false,
+                epoch: 0,
+                tgid,
+                pgid: 0,
+                flushed: Default::default(),
+                stream: None,
+            };
+            self.register(h);
+            let direct_io = self.stream_of(ino).is_some();
+            return reply(Ok(Opened { fh, direct_io }));
+        }
+        let holder = Holder {
+            host: self.host.clone(),
+            pid: tgid,
+            comm: comm.clone(),
+            handle: fh,
+            opened_wall_ms: crate::clock::wall_ms(),
+        };
+        let me = self.clone();
+        let cont: Box<dyn FnOnce(Result<Grant, LeaseError>) + Send> = Box::new(move |g| match g {
+            Ok(grant) => me.granted(ino, fh, flags, tgid, comm, grant, reply),
+            Err(e) => reply(Err(e.into())),
+        });
+        let opts = AcquireOpts {
+            nonblock: flags & libc::O_NONBLOCK != 0,
+        };
+        // The callback is shared between the immediate and deferred paths.
+        let slot = Arc::new(Mutex::new(Some(cont)));
+        let slot2 = slot.clone();
+        let cb: Box<dyn FnOnce(Result<Grant, LeaseError>) + Send> = Box::new(move |g| {
+            if let Some(c) = lock(&slot2).take() {
+                c(g)
+            }
+        });
+        let take = || lock(&slot).take();
+        match self.leases.acquire(ino, holder, opts, cb) {
+            Ok(Acquire::Granted(g)) => {
+                if let Some(c) = take() {
+                    c(Ok(g))
+                }
+            }
+            Ok(Acquire::Queued) => {}
+            Ok(Acquire::Recover(ticket)) => self.spawn_recovery(ticket),
+            Err(e) => {
+                if let Some(c) = take() {
+                    c(Err(e))
+                }
+            }
+        }
+    }
+
+    fn register(&self, h: Handle) -> Arc<Handle> {
+        let h = Arc::new(h);
+        let of = self.open_file(h.ino);
+        *lock(&of.opens) += 1;
+        self.handles.insert(h.fh, h.clone());
+        h
+    }
+
+    /// The lease is ours: set up the file's output stream (and O_TRUNC).
+    #[allow(clippy::too_many_arguments)]
+    fn granted(
+        self: &Arc<Self>,
+        ino: u64,
+        fh: u64,
+        flags: i32,
+        tgid: u32,
+        comm: String,
+        grant: Grant,
+        reply: Reply<Opened>,
+    ) {
+        let inode = match self.meta.get(ino) {
+            Ok(i) => i,
+            Err(e) => {
+                self.leases.release(ino, fh);
+                return reply(Err(e));
+            }
+        };
+        let uc = UnderConstruction {
+            ino,
+            holder: format!("{}:{}", self.host, tgid),
+            pid: tgid,
+            comm,
+            epoch: grant.epoch,
+            mount_id: self.mount_id.clone(),
+            since_ms: crate::clock::wall_ms(),
+        };
+        let bs = if inode.block_size == 0 {
+            self.opts.block_size
+        } else {
+            inode.block_size
+        };
+        let stream = OutputStream::new(self.ctx.clone(), ino, inode.size, bs, uc);
+        let h = Handle {
+            fh,
+            ino,
+            write: true,
+            append: flags & libc::O_APPEND != 0,
+            epoch: grant.epoch,
+            tgid,
+            pgid: proc_info::pgid(tgid),
+            flushed: Default::default(),
+            stream: Some(stream.clone()),
+        };
+        let of = self.open_file(ino);
+        *lock(&of.stream) = Some(stream.clone());
+        self.register(h);
+        tracing::debug!(ino, fh, epoch = grant.epoch, "write lease granted");
+        let opened = Opened {
+            fh,
+            direct_io: false,
+        };
+        if flags & libc::O_TRUNC != 0 && inode.size > 0 {
+            stream.truncate(0, Box::new(move |r| reply(r.map(|_| opened))));
+        } else {
+            reply(Ok(opened))
+        }
+    }
+
+    // ---- read / write -------------------------------------------------
+
+    pub fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<Vec<u8>> {
+        let h = self.handle(fh)?;
+        let inode = self.meta.get(h.ino)?;
+        let len = match self.stream_of(h.ino) {
+            Some(s) => s.visible_len(),
+            None => inode.size,
+        };
+        if offset >= len {
+            return Ok(Vec::new());
+        }
+        let blocks = self.meta.blocks(h.ino)?;
+        let bs = if inode.block_size == 0 {
+            self.opts.block_size
+        } else {
+            inode.block_size
+        };
+        reader::read(&self.dns, &self.bad, &blocks, bs, len, offset, size as usize)
+    }
+
+    /// Appends through the handle's stream; the reply may wait for acks
+    /// (backpressure). O_APPEND writes go to the real end of the file.
+    pub fn write(&self, fh: u64, offset: u64, data: &[u8], reply: Reply<u32>) {
+        let h = match self.handle(fh) {
+            Ok(h) => h,
+            Err(e) => return reply(Err(e)),
+        };
+        let Some(stream) = h.stream.as_ref() else {
+            return reply(Err(FsError::BadHandle));
+        };
+        if let Err(e) = self.leases.check(h.ino, fh, h.epoch) {
+            tracing::warn!(ino = h.ino, fh, "write refused: {e}");
+            return reply(Err(e.into()));
+        }
+        if h.flushed.swap(false, Ordering::Relaxed) {
+            self.leases.note_write(h.ino, fh);
+        }
+        let n = data.len() as u32;
+        let off = if h.append { None } else { Some(offset) };
+        stream.write(off, data, Box::new(move |r| reply(r.map(|_| n))));
+    }
+
+    /// close(): every byte of this writer acknowledged by all replicas.
+    pub fn flush(self: &Arc<Self>, fh: u64, reply: Reply<()>) {
+        let h = match self.handle(fh) {
+            Ok(h) => h,
+            Err(e) => return reply(Err(e)),
+        };
+        let Some(stream) = h.stream.clone() else {
+            return reply(Ok(()));
+        };
+        if let Err(e) = self.leases.check(h.ino, fh, h.epoch) {
+            return reply(Err(e.into()));
+        }
+        let me = self.clone();
+        stream.flush(Box::new(move |r| {
+            if r.is_ok() {
+                h.flushed.store(true, Ordering::Relaxed);
+                me.leases.note_flush(h.ino, h.fh);
+            }
+            reply(r)
+        }));
+    }
+
+    /// fsync: acknowledged by all replicas, then data, checksums and
+    /// metadata durable on every replica and in the metadata store.
+    pub fn fsync(&self, fh: u64, reply: Reply<()>) {
+        let h = match self.handle(fh) {
+            Ok(h) => h,
+            Err(e) => return reply(Err(e)),
+        };
+        let Some(stream) = h.stream.clone() else {
+            return reply(Ok(()));
+        };
+        if let Err(e) = self.leases.check(h.ino, fh, h.epoch) {
+            return reply(Err(e.into()));
+        }
+        stream.sync(reply);
+    }
+
+    /// The open file description is gone: close the file (finalising its
+    /// last block) and hand the lease to the next waiter.
+    pub fn release(self: &Arc<Self>, fh: u64, reply: Reply<()>) {
+        let Some((_, h)) = self.handles.remove(&fh) else {
+            return reply(Ok(()));
+        };
+        let stream_to_close = h.stream.clone();
+        let me = self.clone();
+        let finish = move |r: FsResult<()>| {
+            if h.write {
+                let of = me.open_file(h.ino);
+                let mut s = lock(&of.stream);
+                if s.as_ref().is_some_and(|s| h.stream.as_ref().is_some_and(|m| Arc::ptr_eq(s, m))) {
+                    *s = None;
+                }
+                drop(s);
+                me.leases.release(h.ino, h.fh);
+            }
+            me.drop_open(h.ino);
+            reply(r)
+        };
+        match stream_to_close {
+            Some(stream) if stream.is_failed().is_none() => {
+                *lock(&self.pending_closes) += 1;
+                let me = self.clone();
+                stream.close(Box::new(move |r| {
+                    if let Err(e) = &r {
+                        tracing::error!("close failed: {e}");
+                    }
+                    finish(r);
+                    *lock(&me.pending_closes) -= 1;
+                }));
+            }
+            _ => finish(Ok(())),
+        }
+    }
+
+    /// One open fewer; an unlinked file goes away with its last open.
+    fn drop_open(&self, ino: u64) {
+        let last = {
+            let Some(of) = self.files.get(&ino).map(|f| f.clone()) else {
+                return;
+            };
+            let mut n = lock(&of.opens);
+            *n = n.saturating_sub(1);
+            *n == 0
+        };
+        if last {
+            self.files.remove_if(&ino, |_, f| *lock(&f.opens) == 0);
+            if let Ok(i) = self.meta.get(ino)
+                && i.nlink == 0
+            {
+                self.delete_inode(ino);
+            }
+        }
+    }
+
+    /// Deletes an inode with no names and no opens, and its replicas.
+    pub(crate) fn delete_inode(&self, ino: u64) {
+        match self.meta.delete_inode(ino) {
+            Ok(blocks) => self.delete_replicas(blocks),
+            Err(e) => tracing::error!(ino, "cannot delete inode: {e}"),
+        }
+    }
+
+    pub(crate) fn delete_replicas(&self, blocks: Vec<crate::meta::BlockRow>) {
+        if blocks.is_empty() {
+            return;
+        }
+        let dns = self.dns.clone();
+        self.ctx.rt.spawn_blocking(move || {
+            for b in blocks {
+                for dn in b.replicas {
+                    if let Some(node) = dns.get(dn)
+                        && let Err(e) = node.delete(b.block_id)
+                    {
+                        tracing::warn!(datanode = dn, "replica delete failed: {e}");
+                    }
+                }
+            }
+        });
+    }
+
+    pub(crate) fn is_open(&self, ino: u64) -> bool {
+        self.files.get(&ino).is_some_and(|f| *lock(&f.opens) > 0)
+    }
+
+    // ---- truncate -------------------------------------------------------
+
+    /// Changes a file's size. Needs the lease: through the caller's own
+    /// handle (`fh`, or any write handle of the same process), or taken
+    /// implicitly when nobody holds it.
+    pub fn set_size(self: &Arc<Self>, ino: u64, size: u64, fh: Option<u64>, caller: Caller, reply: Reply<()>) {
+        let own = fh
+            .and_then(|f| self.handle(f).ok())
+            .filter(|h| h.write)
+            .or_else(|| {
+                let (tgid, _) = proc_info::identity(caller.pid);
+                self.handles
+                    .iter()
+                    .find(|h| h.ino == ino && h.write && h.tgid == tgid)
+                    .map(|h| h.clone())
+            });
+        if let Some(h) = own
+            && let Some(stream) = h.stream.clone()
+        {
+            if let Err(e) = self.leases.check(ino, h.fh, h.epoch) {
+                return reply(Err(e.into()));
+            }
+            return stream.truncate(size, reply);
+        }
+        // Nobody of ours holds it: take the lease for the duration.
+        let me = self.clone();
+        self.open(
+            ino,
+            libc::O_WRONLY,
+            caller,
+            Box::new(move |r| match r {
+                Err(e) => reply(Err(e)),
+                Ok(o) => {
+                    let Ok(h) = me.handle(o.fh) else {
+                        return reply(Err(FsError::BadHandle));
+                    };
+                    let Some(stream) = h.stream.clone() else {
+                        return reply(Err(FsError::BadHandle));
+                    };
+                    let me2 = me.clone();
+                    stream.truncate(
+                        size,
+                        Box::new(move |r| me2.release(o.fh, Box::new(move |r2| reply(r.and(r2))))),
+                    );
+                }
+            }),
+        );
+    }
+
+    // ---- leases: recovery, renewal, ioctl ------------------------------
+
+    /// Runs lease recovery for a ticket off the caller's thread.
+    pub fn spawn_recovery(self: &Arc<Self>, ticket: RecoveryTicket) {
+        let me = self.clone();
+        self.ctx.rt.spawn_blocking(move || {
+            let r = me.recover(ticket.file, ticket.reason);
+            me.leases.finish_recovery(ticket.file, r.map(|_| ()).map_err(|e| e.to_string()));
+        });
+    }
+
+    /// Fences the old writer's stream, then brings the file to a closed,
+    /// consistent state.
+    pub fn recover(&self, ino: u64, reason: RecoveryReason) -> FsResult<u64> {
+        if let Some(of) = self.files.get(&ino).map(|f| f.clone()) {
+            let old = lock(&of.stream).take();
+            if let Some(s) = old {
+                let epoch = self.leases.info(ino).epoch;
+                s.abort(FsError::Lease(LeaseError::Fenced { file: ino, epoch }));
+            }
+        }
+        tracing::info!(ino, ?reason, path = %self.meta.path_of(ino), "lease recovery");
+        recovery::recover_file(&self.meta, &self.dns, ino)
+    }
+
+    /// `leasefs recover-lease`: recovers now; Ok(true) when the file is closed.
+    pub fn recover_now(self: &Arc<Self>, ino: u64) -> FsResult<bool> {
+        match self.leases.recover_now(ino) {
+            Some(_) => {
+                let r = self.recover(ino, RecoveryReason::Manual);
+                self.leases.finish_recovery(ino, r.as_ref().map(|_| ()).map_err(|e| e.to_string()));
+                r.map(|_| true)
+            }
+            None => {
+                let info = self.leases.info(ino);
+                if info.state == crate::lease::LeaseState::Recovering {
+                    return Ok(false);
+                }
+                // No live lease: a leftover under-construction record is closed now.
+                let uc = self.meta.list_uc()?.into_iter().any(|u| u.ino == ino);
+                if uc {
+                    self.recover(ino, RecoveryReason::HolderGone)?;
+                }
+                Ok(true)
+            }
+        }
+    }
+
+    pub fn ioctl(&self, fh: u64, cmd: u32) -> FsResult<Vec<u8>> {
+        let h = self.handle(fh)?;
+        if !h.write {
+            return Err(FsError::BadHandle);
+        }
+        match cmd {
+            IOC_CLIENT_RENEWAL => {
+                self.leases.set_mode(h.ino, fh, RenewalMode::Client)?;
+                Ok(Vec::new())
+            }
+            IOC_RENEW => {
+                self.leases.renew(h.ino, fh)?;
+                Ok(Vec::new())
+            }
+            IOC_EPOCH => {
+                self.leases.check(h.ino, fh, h.epoch)?;
+                Ok(h.epoch.to_le_bytes().to_vec())
+            }
+            _ => Err(FsError::Unsupported("unknown ioctl")),
+        }
+    }
+
+    /// Waits until closes in progress have finished (unmount).
+    pub fn wait_closes(&self, max: Duration) {
+        let deadline = std::time::Instant::now() + max;
+        while *lock(&self.pending_closes) > 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// At mount: files left under construction by a previous daemon have
+    /// provably gone holders, so they are recovered now; orphans removed.
+    pub fn startup_recovery(&self) -> FsResult<usize> {
+        let ucs = self.meta.list_uc()?;
+        let n = ucs.len();
+        for uc in ucs {
+            tracing::info!(ino = uc.ino, holder = %uc.holder, "recovering file left open by a previous daemon");
+            if let Err(e) = self.recover(uc.ino, RecoveryReason::HolderGone) {
+                tracing::error!(ino = uc.ino, "startup recovery failed: {e}");
+            }
+        }
+        for ino in self.meta.orphans()? {
+            self.delete_inode(ino);
+        }
+        Ok(n)
+    }
+
+    pub fn stream_stats_json(&self, ino: u64) -> Option<String> {
+        self.stream_of(ino)
+            .and_then(|s| serde_json::to_string(&s.stats()).ok())
+    }
+}

@@ -1,0 +1,210 @@
+//! The running daemon: opens a data directory (one daemon at a time),
+//! recovers what a previous daemon left open, starts the lease monitor,
+//! the lease renewal thread, datanode heartbeats and the interrupt watcher,
+//! and serves the mount until it is unmounted.
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::adapter::Adapter;
+use super::core::Core;
+use super::proc_info;
+use crate::config::MountOptions;
+use crate::error::{FsError, FsResult};
+use crate::meta::MetaStore;
+use crate::pipeline::Datanodes;
+use crate::sync::{Arc, AtomicBool, Ordering};
+
+/// Interval of datanode heartbeats (HDFS: 3 s).
+pub const HEARTBEAT: Duration = Duration::from_secs(3);
+/// How often waiting opens are checked for a pending signal (Ctrl-C).
+const INTERRUPT_POLL: Duration = Duration::from_millis(50);
+
+pub struct MountSpec {
+    pub mountpoint: PathBuf,
+    pub data: PathBuf,
+    pub datanodes: Vec<PathBuf>,
+    pub replication: usize,
+    pub opts: MountOptions,
+}
+
+/// Holds the data directory's lock for the daemon's life.
+pub struct DataLock {
+    _file: File,
+}
+
+/// Takes the data directory for this daemon, refusing a second one.
+pub fn lock_data_dir(data: &Path) -> FsResult<DataLock> {
+    let path = data.join("lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(|e| FsError::Io(format!("cannot open {}: {e}", path.display())))?;
+    // SAFETY: flock on a valid, owned descriptor.
+    let r = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if r != 0 {
+        let holder = std::fs::read_to_string(&path).unwrap_or_default();
+        return Err(FsError::Io(format!(
+            "data directory {} is in use by another leasefs daemon ({})",
+            data.display(),
+            holder.trim()
+        )));
+    }
+    let _ = file.set_len(0);
+    let _ = std::fs::write(&path, format!("pid {}\n", std::process::id()));
+    Ok(DataLock { _file: file })
+}
+
+/// Everything a mount needs, built before the kernel is involved so that
+/// every error can still be reported to the user.
+pub struct Daemon {
+    pub core: Arc<Core>,
+    pub rt: tokio::runtime::Runtime,
+    _lock: DataLock,
+    stop: Arc<AtomicBool>,
+}
+
+impl Daemon {
+    pub fn start(spec: &MountSpec) -> FsResult<Daemon> {
+        let lock = lock_data_dir(&spec.data)?;
+        let (uid, gid) = (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw());
+        let meta = Arc::new(MetaStore::open(&spec.data.join("meta.db"), uid, gid)?);
+        let dns = Arc::new(Datanodes::open(
+            &spec.datanodes,
+            spec.replication,
+            spec.opts.test_slow_datanode,
+        )?);
+        dns.heartbeat();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .max_blocking_threads(1024)
+            .thread_name("leasefs-worker")
+            .enable_time()
+            .build()
+            .map_err(|e| FsError::Io(format!("cannot start worker pool: {e}")))?;
+        let core = Core::with_system_clock(meta, dns, spec.opts.clone(), rt.handle().clone(), spec.data.clone());
+        let n = core.startup_recovery()?;
+        if n > 0 {
+            tracing::info!("recovered {n} file(s) left under construction");
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let d = Daemon {
+            core,
+            rt,
+            _lock: lock,
+            stop,
+        };
+        d.spawn_background();
+        Ok(d)
+    }
+
+    fn every(&self, name: &str, period: Duration, f: impl Fn(&Arc<Core>) + Send + 'static) {
+        let core = self.core.clone();
+        let stop = self.stop.clone();
+        let r = std::thread::Builder::new().name(name.into()).spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(period);
+                f(&core);
+            }
+        });
+        if let Err(e) = r {
+            tracing::error!("cannot start {name}: {e}");
+        }
+    }
+
+    fn spawn_background(&self) {
+        let o = &self.core.opts;
+        // Lease monitor (HDFS LeaseManager.Monitor): expired waits, hard
+        // limit, preemption of expired holders that others wait for.
+        self.every("lease-monitor", o.monitor_interval, |core| {
+            for t in core.leases.tick() {
+                core.spawn_recovery(t);
+            }
+        });
+        // Lease renewal for ordinary programs, which cannot renew anything.
+        self.every("lease-renewer", o.soft_limit / 2, |core| {
+            core.leases.renew_daemon_leases();
+        });
+        // Datanode heartbeats: storage liveness only, never writer liveness.
+        self.every("dn-heartbeat", HEARTBEAT, |core| core.dns.heartbeat());
+        // A waiting open whose process got a signal gets EINTR.
+        self.every("interrupts", INTERRUPT_POLL, |core| {
+            for (file, handle, pid) in core.leases.waiting() {
+                if proc_info::signal_pending(pid) && core.leases.cancel_waiter(file, handle) {
+                    tracing::info!(file, pid, "waiting open interrupted");
+                }
+            }
+        });
+    }
+
+    /// Mounts and serves until unmounted. `ready` is called once the
+    /// kernel has completed the FUSE handshake.
+    pub fn serve(self, spec: &MountSpec, ready: impl FnOnce(Result<(), String>)) -> FsResult<()> {
+        let mut cfg = fuser::Config::default();
+        cfg.mount_options = vec![
+            fuser::MountOption::FSName(format!("leasefs:{}", spec.data.display())),
+            fuser::MountOption::Subtype("leasefs".into()),
+            fuser::MountOption::DefaultPermissions,
+            fuser::MountOption::CUSTOM("allow_other".into()),
+        ];
+        cfg.n_threads = Some(4);
+        let adapter = Adapter {
+            core: self.core.clone(),
+        };
+        super::control::serve(self.core.clone(), &spec.data, &spec.mountpoint);
+        let mut session = match fuser::Session::new(adapter, &spec.mountpoint, &cfg) {
+            Ok(s) => s,
+            Err(e) => {
+                let msg = format!("cannot mount {}: {e}", spec.mountpoint.display());
+                ready(Err(msg.clone()));
+                return Err(FsError::Io(msg));
+            }
+        };
+        install_signal_unmount(session.unmount_callable());
+        ready(Ok(()));
+        tracing::info!(mountpoint = %spec.mountpoint.display(), "mounted");
+        let r = session.run();
+        self.stop.store(true, Ordering::Relaxed);
+        self.core.wait_closes(Duration::from_secs(30));
+        let _ = std::fs::remove_file(spec.data.join("control.sock"));
+        tracing::info!("unmounted");
+        r.map_err(|e| FsError::Io(e.to_string()))
+    }
+}
+
+/// SIGTERM/SIGINT/SIGHUP unmount cleanly instead of killing the daemon
+/// with the mount still attached.
+fn install_signal_unmount(mut unmounter: fuser::SessionUnmounter) {
+    let set = unmount_signals();
+    let _ = std::thread::Builder::new().name("signals".into()).spawn(move || {
+        if let Ok(sig) = set.wait() {
+            tracing::info!("{sig:?}: unmounting");
+            if let Err(e) = unmounter.unmount() {
+                tracing::error!("unmount failed: {e}");
+            }
+        }
+    });
+}
+
+fn unmount_signals() -> nix::sys::signal::SigSet {
+    use nix::sys::signal::{SigSet, Signal};
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGTERM);
+    set.add(Signal::SIGINT);
+    set.add(Signal::SIGHUP);
+    set
+}
+
+/// Blocks the unmount signals in the calling thread; call it before any
+/// thread starts so that every thread inherits the mask and only the
+/// signal thread receives them.
+pub fn block_unmount_signals() {
+    if let Err(e) = unmount_signals().thread_block() {
+        tracing::warn!("cannot block signals: {e}");
+    }
+}

@@ -1,0 +1,27 @@
+//! Open file descriptions (FUSE file handles) and the per-inode state they
+//! share: the one output stream of a file and how many opens remain.
+
+use crate::pipeline::OutputStream;
+use crate::sync::{Arc, AtomicBool, Mutex};
+
+/// One open file description.
+pub struct Handle {
+    pub fh: u64,
+    pub ino: u64,
+    pub write: bool,
+    pub append: bool,
+    pub epoch: u64,
+    pub tgid: u32,
+    pub pgid: u32,
+    /// Flushed (close()) with no write since: a conflicting open may wait
+    /// for this handle's pending RELEASE instead of failing.
+    pub flushed: AtomicBool,
+    pub stream: Option<Arc<OutputStream>>,
+}
+
+/// Per-inode state while any handle is open.
+#[derive(Default)]
+pub struct OpenFile {
+    pub opens: Mutex<usize>,
+    pub stream: Mutex<Option<Arc<OutputStream>>>,
+}

@@ -1,0 +1,13 @@
+//! The filesystem: [`core::Core`] holds the semantics and is driven by unit
+//! tests and by [`adapter`], which only translates fuser requests.
+
+pub mod adapter;
+pub mod attr;
+pub mod control;
+pub mod core;
+pub mod daemon;
+mod handles;
+mod namespace;
+pub mod proc_info;
+
+pub use self::core::Core;

@@ -1,0 +1,779 @@
+//! The lease manager (HDFS `LeaseManager`): one write lease per file, held by
+//! one open file description, queued FIFO, renewed by the daemon or by the
+//! client, expired by the soft and hard limits, and fenced by epochs.
+//!
+//! All state sits behind one mutex; every operation is O(1) or O(log n) under
+//! it. Callbacks of queued opens are collected while the lock is held and run
+//! (or dropped) only after it is released, so a callback may call back into
+//! the manager and a slow reply never holds up other files.
+//!
+//! The monitor's [`LeaseManager::tick`] costs O(expired items): client-mode
+//! leases and waiters sit in a deadline index, and daemon-mode leases in an
+//! index by their own renewal time. Daemon renewal is one timestamp shared by
+//! all daemon-mode leases (the renewal thread renews all of them or none), so
+//! [`LeaseManager::renew_daemon_leases`] is O(1) and its leases expire only
+//! when that thread stops.
+
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use tracing::{debug, info, warn};
+
+use super::index::{TimeIndex, UNSET};
+use super::record::{HolderRec, Lease, Waiter};
+use super::types::{
+    Acquire, AcquireOpts, EpochSource, FileId, Grant, GrantCallback, HandleId, Holder, LeaseConfig,
+    LeaseError, LeaseInfo, LeaseState, RecoveryReason, RecoveryTicket, RenewalMode,
+};
+use crate::clock::Clock;
+use crate::sync::{Arc, AtomicU64, Mutex, Ordering, lock};
+
+/// Grants, queues, renews, expires and recovers write leases. `Send + Sync`;
+/// share it through an `Arc`.
+pub struct LeaseManager {
+    cfg: LeaseConfig,
+    clock: Arc<dyn Clock>,
+    host: Arc<str>,
+    inner: Mutex<Inner>,
+    /// Index entries `tick` has looked at, ever: what an idle tick must not
+    /// increase.
+    examined: AtomicU64,
+}
+
+impl LeaseManager {
+    pub fn new(
+        cfg: LeaseConfig,
+        clock: Arc<dyn Clock>,
+        epochs: Box<dyn EpochSource>,
+        host: Arc<str>,
+    ) -> Self {
+        let lim = Limits {
+            soft: nanos(cfg.soft_limit),
+            hard: nanos(cfg.hard_limit),
+            wait: cfg.lease_wait.map(nanos),
+            grace: nanos(cfg.release_grace),
+        };
+        let inner = Inner {
+            lim,
+            leases: HashMap::new(),
+            holders: HashMap::new(),
+            fenced: HashMap::new(),
+            contended: HashSet::new(),
+            due: TimeIndex::default(),
+            daemon: TimeIndex::default(),
+            daemon_renewed: nanos(clock.now()),
+            epochs,
+            last_epoch: 0,
+            shutting_down: false,
+        };
+        LeaseManager {
+            cfg,
+            clock,
+            host,
+            inner: Mutex::new(inner),
+            examined: AtomicU64::new(0),
+        }
+    }
+
+    pub fn config(&self) -> &LeaseConfig {
+        &self.cfg
+    }
+
+    /// The host this manager runs on.
+    pub fn host(&self) -> &Arc<str> {
+        &self.host
+    }
+
+    /// Asks for `file`'s write lease for `holder.handle`:
+    /// - free: `Granted` with a new epoch; the holder itself again: `Granted`
+    ///   with its epoch;
+    /// - held in client mode and not renewed for `soft_limit`: the holder is
+    ///   fenced, the caller heads the queue and gets `Recover`;
+    /// - held by a holder that flushed and wrote nothing since (its `RELEASE`
+    ///   is in flight): `Queued` for `max(release_grace, lease_wait)`, even
+    ///   with `nonblock`;
+    /// - otherwise `Queued` for `lease_wait` if set and not `nonblock`, else
+    ///   `Busy`. A handle that was preempted gets `Fenced`.
+    ///
+    /// `cb` is kept, and later called exactly once, only for `Queued` and
+    /// `Recover`; otherwise it is dropped uncalled.
+    pub fn acquire(
+        &self,
+        file: FileId,
+        holder: Holder,
+        opts: AcquireOpts,
+        cb: GrantCallback,
+    ) -> Result<Acquire, LeaseError> {
+        // Moved into the state only when the open waits; otherwise dropped
+        // here, after the lock is released.
+        let mut cb = Some(cb);
+        self.locked(|inner, now, _| inner.acquire(file, holder, opts, &mut cb, now))
+    }
+
+    /// The end of an open file description (FUSE `RELEASE`). A holder's lease
+    /// passes to the first waiter at once; a waiter leaves the queue without
+    /// its callback being called. Returns whether anything changed.
+    pub fn release(&self, file: FileId, handle: HandleId) -> bool {
+        self.locked(|inner, now, later| inner.release(file, handle, now, later))
+    }
+
+    /// The holder flushed (`close()` returned) and has written nothing since:
+    /// its `RELEASE` is probably in flight, so a conflicting open waits for it.
+    pub fn note_flush(&self, file: FileId, handle: HandleId) {
+        self.locked(|inner, _, _| {
+            if let Some(lease) = inner.held_by(file, handle) {
+                lease.flushed = true;
+            }
+        })
+    }
+
+    /// The holder wrote after a flush: it is a live writer again.
+    pub fn note_write(&self, file: FileId, handle: HandleId) {
+        self.locked(|inner, _, _| {
+            if let Some(lease) = inner.held_by(file, handle) {
+                lease.flushed = false;
+            }
+        })
+    }
+
+    /// Switches who renews the lease; counts as a renewal.
+    pub fn set_mode(
+        &self,
+        file: FileId,
+        handle: HandleId,
+        mode: RenewalMode,
+    ) -> Result<(), LeaseError> {
+        let res = self.locked(|inner, now, _| inner.renew(file, handle, Some(mode), now));
+        match &res {
+            Ok(()) => info!(file, handle, ?mode, "lease renewal mode set"),
+            Err(err) => warn!(file, handle, error = %err, "cannot set lease renewal mode"),
+        }
+        res
+    }
+
+    /// Client renewal: proves the holder is alive. Fails once the lease was
+    /// preempted (`Fenced`), which tells the client to stop writing.
+    pub fn renew(&self, file: FileId, handle: HandleId) -> Result<(), LeaseError> {
+        let res = self.locked(|inner, now, _| inner.renew(file, handle, None, now));
+        if let Err(err) = &res {
+            warn!(file, handle, error = %err, "lease renewal refused");
+        }
+        res
+    }
+
+    /// Renews every daemon-mode lease; the renewal thread calls this every
+    /// `soft_limit / 2`. O(1): daemon-mode leases share this one timestamp.
+    /// Returns how many leases it renewed.
+    pub fn renew_daemon_leases(&self) -> usize {
+        self.locked(|inner, now, _| {
+            inner.daemon_renewed = now;
+            inner.daemon.len()
+        })
+    }
+
+    /// Fencing: `Ok` only if `handle` holds `file`'s lease at `epoch`.
+    pub fn check(&self, file: FileId, handle: HandleId, epoch: u64) -> Result<(), LeaseError> {
+        let inner = lock(&self.inner);
+        match inner.leases.get(&file) {
+            Some(lease) if lease.holds(handle) => {
+                if lease.epoch == epoch {
+                    Ok(())
+                } else {
+                    Err(LeaseError::Fenced { file, epoch })
+                }
+            }
+            _ => Err(inner.not_holding(file, handle)),
+        }
+    }
+
+    /// The monitor: times out waiters, and starts recovery of leases past the
+    /// hard limit and of contended client-mode leases past the soft limit.
+    /// The caller runs block recovery for each ticket and then calls
+    /// [`Self::finish_recovery`].
+    pub fn tick(&self) -> Vec<RecoveryTicket> {
+        let mut examined = 0;
+        let tickets = self.locked(|inner, now, later| inner.tick(now, later, &mut examined));
+        self.examined.fetch_add(examined, Ordering::Relaxed);
+        tickets
+    }
+
+    /// How many index entries `tick` has examined since the manager was made.
+    /// An idle tick adds nothing, however many leases are held.
+    pub fn tick_examined(&self) -> u64 {
+        self.examined.load(Ordering::Relaxed)
+    }
+
+    /// `leasefs recover-lease`: takes a held lease from its holder (who is
+    /// fenced) and starts recovery. `None` when the file is free or already
+    /// recovering.
+    pub fn recover_now(&self, file: FileId) -> Option<RecoveryTicket> {
+        self.locked(|inner, now, _| match inner.leases.get(&file) {
+            Some(lease) if lease.state == LeaseState::Held => {
+                Some(inner.start_recovery(file, RecoveryReason::Manual, now))
+            }
+            _ => None,
+        })
+    }
+
+    /// Starts recovery of a file left under construction by a holder that is
+    /// provably gone (a previous mount instance, after a crash). Writers
+    /// queue or get `EBUSY` until `finish_recovery`. `None` when the manager
+    /// already knows the file. `last_epoch` is the persisted epoch of the
+    /// last grant, shown until a new grant replaces it.
+    pub fn recover_orphan(
+        &self,
+        file: FileId,
+        last_epoch: u64,
+        last_holder: Option<Holder>,
+    ) -> Option<RecoveryTicket> {
+        self.locked(|inner, now, _| {
+            if inner.leases.contains_key(&file) {
+                return None;
+            }
+            let mut lease = Lease::new(last_holder.map(HolderRec::from), last_epoch, now);
+            let stale = inner.describe(file, &lease, now);
+            lease.state = LeaseState::Recovering;
+            inner.leases.insert(file, Box::new(lease));
+            inner.reindex(file);
+            warn!(file, epoch = last_epoch, "holder gone; recovering lease");
+            Some(RecoveryTicket {
+                file,
+                stale,
+                reason: RecoveryReason::HolderGone,
+            })
+        })
+    }
+
+    /// Ends recovery. `Ok`: the first waiter gets the lease (through its
+    /// callback), or the file becomes free. `Err`: every waiter's callback
+    /// gets `RecoveryFailed` and the lease is dropped.
+    pub fn finish_recovery(&self, file: FileId, result: Result<(), String>) {
+        self.locked(|inner, now, later| inner.finish_recovery(file, result, now, later))
+    }
+
+    /// Ctrl-C of a waiting open: its callback gets `Interrupted`. Returns
+    /// whether `handle` was waiting for `file`.
+    pub fn cancel_waiter(&self, file: FileId, handle: HandleId) -> bool {
+        self.locked(|inner, _, later| {
+            let Some(w) = inner
+                .leases
+                .get_mut(&file)
+                .and_then(|l| l.take_waiter(handle))
+            else {
+                return false;
+            };
+            info!(file, handle, pid = w.holder.pid, "lease wait interrupted");
+            later.call(w.cb, Err(LeaseError::Interrupted { file }));
+            inner.reindex(file);
+            true
+        })
+    }
+
+    /// Every waiting open as (file, handle, pid), for the interrupt watcher.
+    /// O(waiters), not O(leases).
+    pub fn waiting(&self) -> Vec<(FileId, HandleId, u32)> {
+        let inner = lock(&self.inner);
+        let mut out = Vec::new();
+        for file in &inner.contended {
+            if let Some(lease) = inner.leases.get(file) {
+                out.extend(
+                    lease
+                        .waiters()
+                        .map(|w| (*file, w.holder.handle, w.holder.pid)),
+                );
+            }
+        }
+        out
+    }
+
+    /// `file`'s lease as users see it; `Free` with epoch 0 when unknown.
+    pub fn info(&self, file: FileId) -> LeaseInfo {
+        self.locked(|inner, now, _| match inner.leases.get(&file) {
+            Some(lease) => inner.describe(file, lease, now),
+            None => LeaseInfo::free(file),
+        })
+    }
+
+    /// Every held or recovering lease, by file id.
+    pub fn list(&self) -> Vec<LeaseInfo> {
+        let mut all = self.locked(|inner, now, _| {
+            inner
+                .leases
+                .iter()
+                .map(|(&file, lease)| inner.describe(file, lease, now))
+                .collect::<Vec<_>>()
+        });
+        all.sort_unstable_by_key(|i| i.file);
+        all
+    }
+
+    /// The file whose lease `handle` holds.
+    pub fn file_of_handle(&self, handle: HandleId) -> Option<FileId> {
+        lock(&self.inner).holders.get(&handle).copied()
+    }
+
+    /// Number of held or recovering leases.
+    pub fn len(&self) -> usize {
+        lock(&self.inner).leases.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Refuses every new acquire; every waiter's callback gets
+    /// `ShuttingDown`. Held leases stay until released.
+    pub fn shutdown(&self) {
+        self.locked(|inner, _, later| {
+            inner.shutting_down = true;
+            for file in std::mem::take(&mut inner.contended) {
+                let Some(lease) = inner.leases.get_mut(&file) else {
+                    continue;
+                };
+                lease.listed = false;
+                for w in lease.take_all() {
+                    later.call(w.cb, Err(LeaseError::ShuttingDown));
+                }
+                inner.reindex(file);
+            }
+            info!("lease manager shut down");
+        })
+    }
+
+    /// Runs `f` under the lock with the current time, then, with the lock
+    /// released, runs the callbacks `f` collected.
+    fn locked<R>(&self, f: impl FnOnce(&mut Inner, u64, &mut Deferred) -> R) -> R {
+        let mut later = Deferred::default();
+        let out = {
+            let mut inner = lock(&self.inner);
+            // Read under the lock so that times stored in leases never go
+            // backwards.
+            let now = nanos(self.clock.now());
+            f(&mut inner, now, &mut later)
+        };
+        later.run();
+        out
+    }
+}
+
+/// The configured durations in nanoseconds of the manager's clock.
+#[derive(Clone, Copy, Debug)]
+struct Limits {
+    soft: u64,
+    hard: u64,
+    wait: Option<u64>,
+    grace: u64,
+}
+
+struct Inner {
+    lim: Limits,
+    /// Boxed so that the table stays small (16 bytes a slot) at a million
+    /// leases and grows by moving pointers, not records.
+    leases: HashMap<FileId, Box<Lease>>,
+    /// Current holders' handles.
+    holders: HashMap<HandleId, FileId>,
+    /// Handles whose lease was taken from them, with the epoch they held, so
+    /// that they get `Fenced` rather than `NotHolder`; removed on release.
+    fenced: HashMap<HandleId, (FileId, u64)>,
+    /// Files with at least one waiter.
+    contended: HashSet<FileId>,
+    /// Client-mode leases by next limit, and files by earliest waiter
+    /// deadline.
+    due: TimeIndex,
+    /// Held daemon-mode leases by their own last renewal (grant, mode switch
+    /// or explicit renew).
+    daemon: TimeIndex,
+    /// When `renew_daemon_leases` last ran; renews every daemon-mode lease.
+    daemon_renewed: u64,
+    epochs: Box<dyn EpochSource>,
+    last_epoch: u64,
+    shutting_down: bool,
+}
+
+impl Inner {
+    fn acquire(
+        &mut self,
+        file: FileId,
+        holder: Holder,
+        opts: AcquireOpts,
+        cb: &mut Option<GrantCallback>,
+        now: u64,
+    ) -> Result<Acquire, LeaseError> {
+        if self.shutting_down {
+            return Err(LeaseError::ShuttingDown);
+        }
+        // A preempted handle never writes again, even once the file is free.
+        if let Some(&(file, epoch)) = self.fenced.get(&holder.handle) {
+            return Err(LeaseError::Fenced { file, epoch });
+        }
+        let lim = self.lim;
+        let Some(lease) = self.leases.get_mut(&file) else {
+            return Ok(Acquire::Granted(self.grant(file, holder, now)));
+        };
+        if lease.holds(holder.handle) {
+            return Ok(Acquire::Granted(Grant { epoch: lease.epoch }));
+        }
+        let held = lease.state == LeaseState::Held;
+        if held
+            && lease.mode == RenewalMode::Client
+            && now.saturating_sub(lease.renewed) >= lim.soft
+        {
+            let ticket = self.start_recovery(file, RecoveryReason::SoftLimit, now);
+            let waiter = Waiter {
+                holder,
+                deadline: UNSET,
+                cb: cb.take().expect("callback taken once"),
+            };
+            self.lease_mut(file).push_waiter(waiter, true);
+            self.reindex(file);
+            return Ok(Acquire::Recover(ticket));
+        }
+        let wait = if held && lease.flushed {
+            // close() returned, RELEASE has not arrived: wait even with
+            // O_NONBLOCK, a close-then-reopen must not fail.
+            Some(lim.grace.max(lim.wait.unwrap_or(0)))
+        } else if opts.nonblock {
+            None
+        } else {
+            lim.wait
+        };
+        let Some(wait) = wait else {
+            return Err(LeaseError::Busy {
+                file,
+                holder: lease.holder_label(),
+            });
+        };
+        info!(
+            file,
+            handle = holder.handle,
+            pid = holder.pid,
+            current = %lease.holder_label(),
+            wait_ms = wait / 1_000_000,
+            "queued for lease"
+        );
+        let waiter = Waiter {
+            holder,
+            deadline: now.saturating_add(wait),
+            cb: cb.take().expect("callback taken once"),
+        };
+        lease.push_waiter(waiter, false);
+        self.reindex(file);
+        Ok(Acquire::Queued)
+    }
+
+    fn release(&mut self, file: FileId, handle: HandleId, now: u64, later: &mut Deferred) -> bool {
+        let was_fenced = self.fenced.remove(&handle).is_some();
+        let Some(lease) = self.leases.get_mut(&file) else {
+            return was_fenced;
+        };
+        if lease.holds(handle) {
+            debug!(file, handle, epoch = lease.epoch, "lease released");
+            self.holders.remove(&handle);
+            self.hand_over(file, now, later);
+            return true;
+        }
+        if let Some(w) = lease.take_waiter(handle) {
+            later.discard(w.cb);
+            self.reindex(file);
+            return true;
+        }
+        was_fenced
+    }
+
+    /// Renews `file`'s lease for its holder, optionally switching mode.
+    fn renew(
+        &mut self,
+        file: FileId,
+        handle: HandleId,
+        mode: Option<RenewalMode>,
+        now: u64,
+    ) -> Result<(), LeaseError> {
+        let Some(lease) = self.held_by(file, handle) else {
+            return Err(self.not_holding(file, handle));
+        };
+        lease.renewed = now;
+        if let Some(mode) = mode {
+            lease.mode = mode;
+        }
+        self.reindex(file);
+        Ok(())
+    }
+
+    fn tick(&mut self, now: u64, later: &mut Deferred, examined: &mut u64) -> Vec<RecoveryTicket> {
+        let lim = self.lim;
+        let mut tickets = Vec::new();
+        while let Some(file) = self.due.pop_through(now) {
+            *examined += 1;
+            let lease = self.lease_mut(file);
+            lease.due_key = UNSET;
+            for w in lease.take_expired(now) {
+                info!(
+                    file,
+                    handle = w.holder.handle,
+                    pid = w.holder.pid,
+                    "lease wait timed out"
+                );
+                later.call(w.cb, Err(LeaseError::WaitTimedOut { file }));
+            }
+            let mut reason = None;
+            if lease.state == LeaseState::Held && lease.mode == RenewalMode::Client {
+                let age = now.saturating_sub(lease.renewed);
+                if age >= lim.hard {
+                    reason = Some(RecoveryReason::HardLimit);
+                } else if age >= lim.soft && lease.waiter_count() > 0 {
+                    reason = Some(RecoveryReason::SoftLimit);
+                }
+            }
+            match reason {
+                Some(reason) => tickets.push(self.start_recovery(file, reason, now)),
+                None => self.reindex(file),
+            }
+        }
+        // A daemon-mode lease has aged max(own renewal, daemon_renewed); only
+        // once the renewal thread itself is a hard limit late can any expire.
+        if now.saturating_sub(self.daemon_renewed) >= lim.hard {
+            let cutoff = now - lim.hard;
+            while let Some(file) = self.daemon.pop_through(cutoff) {
+                *examined += 1;
+                self.lease_mut(file).daemon_key = UNSET;
+                tickets.push(self.start_recovery(file, RecoveryReason::HardLimit, now));
+            }
+        }
+        tickets
+    }
+
+    fn finish_recovery(
+        &mut self,
+        file: FileId,
+        result: Result<(), String>,
+        now: u64,
+        later: &mut Deferred,
+    ) {
+        let Some(lease) = self.leases.get_mut(&file) else {
+            warn!(file, "finish_recovery for a file without a lease");
+            return;
+        };
+        if lease.state != LeaseState::Recovering {
+            warn!(file, state = ?lease.state, "finish_recovery for a lease not under recovery");
+            return;
+        }
+        match result {
+            Ok(()) => {
+                info!(file, epoch = lease.epoch, "lease recovery finished");
+                self.hand_over(file, now, later);
+            }
+            Err(reason) => {
+                warn!(file, epoch = lease.epoch, %reason, "lease recovery failed");
+                for w in lease.take_all() {
+                    let reason = reason.clone();
+                    later.call(w.cb, Err(LeaseError::RecoveryFailed { file, reason }));
+                }
+                self.remove(file);
+            }
+        }
+    }
+
+    /// Makes `holder` the holder of `file` with a fresh epoch.
+    fn grant(&mut self, file: FileId, holder: Holder, now: u64) -> Grant {
+        let epoch = self.epochs.next();
+        debug_assert!(epoch > self.last_epoch, "epoch source went backwards");
+        self.last_epoch = epoch;
+        let handle = holder.handle;
+        info!(
+            file,
+            epoch,
+            handle,
+            holder = %format_args!("{}:{}", holder.host, holder.pid),
+            comm = %holder.comm,
+            "lease granted"
+        );
+        let rec = HolderRec::from(holder);
+        match self.leases.entry(file) {
+            Entry::Vacant(slot) => {
+                slot.insert(Box::new(Lease::new(Some(rec), epoch, now)));
+            }
+            Entry::Occupied(slot) => {
+                let lease = slot.into_mut();
+                lease.holder = Some(rec);
+                lease.epoch = epoch;
+                lease.renewed = now;
+                lease.state = LeaseState::Held;
+                lease.mode = RenewalMode::Daemon;
+                lease.flushed = false;
+            }
+        }
+        self.holders.insert(handle, file);
+        self.reindex(file);
+        Grant { epoch }
+    }
+
+    /// Passes a lease nobody holds any more to its first waiter (callback
+    /// `Ok`), or forgets the file when nobody waits.
+    fn hand_over(&mut self, file: FileId, now: u64, later: &mut Deferred) {
+        match self.lease_mut(file).pop_waiter() {
+            Some(w) => {
+                let grant = self.grant(file, w.holder, now);
+                later.call(w.cb, Ok(grant));
+            }
+            None => self.remove(file),
+        }
+    }
+
+    /// Takes a held lease from its holder, who is fenced from now on.
+    fn start_recovery(&mut self, file: FileId, reason: RecoveryReason, now: u64) -> RecoveryTicket {
+        let stale = self.describe(file, self.leases.get(&file).expect("lease exists"), now);
+        let Inner {
+            leases,
+            holders,
+            fenced,
+            ..
+        } = self;
+        let lease = leases.get_mut(&file).expect("lease exists");
+        if lease.state == LeaseState::Held {
+            if let Some(h) = &lease.holder {
+                holders.remove(&h.handle);
+                fenced.insert(h.handle, (file, lease.epoch));
+            }
+            lease.state = LeaseState::Recovering;
+        }
+        let holder = stale.holder.as_deref().unwrap_or("-");
+        match reason {
+            RecoveryReason::Manual => {
+                info!(
+                    file,
+                    epoch = stale.epoch,
+                    holder,
+                    "lease preempted for manual recovery"
+                )
+            }
+            _ => warn!(
+                file,
+                epoch = stale.epoch,
+                holder,
+                ?reason,
+                renewed_ms_ago = stale.renewed_ms_ago,
+                "lease expired; holder preempted, recovering"
+            ),
+        }
+        self.reindex(file);
+        RecoveryTicket {
+            file,
+            stale,
+            reason,
+        }
+    }
+
+    /// Brings `file`'s index keys and waiter listing in line with its state.
+    /// Called after every change to a lease.
+    fn reindex(&mut self, file: FileId) {
+        let lim = self.lim;
+        let Some(lease) = self.leases.get_mut(&file) else {
+            return;
+        };
+        let held = lease.state == LeaseState::Held;
+        let mut due = lease.waiters().map(|w| w.deadline).min().unwrap_or(UNSET);
+        if held && lease.mode == RenewalMode::Client {
+            due = due.min(lease.renewed.saturating_add(lim.hard));
+            if lease.waiter_count() > 0 {
+                due = due.min(lease.renewed.saturating_add(lim.soft));
+            }
+        }
+        self.due.set(file, &mut lease.due_key, Some(due));
+        let daemon = (held && lease.mode == RenewalMode::Daemon).then_some(lease.renewed);
+        self.daemon.set(file, &mut lease.daemon_key, daemon);
+        let contended = lease.waiter_count() > 0;
+        if contended != lease.listed {
+            lease.listed = contended;
+            if contended {
+                self.contended.insert(file);
+            } else {
+                self.contended.remove(&file);
+            }
+        }
+    }
+
+    /// Forgets `file`'s lease and every index entry of it.
+    fn remove(&mut self, file: FileId) {
+        let Some(mut lease) = self.leases.remove(&file) else {
+            return;
+        };
+        self.due.set(file, &mut lease.due_key, None);
+        self.daemon.set(file, &mut lease.daemon_key, None);
+        if lease.listed {
+            self.contended.remove(&file);
+        }
+        if lease.state == LeaseState::Held
+            && let Some(h) = &lease.holder
+        {
+            self.holders.remove(&h.handle);
+        }
+    }
+
+    fn held_by(&mut self, file: FileId, handle: HandleId) -> Option<&mut Lease> {
+        self.leases
+            .get_mut(&file)
+            .filter(|l| l.holds(handle))
+            .map(|l| &mut **l)
+    }
+
+    fn lease_mut(&mut self, file: FileId) -> &mut Lease {
+        self.leases.get_mut(&file).expect("lease exists")
+    }
+
+    fn not_holding(&self, file: FileId, handle: HandleId) -> LeaseError {
+        match self.fenced.get(&handle) {
+            Some(&(file, epoch)) => LeaseError::Fenced { file, epoch },
+            None => LeaseError::NotHolder { file, handle },
+        }
+    }
+
+    fn describe(&self, file: FileId, lease: &Lease, now: u64) -> LeaseInfo {
+        let renewed = match lease.mode {
+            RenewalMode::Daemon => lease.renewed.max(self.daemon_renewed),
+            RenewalMode::Client => lease.renewed,
+        };
+        let h = lease.holder.as_ref();
+        LeaseInfo {
+            file,
+            state: lease.state,
+            holder: h.map(HolderRec::label),
+            comm: h.map(|h| h.comm.as_str().to_owned()),
+            handle: h.map(|h| h.handle),
+            epoch: lease.epoch,
+            mode: h.map(|_| lease.mode),
+            renewed_ms_ago: h.map(|_| now.saturating_sub(renewed) / 1_000_000),
+            opened_wall_ms: h.map(|h| h.opened_wall_ms),
+            waiters: lease.waiter_count(),
+        }
+    }
+}
+
+/// Callbacks to call, and callbacks to drop unused, once the lock is
+/// released: neither a reply nor a destructor ever runs under the lock.
+#[derive(Default)]
+struct Deferred {
+    calls: Vec<(GrantCallback, Result<Grant, LeaseError>)>,
+    drops: Vec<GrantCallback>,
+}
+
+impl Deferred {
+    fn call(&mut self, cb: GrantCallback, res: Result<Grant, LeaseError>) {
+        self.calls.push((cb, res));
+    }
+
+    fn discard(&mut self, cb: GrantCallback) {
+        self.drops.push(cb);
+    }
+
+    fn run(self) {
+        drop(self.drops);
+        for (cb, res) in self.calls {
+            cb(res);
+        }
+    }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}

@@ -1,0 +1,13 @@
+//! Per-file write leases (HDFS `LeaseManager`): who may write which file,
+//! for how long, and what happens when a holder stops renewing.
+
+mod index;
+pub mod manager;
+mod record;
+pub mod types;
+
+#[cfg(test)]
+mod tests;
+
+pub use manager::*;
+pub use types::*;

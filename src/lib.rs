@@ -1,0 +1,22 @@
+//! leasefs: a FUSE filesystem with HDFS write semantics.
+//!
+//! Layout mirrors the architecture (see docs/SEMANTICS.md and DESIGN.md):
+//! - [`fs::adapter`] translates fuser requests into calls of [`fs::core`],
+//!   which holds the filesystem semantics and never sees fuser types;
+//! - [`meta`] persists the namespace, blocks and files under construction in
+//!   SQLite;
+//! - [`lease`] is the per-file lease manager (injected clock, no FUSE types);
+//! - [`storage`] holds datanode directories, replica files and checksums, and
+//!   the write pipeline (packets, streamer, acks);
+//! - [`cli`] is the command line.
+
+pub mod cli;
+pub mod clock;
+pub mod config;
+pub mod error;
+pub mod fs;
+pub mod lease;
+pub mod meta;
+pub mod pipeline;
+pub mod storage;
+pub mod sync;

@@ -1,0 +1,833 @@
+//! [`MetaStore`]: the namespace and block lists in one SQLite database.
+//!
+//! Every mutation is one transaction, so a kill -9 of the daemon leaves the
+//! namespace at the last committed operation (WAL, `synchronous=NORMAL`:
+//! survives a process crash). `fsync` asks for [`MetaStore::durable`], which
+//! commits with `synchronous=FULL` so the WAL, and everything before it, is
+//! on disk.
+
+use std::path::Path;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use rusqlite::{Connection, OptionalExtension, Transaction, params};
+use serde::Serialize;
+
+use crate::error::{FsError, FsResult};
+use crate::sync::{Mutex, lock};
+
+pub const ROOT_INO: u64 = 1;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Kind {
+    File = 1,
+    Dir = 2,
+    Symlink = 3,
+    Fifo = 4,
+    Socket = 5,
+    CharDev = 6,
+    BlockDev = 7,
+}
+
+impl Kind {
+    fn from_i64(v: i64) -> Kind {
+        match v {
+            2 => Kind::Dir,
+            3 => Kind::Symlink,
+            4 => Kind::Fifo,
+            5 => Kind::Socket,
+            6 => Kind::CharDev,
+            7 => Kind::BlockDev,
+            _ => Kind::File,
+        }
+    }
+    /// The kind encoded in the `S_IFMT` bits of a mode.
+    pub fn from_mode(mode: u32) -> Option<Kind> {
+        Some(match mode & libc::S_IFMT {
+            libc::S_IFREG | 0 => Kind::File,
+            libc::S_IFDIR => Kind::Dir,
+            libc::S_IFLNK => Kind::Symlink,
+            libc::S_IFIFO => Kind::Fifo,
+            libc::S_IFSOCK => Kind::Socket,
+            libc::S_IFCHR => Kind::CharDev,
+            libc::S_IFBLK => Kind::BlockDev,
+            _ => return None,
+        })
+    }
+}
+
+/// One inode as stored. `mode` holds permission bits only (incl. setuid,
+/// setgid, sticky); the kind is separate.
+#[derive(Debug, Clone)]
+pub struct Inode {
+    pub ino: u64,
+    pub kind: Kind,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub nlink: u32,
+    pub size: u64,
+    pub rdev: u32,
+    pub atime: i64,
+    pub mtime: i64,
+    pub ctime: i64,
+    pub crtime: i64,
+    pub block_size: u64,
+    pub last_epoch: u64,
+}
+
+/// One block of a file and where its replicas are.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BlockRow {
+    pub ino: u64,
+    pub idx: u64,
+    pub block_id: u64,
+    pub gs: u64,
+    pub len: u64,
+    pub finalized: bool,
+    pub replicas: Vec<usize>,
+}
+
+/// A file under construction, persisted with its holder as in HDFS.
+#[derive(Debug, Clone, Serialize)]
+pub struct UnderConstruction {
+    pub ino: u64,
+    pub holder: String,
+    pub pid: u32,
+    pub comm: String,
+    pub epoch: u64,
+    pub mount_id: String,
+    pub since_ms: u64,
+}
+
+/// What a new node is.
+pub struct NewNode<'a> {
+    pub kind: Kind,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub rdev: u32,
+    pub target: Option<&'a [u8]>,
+    pub block_size: u64,
+}
+
+/// Attribute changes of `setattr` (size is handled by the write path).
+#[derive(Debug, Default, Clone)]
+pub struct AttrChange {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub atime: Option<i64>,
+    pub mtime: Option<i64>,
+    pub ctime: Option<i64>,
+}
+
+pub fn now_ns() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
+}
+
+pub struct MetaStore {
+    conn: Mutex<Connection>,
+}
+
+const INODE_COLS: &str =
+    "ino, kind, mode, uid, gid, nlink, size, rdev, atime, mtime, ctime, crtime, block_size, last_epoch";
+
+fn row_to_inode(r: &rusqlite::Row<'_>) -> rusqlite::Result<Inode> {
+    Ok(Inode {
+        ino: r.get::<_, i64>(0)? as u64,
+        kind: Kind::from_i64(r.get(1)?),
+        mode: r.get::<_, i64>(2)? as u32,
+        uid: r.get::<_, i64>(3)? as u32,
+        gid: r.get::<_, i64>(4)? as u32,
+        nlink: r.get::<_, i64>(5)? as u32,
+        size: r.get::<_, i64>(6)? as u64,
+        rdev: r.get::<_, i64>(7)? as u32,
+        atime: r.get(8)?,
+        mtime: r.get(9)?,
+        ctime: r.get(10)?,
+        crtime: r.get(11)?,
+        block_size: r.get::<_, i64>(12)? as u64,
+        last_epoch: r.get::<_, i64>(13)? as u64,
+    })
+}
+
+fn row_to_block(r: &rusqlite::Row<'_>) -> rusqlite::Result<BlockRow> {
+    let reps: String = r.get(6)?;
+    Ok(BlockRow {
+        ino: r.get::<_, i64>(0)? as u64,
+        idx: r.get::<_, i64>(1)? as u64,
+        block_id: r.get::<_, i64>(2)? as u64,
+        gs: r.get::<_, i64>(3)? as u64,
+        len: r.get::<_, i64>(4)? as u64,
+        finalized: r.get::<_, i64>(5)? != 0,
+        replicas: reps.split(',').filter_map(|s| s.parse().ok()).collect(),
+    })
+}
+
+fn replicas_text(r: &[usize]) -> String {
+    r.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(",")
+}
+
+fn get_inode(tx: &Connection, ino: u64) -> FsResult<Inode> {
+    tx.prepare_cached(&format!("SELECT {INODE_COLS} FROM inodes WHERE ino = ?1"))?
+        .query_row([ino as i64], row_to_inode)
+        .optional()?
+        .ok_or(FsError::NotFound)
+}
+
+fn lookup_in(tx: &Connection, parent: u64, name: &[u8]) -> FsResult<Option<u64>> {
+    Ok(tx
+        .prepare_cached("SELECT ino FROM dentries WHERE parent = ?1 AND name = ?2")?
+        .query_row(params![parent as i64, name], |r| r.get::<_, i64>(0))
+        .optional()?
+        .map(|v| v as u64))
+}
+
+fn touch_dir(tx: &Connection, dir: u64, nlink_delta: i64, now: i64) -> FsResult<()> {
+    tx.prepare_cached(
+        "UPDATE inodes SET mtime = ?2, ctime = ?2, nlink = nlink + ?3 WHERE ino = ?1",
+    )?
+    .execute(params![dir as i64, now, nlink_delta])?;
+    Ok(())
+}
+
+fn require_dir(tx: &Connection, ino: u64) -> FsResult<Inode> {
+    let i = get_inode(tx, ino)?;
+    if i.kind != Kind::Dir {
+        return Err(FsError::NotDir);
+    }
+    Ok(i)
+}
+
+fn next_counter(tx: &Connection, name: &str) -> FsResult<u64> {
+    let v: i64 = tx
+        .prepare_cached("UPDATE counters SET value = value + 1 WHERE name = ?1 RETURNING value - 1")?
+        .query_row([name], |r| r.get(0))?;
+    Ok(v as u64)
+}
+
+fn is_empty_dir(tx: &Connection, ino: u64) -> FsResult<bool> {
+    Ok(tx
+        .prepare_cached("SELECT 1 FROM dentries WHERE parent = ?1 LIMIT 1")?
+        .query_row([ino as i64], |_| Ok(()))
+        .optional()?
+        .is_none())
+}
+
+impl MetaStore {
+    /// Opens (creating if needed) the database at `path`. The root directory
+    /// is created owned by `uid:gid`.
+    pub fn open(path: &Path, uid: u32, gid: u32) -> FsResult<MetaStore> {
+        let conn = Connection::open(path)?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        conn.execute_batch(super::schema::SCHEMA)?;
+        let now = now_ns();
+        conn.execute(
+            &format!(
+                "INSERT OR IGNORE INTO inodes({INODE_COLS}) VALUES(1, 2, ?1, ?2, ?3, 2, 0, 0, ?4, ?4, ?4, ?4, 0, 0)"
+            ),
+            params![0o755i64, uid as i64, gid as i64, now],
+        )?;
+        Ok(MetaStore {
+            conn: Mutex::new(conn),
+        })
+    }
+
+    fn with_tx<T>(&self, f: impl FnOnce(&Transaction<'_>) -> FsResult<T>) -> FsResult<T> {
+        let mut c = lock(&self.conn);
+        let tx = c.transaction()?;
+        let v = f(&tx)?;
+        tx.commit()?;
+        Ok(v)
+    }
+
+    /// Runs `f` in a transaction whose commit is durable (fsync of the WAL),
+    /// which also makes every earlier commit durable.
+    pub fn durable<T>(&self, f: impl FnOnce(&Transaction<'_>) -> FsResult<T>) -> FsResult<T> {
+        let mut c = lock(&self.conn);
+        c.pragma_update(None, "synchronous", "FULL")?;
+        let r = (|| {
+            let tx = c.transaction()?;
+            // A write is needed for the commit to sync the WAL.
+            tx.execute("UPDATE counters SET value = value WHERE name = 'next_ino'", [])?;
+            let v = f(&tx)?;
+            tx.commit()?;
+            Ok(v)
+        })();
+        c.pragma_update(None, "synchronous", "NORMAL")?;
+        r
+    }
+
+    pub fn get(&self, ino: u64) -> FsResult<Inode> {
+        get_inode(&lock(&self.conn), ino)
+    }
+
+    pub fn lookup(&self, parent: u64, name: &[u8]) -> FsResult<Inode> {
+        let c = lock(&self.conn);
+        require_dir(&c, parent)?;
+        let ino = lookup_in(&c, parent, name)?.ok_or(FsError::NotFound)?;
+        get_inode(&c, ino)
+    }
+
+    /// The parent of a directory (`..`), found through its entry.
+    pub fn parent_of(&self, dir: u64) -> FsResult<u64> {
+        if dir == ROOT_INO {
+            return Ok(ROOT_INO);
+        }
+        let c = lock(&self.conn);
+        Ok(c.prepare_cached("SELECT parent FROM dentries WHERE ino = ?1 LIMIT 1")?
+            .query_row([dir as i64], |r| r.get::<_, i64>(0))
+            .optional()?
+            .map(|v| v as u64)
+            .unwrap_or(ROOT_INO))
+    }
+
+    pub fn create(&self, parent: u64, name: &[u8], n: NewNode<'_>) -> FsResult<Inode> {
+        let now = now_ns();
+        self.with_tx(|tx| {
+            require_dir(tx, parent)?;
+            if lookup_in(tx, parent, name)?.is_some() {
+                return Err(FsError::Exists);
+            }
+            let ino = next_counter(tx, "next_ino")?;
+            let nlink = if n.kind == Kind::Dir { 2 } else { 1 };
+            tx.prepare_cached(&format!(
+                "INSERT INTO inodes({INODE_COLS}, target) VALUES(?1, ?2, ?3, ?4, ?5, ?6, 0, ?7, ?8, ?8, ?8, ?8, ?9, 0, ?10)"
+            ))?
+            .execute(params![
+                ino as i64,
+                n.kind as i64,
+                (n.mode & 0o7777) as i64,
+                n.uid as i64,
+                n.gid as i64,
+                nlink,
+                n.rdev as i64,
+                now,
+                n.block_size as i64,
+                n.target
+            ])?;
+            tx.prepare_cached("INSERT INTO dentries VALUES(?1, ?2, ?3)")?
+                .execute(params![parent as i64, name, ino as i64])?;
+            touch_dir(tx, parent, if n.kind == Kind::Dir { 1 } else { 0 }, now)?;
+            get_inode(tx, ino)
+        })
+    }
+
+    pub fn readlink(&self, ino: u64) -> FsResult<Vec<u8>> {
+        let c = lock(&self.conn);
+        let t: Option<Vec<u8>> = c
+            .prepare_cached("SELECT target FROM inodes WHERE ino = ?1")?
+            .query_row([ino as i64], |r| r.get(0))
+            .optional()?
+            .ok_or(FsError::NotFound)?;
+        t.ok_or(FsError::Invalid("not a symlink".into()))
+    }
+
+    /// A hard link: another name for `ino`.
+    pub fn link(&self, ino: u64, parent: u64, name: &[u8]) -> FsResult<Inode> {
+        let now = now_ns();
+        self.with_tx(|tx| {
+            require_dir(tx, parent)?;
+            let i = get_inode(tx, ino)?;
+            if i.kind == Kind::Dir {
+                return Err(FsError::NotPermitted("hard links to directories"));
+            }
+            if lookup_in(tx, parent, name)?.is_some() {
+                return Err(FsError::Exists);
+            }
+            tx.prepare_cached("INSERT INTO dentries VALUES(?1, ?2, ?3)")?
+                .execute(params![parent as i64, name, ino as i64])?;
+            tx.prepare_cached("UPDATE inodes SET nlink = nlink + 1, ctime = ?2 WHERE ino = ?1")?
+                .execute(params![ino as i64, now])?;
+            touch_dir(tx, parent, 0, now)?;
+            get_inode(tx, ino)
+        })
+    }
+
+    /// Removes a non-directory entry; returns the inode after the change
+    /// (nlink 0 means the last name is gone).
+    pub fn unlink(&self, parent: u64, name: &[u8]) -> FsResult<Inode> {
+        let now = now_ns();
+        self.with_tx(|tx| {
+            require_dir(tx, parent)?;
+            let ino = lookup_in(tx, parent, name)?.ok_or(FsError::NotFound)?;
+            let i = get_inode(tx, ino)?;
+            if i.kind == Kind::Dir {
+                return Err(FsError::IsDir);
+            }
+            tx.prepare_cached("DELETE FROM dentries WHERE parent = ?1 AND name = ?2")?
+                .execute(params![parent as i64, name])?;
+            tx.prepare_cached("UPDATE inodes SET nlink = nlink - 1, ctime = ?2 WHERE ino = ?1")?
+                .execute(params![ino as i64, now])?;
+            touch_dir(tx, parent, 0, now)?;
+            get_inode(tx, ino)
+        })
+    }
+
+    pub fn rmdir(&self, parent: u64, name: &[u8]) -> FsResult<u64> {
+        let now = now_ns();
+        self.with_tx(|tx| {
+            require_dir(tx, parent)?;
+            let ino = lookup_in(tx, parent, name)?.ok_or(FsError::NotFound)?;
+            let i = get_inode(tx, ino)?;
+            if i.kind != Kind::Dir {
+                return Err(FsError::NotDir);
+            }
+            if !is_empty_dir(tx, ino)? {
+                return Err(FsError::NotEmpty);
+            }
+            tx.prepare_cached("DELETE FROM dentries WHERE parent = ?1 AND name = ?2")?
+                .execute(params![parent as i64, name])?;
+            tx.prepare_cached("DELETE FROM inodes WHERE ino = ?1")?
+                .execute([ino as i64])?;
+            tx.prepare_cached("DELETE FROM xattrs WHERE ino = ?1")?
+                .execute([ino as i64])?;
+            touch_dir(tx, parent, -1, now)?;
+            Ok(ino)
+        })
+    }
+
+    /// Renames; returns the replaced inode (after its nlink drop), if any.
+    /// `exchange` swaps the two entries (RENAME_EXCHANGE).
+    pub fn rename(
+        &self,
+        parent: u64,
+        name: &[u8],
+        newparent: u64,
+        newname: &[u8],
+        noreplace: bool,
+        exchange: bool,
+    ) -> FsResult<Option<Inode>> {
+        let now = now_ns();
+        self.with_tx(|tx| {
+            require_dir(tx, parent)?;
+            require_dir(tx, newparent)?;
+            let src = lookup_in(tx, parent, name)?.ok_or(FsError::NotFound)?;
+            let src_i = get_inode(tx, src)?;
+            let dst = lookup_in(tx, newparent, newname)?;
+            if dst == Some(src) {
+                return Ok(None);
+            }
+            if src_i.kind == Kind::Dir && src != newparent {
+                // A directory may not move below itself.
+                let mut p = newparent;
+                while p != ROOT_INO {
+                    if p == src {
+                        return Err(FsError::Invalid("cannot move a directory into itself".into()));
+                    }
+                    p = tx
+                        .prepare_cached("SELECT parent FROM dentries WHERE ino = ?1 LIMIT 1")?
+                        .query_row([p as i64], |r| r.get::<_, i64>(0))
+                        .optional()?
+                        .map(|v| v as u64)
+                        .unwrap_or(ROOT_INO);
+                }
+            } else if src == newparent {
+                return Err(FsError::Invalid("cannot move a directory into itself".into()));
+            }
+            let set_entry = |p: u64, n: &[u8], ino: u64| -> FsResult<()> {
+                tx.prepare_cached("INSERT OR REPLACE INTO dentries VALUES(?1, ?2, ?3)")?
+                    .execute(params![p as i64, n, ino as i64])?;
+                Ok(())
+            };
+            let bump_ctime = |ino: u64| -> FsResult<()> {
+                tx.prepare_cached("UPDATE inodes SET ctime = ?2 WHERE ino = ?1")?
+                    .execute(params![ino as i64, now])?;
+                Ok(())
+            };
+            if exchange {
+                let dst = dst.ok_or(FsError::NotFound)?;
+                let dst_i = get_inode(tx, dst)?;
+                set_entry(parent, name, dst)?;
+                set_entry(newparent, newname, src)?;
+                if parent != newparent {
+                    let d_src = (src_i.kind == Kind::Dir) as i64;
+                    let d_dst = (dst_i.kind == Kind::Dir) as i64;
+                    touch_dir(tx, parent, d_dst - d_src, now)?;
+                    touch_dir(tx, newparent, d_src - d_dst, now)?;
+                } else {
+                    touch_dir(tx, parent, 0, now)?;
+                }
+                bump_ctime(src)?;
+                bump_ctime(dst)?;
+                return Ok(None);
+            }
+            let mut replaced = None;
+            if let Some(dst) = dst {
+                if noreplace {
+                    return Err(FsError::Exists);
+                }
+                let dst_i = get_inode(tx, dst)?;
+                match (src_i.kind == Kind::Dir, dst_i.kind == Kind::Dir) {
+                    (true, false) => return Err(FsError::NotDir),
+                    (false, true) => return Err(FsError::IsDir),
+                    (true, true) => {
+                        if !is_empty_dir(tx, dst)? {
+                            return Err(FsError::NotEmpty);
+                        }
+                        tx.prepare_cached("DELETE FROM inodes WHERE ino = ?1")?
+                            .execute([dst as i64])?;
+                        tx.prepare_cached("DELETE FROM xattrs WHERE ino = ?1")?
+                            .execute([dst as i64])?;
+                        touch_dir(tx, newparent, -1, now)?;
+                    }
+                    (false, false) => {
+                        tx.prepare_cached(
+                            "UPDATE inodes SET nlink = nlink - 1, ctime = ?2 WHERE ino = ?1",
+                        )?
+                        .execute(params![dst as i64, now])?;
+                        replaced = Some(get_inode(tx, dst)?);
+                    }
+                }
+            }
+            tx.prepare_cached("DELETE FROM dentries WHERE parent = ?1 AND name = ?2")?
+                .execute(params![parent as i64, name])?;
+            set_entry(newparent, newname, src)?;
+            let dir_delta = (src_i.kind == Kind::Dir) as i64;
+            if parent != newparent {
+                touch_dir(tx, parent, -dir_delta, now)?;
+                touch_dir(tx, newparent, dir_delta, now)?;
+            } else {
+                touch_dir(tx, parent, 0, now)?;
+            }
+            bump_ctime(src)?;
+            Ok(replaced)
+        })
+    }
+
+    /// Every entry of a directory, sorted by name.
+    pub fn readdir(&self, dir: u64) -> FsResult<Vec<(Vec<u8>, u64, Kind)>> {
+        let c = lock(&self.conn);
+        require_dir(&c, dir)?;
+        let mut st = c.prepare_cached(
+            "SELECT d.name, d.ino, i.kind FROM dentries d JOIN inodes i ON i.ino = d.ino WHERE d.parent = ?1 ORDER BY d.name",
+        )?;
+        let rows = st.query_map([dir as i64], |r| {
+            Ok((
+                r.get::<_, Vec<u8>>(0)?,
+                r.get::<_, i64>(1)? as u64,
+                Kind::from_i64(r.get(2)?),
+            ))
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    pub fn set_attrs(&self, ino: u64, ch: &AttrChange) -> FsResult<Inode> {
+        self.with_tx(|tx| {
+            let mut i = get_inode(tx, ino)?;
+            if let Some(m) = ch.mode {
+                i.mode = m & 0o7777;
+            }
+            if let Some(u) = ch.uid {
+                i.uid = u;
+            }
+            if let Some(g) = ch.gid {
+                i.gid = g;
+            }
+            if let Some(a) = ch.atime {
+                i.atime = a;
+            }
+            if let Some(m) = ch.mtime {
+                i.mtime = m;
+            }
+            i.ctime = ch.ctime.unwrap_or_else(now_ns);
+            tx.prepare_cached(
+                "UPDATE inodes SET mode = ?2, uid = ?3, gid = ?4, atime = ?5, mtime = ?6, ctime = ?7 WHERE ino = ?1",
+            )?
+            .execute(params![
+                ino as i64,
+                i.mode as i64,
+                i.uid as i64,
+                i.gid as i64,
+                i.atime,
+                i.mtime,
+                i.ctime
+            ])?;
+            Ok(i)
+        })
+    }
+
+    /// Records a file's length (and mtime/ctime when `touch` is given).
+    pub fn set_size(tx: &Connection, ino: u64, size: u64, touch: Option<i64>) -> FsResult<()> {
+        match touch {
+            Some(t) => tx
+                .prepare_cached("UPDATE inodes SET size = ?2, mtime = ?3, ctime = ?3 WHERE ino = ?1")?
+                .execute(params![ino as i64, size as i64, t])?,
+            None => tx
+                .prepare_cached("UPDATE inodes SET size = ?2 WHERE ino = ?1")?
+                .execute(params![ino as i64, size as i64])?,
+        };
+        Ok(())
+    }
+
+    /// Runs `f` in an ordinary (crash-safe, not fsynced) transaction.
+    pub fn tx<T>(&self, f: impl FnOnce(&Transaction<'_>) -> FsResult<T>) -> FsResult<T> {
+        self.with_tx(f)
+    }
+
+    pub fn blocks(&self, ino: u64) -> FsResult<Vec<BlockRow>> {
+        Self::blocks_in(&lock(&self.conn), ino)
+    }
+
+    pub fn blocks_in(c: &Connection, ino: u64) -> FsResult<Vec<BlockRow>> {
+        let mut st = c.prepare_cached(
+            "SELECT ino, idx, block_id, gs, len, finalized, replicas FROM blocks WHERE ino = ?1 ORDER BY idx",
+        )?;
+        let rows = st.query_map([ino as i64], row_to_block)?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    pub fn all_blocks(&self) -> FsResult<Vec<BlockRow>> {
+        let c = lock(&self.conn);
+        let mut st = c.prepare(
+            "SELECT ino, idx, block_id, gs, len, finalized, replicas FROM blocks ORDER BY ino, idx",
+        )?;
+        let rows = st.query_map([], row_to_block)?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    pub fn put_block(tx: &Connection, b: &BlockRow) -> FsResult<()> {
+        tx.prepare_cached("INSERT OR REPLACE INTO blocks VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7)")?
+            .execute(params![
+                b.ino as i64,
+                b.idx as i64,
+                b.block_id as i64,
+                b.gs as i64,
+                b.len as i64,
+                b.finalized as i64,
+                replicas_text(&b.replicas)
+            ])?;
+        Ok(())
+    }
+
+    /// Removes blocks with index >= `from`; returns them so their replicas
+    /// can be deleted.
+    pub fn drop_blocks_from(tx: &Connection, ino: u64, from: u64) -> FsResult<Vec<BlockRow>> {
+        let gone = Self::blocks_in(tx, ino)?
+            .into_iter()
+            .filter(|b| b.idx >= from)
+            .collect();
+        tx.prepare_cached("DELETE FROM blocks WHERE ino = ?1 AND idx >= ?2")?
+            .execute(params![ino as i64, from as i64])?;
+        Ok(gone)
+    }
+
+    pub fn next_id(tx: &Connection, counter: &str) -> FsResult<u64> {
+        next_counter(tx, counter)
+    }
+
+    /// Reserves `n` epochs above the persisted high-water mark and returns
+    /// the first; epochs stay strictly increasing across restarts.
+    pub fn reserve_epochs(&self, n: u64) -> FsResult<u64> {
+        self.with_tx(|tx| {
+            let v: i64 = tx.query_row(
+                "UPDATE counters SET value = value + ?1 WHERE name = 'epoch_reserved' RETURNING value - ?1",
+                [n as i64],
+                |r| r.get(0),
+            )?;
+            Ok(v as u64 + 1)
+        })
+    }
+
+    pub fn set_last_epoch(tx: &Connection, ino: u64, epoch: u64) -> FsResult<()> {
+        tx.prepare_cached("UPDATE inodes SET last_epoch = ?2 WHERE ino = ?1 AND last_epoch < ?2")?
+            .execute(params![ino as i64, epoch as i64])?;
+        Ok(())
+    }
+
+    pub fn put_uc(tx: &Connection, uc: &UnderConstruction) -> FsResult<()> {
+        tx.prepare_cached("INSERT OR REPLACE INTO under_construction VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7)")?
+            .execute(params![
+                uc.ino as i64,
+                uc.holder,
+                uc.pid as i64,
+                uc.comm,
+                uc.epoch as i64,
+                uc.mount_id,
+                uc.since_ms as i64
+            ])?;
+        Self::set_last_epoch(tx, uc.ino, uc.epoch)
+    }
+
+    pub fn del_uc(tx: &Connection, ino: u64) -> FsResult<()> {
+        tx.prepare_cached("DELETE FROM under_construction WHERE ino = ?1")?
+            .execute([ino as i64])?;
+        Ok(())
+    }
+
+    pub fn list_uc(&self) -> FsResult<Vec<UnderConstruction>> {
+        let c = lock(&self.conn);
+        let mut st = c.prepare("SELECT ino, holder, pid, comm, epoch, mount_id, since_ms FROM under_construction")?;
+        let rows = st.query_map([], |r| {
+            Ok(UnderConstruction {
+                ino: r.get::<_, i64>(0)? as u64,
+                holder: r.get(1)?,
+                pid: r.get::<_, i64>(2)? as u32,
+                comm: r.get(3)?,
+                epoch: r.get::<_, i64>(4)? as u64,
+                mount_id: r.get(5)?,
+                since_ms: r.get::<_, i64>(6)? as u64,
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Deletes an inode whose last name and last open handle are gone;
+    /// returns its blocks for replica deletion.
+    pub fn delete_inode(&self, ino: u64) -> FsResult<Vec<BlockRow>> {
+        self.with_tx(|tx| {
+            let blocks = Self::drop_blocks_from(tx, ino, 0)?;
+            tx.prepare_cached("DELETE FROM inodes WHERE ino = ?1 AND nlink <= 0")?
+                .execute([ino as i64])?;
+            tx.prepare_cached("DELETE FROM xattrs WHERE ino = ?1")?
+                .execute([ino as i64])?;
+            Self::del_uc(tx, ino)?;
+            Ok(blocks)
+        })
+    }
+
+    /// Inodes with no name left (unlinked while open when the daemon died).
+    pub fn orphans(&self) -> FsResult<Vec<u64>> {
+        let c = lock(&self.conn);
+        let mut st = c.prepare("SELECT ino FROM inodes WHERE nlink <= 0")?;
+        let rows = st.query_map([], |r| Ok(r.get::<_, i64>(0)? as u64))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Path of an inode, for logs and listings (first name found).
+    pub fn path_of(&self, mut ino: u64) -> String {
+        let c = lock(&self.conn);
+        let mut parts = Vec::new();
+        while ino != ROOT_INO && parts.len() < 256 {
+            let r: Option<(i64, Vec<u8>)> = c
+                .prepare_cached("SELECT parent, name FROM dentries WHERE ino = ?1 LIMIT 1")
+                .and_then(|mut s| s.query_row([ino as i64], |r| Ok((r.get(0)?, r.get(1)?))).optional())
+                .unwrap_or(None);
+            match r {
+                Some((p, n)) => {
+                    parts.push(String::from_utf8_lossy(&n).into_owned());
+                    ino = p as u64;
+                }
+                None => return format!("<ino {ino}>"),
+            }
+        }
+        parts.reverse();
+        format!("/{}", parts.join("/"))
+    }
+
+    pub fn getxattr(&self, ino: u64, name: &[u8]) -> FsResult<Vec<u8>> {
+        let c = lock(&self.conn);
+        c.prepare_cached("SELECT value FROM xattrs WHERE ino = ?1 AND name = ?2")?
+            .query_row(params![ino as i64, name], |r| r.get(0))
+            .optional()?
+            .ok_or(FsError::NoXattr)
+    }
+
+    /// `flags`: XATTR_CREATE / XATTR_REPLACE semantics.
+    pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], create: bool, replace: bool) -> FsResult<()> {
+        let now = now_ns();
+        self.with_tx(|tx| {
+            let exists = tx
+                .prepare_cached("SELECT 1 FROM xattrs WHERE ino = ?1 AND name = ?2")?
+                .query_row(params![ino as i64, name], |_| Ok(()))
+                .optional()?
+                .is_some();
+            if create && exists {
+                return Err(FsError::Exists);
+            }
+            if replace && !exists {
+                return Err(FsError::NoXattr);
+            }
+            tx.prepare_cached("INSERT OR REPLACE INTO xattrs VALUES(?1, ?2, ?3)")?
+                .execute(params![ino as i64, name, value])?;
+            tx.prepare_cached("UPDATE inodes SET ctime = ?2 WHERE ino = ?1")?
+                .execute(params![ino as i64, now])?;
+            Ok(())
+        })
+    }
+
+    pub fn listxattr(&self, ino: u64) -> FsResult<Vec<Vec<u8>>> {
+        let c = lock(&self.conn);
+        let mut st = c.prepare_cached("SELECT name FROM xattrs WHERE ino = ?1 ORDER BY name")?;
+        let rows = st.query_map([ino as i64], |r| r.get(0))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    pub fn removexattr(&self, ino: u64, name: &[u8]) -> FsResult<()> {
+        let now = now_ns();
+        self.with_tx(|tx| {
+            let n = tx
+                .prepare_cached("DELETE FROM xattrs WHERE ino = ?1 AND name = ?2")?
+                .execute(params![ino as i64, name])?;
+            if n == 0 {
+                return Err(FsError::NoXattr);
+            }
+            tx.prepare_cached("UPDATE inodes SET ctime = ?2 WHERE ino = ?1")?
+                .execute(params![ino as i64, now])?;
+            Ok(())
+        })
+    }
+
+    /// Totals for statfs: (files, bytes).
+    pub fn usage(&self) -> FsResult<(u64, u64)> {
+        let c = lock(&self.conn);
+        Ok(c.query_row(
+            "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM inodes",
+            [],
+            |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64)),
+        )?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(kind: Kind) -> NewNode<'static> {
+        NewNode { kind, mode: 0o644, uid: 0, gid: 0, rdev: 0, target: None, block_size: 1 << 20 }
+    }
+
+    #[test]
+    fn namespace_survives_reopen() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("m.db");
+        {
+            let m = MetaStore::open(&p, 0, 0).unwrap();
+            let dir = m.create(ROOT_INO, b"d", node(Kind::Dir)).unwrap();
+            m.create(dir.ino, b"f", node(Kind::File)).unwrap();
+        }
+        let m = MetaStore::open(&p, 0, 0).unwrap();
+        let dir = m.lookup(ROOT_INO, b"d").unwrap();
+        assert_eq!(m.lookup(dir.ino, b"f").unwrap().kind, Kind::File);
+        assert_eq!(m.get(ROOT_INO).unwrap().nlink, 3);
+    }
+
+    #[test]
+    fn rename_replaces_and_refuses_loops() {
+        let d = tempfile::tempdir().unwrap();
+        let m = MetaStore::open(&d.path().join("m.db"), 0, 0).unwrap();
+        let a = m.create(ROOT_INO, b"a", node(Kind::File)).unwrap();
+        let b = m.create(ROOT_INO, b"b", node(Kind::File)).unwrap();
+        let gone = m.rename(ROOT_INO, b"a", ROOT_INO, b"b", false, false).unwrap();
+        assert_eq!(gone.unwrap().ino, b.ino);
+        assert_eq!(m.lookup(ROOT_INO, b"b").unwrap().ino, a.ino);
+        let x = m.create(ROOT_INO, b"x", node(Kind::Dir)).unwrap();
+        let y = m.create(x.ino, b"y", node(Kind::Dir)).unwrap();
+        assert!(m.rename(ROOT_INO, b"x", y.ino, b"z", false, false).is_err());
+        assert!(matches!(m.rmdir(ROOT_INO, b"x"), Err(FsError::NotEmpty)));
+    }
+
+    #[test]
+    fn epochs_reserved_monotonically() {
+        let d = tempfile::tempdir().unwrap();
+        let m = MetaStore::open(&d.path().join("m.db"), 0, 0).unwrap();
+        let a = m.reserve_epochs(100).unwrap();
+        let b = m.reserve_epochs(100).unwrap();
+        assert_eq!(b, a + 100);
+    }
+}

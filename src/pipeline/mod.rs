@@ -1,0 +1,14 @@
+//! The write pipeline (HDFS `DFSOutputStream` + `DataStreamer`): packets
+//! are filled by `write()`, streamed to every replica of the current block
+//! by a background worker, and acknowledged once all replicas wrote them;
+//! plus the read path and lease (block) recovery that share its view of
+//! replicas.
+
+pub mod datanodes;
+pub mod reader;
+pub mod recovery;
+pub mod stream;
+mod streamer;
+
+pub use datanodes::Datanodes;
+pub use stream::{Done, OutputStream, StreamCtx};

@@ -1,0 +1,83 @@
+//! Lease (block) recovery: bring the last, unfinished block of a file to
+//! one consistent length on every live replica, finalise it under a new
+//! generation stamp and close the file. Run when a lease is preempted,
+//! past the hard limit, on `recover-lease`, and at mount for files whose
+//! holder died with the previous daemon.
+
+use crate::error::{FsError, FsResult};
+use crate::meta::{MetaStore, now_ns};
+use crate::pipeline::Datanodes;
+
+/// Recovers file `ino`; returns its final length.
+pub fn recover_file(meta: &MetaStore, dns: &Datanodes, ino: u64) -> FsResult<u64> {
+    let inode = meta.get(ino)?;
+    let blocks = meta.blocks(ino)?;
+    let bs = inode.block_size.max(1);
+    let mut size = inode.size;
+    if let Some(last) = blocks.iter().rev().find(|b| !b.finalized).cloned() {
+        // The longest prefix every live replica holds with valid checksums.
+        let mut lens = Vec::new();
+        for &dn in &last.replicas {
+            let Some(node) = dns.get(dn) else { continue };
+            if !dns.is_alive(dn) {
+                continue;
+            }
+            match node.find(last.block_id) {
+                Some(info) if info.gs == last.gs => match node.valid_prefix(last.block_id, last.gs) {
+                    Ok(n) => lens.push((dn, n)),
+                    Err(e) => tracing::warn!(datanode = dn, "replica unusable in recovery: {e}"),
+                },
+                Some(info) => tracing::warn!(
+                    datanode = dn,
+                    found = info.gs,
+                    wanted = last.gs,
+                    "stale replica ignored in recovery"
+                ),
+                None => tracing::warn!(datanode = dn, block = last.block_id, "replica missing in recovery"),
+            }
+        }
+        let start = last.idx * bs;
+        if lens.is_empty() {
+            // Nothing of the block survived: the file ends where it began.
+            meta.tx(|tx| {
+                MetaStore::drop_blocks_from(tx, ino, last.idx)?;
+                MetaStore::set_size(tx, ino, start, Some(now_ns()))?;
+                MetaStore::del_uc(tx, ino)
+            })?;
+            tracing::warn!(ino, "recovery found no replica of the last block; length {start}");
+            return Ok(start);
+        }
+        let len = lens.iter().map(|(_, n)| *n).min().unwrap_or(0);
+        let new_gs = meta.tx(|tx| MetaStore::next_id(tx, "next_gs"))?;
+        let mut ok = Vec::new();
+        for (dn, _) in lens {
+            let Some(node) = dns.get(dn) else { continue };
+            let r = node
+                .truncate(last.block_id, last.gs, new_gs, len)
+                .and_then(|_| node.finalize(last.block_id, new_gs, len));
+            match r {
+                Ok(()) => ok.push(dn),
+                Err(e) => tracing::warn!(datanode = dn, "replica not recovered: {e}"),
+            }
+        }
+        if ok.is_empty() {
+            return Err(FsError::Io(format!("no replica of block {} recovered", last.block_id)));
+        }
+        let mut row = last.clone();
+        row.gs = new_gs;
+        row.len = len;
+        row.finalized = true;
+        row.replicas = ok;
+        size = start + len;
+        meta.durable(|tx| {
+            MetaStore::drop_blocks_from(tx, ino, last.idx + 1)?;
+            MetaStore::put_block(tx, &row)?;
+            MetaStore::set_size(tx, ino, size, None)?;
+            MetaStore::del_uc(tx, ino)
+        })?;
+        tracing::info!(ino, block = row.block_id, gs = new_gs, len = size, "lease recovery closed file");
+    } else {
+        meta.tx(|tx| MetaStore::del_uc(tx, ino))?;
+    }
+    Ok(size)
+}

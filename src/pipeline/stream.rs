@@ -1,0 +1,309 @@
+//! [`OutputStream`]: the writer's side of one file under construction.
+//!
+//! `write()` only copies into the current packet; full packets join the
+//! data queue and a worker on the blocking pool streams them to the
+//! replicas (see `streamer`). Nothing here blocks the caller: a write that
+//! finds the in-flight bound reached, a flush, an fsync and a close hand
+//! their completion callback to the stream, and the worker calls it once
+//! the acks (and syncs) are in. Callbacks are never called under a lock.
+
+use std::collections::VecDeque;
+
+use crate::error::{FsError, FsResult};
+use crate::meta::{MetaStore, UnderConstruction, now_ns};
+use crate::pipeline::Datanodes;
+use crate::sync::{Arc, Condvar, Mutex, lock};
+
+/// Completion of a deferred operation.
+pub type Done = Box<dyn FnOnce(FsResult<()>) + Send>;
+
+/// What every stream of a mount shares.
+pub struct StreamCtx {
+    pub meta: Arc<MetaStore>,
+    pub dns: Arc<Datanodes>,
+    pub rt: tokio::runtime::Handle,
+    pub packet_size: usize,
+    pub max_in_flight: usize,
+}
+
+pub(crate) struct Packet {
+    pub off: u64,
+    pub data: Vec<u8>,
+}
+
+/// Ordered work for the worker: packets, and barriers that complete once
+/// everything before them is acknowledged.
+pub(crate) enum Job {
+    Packet(Packet),
+    Flush(Done),
+    Sync(Done),
+    Close(Done),
+    Truncate(u64, Done),
+}
+
+pub(crate) struct State {
+    /// Bytes accepted from the writer: where the next write must start.
+    pub pos: u64,
+    /// Bytes acknowledged by every replica: the visible length.
+    pub acked: u64,
+    pub cur: Vec<u8>,
+    pub cur_off: u64,
+    pub jobs: VecDeque<Job>,
+    pub in_flight: usize,
+    pub peak_in_flight: usize,
+    pub running: bool,
+    pub blocked_writes: VecDeque<Done>,
+    pub failed: Option<FsError>,
+    pub mtime: Option<i64>,
+    pub closed: bool,
+}
+
+pub struct OutputStream {
+    pub ino: u64,
+    pub block_size: u64,
+    pub(crate) ctx: Arc<StreamCtx>,
+    /// Persisted (once) on the first change to the file.
+    pub(crate) uc: UnderConstruction,
+    pub(crate) st: Mutex<State>,
+    pub(crate) idle: Condvar,
+    /// The worker's pipeline of the current block; only the worker (one at
+    /// a time, `running`) touches it.
+    pub(crate) pipe: Mutex<super::streamer::Pipe>,
+}
+
+/// A snapshot for xattrs and tests.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct StreamStats {
+    pub pos: u64,
+    pub acked: u64,
+    pub in_flight: usize,
+    pub peak_in_flight: usize,
+    pub max_in_flight: usize,
+}
+
+impl OutputStream {
+    /// A stream positioned at the end of a file of `size` bytes.
+    pub fn new(
+        ctx: Arc<StreamCtx>,
+        ino: u64,
+        size: u64,
+        block_size: u64,
+        uc: UnderConstruction,
+    ) -> Arc<OutputStream> {
+        Arc::new(OutputStream {
+            ino,
+            block_size,
+            uc,
+            st: Mutex::new(State {
+                pos: size,
+                acked: size,
+                cur: Vec::new(),
+                cur_off: size,
+                jobs: VecDeque::new(),
+                in_flight: 0,
+                peak_in_flight: 0,
+                running: false,
+                blocked_writes: VecDeque::new(),
+                failed: None,
+                mtime: None,
+                closed: false,
+            }),
+            idle: Condvar::new(),
+            pipe: Mutex::new(super::streamer::Pipe::new(&ctx)),
+            ctx,
+        })
+    }
+
+    pub fn visible_len(&self) -> u64 {
+        lock(&self.st).acked
+    }
+
+    /// Where the next write must start.
+    pub fn pos(&self) -> u64 {
+        lock(&self.st).pos
+    }
+
+    pub fn mtime(&self) -> Option<i64> {
+        lock(&self.st).mtime
+    }
+
+    pub fn stats(&self) -> StreamStats {
+        let s = lock(&self.st);
+        StreamStats {
+            pos: s.pos,
+            acked: s.acked,
+            in_flight: s.in_flight,
+            peak_in_flight: s.peak_in_flight,
+            max_in_flight: self.ctx.max_in_flight,
+        }
+    }
+
+    /// Appends `data`. `offset` is checked against the stream's end unless
+    /// it is `None` (O_APPEND: always the real end). `done` is called at
+    /// once, or when acks have brought the in-flight packets under the bound.
+    pub fn write(self: &Arc<Self>, offset: Option<u64>, data: &[u8], done: Done) {
+        let mut s = lock(&self.st);
+        if let Some(e) = &s.failed {
+            let e = e.clone();
+            drop(s);
+            return done(Err(e));
+        }
+        if let Some(off) = offset
+            && off != s.pos
+        {
+            let e = FsError::OutOfOrderWrite {
+                expected: s.pos,
+                got: off,
+            };
+            tracing::warn!(ino = self.ino, "refused write: {e}");
+            drop(s);
+            return done(Err(e));
+        }
+        let mut rest = data;
+        while !rest.is_empty() {
+            if s.cur.is_empty() {
+                s.cur_off = s.pos;
+            }
+            let room = self.packet_room(s.cur_off, s.cur.len());
+            let take = room.min(rest.len());
+            if s.cur.capacity() == 0 {
+                s.cur.reserve_exact(self.ctx.packet_size);
+            }
+            s.cur.extend_from_slice(&rest[..take]);
+            s.pos += take as u64;
+            rest = &rest[take..];
+            if self.packet_room(s.cur_off, s.cur.len()) == 0 {
+                self.seal_packet(&mut s);
+            }
+        }
+        s.mtime = Some(now_ns());
+        let start = self.ensure_running(&mut s);
+        let now = if s.in_flight <= self.ctx.max_in_flight {
+            Some(done)
+        } else {
+            s.blocked_writes.push_back(done);
+            None
+        };
+        drop(s);
+        if start {
+            self.spawn_worker();
+        }
+        if let Some(done) = now {
+            done(Ok(()))
+        }
+    }
+
+    /// Bytes that still fit in the packet starting at `off` holding `len`:
+    /// packets never cross a block boundary.
+    fn packet_room(&self, off: u64, len: usize) -> usize {
+        let to_block_end = self.block_size - (off % self.block_size);
+        let cap = (self.ctx.packet_size as u64).min(to_block_end) as usize;
+        cap.saturating_sub(len)
+    }
+
+    fn seal_packet(&self, s: &mut State) {
+        if s.cur.is_empty() {
+            return;
+        }
+        let data = std::mem::take(&mut s.cur);
+        let off = s.cur_off;
+        s.cur_off = off + data.len() as u64;
+        s.jobs.push_back(Job::Packet(Packet { off, data }));
+        s.in_flight += 1;
+        s.peak_in_flight = s.peak_in_flight.max(s.in_flight);
+    }
+
+    /// Returns true when the caller must spawn a worker.
+    fn ensure_running(&self, s: &mut State) -> bool {
+        if s.running || s.jobs.is_empty() {
+            return false;
+        }
+        s.running = true;
+        true
+    }
+
+    pub(crate) fn spawn_worker(self: &Arc<Self>) {
+        let me = self.clone();
+        self.ctx.rt.spawn_blocking(move || me.drain());
+    }
+
+    fn barrier(self: &Arc<Self>, job: impl FnOnce(Done) -> Job, done: Done) {
+        let mut s = lock(&self.st);
+        if let Some(e) = &s.failed {
+            let e = e.clone();
+            drop(s);
+            return done(Err(e));
+        }
+        self.seal_packet(&mut s);
+        s.jobs.push_back(job(done));
+        let start = self.ensure_running(&mut s);
+        drop(s);
+        if start {
+            self.spawn_worker();
+        }
+    }
+
+    /// hflush: every byte written so far is acknowledged by every replica
+    /// (and so visible to readers) before `done`.
+    pub fn flush(self: &Arc<Self>, done: Done) {
+        self.barrier(Job::Flush, done)
+    }
+
+    /// hsync: as flush, then data, checksums and metadata are durable.
+    pub fn sync(self: &Arc<Self>, done: Done) {
+        self.barrier(Job::Sync, done)
+    }
+
+    /// Flushes, finalises the last block and closes the file.
+    pub fn close(self: &Arc<Self>, done: Done) {
+        self.barrier(Job::Close, done)
+    }
+
+    /// Shrinks (or grows with zeros) the file after everything before it.
+    pub fn truncate(self: &Arc<Self>, size: u64, done: Done) {
+        let mut s = lock(&self.st);
+        if let Some(e) = &s.failed {
+            let e = e.clone();
+            drop(s);
+            return done(Err(e));
+        }
+        self.seal_packet(&mut s);
+        s.pos = size;
+        s.cur_off = size;
+        s.mtime = Some(now_ns());
+        s.jobs.push_back(Job::Truncate(size, done));
+        let start = self.ensure_running(&mut s);
+        drop(s);
+        if start {
+            self.spawn_worker();
+        }
+    }
+
+    /// Fences the stream (its lease was preempted): every queued and later
+    /// operation fails with `err`, and this returns once the worker is idle
+    /// so that recovery may touch the replicas.
+    pub fn abort(&self, err: FsError) {
+        let mut s = lock(&self.st);
+        if s.failed.is_none() {
+            s.failed = Some(err);
+        }
+        let mut failed = Vec::new();
+        if !s.running {
+            failed = super::streamer::take_callbacks(&mut s);
+        }
+        while s.running {
+            s = self.idle.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+        let e = s.failed.clone();
+        drop(s);
+        for d in failed {
+            d(Err(e.clone().unwrap_or(FsError::BadHandle)));
+        }
+        // The worker is idle: drop the replica files it had open.
+        lock(&self.pipe).reset();
+    }
+
+    pub fn is_failed(&self) -> Option<FsError> {
+        lock(&self.st).failed.clone()
+    }
+}

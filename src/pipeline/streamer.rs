@@ -1,0 +1,512 @@
+//! The worker behind an [`OutputStream`] (HDFS `DataStreamer` and
+//! `ResponseProcessor` in one): takes jobs in order, writes each packet to
+//! every replica of the current block, acknowledges it when all replicas
+//! wrote it, rebuilds the pipeline when a replica fails, and completes
+//! flush/sync/close barriers once everything before them is acknowledged.
+//!
+//! Replicas are written one after the other by this one thread: on one
+//! machine the copies go to the page cache, so a chain of threads would add
+//! wake-ups without adding safety; `sync` fans out in parallel because each
+//! fsync waits on its disk.
+
+use super::stream::{Done, Job, OutputStream, Packet, State, StreamCtx};
+use crate::error::{FsError, FsResult};
+use crate::meta::{BlockRow, MetaStore, now_ns};
+use crate::storage::datanode::ReplicaWriter;
+use crate::storage::replica::ChunkAccumulator;
+use crate::sync::{Arc, lock};
+
+/// The open pipeline of the block being written.
+pub(crate) struct Pipe {
+    block: Option<OpenBlock>,
+    crcs: Vec<u32>,
+}
+
+struct OpenBlock {
+    row: BlockRow,
+    /// File offset of the block's first byte.
+    start: u64,
+    writers: Vec<(usize, ReplicaWriter)>,
+    acc: ChunkAccumulator,
+}
+
+impl Pipe {
+    pub(crate) fn new(_ctx: &StreamCtx) -> Pipe {
+        Pipe {
+            block: None,
+            crcs: Vec::new(),
+        }
+    }
+    pub(crate) fn reset(&mut self) {
+        self.block = None;
+    }
+}
+
+/// Everything waiting on a failed stream, to be failed outside the lock.
+pub(crate) fn take_callbacks(s: &mut State) -> Vec<Done> {
+    let mut v: Vec<Done> = s.blocked_writes.drain(..).collect();
+    for j in s.jobs.drain(..) {
+        match j {
+            Job::Packet(_) => {}
+            Job::Flush(d) | Job::Sync(d) | Job::Close(d) | Job::Truncate(_, d) => v.push(d),
+        }
+    }
+    s.in_flight = 0;
+    v
+}
+
+impl OutputStream {
+    /// Drains the job queue; exactly one runs per stream (`running`).
+    pub(crate) fn drain(self: Arc<Self>) {
+        let mut pipe = lock(&self.pipe);
+        loop {
+            let job = {
+                let mut s = lock(&self.st);
+                if let Some(e) = s.failed.clone() {
+                    let cbs = take_callbacks(&mut s);
+                    s.running = false;
+                    self.idle.notify_all();
+                    drop(s);
+                    for d in cbs {
+                        d(Err(e.clone()));
+                    }
+                    return;
+                }
+                match s.jobs.pop_front() {
+                    Some(j) => j,
+                    None => {
+                        s.running = false;
+                        self.idle.notify_all();
+                        return;
+                    }
+                }
+            };
+            match job {
+                Job::Packet(p) => {
+                    let end = p.off + p.data.len() as u64;
+                    let r = self.send(&mut pipe, &p);
+                    let mut s = lock(&self.st);
+                    let mut wake = Vec::new();
+                    match r {
+                        Ok(()) => {
+                            s.acked = s.acked.max(end);
+                            s.in_flight -= 1;
+                            while s.in_flight <= self.ctx.max_in_flight {
+                                match s.blocked_writes.pop_front() {
+                                    Some(d) => wake.push(d),
+                                    None => break,
+                                }
+                            }
+                        }
+                        Err(e) => {
+                            tracing::error!(ino = self.ino, "write pipeline failed: {e}");
+                            s.failed = Some(e);
+                        }
+                    }
+                    drop(s);
+                    for d in wake {
+                        d(Ok(()));
+                    }
+                }
+                Job::Flush(d) => {
+                    let r = self.persist_length(&pipe, false);
+                    d(r)
+                }
+                Job::Sync(d) => {
+                    let r = self.sync_replicas(&pipe).and_then(|_| self.persist_length(&pipe, true));
+                    d(r)
+                }
+                Job::Close(d) => {
+                    let r = self.finish(&mut pipe);
+                    if r.is_ok() {
+                        lock(&self.st).closed = true;
+                    }
+                    d(r)
+                }
+                Job::Truncate(size, d) => {
+                    let r = self.apply_truncate(&mut pipe, size);
+                    if let Err(e) = &r {
+                        lock(&self.st).failed = Some(e.clone());
+                    } else {
+                        let mut s = lock(&self.st);
+                        s.acked = size;
+                    }
+                    d(r)
+                }
+            }
+        }
+    }
+
+    fn meta(&self) -> &MetaStore {
+        &self.ctx.meta
+    }
+
+    /// Records the holder of this file under construction, once.
+    fn persist_uc(&self) -> FsResult<()> {
+        self.meta().tx(|tx| MetaStore::put_uc(tx, &self.uc))
+    }
+
+    /// Streams one packet through the pipeline, rebuilding it on failure.
+    fn send(&self, pipe: &mut Pipe, p: &Packet) -> FsResult<()> {
+        let bs = self.block_size;
+        let full = pipe
+            .block
+            .as_ref()
+            .is_some_and(|b| p.off >= b.start + bs);
+        if full {
+            let b = pipe.block.take().expect("checked above");
+            self.finalize(b)?;
+        }
+        if pipe.block.is_none() {
+            pipe.block = Some(self.open_block(p.off)?);
+        }
+        let Pipe { block, crcs } = pipe;
+        let b = block.as_mut().expect("opened above");
+        let boff = p.off - b.start;
+        crcs.clear();
+        b.acc.crcs_for(boff, &p.data, crcs);
+        loop {
+            let mut failed = None;
+            for (k, (dn, w)) in b.writers.iter_mut().enumerate() {
+                self.ctx.dns.fault_delay(*dn);
+                if let Err(e) = w.write_packet(boff, &p.data, crcs) {
+                    tracing::warn!(ino = self.ino, datanode = *dn, "replica write failed: {e}");
+                    failed = Some(k);
+                    break;
+                }
+            }
+            match failed {
+                None => break,
+                Some(k) => self.rebuild_pipeline(b, k, boff)?,
+            }
+        }
+        b.row.len = boff + p.data.len() as u64;
+        Ok(())
+    }
+
+    /// Pipeline recovery: drop the failed replica, bump the generation
+    /// stamp on the survivors (so the dropped one is recognisably stale),
+    /// add a spare holding the acknowledged prefix where one exists, and
+    /// cut every replica back to that prefix so the packet can be resent.
+    fn rebuild_pipeline(&self, b: &mut OpenBlock, failed: usize, acked: u64) -> FsResult<()> {
+        let (bad_dn, _) = b.writers.remove(failed);
+        self.ctx.dns.mark_dead(bad_dn);
+        let dns = &self.ctx.dns;
+        let new_gs = self.meta().tx(|tx| MetaStore::next_id(tx, "next_gs"))?;
+        let old = std::mem::take(&mut b.writers);
+        let mut writers = Vec::new();
+        for (dn, w) in old {
+            drop(w);
+            let Some(node) = dns.get(dn) else { continue };
+            let r = node
+                .bump_gs(b.row.block_id, b.row.gs, new_gs)
+                .and_then(|_| node.reopen_rbw(b.row.block_id, new_gs, acked));
+            match r {
+                Ok(w) => writers.push((dn, w)),
+                Err(e) => {
+                    tracing::warn!(datanode = dn, "dropping replica during pipeline recovery: {e}");
+                    dns.mark_dead(dn);
+                }
+            }
+        }
+        let mut used: Vec<usize> = writers.iter().map(|(d, _)| *d).collect();
+        used.push(bad_dn);
+        if let Some(&(src_dn, _)) = writers.first()
+            && writers.len() < dns.replication
+        {
+            for spare in dns.choose(dns.replication - writers.len(), &used) {
+                let (Some(src), Some(dst)) = (dns.get(src_dn), dns.get(spare)) else {
+                    continue;
+                };
+                let r = dst
+                    .copy_replica_from(
+                        src,
+                        b.row.block_id,
+                        new_gs,
+                        acked,
+                        crate::storage::datanode::ReplicaState::Rbw,
+                    )
+                    .and_then(|_| dst.reopen_rbw(b.row.block_id, new_gs, acked));
+                match r {
+                    Ok(w) => writers.push((spare, w)),
+                    Err(e) => tracing::warn!(datanode = spare, "spare datanode failed: {e}"),
+                }
+            }
+        }
+        if writers.is_empty() {
+            return Err(FsError::Io(format!(
+                "every replica of block {} failed",
+                b.row.block_id
+            )));
+        }
+        b.row.gs = new_gs;
+        b.row.replicas = writers.iter().map(|(d, _)| *d).collect();
+        b.writers = writers;
+        tracing::warn!(
+            ino = self.ino,
+            block = b.row.block_id,
+            gs = new_gs,
+            replicas = ?b.row.replicas,
+            "pipeline rebuilt"
+        );
+        let row = b.row.clone();
+        self.meta().tx(|tx| MetaStore::put_block(tx, &row))
+    }
+
+    /// Opens the block that holds file offset `off`: a new one at a block
+    /// boundary, else the file's last block reopened for append under a new
+    /// generation stamp.
+    fn open_block(&self, off: u64) -> FsResult<OpenBlock> {
+        self.persist_uc()?;
+        let bs = self.block_size;
+        let idx = off / bs;
+        let start = idx * bs;
+        let blocks = self.meta().blocks(self.ino)?;
+        let existing = blocks.into_iter().find(|b| b.idx == idx);
+        match existing {
+            None => {
+                let replicas = self.ctx.dns.choose_pipeline()?;
+                let (block_id, gs) = self.meta().tx(|tx| {
+                    Ok((
+                        MetaStore::next_id(tx, "next_block")?,
+                        MetaStore::next_id(tx, "next_gs")?,
+                    ))
+                })?;
+                let mut writers = Vec::new();
+                for dn in replicas {
+                    let Some(node) = self.ctx.dns.get(dn) else { continue };
+                    match node.create_rbw(block_id, gs) {
+                        Ok(w) => writers.push((dn, w)),
+                        Err(e) => {
+                            tracing::warn!(datanode = dn, "cannot create replica: {e}");
+                            self.ctx.dns.mark_dead(dn);
+                        }
+                    }
+                }
+                if writers.is_empty() {
+                    return Err(FsError::Io("no datanode could take a new block".into()));
+                }
+                let row = BlockRow {
+                    ino: self.ino,
+                    idx,
+                    block_id,
+                    gs,
+                    len: 0,
+                    finalized: false,
+                    replicas: writers.iter().map(|(d, _)| *d).collect(),
+                };
+                self.meta().tx(|tx| MetaStore::put_block(tx, &row))?;
+                Ok(OpenBlock {
+                    row,
+                    start,
+                    writers,
+                    acc: ChunkAccumulator::new(),
+                })
+            }
+            Some(mut row) => {
+                let len = off - start;
+                let new_gs = self.meta().tx(|tx| MetaStore::next_id(tx, "next_gs"))?;
+                let tail_start = len - len % crate::storage::checksum::CHUNK_SIZE as u64;
+                let mut tail = vec![0u8; (len - tail_start) as usize];
+                let mut have_tail = tail.is_empty();
+                let mut writers = Vec::new();
+                for &dn in &row.replicas {
+                    let Some(node) = self.ctx.dns.get(dn) else { continue };
+                    if !have_tail && node.read(row.block_id, row.gs, tail_start, &mut tail).is_ok() {
+                        have_tail = true;
+                    }
+                    let r = node
+                        .bump_gs(row.block_id, row.gs, new_gs)
+                        .and_then(|_| node.reopen_rbw(row.block_id, new_gs, len));
+                    match r {
+                        Ok(w) => writers.push((dn, w)),
+                        Err(e) => tracing::warn!(datanode = dn, "replica not reopened for append: {e}"),
+                    }
+                }
+                if writers.is_empty() || !have_tail {
+                    return Err(FsError::Io(format!(
+                        "no replica of block {} could be reopened for append",
+                        row.block_id
+                    )));
+                }
+                row.gs = new_gs;
+                row.len = len;
+                row.finalized = false;
+                row.replicas = writers.iter().map(|(d, _)| *d).collect();
+                self.meta().tx(|tx| MetaStore::put_block(tx, &row))?;
+                Ok(OpenBlock {
+                    row,
+                    start,
+                    writers,
+                    acc: ChunkAccumulator::resume(tail),
+                })
+            }
+        }
+    }
+
+    /// Closes the replicas of a block and moves them to `finalized/`.
+    fn finalize(&self, mut b: OpenBlock) -> FsResult<()> {
+        let len = b.row.len;
+        let mut ok = Vec::new();
+        for (dn, w) in b.writers.drain(..) {
+            drop(w);
+            let Some(node) = self.ctx.dns.get(dn) else { continue };
+            match node.finalize(b.row.block_id, b.row.gs, len) {
+                Ok(()) => ok.push(dn),
+                Err(e) => tracing::warn!(datanode = dn, "finalize failed: {e}"),
+            }
+        }
+        if ok.is_empty() {
+            return Err(FsError::Io(format!("no replica of block {} finalized", b.row.block_id)));
+        }
+        b.row.finalized = true;
+        b.row.replicas = ok;
+        let size = b.start + len;
+        self.meta().tx(|tx| {
+            MetaStore::put_block(tx, &b.row)?;
+            MetaStore::set_size(tx, self.ino, size, None)
+        })
+    }
+
+    fn mtime_now(&self) -> i64 {
+        lock(&self.st).mtime.unwrap_or_else(now_ns)
+    }
+
+    /// Records the acknowledged length (and the open block's length) in the
+    /// metadata store; `durable` makes that commit, and all before it, synced.
+    fn persist_length(&self, pipe: &Pipe, durable: bool) -> FsResult<()> {
+        let acked = lock(&self.st).acked;
+        let mtime = self.mtime_now();
+        let row = pipe.block.as_ref().map(|b| b.row.clone());
+        let f = |tx: &rusqlite::Transaction<'_>| {
+            if let Some(r) = &row {
+                MetaStore::put_block(tx, r)?;
+            }
+            MetaStore::set_size(tx, self.ino, acked, Some(mtime))
+        };
+        if durable {
+            self.meta().durable(f)
+        } else {
+            self.meta().tx(f)
+        }
+    }
+
+    /// fsync of every replica's data and checksum file, in parallel.
+    fn sync_replicas(&self, pipe: &Pipe) -> FsResult<()> {
+        let Some(b) = pipe.block.as_ref() else {
+            return Ok(());
+        };
+        let results: Vec<FsResult<()>> = std::thread::scope(|sc| {
+            let hs: Vec<_> = b
+                .writers
+                .iter()
+                .map(|(_, w)| sc.spawn(move || w.sync().map_err(FsError::from)))
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err(FsError::Io("sync thread panicked".into()))))
+                .collect()
+        });
+        results.into_iter().collect()
+    }
+
+    /// Close: finalise the last block, record the length, and end the
+    /// file's time under construction.
+    fn finish(&self, pipe: &mut Pipe) -> FsResult<()> {
+        if let Some(b) = pipe.block.take() {
+            self.finalize(b)?;
+        }
+        let acked = lock(&self.st).acked;
+        let mtime = lock(&self.st).mtime;
+        self.meta().tx(|tx| {
+            MetaStore::set_size(tx, self.ino, acked, mtime)?;
+            MetaStore::del_uc(tx, self.ino)
+        })
+    }
+
+    /// Truncate to `size`: drops whole blocks past it, cuts the block that
+    /// holds it to the new length under a new generation stamp, or grows
+    /// the file by streaming zeros.
+    fn apply_truncate(&self, pipe: &mut Pipe, size: u64) -> FsResult<()> {
+        self.persist_uc()?;
+        let cur = {
+            let b = pipe.block.take();
+            let cur = b.as_ref().map(|b| b.start + b.row.len);
+            if let Some(b) = b {
+                self.finalize(b)?;
+            }
+            cur
+        };
+        let old = match cur {
+            Some(c) => c,
+            None => self.meta().get(self.ino)?.size,
+        };
+        if size >= old {
+            let mut off = old;
+            let zeros = vec![0u8; self.ctx.packet_size];
+            while off < size {
+                let room = (self.block_size - off % self.block_size).min(zeros.len() as u64);
+                let n = room.min(size - off) as usize;
+                self.send(
+                    pipe,
+                    &Packet {
+                        off,
+                        data: zeros[..n].to_vec(),
+                    },
+                )?;
+                off += n as u64;
+            }
+            let mtime = self.mtime_now();
+            return self.persist_length_at(pipe, size, mtime);
+        }
+        let bs = self.block_size;
+        let keep = size.div_ceil(bs);
+        let mtime = self.mtime_now();
+        let gone = self.meta().tx(|tx| {
+            let gone = MetaStore::drop_blocks_from(tx, self.ino, keep)?;
+            MetaStore::set_size(tx, self.ino, size, Some(mtime))?;
+            Ok(gone)
+        })?;
+        for b in gone {
+            for dn in b.replicas {
+                if let Some(node) = self.ctx.dns.get(dn)
+                    && let Err(e) = node.delete(b.block_id)
+                {
+                    tracing::warn!(datanode = dn, "replica delete failed: {e}");
+                }
+            }
+        }
+        if size % bs != 0 {
+            let idx = size / bs;
+            if let Some(mut row) = self.meta().blocks(self.ino)?.into_iter().find(|b| b.idx == idx) {
+                let len = size - idx * bs;
+                let new_gs = self.meta().tx(|tx| MetaStore::next_id(tx, "next_gs"))?;
+                let mut ok = Vec::new();
+                for &dn in &row.replicas {
+                    let Some(node) = self.ctx.dns.get(dn) else { continue };
+                    match node.truncate(row.block_id, row.gs, new_gs, len) {
+                        Ok(()) => ok.push(dn),
+                        Err(e) => tracing::warn!(datanode = dn, "replica truncate failed: {e}"),
+                    }
+                }
+                if ok.is_empty() {
+                    return Err(FsError::Io("no replica could be truncated".into()));
+                }
+                row.gs = new_gs;
+                row.len = len;
+                row.replicas = ok;
+                self.meta().tx(|tx| MetaStore::put_block(tx, &row))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn persist_length_at(&self, pipe: &Pipe, size: u64, mtime: i64) -> FsResult<()> {
+        let row = pipe.block.as_ref().map(|b| b.row.clone());
+        self.meta().tx(|tx| {
+            if let Some(r) = &row {
+                MetaStore::put_block(tx, r)?;
+            }
+            MetaStore::set_size(tx, self.ino, size, Some(mtime))
+        })
+    }
+}
