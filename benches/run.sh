@@ -19,7 +19,7 @@
 set -uo pipefail
 
 usage() {
-    sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'
+    awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"
 }
 
 runs=
@@ -185,8 +185,8 @@ prepare_target() { # TARGET: one-time checks/builds
     esac
 }
 
-mount_target() { # TARGET RUN -> sets tdir[TARGET]; non-zero when it cannot mount
-    local t=$1 run=$2 base=$work/$1 mnt
+mount_target() { # TARGET RUN [ATTEMPTS] -> sets tdir[TARGET]; non-zero when it cannot mount
+    local t=$1 run=$2 attempts=${3:-1} base=$work/$1 mnt
     mnt=$base/mnt
     case $t in
         native)
@@ -222,16 +222,29 @@ mount_target() { # TARGET RUN -> sets tdir[TARGET]; non-zero when it cannot moun
             done
             args+=(--replication "$r")
             # A daemon that was just unmounted may still hold its data dir for a
-            # moment: retry for up to ~10 s.
-            local ok=0 msg
-            for _ in 1 2 3 4 5 6 7 8 9 10; do
+            # moment: a remount is tried ATTEMPTS times, a second apart.
+            local ok=0 msg k
+            for ((k = 0; k < attempts; k++)); do
+                ((k == 0)) || sleep 1
                 echo "+ $bin ${args[*]}" >>"$out/logs/$t.log"
-                if msg=$(timeout 60 "$bin" "${args[@]}" 2>&1) && wait_mounted "$mnt" 50; then
+                # Output to a file, not a pipe: a daemon that kept the pipe open
+                # would make $(...) wait for it forever.
+                timeout 60 "$bin" "${args[@]}" >"$out/logs/$t.last" 2>&1
+                local rc=$?
+                msg=$(head -c 2000 "$out/logs/$t.last")
+                cat "$out/logs/$t.last" >>"$out/logs/$t.log"
+                if [[ $rc -eq 0 ]] && wait_mounted "$mnt" 50; then
                     ok=1
                     break
                 fi
-                echo "$msg" >>"$out/logs/$t.log"
-                sleep 1
+                if [[ $rc -eq 0 ]]; then
+                    msg="exited 0 but nothing is mounted on $mnt"
+                elif [[ -z $msg ]]; then
+                    msg="exit status $rc, no message"
+                else
+                    msg="exit status $rc: $msg"
+                fi
+                fuse_unmount "$mnt"
             done
             if [[ $ok -ne 1 ]]; then
                 note "${label[$t]}: mount failed (run $run): $(printf '%s' "$msg" | head -n1)"
@@ -264,7 +277,7 @@ make_cold() { # TARGET RUN
         *)
             unmount_target "$t"
             drop_caches
-            mount_target "$t" "$run"
+            mount_target "$t" "$run" 10
             ;;
     esac
 }
@@ -413,6 +426,9 @@ run_target() { # RUN TARGET
     local run=$1 t=$2 fig
     if [[ -z ${usable[$t]:-} ]] || ! mount_target "$t" "$run"; then
         for fig in "${all_figures[@]}"; do record "$run" "$t" "$fig" NA; done
+        # Not mountable now: not worth trying again in later runs.
+        [[ -z ${usable[$t]:-} ]] || note "${label[$t]}: skipped in the remaining runs"
+        unset 'usable[$t]'
         return
     fi
     log "run $run: ${label[$t]}"

@@ -11,6 +11,8 @@
 # 4. benches/run.sh --quick        report only: never fails the run
 #
 # Real mounts need /dev/fuse and, for pjdfstest's privileged cases, root.
+# Environment: LEASEFS_BIN (exported; default target/release/leasefs),
+# CARGO_TEST_TIMEOUT (seconds, default 1200), and those of tests/pjdfstest.sh.
 # Exit status: 0 when build, cargo test and pjdfstest all passed, 1 otherwise.
 set -uo pipefail
 
@@ -25,7 +27,7 @@ while [[ $# -gt 0 ]]; do
         --no-pjdfstest) run_pjdfstest=0; shift ;;
         --no-bench) run_bench=0; shift ;;
         --) shift; cargo_test_args=("$@"); break ;;
-        -h | --help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
         *) echo "test.sh: unknown argument '$1'" >&2; exit 2 ;;
     esac
 done
@@ -49,9 +51,16 @@ export LEASEFS_BIN=${LEASEFS_BIN:-$root/target/release/leasefs}
 
 [[ -e /dev/fuse ]] || echo "test.sh: warning: /dev/fuse is missing: mounting tests will fail" >&2
 
-section "cargo test --release"
-if cargo test --release "${cargo_test_args[@]}"; then
+section "cargo test --release --no-fail-fast"
+# A hung mount must not hang CI: the whole cargo test gets a time limit.
+timeout --kill-after=30 "${CARGO_TEST_TIMEOUT:-1200}" \
+    cargo test --release --no-fail-fast "${cargo_test_args[@]}"
+rc_test=$?
+if [[ $rc_test -eq 0 ]]; then
     status[cargo-test]=ok
+elif [[ $rc_test -eq 124 || $rc_test -eq 137 ]]; then
+    status[cargo-test]=FAILED
+    echo "test.sh: cargo test timed out after ${CARGO_TEST_TIMEOUT:-1200}s" >&2
 else
     status[cargo-test]=FAILED
 fi

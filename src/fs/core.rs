@@ -196,7 +196,6 @@ impl Core {
             return reply(Err(FsError::IsDir));
         }
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        let (tgid, comm) = proc_info::identity(caller.pid);
         if !write || inode.kind != Kind::File {
             let h = Handle {
                 fh,
@@ -204,7 +203,7 @@ impl Core {
                 write: false,
                 append: false,
                 epoch: 0,
-                tgid,
+                tgid: 0,
                 pgid: 0,
                 flushed: Default::default(),
                 stream: None,
@@ -213,6 +212,7 @@ impl Core {
             let direct_io = self.stream_of(ino).is_some();
             return reply(Ok(Opened { fh, direct_io }));
         }
+        let (tgid, comm) = proc_info::identity(caller.pid);
         let holder = Holder {
             host: self.host.clone(),
             pid: tgid,

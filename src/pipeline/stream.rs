@@ -56,6 +56,9 @@ pub(crate) struct State {
     pub failed: Option<FsError>,
     pub mtime: Option<i64>,
     pub closed: bool,
+    /// Anything written or truncated through this stream yet: an untouched
+    /// stream flushes and closes without any work.
+    pub dirty: bool,
 }
 
 pub struct OutputStream {
@@ -107,6 +110,7 @@ impl OutputStream {
                 failed: None,
                 mtime: None,
                 closed: false,
+                dirty: false,
             }),
             idle: Condvar::new(),
             pipe: Mutex::new(super::streamer::Pipe::new(&ctx)),
@@ -177,6 +181,7 @@ impl OutputStream {
             }
         }
         s.mtime = Some(now_ns());
+        s.dirty = true;
         let start = self.ensure_running(&mut s);
         let now = if s.in_flight <= self.ctx.max_in_flight {
             Some(done)
@@ -234,6 +239,10 @@ impl OutputStream {
             drop(s);
             return done(Err(e));
         }
+        if !s.dirty && !s.running && s.jobs.is_empty() {
+            drop(s);
+            return done(Ok(()));
+        }
         self.seal_packet(&mut s);
         s.jobs.push_back(job(done));
         let start = self.ensure_running(&mut s);
@@ -270,6 +279,7 @@ impl OutputStream {
         self.seal_packet(&mut s);
         s.pos = size;
         s.cur_off = size;
+        s.dirty = true;
         s.mtime = Some(now_ns());
         s.jobs.push_back(Job::Truncate(size, done));
         let start = self.ensure_running(&mut s);

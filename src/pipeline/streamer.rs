@@ -20,6 +20,9 @@ use crate::sync::{Arc, lock};
 pub(crate) struct Pipe {
     block: Option<OpenBlock>,
     crcs: Vec<u32>,
+    /// Blocks finalised since the last sync: (block id, gs, datanodes).
+    /// Closing promises no durability; `fsync` syncs these too.
+    unsynced: Vec<(u64, u64, Vec<usize>)>,
 }
 
 struct OpenBlock {
@@ -35,6 +38,7 @@ impl Pipe {
         Pipe {
             block: None,
             crcs: Vec::new(),
+            unsynced: Vec::new(),
         }
     }
     pub(crate) fn reset(&mut self) {
@@ -113,7 +117,7 @@ impl OutputStream {
                     d(r)
                 }
                 Job::Sync(d) => {
-                    let r = self.sync_replicas(&pipe).and_then(|_| self.persist_length(&pipe, true));
+                    let r = self.sync_replicas(&mut pipe).and_then(|_| self.persist_length(&pipe, true));
                     d(r)
                 }
                 Job::Close(d) => {
@@ -155,12 +159,12 @@ impl OutputStream {
             .is_some_and(|b| p.off >= b.start + bs);
         if full {
             let b = pipe.block.take().expect("checked above");
-            self.finalize(b)?;
+            self.finalize(b, &mut pipe.unsynced)?;
         }
         if pipe.block.is_none() {
             pipe.block = Some(self.open_block(p.off)?);
         }
-        let Pipe { block, crcs } = pipe;
+        let Pipe { block, crcs, .. } = pipe;
         let b = block.as_mut().expect("opened above");
         let boff = p.off - b.start;
         crcs.clear();
@@ -345,7 +349,7 @@ impl OutputStream {
     }
 
     /// Closes the replicas of a block and moves them to `finalized/`.
-    fn finalize(&self, mut b: OpenBlock) -> FsResult<()> {
+    fn finalize(&self, mut b: OpenBlock, unsynced: &mut Vec<(u64, u64, Vec<usize>)>) -> FsResult<()> {
         let len = b.row.len;
         let mut ok = Vec::new();
         for (dn, w) in b.writers.drain(..) {
@@ -360,6 +364,7 @@ impl OutputStream {
             return Err(FsError::Io(format!("no replica of block {} finalized", b.row.block_id)));
         }
         b.row.finalized = true;
+        unsynced.push((b.row.block_id, b.row.gs, ok.clone()));
         b.row.replicas = ok;
         let size = b.start + len;
         self.meta().tx(|tx| {
@@ -392,16 +397,22 @@ impl OutputStream {
     }
 
     /// fsync of every replica's data and checksum file, in parallel.
-    fn sync_replicas(&self, pipe: &Pipe) -> FsResult<()> {
-        let Some(b) = pipe.block.as_ref() else {
-            return Ok(());
-        };
+    fn sync_replicas(&self, pipe: &mut Pipe) -> FsResult<()> {
+        let dns = &self.ctx.dns;
+        let closed = std::mem::take(&mut pipe.unsynced);
         let results: Vec<FsResult<()>> = std::thread::scope(|sc| {
-            let hs: Vec<_> = b
-                .writers
-                .iter()
-                .map(|(_, w)| sc.spawn(move || w.sync().map_err(FsError::from)))
-                .collect();
+            let mut hs = Vec::new();
+            if let Some(b) = pipe.block.as_ref() {
+                for (_, w) in &b.writers {
+                    hs.push(sc.spawn(move || w.sync().map_err(FsError::from)));
+                }
+            }
+            for (block, gs, reps) in &closed {
+                for dn in reps {
+                    let Some(node) = dns.get(*dn) else { continue };
+                    hs.push(sc.spawn(move || node.sync_replica(*block, *gs).map_err(FsError::from)));
+                }
+            }
             hs.into_iter()
                 .map(|h| h.join().unwrap_or_else(|_| Err(FsError::Io("sync thread panicked".into()))))
                 .collect()
@@ -413,7 +424,7 @@ impl OutputStream {
     /// file's time under construction.
     fn finish(&self, pipe: &mut Pipe) -> FsResult<()> {
         if let Some(b) = pipe.block.take() {
-            self.finalize(b)?;
+            self.finalize(b, &mut pipe.unsynced)?;
         }
         let acked = lock(&self.st).acked;
         let mtime = lock(&self.st).mtime;
@@ -432,7 +443,7 @@ impl OutputStream {
             let b = pipe.block.take();
             let cur = b.as_ref().map(|b| b.start + b.row.len);
             if let Some(b) = b {
-                self.finalize(b)?;
+                self.finalize(b, &mut pipe.unsynced)?;
             }
             cur
         };

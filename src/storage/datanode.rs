@@ -337,8 +337,10 @@ impl Datanode {
     }
 
     /// Moves a replica from `rbw/` to `finalized/` (data, then meta), after
-    /// cutting it to `len` if longer, and fsyncs both directories. Finalizing
-    /// a finalized replica just re-syncs.
+    /// cutting it to `len` if longer. Nothing is synced here: closing a file
+    /// promises no durability (as on a local filesystem), and a rename lost
+    /// in a crash leaves an rbw replica that recovery finalises again;
+    /// `fsync` of the file calls [`Self::sync_replica`].
     pub fn finalize(&self, block: u64, gs: u64, len: u64) -> Result<(), StorageError> {
         let loc = self.locate(block, gs)?;
         let data_path = self.data_path(loc.data_in, block);
@@ -359,6 +361,18 @@ impl Datanode {
                 &self.meta_path(ReplicaState::Finalized, block, gs),
             )?;
         }
+        Ok(())
+    }
+
+    /// Makes a closed replica durable: data, checksums and both directory
+    /// entries (for blocks finalised before an `fsync` of their file).
+    pub fn sync_replica(&self, block: u64, gs: u64) -> Result<(), StorageError> {
+        let loc = self.locate(block, gs)?;
+        for p in [self.data_path(loc.data_in, block), self.meta_path(loc.meta_in, block, gs)] {
+            fs::File::open(&p)
+                .and_then(|f| f.sync_all())
+                .map_err(|e| StorageError::io(&p, e))?;
+        }
         fsync_dir(self.dir(ReplicaState::Finalized))?;
         fsync_dir(self.dir(ReplicaState::Rbw))
     }
@@ -375,11 +389,12 @@ impl Datanode {
         if old_gs == new_gs {
             return Ok(());
         }
+        // Not synced: the next sync of the replica's writer syncs its
+        // directory, and a lost rename leaves a recognisably stale replica.
         rename(
             &self.meta_path(loc.meta_in, block, old_gs),
             &self.meta_path(loc.meta_in, block, new_gs),
-        )?;
-        fsync_dir(self.dir(loc.meta_in))
+        )
     }
 
     /// Shrinks a replica (rbw or finalized) to `len` (HDFS truncate, lease
