@@ -177,15 +177,15 @@ fi
 # --- 5. Mount (only with --mount) ---------------------------------------------
 if [[ -n $mountpoint_arg ]]; then
     mnt=$mountpoint_arg
-    # fstype of whatever is mounted exactly at $mnt (empty when nothing is)
-    fstype=$(findmnt -rn -M "$mnt" -o FSTYPE 2>/dev/null | tail -n1 || true)
-    if [[ -n $fstype ]]; then
+    # type and source of whatever is mounted exactly at $mnt (empty when nothing is)
+    read -r fstype fssource < <(findmnt -rn -M "$mnt" -o FSTYPE,SOURCE 2>/dev/null | tail -n1) || true
+    if [[ -n ${fstype:-} ]]; then
         if stat "$mnt" >/dev/null 2>&1; then
-            if [[ $fstype == fuse* ]]; then
-                say "mount: $mnt is already mounted ($fstype)"
+            if [[ $fstype == fuse.leasefs || ($fstype == fuse* && $fssource == leasefs*) ]]; then
+                say "mount: $mnt is already mounted ($fstype, $fssource)"
                 exit 0
             fi
-            die "$mnt already has a $fstype filesystem mounted on it"
+            die "$mnt already has another filesystem mounted on it ($fstype, $fssource)"
         fi
         say "mount: clearing dead mount on $mnt"
         fusermount3 -u -z "$mnt" 2>/dev/null || umount -l "$mnt"

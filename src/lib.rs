@@ -15,6 +15,8 @@ pub mod clock;
 pub mod config;
 pub mod error;
 pub mod fs;
+pub mod fsck;
+pub mod housekeeping;
 pub mod lease;
 pub mod meta;
 pub mod pipeline;

@@ -78,6 +78,9 @@ logfile=$outdir/pjdfstest.log
 daemon_log=$outdir/leasefs.log
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/leasefs-pjdfstest.XXXXXX")
+# pjdfstest switches to unprivileged users (dummy_auth), who must be able to
+# reach the mount point: mktemp's 0700 would turn their tests into EACCES.
+chmod 0755 "$tmp"
 mnt=$tmp/mnt
 data=$tmp/data
 secondary=$tmp/secondary
@@ -129,9 +132,16 @@ cleanup() {
         log "leaving $tmp in place: something is still mounted in it"
     fi
 }
+pjd_pid=
+# shellcheck disable=SC2317  # signal handler
+on_signal() {
+    # Stop our own pjdfstest run at once (timeout passes the signal on).
+    [[ -z $pjd_pid ]] || kill -TERM "$pjd_pid" 2>/dev/null
+    exit "$1"
+}
 trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+trap 'on_signal 130' INT
+trap 'on_signal 143' TERM
 
 if mount -t tmpfs -o size=16m,mode=0755 leasefs-pjd-secondary "$secondary" 2>/dev/null; then
     secondary_mounted=1
@@ -165,9 +175,13 @@ log "running: $pjd -c $config -p $mnt -s $secondary $*"
 log "full output: $logfile"
 cd "$tmp" || exit 1
 start=$SECONDS
+# In the background + wait, so that a signal to this script is handled at once.
 NO_COLOR=1 RUST_BACKTRACE=0 timeout --kill-after=30 "${PJDFSTEST_TIMEOUT:-900}" \
-    "$pjd" -c "$config" -p "$mnt" -s "$secondary" "$@" >"$logfile" 2>&1
+    "$pjd" -c "$config" -p "$mnt" -s "$secondary" "$@" >"$logfile" 2>&1 &
+pjd_pid=$!
+wait "$pjd_pid"
 pjd_rc=$?
+pjd_pid=
 elapsed=$((SECONDS - start))
 cd "$root" || exit 1
 unmount_leasefs

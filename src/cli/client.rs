@@ -11,13 +11,18 @@ use serde_json::{Value, json};
 use super::fail;
 
 /// The leasefs mount that contains `path`: (mountpoint, path inside it).
-fn find_mount(path: &Path) -> Result<(PathBuf, String), String> {
+pub(super) fn find_mount(path: &Path) -> Result<(PathBuf, String), String> {
     let abs = std::fs::canonicalize(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let info = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| format!("cannot read mounts: {e}"))?;
     let mut best: Option<PathBuf> = None;
     for line in info.lines() {
         let Some((left, right)) = line.split_once(" - ") else { continue };
-        if right.split(' ').next() != Some("fuse.leasefs") {
+        // Mounted by root, fuser gives type "fuse" and source
+        // "leasefs:DATA"; through fusermount3 the type is "fuse.leasefs".
+        let mut fields = right.split(' ');
+        let fstype = fields.next().unwrap_or("");
+        let source = fields.next().unwrap_or("");
+        if fstype != "fuse.leasefs" && !(fstype == "fuse" && source.starts_with("leasefs:")) {
             continue;
         }
         let Some(mp) = left.split(' ').nth(4) else { continue };
@@ -35,7 +40,7 @@ fn find_mount(path: &Path) -> Result<(PathBuf, String), String> {
 }
 
 /// Sends one request to the daemon serving `mountpoint`.
-fn ask(mountpoint: &Path, req: Value) -> Result<Value, String> {
+pub(super) fn ask(mountpoint: &Path, req: Value) -> Result<Value, String> {
     let data = xattr_get(mountpoint, "user.leasefs.data")
         .map_err(|e| format!("{} is not a leasefs mount ({e})", mountpoint.display()))?;
     let sock = PathBuf::from(data).join("control.sock");

@@ -2,6 +2,7 @@
 //! stderr and a non-zero exit; nothing here panics on input.
 
 mod client;
+mod fsck;
 mod mount;
 
 use std::path::PathBuf;
@@ -26,6 +27,18 @@ pub enum Cmd {
         /// Print a JSON array instead of a table.
         #[arg(long)]
         json: bool,
+    },
+    /// Check (and with --repair, fix) every block's replicas and files left open.
+    Fsck {
+        /// A mounted leasefs (checked through its daemon).
+        mountpoint: Option<PathBuf>,
+        /// An unmounted data directory (checked offline).
+        #[arg(long, conflicts_with = "mountpoint")]
+        data: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+        #[arg(long)]
+        repair: bool,
     },
     /// Recover a file's lease now and report whether the file is closed.
     RecoverLease {
@@ -60,6 +73,12 @@ pub fn run() -> ExitCode {
         Cmd::Mount(a) => mount::run(a),
         Cmd::Leases { mountpoint, json } => client::leases(&mountpoint, json),
         Cmd::RecoverLease { path, retries } => client::recover_lease(&path, retries),
+        Cmd::Fsck {
+            mountpoint,
+            data,
+            json,
+            repair,
+        } => fsck::run(mountpoint.as_deref(), data.as_deref(), json, repair),
     }
 }
 

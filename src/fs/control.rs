@@ -95,6 +95,13 @@ fn answer(core: &Arc<Core>, mnt: &Path, req: &Value) -> Value {
                 },
             }
         }
+        "fsck" => {
+            let repair = req["repair"].as_bool().unwrap_or(false);
+            match core.fsck(repair) {
+                Ok(r) => json!({ "report": r }),
+                Err(e) => json!({"error": e}),
+            }
+        }
         other => json!({"error": format!("unknown op '{other}'")}),
     }
 }

@@ -633,6 +633,32 @@ impl Core {
         Ok(n)
     }
 
+    /// Block ids of files being written (never repaired under a writer).
+    pub fn busy_blocks(&self, live: &std::collections::HashSet<u64>) -> std::collections::HashSet<u64> {
+        live.iter()
+            .filter_map(|ino| self.meta.blocks(*ino).ok())
+            .flatten()
+            .map(|b| b.block_id)
+            .collect()
+    }
+
+    /// An online fsck against the running daemon's view.
+    pub fn fsck(&self, repair: bool) -> Result<crate::fsck::Report, String> {
+        let live: std::collections::HashSet<u64> = self.leases.list().into_iter().map(|l| l.file).collect();
+        let busy = self.busy_blocks(&live);
+        crate::fsck::run(&crate::fsck::Check {
+            meta: &self.meta,
+            dns: &self.dns,
+            repair,
+            live_leases: live,
+            busy_blocks: busy,
+            progress: false,
+            deep: true,
+            suspect: Default::default(),
+            orphans: true,
+        })
+    }
+
     pub fn stream_stats_json(&self, ino: u64) -> Option<String> {
         self.stream_of(ino)
             .and_then(|s| serde_json::to_string(&s.stats()).ok())

@@ -80,6 +80,7 @@ impl Daemon {
             spec.opts.test_slow_datanode,
         )?);
         dns.heartbeat();
+        meta.set_datanodes(&spec.datanodes, spec.replication)?;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .max_blocking_threads(1024)
@@ -132,6 +133,10 @@ impl Daemon {
         });
         // Datanode heartbeats: storage liveness only, never writer liveness.
         self.every("dn-heartbeat", HEARTBEAT, |core| core.dns.heartbeat());
+        // Leader-only housekeeping; a lone daemon leads its namespace.
+        let hk = Arc::new(crate::housekeeping::Housekeeper::new());
+        hk.take("sole daemon of this data directory");
+        self.every("housekeeping", crate::housekeeping::PERIOD, move |core| hk.round(core));
         // A waiting open whose process got a signal gets EINTR.
         self.every("interrupts", INTERRUPT_POLL, |core| {
             for (file, handle, pid) in core.leases.waiting() {

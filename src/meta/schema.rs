@@ -49,6 +49,10 @@ CREATE TABLE IF NOT EXISTS under_construction(
   mount_id TEXT NOT NULL,
   since_ms INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS datanodes(
+  idx INTEGER PRIMARY KEY,
+  path TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS counters(
   name TEXT PRIMARY KEY,
   value INTEGER NOT NULL

@@ -773,6 +773,44 @@ impl MetaStore {
         })
     }
 
+    /// Records the datanode directories of this mount, so that offline
+    /// tools (`fsck --data`) find them.
+    pub fn set_datanodes(&self, dirs: &[std::path::PathBuf], replication: usize) -> FsResult<()> {
+        self.with_tx(|tx| {
+            tx.execute(
+                "INSERT OR REPLACE INTO counters VALUES('replication', ?1)",
+                [replication as i64],
+            )?;
+            tx.execute("DELETE FROM datanodes", [])?;
+            for (i, d) in dirs.iter().enumerate() {
+                tx.execute(
+                    "INSERT INTO datanodes VALUES(?1, ?2)",
+                    params![i as i64, d.to_string_lossy()],
+                )?;
+            }
+            Ok(())
+        })
+    }
+
+    /// The replication factor of the last mount, if recorded.
+    pub fn replication(&self) -> FsResult<Option<usize>> {
+        let c = lock(&self.conn);
+        Ok(c.query_row("SELECT value FROM counters WHERE name = 'replication'", [], |r| r.get::<_, i64>(0))
+            .optional()?
+            .map(|v| v as usize))
+    }
+
+    pub fn datanodes(&self) -> FsResult<Vec<std::path::PathBuf>> {
+        let c = lock(&self.conn);
+        let mut st = c.prepare("SELECT path FROM datanodes ORDER BY idx")?;
+        let rows = st.query_map([], |r| r.get::<_, String>(0))?;
+        Ok(rows
+            .collect::<Result<Vec<_>, _>>()?
+            .into_iter()
+            .map(std::path::PathBuf::from)
+            .collect())
+    }
+
     /// Totals for statfs: (files, bytes).
     pub fn usage(&self) -> FsResult<(u64, u64)> {
         let c = lock(&self.conn);

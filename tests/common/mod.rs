@@ -244,3 +244,283 @@ pub fn wait_until(max: Duration, mut f: impl FnMut() -> bool) -> bool {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+// ---- helpers of the lease tests --------------------------------------------
+
+/// The real python3 interpreter (not a pyenv shim), so that the pid of the
+/// process we spawn is the pid the daemon sees, and startup is quick.
+pub fn python() -> PathBuf {
+    static PY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PY.get_or_init(|| {
+        let o = Command::new("python3")
+            .args(["-c", "import sys; print(sys.executable)"])
+            .output()
+            .expect("python3 is needed by the lease tests");
+        PathBuf::from(String::from_utf8_lossy(&o.stdout).trim())
+    })
+    .clone()
+}
+
+/// Runs a python3 script to completion with the mount as working directory.
+pub fn py_run(cwd: &Path, script: &str, args: &[&str]) -> Output {
+    Command::new(python())
+        .arg("-c")
+        .arg(script)
+        .args(args)
+        .current_dir(cwd)
+        .output()
+        .expect("run python3")
+}
+
+/// What an [`Agent`] runs: one command per line on stdin, one answer per
+/// line on stdout, `ok ...` or `err ERRNO_NAME MS`. It holds at most one fd.
+/// Commands: `open PATH FLAGS` (r w x=rdwr a c t n=nonblock), `write TEXT`
+/// (TEXT and a newline), `rep N TEXT` (N times TEXT and a newline),
+/// `fill N CHAR`, `fsync`, `close`, `ioctl CMD`, `epoch` (IOC_EPOCH), `exit`.
+const AGENT_PY: &str = r#"
+import errno, fcntl, os, signal, struct, sys, time
+if "dfl" in sys.argv[1:]:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+FLAGS = {"r": os.O_RDONLY, "w": os.O_WRONLY, "x": os.O_RDWR, "a": os.O_APPEND,
+         "c": os.O_CREAT, "t": os.O_TRUNC, "n": os.O_NONBLOCK}
+fd = None
+def say(s):
+    sys.stdout.write(s + "\n")
+    sys.stdout.flush()
+say("ready %d" % os.getpid())
+while True:
+    line = sys.stdin.readline()
+    if not line:
+        break
+    cmd, _, arg = line.rstrip("\n").partition(" ")
+    t0 = time.monotonic()
+    ms = lambda: int((time.monotonic() - t0) * 1000)
+    try:
+        if cmd == "open":
+            path, _, fl = arg.rpartition(" ")
+            flags = 0
+            for c in fl:
+                flags |= FLAGS[c]
+            fd = os.open(path, flags, 0o644)
+            say("ok %d" % ms())
+        elif cmd == "write":
+            say("ok %d" % os.write(fd, (arg + "\n").encode()))
+        elif cmd == "rep":
+            n, _, text = arg.partition(" ")
+            data = (text + "\n").encode() * int(n)
+            while data:
+                data = data[os.write(fd, data):]
+            say("ok")
+        elif cmd == "fill":
+            n, ch = arg.split(" ")
+            n = int(n)
+            chunk = ch.encode() * 65536
+            while n > 0:
+                n -= os.write(fd, chunk[:min(n, 65536)])
+            say("ok")
+        elif cmd == "fsync":
+            os.fsync(fd)
+            say("ok %d" % ms())
+        elif cmd == "close":
+            f, fd = fd, None
+            os.close(f)
+            say("ok %d" % ms())
+        elif cmd == "ioctl":
+            fcntl.ioctl(fd, int(arg, 0))
+            say("ok")
+        elif cmd == "epoch":
+            b = fcntl.ioctl(fd, 0x80084C03, bytes(8))
+            say("ok %d" % struct.unpack("<Q", b)[0])
+        elif cmd == "exit":
+            say("ok")
+            break
+        else:
+            say("err EINVAL unknown command " + cmd)
+    except OSError as e:
+        say("err %s %d" % (errno.errorcode.get(e.errno, str(e.errno)), ms()))
+    except KeyboardInterrupt:
+        say("err EINTR %d" % ms())
+"#;
+
+/// A python3 process the test drives line by line, standing for one
+/// writer or reader program. Killed (by its pid) when dropped.
+pub struct Agent {
+    pub pid: u32,
+    child: std::process::Child,
+    stdin: Option<std::process::ChildStdin>,
+    rx: std::sync::mpsc::Receiver<String>,
+    stderr: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl Agent {
+    /// An agent working in `cwd` (usually the mountpoint).
+    pub fn spawn(cwd: &Path) -> Agent {
+        Self::spawn_with(cwd, &[])
+    }
+
+    /// `args`: "dfl" gives SIGINT its default action (the process dies)
+    /// instead of python's KeyboardInterrupt.
+    pub fn spawn_with(cwd: &Path, args: &[&str]) -> Agent {
+        use std::io::{BufRead, Read};
+        use std::process::Stdio;
+        let mut child = Command::new(python())
+            .arg("-c")
+            .arg(AGENT_PY)
+            .args(args)
+            .current_dir(cwd)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn python3 agent");
+        let pid = child.id();
+        let out = child.stdout.take().expect("stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(out).lines() {
+                let Ok(l) = line else { break };
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        let stderr = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let mut err = child.stderr.take().expect("stderr");
+        let sink = stderr.clone();
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = err.read_to_string(&mut s);
+            sink.lock().unwrap().push_str(&s);
+        });
+        let stdin = child.stdin.take();
+        let a = Agent {
+            pid,
+            child,
+            stdin,
+            rx,
+            stderr,
+        };
+        let first = a.reply(Duration::from_secs(20));
+        assert_eq!(first, Some(format!("ready {pid}")), "agent did not start: {}", a.stderr());
+        a
+    }
+
+    /// Sends a command without waiting for its answer.
+    pub fn send(&mut self, line: &str) {
+        use std::io::Write;
+        let stdin = self.stdin.as_mut().expect("agent stdin");
+        writeln!(stdin, "{line}").expect("write to agent");
+        stdin.flush().expect("flush agent stdin");
+    }
+
+    /// The next answer, if one comes within `max`.
+    pub fn reply(&self, max: Duration) -> Option<String> {
+        self.rx.recv_timeout(max).ok()
+    }
+
+    /// Sends a command and returns its answer (waiting up to 30 s).
+    pub fn cmd(&mut self, line: &str) -> String {
+        self.send(line);
+        match self.reply(Duration::from_secs(30)) {
+            Some(r) => r,
+            None => panic!("agent {} gave no answer to `{line}`: {}", self.pid, self.stderr()),
+        }
+    }
+
+    /// As `cmd`, asserting an `ok` answer; returns what follows `ok`.
+    pub fn ok(&mut self, line: &str) -> String {
+        let r = self.cmd(line);
+        assert!(r.starts_with("ok"), "agent {}: `{line}` answered `{r}`", self.pid);
+        r.trim_start_matches("ok").trim().to_string()
+    }
+
+    pub fn signal(&self, sig: i32) {
+        kill(self.pid, sig);
+    }
+
+    /// Waits for the process to end (reaping it).
+    pub fn wait_exit(&mut self, max: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + max;
+        loop {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return Some(st);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            kill(self.pid, libc::SIGCONT);
+            kill(self.pid, libc::SIGKILL);
+        }
+        drop(self.stdin.take());
+        let _ = self.child.wait();
+    }
+}
+
+/// The errno name of an agent's `err NAME MS` answer.
+pub fn err_name(reply: &str) -> Option<&str> {
+    reply.strip_prefix("err ").and_then(|r| r.split(' ').next())
+}
+
+/// The milliseconds an agent's `ok MS` / `err NAME MS` answer reports.
+pub fn reply_ms(reply: &str) -> u64 {
+    reply.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or(u64::MAX)
+}
+
+/// `/proc/PID/comm`, the name the daemon records for a holder.
+pub fn comm_of(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+pub fn hostname() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+impl Mount {
+    /// `user.leasefs.lease` parsed.
+    pub fn lease(&self, rel: &str) -> serde_json::Value {
+        let s = self
+            .xattr(rel, "user.leasefs.lease")
+            .unwrap_or_else(|| panic!("no user.leasefs.lease on {rel}"));
+        serde_json::from_str(s.trim()).unwrap_or_else(|e| panic!("bad lease JSON `{s}`: {e}"))
+    }
+
+    /// `user.leasefs.lease`'s `state`.
+    pub fn lease_state(&self, rel: &str) -> String {
+        self.lease(rel)["state"].as_str().unwrap_or("?").to_string()
+    }
+
+    /// `user.leasefs.epoch`.
+    pub fn epoch(&self, rel: &str) -> u64 {
+        let s = self
+            .xattr(rel, "user.leasefs.epoch")
+            .unwrap_or_else(|| panic!("no user.leasefs.epoch on {rel}"));
+        s.trim().parse().unwrap_or_else(|e| panic!("bad epoch `{s}`: {e}"))
+    }
+
+    /// The file's bytes, read through the mount.
+    pub fn read(&self, rel: &str) -> Vec<u8> {
+        std::fs::read(self.path(rel)).unwrap_or_else(|e| panic!("read {rel}: {e}"))
+    }
+
+    pub fn read_string(&self, rel: &str) -> String {
+        String::from_utf8_lossy(&self.read(rel)).into_owned()
+    }
+}

@@ -1,0 +1,76 @@
+//! `leasefs fsck (MOUNTPOINT | --data DIR) [--json] [--repair]`.
+//! Exit codes: 0 healthy (with --repair: everything found was repaired),
+//! 1 problems remain, 2 could not run.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use serde_json::json;
+
+use super::client::{ask, find_mount};
+use super::fail;
+use crate::fsck::{self, Check, Report};
+use crate::meta::MetaStore;
+use crate::pipeline::Datanodes;
+
+pub fn run(mountpoint: Option<&Path>, data: Option<&Path>, as_json: bool, repair: bool) -> ExitCode {
+    let report = match (mountpoint, data) {
+        (Some(m), None) => online(m, repair),
+        (None, Some(d)) => offline(d, repair),
+        _ => Err("give a mountpoint or --data DIR".to_string()),
+    };
+    let report = match report {
+        Ok(r) => r,
+        Err(e) => return fail(2, e),
+    };
+    if as_json {
+        println!("{}", serde_json::to_string(&report).unwrap_or_else(|_| "{}".into()));
+    } else {
+        for f in &report.open_for_write {
+            let what = if f.live { "OPENFORWRITE" } else { "LEFT OPEN" };
+            println!("{}: {what} by {} ({}), epoch {}", f.path, f.holder, f.comm, f.epoch);
+        }
+        for p in &report.problems {
+            let fixed = if p.repaired { " [repaired]" } else { "" };
+            let block = p.block.map(|b| format!(" block {b}")).unwrap_or_default();
+            let dn = p.datanode.map(|d| format!(" datanode {d}")).unwrap_or_default();
+            println!("{}:{block}{dn} {:?}: {}{fixed}", p.path, p.kind, p.detail);
+        }
+        println!("{}", report.summary());
+    }
+    ExitCode::from(report.exit_code())
+}
+
+fn online(m: &Path, repair: bool) -> Result<Report, String> {
+    let (mp, _) = find_mount(m)?;
+    let v = ask(&mp, json!({"op": "fsck", "repair": repair}))?;
+    serde_json::from_value(v["report"].clone()).map_err(|e| format!("bad fsck answer from the daemon: {e}"))
+}
+
+fn offline(data: &Path, repair: bool) -> Result<Report, String> {
+    let db = data.join("meta.db");
+    if !db.exists() {
+        return Err(format!("{} holds no leasefs metadata", data.display()));
+    }
+    let _lock = crate::fs::daemon::lock_data_dir(data)
+        .map_err(|e| format!("{e}; run fsck on its mountpoint instead"))?;
+    let meta = MetaStore::open(&db, 0, 0).map_err(|e| e.to_string())?;
+    let dirs = meta.datanodes().map_err(|e| e.to_string())?;
+    if dirs.is_empty() {
+        return Err(format!("{} records no datanodes", data.display()));
+    }
+    let replication = meta.replication().map_err(|e| e.to_string())?.unwrap_or(dirs.len().min(3));
+    let dns = Datanodes::open(&dirs, replication, None).map_err(|e| e.to_string())?;
+    dns.heartbeat();
+    fsck::run(&Check {
+        meta: &meta,
+        dns: &dns,
+        repair,
+        live_leases: Default::default(),
+        busy_blocks: Default::default(),
+        progress: true,
+        deep: true,
+        suspect: Default::default(),
+        orphans: true,
+    })
+}

@@ -1,0 +1,372 @@
+//! `fsck`: verifies every block's replicas (present, generation stamp,
+//! length, checksums), replication, files left open and stray replica
+//! files, and optionally repairs what it can. Shared by the daemon (online,
+//! through the control socket) and the offline `fsck --data DIR`.
+
+use std::collections::{HashMap, HashSet};
+use std::io::{IsTerminal, Write};
+use std::time::{Duration, SystemTime};
+
+use serde::{Deserialize, Serialize};
+
+use crate::meta::{BlockRow, MetaStore};
+use crate::pipeline::Datanodes;
+use crate::storage::datanode::ReplicaState;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProblemKind {
+    MissingReplica,
+    StaleReplica,
+    CorruptReplica,
+    BadLength,
+    UnderReplicated,
+    MissingBlock,
+    LeftOpen,
+    OrphanReplica,
+    DeadDatanode,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Problem {
+    pub kind: ProblemKind,
+    pub path: String,
+    pub block: Option<u64>,
+    pub datanode: Option<usize>,
+    pub detail: String,
+    pub repaired: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OpenFile {
+    pub path: String,
+    pub holder: String,
+    pub comm: String,
+    pub epoch: u64,
+    /// A live lease exists (online check only): the file is being written,
+    /// not left open.
+    pub live: bool,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Report {
+    pub files: u64,
+    pub blocks: u64,
+    pub replicas: u64,
+    pub replication: usize,
+    pub datanodes_alive: usize,
+    pub datanodes: usize,
+    pub open_for_write: Vec<OpenFile>,
+    pub problems: Vec<Problem>,
+}
+
+impl Report {
+    /// 0 healthy (or everything repaired), 1 problems remain.
+    pub fn exit_code(&self) -> u8 {
+        if self.problems.iter().all(|p| p.repaired) { 0 } else { 1 }
+    }
+
+    pub fn summary(&self) -> String {
+        let open = self.problems.iter().filter(|p| !p.repaired).count();
+        let fixed = self.problems.len() - open;
+        let status = if open == 0 { "HEALTHY" } else { "CORRUPT" };
+        format!(
+            "Status: {status}\n Files: {}\n Blocks: {}\n Replicas: {}\n Replication: {}\n Datanodes alive: {}/{}\n Open for write: {}\n Problems: {} ({} repaired)",
+            self.files,
+            self.blocks,
+            self.replicas,
+            self.replication,
+            self.datanodes_alive,
+            self.datanodes,
+            self.open_for_write.len(),
+            self.problems.len(),
+            fixed
+        )
+    }
+}
+
+/// How new an unreferenced rbw replica may be before it counts as an
+/// orphan: a writer creates replica files just before recording the block.
+pub const ORPHAN_GRACE: Duration = Duration::from_secs(600);
+
+/// Options of one run.
+pub struct Check<'a> {
+    pub meta: &'a MetaStore,
+    pub dns: &'a Datanodes,
+    pub repair: bool,
+    /// Files with a live lease (online); offline every open file is left open.
+    pub live_leases: HashSet<u64>,
+    /// Blocks being written right now (never touched by repair).
+    pub busy_blocks: HashSet<u64>,
+    pub progress: bool,
+    /// Verify every checksum (fsck); housekeeping verifies only `suspect`
+    /// replicas (reported by reads) and checks the rest by presence,
+    /// generation stamp and length.
+    pub deep: bool,
+    pub suspect: HashSet<(u64, usize)>,
+    /// Also delete unreferenced replica files.
+    pub orphans: bool,
+}
+
+struct Progress {
+    on: bool,
+    total: usize,
+    done: usize,
+}
+
+impl Progress {
+    fn tick(&mut self) {
+        self.done += 1;
+        if self.on && (self.done % 64 == 0 || self.done == self.total) {
+            let width = 30;
+            let filled = width * self.done / self.total.max(1);
+            eprint!(
+                "\r[{}{}] {}/{} blocks",
+                "#".repeat(filled),
+                " ".repeat(width - filled),
+                self.done,
+                self.total
+            );
+            let _ = std::io::stderr().flush();
+            if self.done == self.total {
+                eprintln!();
+            }
+        }
+    }
+}
+
+pub fn run(c: &Check<'_>) -> Result<Report, String> {
+    let mut r = Report {
+        replication: c.dns.replication,
+        datanodes: c.dns.len(),
+        datanodes_alive: (0..c.dns.len()).filter(|i| c.dns.is_alive(*i)).count(),
+        ..Report::default()
+    };
+    for i in 0..c.dns.len() {
+        if !c.dns.is_alive(i) {
+            r.problems.push(Problem {
+                kind: ProblemKind::DeadDatanode,
+                path: c.dns.get(i).map(|d| d.root.display().to_string()).unwrap_or_default(),
+                block: None,
+                datanode: Some(i),
+                detail: "datanode failed its heartbeat".into(),
+                repaired: false,
+            });
+        }
+    }
+    let (files, _) = c.meta.usage().map_err(|e| e.to_string())?;
+    r.files = files;
+    let blocks = c.meta.all_blocks().map_err(|e| e.to_string())?;
+    r.blocks = blocks.len() as u64;
+    let mut progress = Progress {
+        on: c.progress && std::io::stderr().is_terminal(),
+        total: blocks.len(),
+        done: 0,
+    };
+    let mut paths: HashMap<u64, String> = HashMap::new();
+    for b in &blocks {
+        let path = paths.entry(b.ino).or_insert_with(|| c.meta.path_of(b.ino)).clone();
+        check_block(c, b, &path, &mut r);
+        progress.tick();
+    }
+    for uc in c.meta.list_uc().map_err(|e| e.to_string())? {
+        let path = c.meta.path_of(uc.ino);
+        let live = c.live_leases.contains(&uc.ino);
+        r.open_for_write.push(OpenFile {
+            path: path.clone(),
+            holder: uc.holder.clone(),
+            comm: uc.comm.clone(),
+            epoch: uc.epoch,
+            live,
+        });
+        if !live {
+            let mut p = Problem {
+                kind: ProblemKind::LeftOpen,
+                path,
+                block: None,
+                datanode: None,
+                detail: format!("under construction by {} ({}) with no live lease", uc.holder, uc.comm),
+                repaired: false,
+            };
+            if c.repair {
+                match crate::pipeline::recovery::recover_file(c.meta, c.dns, uc.ino) {
+                    Ok(_) => p.repaired = true,
+                    Err(e) => p.detail.push_str(&format!("; recovery failed: {e}")),
+                }
+            }
+            r.problems.push(p);
+        }
+    }
+    if c.orphans {
+        orphans(c, &blocks, &mut r);
+    }
+    Ok(r)
+}
+
+fn check_block(c: &Check<'_>, b: &BlockRow, path: &str, r: &mut Report) {
+    let mut good = Vec::new();
+    let mut bad = Vec::new();
+    for &dn in &b.replicas {
+        r.replicas += 1;
+        let Some(node) = c.dns.get(dn) else {
+            bad.push((dn, ProblemKind::MissingReplica, format!("datanode {dn} is not configured")));
+            continue;
+        };
+        if !c.dns.is_alive(dn) {
+            bad.push((dn, ProblemKind::MissingReplica, "datanode is dead".into()));
+            continue;
+        }
+        let info = match node.find(b.block_id) {
+            None => {
+                bad.push((dn, ProblemKind::MissingReplica, "no replica files".into()));
+                continue;
+            }
+            Some(i) => i,
+        };
+        if info.gs != b.gs {
+            bad.push((dn, ProblemKind::StaleReplica, format!("generation stamp {} (expected {})", info.gs, b.gs)));
+            continue;
+        }
+        if !b.finalized {
+            // Being written or left open: its length is settled by recovery.
+            good.push(dn);
+            continue;
+        }
+        if info.data_len != b.len {
+            bad.push((dn, ProblemKind::BadLength, format!("length {} (expected {})", info.data_len, b.len)));
+            continue;
+        }
+        if !c.deep && !c.suspect.contains(&(b.block_id, dn)) {
+            good.push(dn);
+            continue;
+        }
+        match node.valid_prefix(b.block_id, b.gs) {
+            Ok(n) if n >= b.len => good.push(dn),
+            Ok(n) => bad.push((dn, ProblemKind::CorruptReplica, format!("checksum mismatch at byte {n}"))),
+            Err(e) => bad.push((dn, ProblemKind::CorruptReplica, e.to_string())),
+        }
+    }
+    let repairable = c.repair && b.finalized && !c.busy_blocks.contains(&b.block_id);
+    let mut row = b.clone();
+    for (dn, kind, detail) in bad {
+        let mut repaired = false;
+        if repairable && !good.is_empty() {
+            if let Some(node) = c.dns.get(dn)
+                && c.dns.is_alive(dn)
+            {
+                let _ = node.delete(b.block_id);
+            }
+            row.replicas.retain(|d| *d != dn);
+            repaired = true;
+        }
+        r.problems.push(Problem {
+            kind,
+            path: path.to_string(),
+            block: Some(b.block_id),
+            datanode: Some(dn),
+            detail,
+            repaired,
+        });
+    }
+    if good.is_empty() {
+        r.problems.push(Problem {
+            kind: ProblemKind::MissingBlock,
+            path: path.to_string(),
+            block: Some(b.block_id),
+            datanode: None,
+            detail: "no good replica left".into(),
+            repaired: false,
+        });
+        return;
+    }
+    let want = c.dns.replication;
+    if good.len() < want {
+        let mut p = Problem {
+            kind: ProblemKind::UnderReplicated,
+            path: path.to_string(),
+            block: Some(b.block_id),
+            datanode: None,
+            detail: format!("{} of {} replicas", good.len(), want),
+            repaired: false,
+        };
+        if repairable {
+            let added = replicate(c.dns, &row, &good, want);
+            let mut now: Vec<usize> = good.clone();
+            now.extend(&added);
+            row.replicas = now.clone();
+            p.repaired = now.len() >= want;
+            if !p.repaired {
+                p.detail.push_str(&format!("; only {} datanodes could take a copy", now.len()));
+            }
+        }
+        r.problems.push(p);
+    }
+    if row.replicas != b.replicas
+        && let Err(e) = c.meta.tx(|tx| MetaStore::put_block(tx, &row))
+    {
+        tracing::error!(block = b.block_id, "cannot record repaired replicas: {e}");
+    }
+}
+
+/// Copies a finalized block from a good replica to live datanodes that do
+/// not hold it until there are `want`; returns the datanodes added.
+pub fn replicate(dns: &Datanodes, b: &BlockRow, good: &[usize], want: usize) -> Vec<usize> {
+    let mut added = Vec::new();
+    let Some(src) = good.first().and_then(|d| dns.get(*d)) else {
+        return added;
+    };
+    let need = want.saturating_sub(good.len());
+    for dn in dns.choose(dns.len(), good) {
+        if added.len() >= need {
+            break;
+        }
+        let Some(dst) = dns.get(dn) else { continue };
+        match dst.copy_replica_from(src, b.block_id, b.gs, b.len, ReplicaState::Finalized) {
+            Ok(()) => {
+                tracing::info!(block = b.block_id, datanode = dn, "block re-replicated");
+                added.push(dn);
+            }
+            Err(e) => tracing::warn!(block = b.block_id, datanode = dn, "re-replication failed: {e}"),
+        }
+    }
+    added
+}
+
+/// Replica files that no block references.
+fn orphans(c: &Check<'_>, blocks: &[BlockRow], r: &mut Report) {
+    let known: HashMap<u64, &BlockRow> = blocks.iter().map(|b| (b.block_id, b)).collect();
+    for i in 0..c.dns.len() {
+        let Some(node) = c.dns.get(i) else { continue };
+        if !c.dns.is_alive(i) {
+            continue;
+        }
+        let Ok(list) = node.list() else { continue };
+        for info in list {
+            let referenced = known.get(&info.block).is_some_and(|b| b.replicas.contains(&i));
+            if referenced || c.busy_blocks.contains(&info.block) {
+                continue;
+            }
+            let young = info.state == ReplicaState::Rbw
+                && std::fs::metadata(&info.data_path)
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| SystemTime::now().duration_since(t).ok())
+                    .is_some_and(|age| age < ORPHAN_GRACE);
+            if young {
+                continue;
+            }
+            let mut p = Problem {
+                kind: ProblemKind::OrphanReplica,
+                path: info.data_path.display().to_string(),
+                block: Some(info.block),
+                datanode: Some(i),
+                detail: "replica of no file".into(),
+                repaired: false,
+            };
+            if c.repair {
+                p.repaired = node.delete(info.block).is_ok();
+            }
+            r.problems.push(p);
+        }
+    }
+}

@@ -1,0 +1,88 @@
+//! leasefs' own housekeeping, structured as leader-only tasks: only the
+//! daemon that holds housekeeping leadership runs them (with one daemon
+//! per namespace, that daemon; with several, the elected one), and each
+//! take/lose of leadership is logged as an event.
+//!
+//! Tasks: re-replication of under-replicated or corrupt finalized blocks,
+//! recovery of files left under construction with no live lease, and
+//! removal of replica files that no file references (after a grace period).
+//! Lease expiry itself stays with each daemon's lease monitor, because the
+//! embedded lease manager is local to its daemon.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use crate::fs::Core;
+use crate::fsck::{self, Check};
+use crate::sync::{Arc, AtomicBool, Ordering};
+
+/// How often the tasks run.
+pub const PERIOD: Duration = Duration::from_secs(30);
+
+pub struct Housekeeper {
+    leader: AtomicBool,
+}
+
+impl Default for Housekeeper {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Housekeeper {
+    pub fn new() -> Self {
+        Housekeeper {
+            leader: AtomicBool::new(false),
+        }
+    }
+
+    pub fn is_leader(&self) -> bool {
+        self.leader.load(Ordering::Relaxed)
+    }
+
+    /// takeLeadership: tasks run from the next round on.
+    pub fn take(&self, why: &str) {
+        if !self.leader.swap(true, Ordering::Relaxed) {
+            tracing::info!(event = "take", "housekeeping leadership taken: {why}");
+        }
+    }
+
+    /// loseLeadership: tasks stop before the next round.
+    pub fn lose(&self, why: &str) {
+        if self.leader.swap(false, Ordering::Relaxed) {
+            tracing::warn!(event = "lose", "housekeeping leadership lost: {why}");
+        }
+    }
+
+    /// One round of every task, if this daemon leads.
+    pub fn round(&self, core: &Arc<Core>) {
+        if !self.is_leader() {
+            return;
+        }
+        let live: HashSet<u64> = core.leases.list().into_iter().map(|l| l.file).collect();
+        let busy = core.busy_blocks(&live);
+        let suspect: HashSet<(u64, usize)> = core.bad.list().into_iter().collect();
+        let c = Check {
+            meta: &core.meta,
+            dns: &core.dns,
+            repair: true,
+            live_leases: live,
+            busy_blocks: busy,
+            progress: false,
+            deep: false,
+            suspect: suspect.clone(),
+            orphans: true,
+        };
+        match fsck::run(&c) {
+            Ok(r) => {
+                for p in r.problems.iter().filter(|p| p.repaired) {
+                    tracing::info!(kind = ?p.kind, path = %p.path, block = ?p.block, "housekeeping repaired: {}", p.detail);
+                }
+                for (b, dn) in suspect {
+                    core.bad.clear(b, dn);
+                }
+            }
+            Err(e) => tracing::error!("housekeeping round failed: {e}"),
+        }
+    }
+}

@@ -1,0 +1,308 @@
+//! Opening under the write lease (DESIGN §1 "Opening", "Details of the
+//! contract"): one writer per file, `EBUSY` at once for a second writer,
+//! readers never gated, close-then-reopen never refused, leases per file.
+
+mod common;
+use common::*;
+
+use std::time::{Duration, Instant};
+
+#[test]
+fn second_writer_gets_ebusy_at_once_while_first_holds() {
+    let m = Mount::new();
+    let mut holder = Agent::spawn(&m.mnt);
+    holder.ok("open f wac");
+    holder.ok("write held");
+    holder.ok("fsync");
+
+    let mut other = Agent::spawn(&m.mnt);
+    for flags in ["wa", "w", "x", "wt", "xa", "wc"] {
+        let r = other.cmd(&format!("open f {flags}"));
+        assert_eq!(err_name(&r), Some("EBUSY"), "open(f, {flags}) by a second writer: {r}");
+        assert!(reply_ms(&r) < 500, "EBUSY must come at once, took {r}");
+    }
+    // The shell's view of the same rule; O_TRUNC by a non-holder cuts nothing.
+    let o = m.sh("echo x >> f");
+    assert!(!o.status.success(), "append by a second writer succeeded");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("busy"),
+        "expected EBUSY, got {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(!m.sh(": > f").status.success(), "truncating open by a second writer succeeded");
+    assert_eq!(m.read_string("f"), "held\n", "a refused writer changed the file");
+
+    // Still refused a second later (EBUSY is not a transient race).
+    std::thread::sleep(Duration::from_secs(1));
+    let r = other.cmd("open f wa");
+    assert_eq!(err_name(&r), Some("EBUSY"), "{r}");
+
+    // Once the holder is gone, the other writer gets it.
+    holder.ok("close");
+    let r = other.cmd("open f wa");
+    assert!(r.starts_with("ok"), "open after the holder closed: {r}");
+    other.ok("write second");
+    other.ok("close");
+    assert_eq!(m.read_string("f"), "held\nsecond\n");
+}
+
+#[test]
+fn readers_are_never_refused_or_delayed_by_a_writer() {
+    let m = Mount::new();
+    let mut holder = Agent::spawn(&m.mnt);
+    holder.ok("open f wac");
+    holder.ok("write visible");
+    holder.ok("fsync");
+    holder.ok("write buffered"); // not flushed: the writer is mid-stream
+
+    let t = Instant::now();
+    let out = m.sh_ok("cat f");
+    assert!(t.elapsed() < Duration::from_secs(1), "cat took {:?}", t.elapsed());
+    assert!(out.starts_with("visible\n"), "cat read {out:?}");
+
+    let mut reader = Agent::spawn(&m.mnt);
+    for flags in ["r", "rn"] {
+        let r = reader.cmd(&format!("open f {flags}"));
+        assert!(r.starts_with("ok"), "O_RDONLY open refused: {r}");
+        assert!(reply_ms(&r) < 500, "O_RDONLY open delayed: {r}");
+        reader.ok("close");
+    }
+
+    // Many readers at once, while the writer still holds the file.
+    let t = Instant::now();
+    m.sh_ok("for i in $(seq 20); do cat f > /dev/null & done; wait; head -c 8 f; stat f > /dev/null");
+    assert!(t.elapsed() < Duration::from_secs(3), "20 readers took {:?}", t.elapsed());
+    assert_eq!(m.lease_state("f"), "held");
+    holder.ok("close");
+    assert_eq!(m.read_string("f"), "visible\nbuffered\n");
+}
+
+#[test]
+fn close_then_reopen_never_fails_spuriously() {
+    let m = Mount::new();
+    let t = Instant::now();
+    m.sh_ok("set -e; for i in $(seq 200); do echo $i >> f; done");
+    let want: String = (1..=200).map(|i| format!("{i}\n")).collect();
+    assert_eq!(m.read_string("f"), want, "200 appends");
+
+    m.sh_ok("set -e; for i in $(seq 100); do echo a > g; echo b >> g; done");
+    assert_eq!(m.read_string("g"), "a\nb\n");
+
+    // Each append by a new process: the previous one's RELEASE races with
+    // the next open.
+    m.sh_ok("set -e; for i in $(seq 100); do /bin/echo $i >> h; done");
+    let want: String = (1..=100).map(|i| format!("{i}\n")).collect();
+    assert_eq!(m.read_string("h"), want, "100 appends by separate processes");
+    assert!(t.elapsed() < Duration::from_secs(30), "took {:?}", t.elapsed());
+}
+
+/// Each writer waits for a shared start time, then opens for append,
+/// writes 1 MiB of its own two-digit id in 64 KiB writes and closes.
+const RACER_PY: &str = r#"
+import errno, os, sys, time
+path, wid, start = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+chunk = (b"%02d" % wid) * 32768
+time.sleep(max(0.0, start - time.time()))
+try:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+except OSError as e:
+    print("err", errno.errorcode.get(e.errno, e.errno))
+    sys.exit(0)
+t_open = time.monotonic()
+for _ in range(16):
+    os.write(fd, chunk)
+t_close = time.monotonic()
+os.close(fd)
+print("ok %d %.6f %.6f" % (wid, t_open, t_close))
+"#;
+
+#[test]
+fn racing_writers_hold_one_at_a_time_and_never_interleave() {
+    const WRITERS: usize = 8;
+    const MIB: usize = 1 << 20;
+    let m = Mount::new();
+    let mut refused = 0;
+    for round in 0..5 {
+        let path = format!("race{round}");
+        let start = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64()
+            + 1.0;
+        let start = format!("{start:.6}");
+        let children: Vec<_> = (0..WRITERS)
+            .map(|w| {
+                std::process::Command::new(python())
+                    .arg("-c")
+                    .arg(RACER_PY)
+                    .args([path.as_str(), &w.to_string(), &start])
+                    .current_dir(&m.mnt)
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .expect("spawn racer")
+            })
+            .collect();
+        // (writer, opened, started closing)
+        let mut held: Vec<(usize, f64, f64)> = Vec::new();
+        let mut busy = 0;
+        for c in children {
+            let o = c.wait_with_output().expect("racer");
+            let out = String::from_utf8_lossy(&o.stdout).trim().to_string();
+            assert!(o.status.success(), "racer failed: {out} {}", String::from_utf8_lossy(&o.stderr));
+            let f: Vec<&str> = out.split(' ').collect();
+            match f.as_slice() {
+                ["ok", w, a, b] => held.push((w.parse().unwrap(), a.parse().unwrap(), b.parse().unwrap())),
+                ["err", "EBUSY"] => busy += 1,
+                _ => panic!("round {round}: a racer reported `{out}` (only success or EBUSY are allowed)"),
+            }
+        }
+        assert!(!held.is_empty(), "round {round}: every writer got EBUSY");
+        refused += busy;
+        assert_eq!(held.len() + busy, WRITERS);
+        held.sort_by(|a, b| a.1.total_cmp(&b.1));
+        for p in held.windows(2) {
+            assert!(
+                p[1].1 >= p[0].2,
+                "round {round}: writer {} opened at {:.6} while writer {} held the file until {:.6}",
+                p[1].0,
+                p[1].1,
+                p[0].0,
+                p[0].2
+            );
+        }
+        let data = m.read(&path);
+        assert_eq!(data.len(), held.len() * MIB, "round {round}: {} writers got the lease", held.len());
+        for (k, (w, _, _)) in held.iter().enumerate() {
+            let want = format!("{w:02}").repeat(MIB / 2);
+            let got = &data[k * MIB..(k + 1) * MIB];
+            assert!(
+                got == want.as_bytes(),
+                "round {round}: MiB {k} is not writer {w}'s bytes alone (starts {:?})",
+                String::from_utf8_lossy(&got[..16])
+            );
+        }
+    }
+    assert!(refused > 0, "no writer was ever refused: the writers did not race");
+}
+
+/// Forks `n` children that open one file each at the same instant, write,
+/// hold it for a second and close; prints one line per child.
+const HUNDRED_PY: &str = r#"
+import errno, os, sys, time
+n = int(sys.argv[1])
+start = time.monotonic() + 0.5
+pids = []
+for i in range(n):
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(max(0.0, start - time.monotonic()))
+        try:
+            fd = os.open("f%03d" % i, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            opened = time.monotonic()
+            os.write(fd, b"file %d\n" % i)
+            time.sleep(1)
+            closing = time.monotonic()
+            os.close(fd)
+            done = time.monotonic()
+            os.write(1, b"ok %d %.6f %.6f %.6f %.6f\n" % (i, start, opened, closing, done))
+            os._exit(0)
+        except OSError as e:
+            os.write(1, ("err %d %s\n" % (i, errno.errorcode.get(e.errno, e.errno))).encode())
+            os._exit(1)
+    pids.append(pid)
+bad = 0
+for pid in pids:
+    _, st = os.waitpid(pid, 0)
+    bad += st != 0
+sys.exit(1 if bad else 0)
+"#;
+
+#[test]
+fn hundred_writers_on_hundred_files_never_wait_for_each_other() {
+    // With lease_wait a writer that waited for another would show up as
+    // time, not only as EBUSY.
+    let m = Mount::with_o("lease_wait=30");
+    let o = py_run(&m.mnt, HUNDRED_PY, &["100"]);
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "some writer failed:\n{out}{}", String::from_utf8_lossy(&o.stderr));
+    let rows: Vec<Vec<f64>> = out
+        .lines()
+        .map(|l| l.split(' ').skip(1).map(|v| v.parse().unwrap()).collect())
+        .collect();
+    assert_eq!(rows.len(), 100, "{out}");
+    let start = rows[0][1];
+    let last_open = rows.iter().map(|r| r[2]).fold(f64::MIN, f64::max);
+    let first_close = rows.iter().map(|r| r[3]).fold(f64::MAX, f64::min);
+    let end = rows.iter().map(|r| r[4]).fold(f64::MIN, f64::max);
+    assert!(
+        last_open < first_close,
+        "not all 100 leases were held at once: last open at +{:.3}s, first close at +{:.3}s",
+        last_open - start,
+        first_close - start
+    );
+    assert!(end - start < 3.0, "100 one-second writers took {:.3}s in all", end - start);
+    for i in 0..100 {
+        assert_eq!(m.read_string(&format!("f{i:03}")), format!("file {i}\n"));
+    }
+}
+
+/// Streams `path` as it grows: prints every size it sees and saves what it
+/// read to `out`, until it has `total` bytes.
+const FOLLOW_PY: &str = r#"
+import os, sys, time
+path, out, total = sys.argv[1], sys.argv[2], int(sys.argv[3])
+fd = os.open(path, os.O_RDONLY)
+sizes, data = [], bytearray()
+deadline = time.monotonic() + 30
+while len(data) < total and time.monotonic() < deadline:
+    size = os.stat(path).st_size
+    if not sizes or sizes[-1] != size:
+        sizes.append(size)
+    while True:
+        b = os.read(fd, 1 << 20)
+        if not b:
+            break
+        data += b
+    time.sleep(0.01)
+open(out, "wb").write(data)
+print(" ".join(map(str, sizes)))
+"#;
+
+#[test]
+fn reader_sees_visible_length_grow_while_file_is_written() {
+    const CHUNKS: usize = 30;
+    let m = Mount::new();
+    let chunk = |i: usize| format!("{i:07}\n").repeat(2048); // 16 KiB
+    let total = CHUNKS * 16384;
+    let mut w = Agent::spawn(&m.mnt);
+    w.ok("open f wac");
+    w.ok("rep 2048 0000000");
+    w.ok("fsync");
+    let out_path = m.dir.path().join("followed");
+    let reader = std::process::Command::new(python())
+        .arg("-c")
+        .arg(FOLLOW_PY)
+        .args([m.path("f").to_str().unwrap(), out_path.to_str().unwrap(), &total.to_string()])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn reader");
+    for i in 1..CHUNKS {
+        std::thread::sleep(Duration::from_millis(60));
+        w.ok(&format!("rep 2048 {i:07}"));
+        w.ok("fsync");
+    }
+    w.ok("close");
+    let o = reader.wait_with_output().expect("reader");
+    let sizes: Vec<u64> = String::from_utf8_lossy(&o.stdout)
+        .split_whitespace()
+        .map(|v| v.parse().unwrap())
+        .collect();
+    assert!(sizes.windows(2).all(|p| p[0] <= p[1]), "visible size went backwards: {sizes:?}");
+    assert!(sizes.len() >= 5, "the reader saw the size change only {} times: {sizes:?}", sizes.len());
+    assert!(sizes[0] < total as u64, "the reader saw nothing before the writer finished: {sizes:?}");
+    let want: String = (0..CHUNKS).map(chunk).collect();
+    let got = std::fs::read(&out_path).expect("reader output");
+    assert_eq!(got.len(), want.len(), "the reader read {} of {} bytes", got.len(), want.len());
+    assert!(got == want.as_bytes(), "the streamed bytes differ from what was written");
+}
