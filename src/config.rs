@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 /// Every tunable of a mount. Defaults follow HDFS (DESIGN.md §1).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MountOptions {
     pub soft_limit: Duration,
     pub hard_limit: Duration,
@@ -15,6 +15,8 @@ pub struct MountOptions {
     pub max_packets_in_flight: usize,
     /// Test-only fault: (datanode index, delay per packet).
     pub test_slow_datanode: Option<(usize, Duration)>,
+    /// Generic mount flags (`ro`, `noexec`, ...) passed to the kernel.
+    pub kernel_flags: Vec<fuser::MountOption>,
 }
 
 impl Default for MountOptions {
@@ -28,6 +30,7 @@ impl Default for MountOptions {
             packet_size: 64 << 10,
             max_packets_in_flight: 80,
             test_slow_datanode: None,
+            kernel_flags: Vec::new(),
         }
     }
 }
@@ -110,6 +113,15 @@ impl MountOptions {
                     let ms = ms.parse().map_err(|_| bad("bad milliseconds".into()))?;
                     self.test_slow_datanode = Some((dn, Duration::from_millis(ms)));
                 }
+                // Generic mount(8) options: kernel flags are passed on (so
+                // `ro` and `noexec` are enforced), the rest mean nothing to
+                // a FUSE daemon. nosuid and nodev are always in force.
+                "ro" => self.kernel_flags.push(fuser::MountOption::RO),
+                "noexec" => self.kernel_flags.push(fuser::MountOption::NoExec),
+                "noatime" => self.kernel_flags.push(fuser::MountOption::NoAtime),
+                "dirsync" => self.kernel_flags.push(fuser::MountOption::DirSync),
+                "rw" | "exec" | "nosuid" | "nodev" | "atime" | "relatime" | "defaults" | "_netdev"
+                | "nofail" | "auto" | "noauto" | "user" | "users" | "nouser" => {}
                 _ => return Err(OptionError::Unknown(key.to_string())),
             }
         }

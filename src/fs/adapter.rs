@@ -291,10 +291,15 @@ impl Filesystem for Adapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match self.core.read(fh.0, offset, size) {
-            Ok(d) => reply.data(&d),
-            Err(e) => reply.error(errno(&e)),
-        }
+        self.core.read_any(
+            fh.0,
+            offset,
+            size,
+            Box::new(move |r| match r {
+                Ok(d) => reply.data(&d),
+                Err(e) => reply.error(errno(&e)),
+            }),
+        )
     }
 
     fn write(
@@ -420,6 +425,20 @@ impl Filesystem for Adapter {
                 Err(e) => reply.error(errno(&e)),
             }),
         )
+    }
+
+    fn fallocate(
+        &self,
+        req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        self.core
+            .fallocate(fh.0, offset, length, mode, caller(req), Box::new(move |r| empty(reply, r)))
     }
 
     fn ioctl(

@@ -323,6 +323,23 @@ impl Core {
 
     // ---- read / write -------------------------------------------------
 
+    /// Reads through `fh`. Through the writer's own descriptor a read first
+    /// flushes what it wrote (read-your-writes, as on a local filesystem);
+    /// every other reader sees the visible length.
+    pub fn read_any(self: &Arc<Self>, fh: u64, offset: u64, size: u32, reply: Reply<Vec<u8>>) {
+        let h = match self.handle(fh) {
+            Ok(h) => h,
+            Err(e) => return reply(Err(e)),
+        };
+        match h.stream.clone() {
+            Some(s) if s.pos() > s.visible_len() && offset + size as u64 > s.visible_len() => {
+                let me = self.clone();
+                s.flush(Box::new(move |r| reply(r.and_then(|_| me.read(fh, offset, size)))));
+            }
+            _ => reply(self.read(fh, offset, size)),
+        }
+    }
+
     pub fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<Vec<u8>> {
         let h = self.handle(fh)?;
         let inode = self.meta.get(h.ino)?;
@@ -536,6 +553,28 @@ impl Core {
                 }
             }),
         );
+    }
+
+    /// fallocate: mode 0 grows the file with zeros (like truncate) when the
+    /// range ends past it; KEEP_SIZE is accepted and does nothing (blocks
+    /// are not preallocated); other modes would rewrite existing bytes.
+    pub fn fallocate(self: &Arc<Self>, fh: u64, offset: u64, length: u64, mode: i32, caller: Caller, reply: Reply<()>) {
+        let h = match self.handle(fh) {
+            Ok(h) => h,
+            Err(e) => return reply(Err(e)),
+        };
+        if mode & !libc::FALLOC_FL_KEEP_SIZE != 0 {
+            return reply(Err(FsError::Unsupported("fallocate mode other than 0 or KEEP_SIZE")));
+        }
+        let end = offset.saturating_add(length);
+        let size = match self.getattr(h.ino) {
+            Ok(a) => h.stream.as_ref().map(|s| s.pos()).unwrap_or(a.size),
+            Err(e) => return reply(Err(e)),
+        };
+        if mode & libc::FALLOC_FL_KEEP_SIZE != 0 || end <= size {
+            return reply(Ok(()));
+        }
+        self.set_size(h.ino, end, Some(fh), caller, reply)
     }
 
     // ---- leases: recovery, renewal, ioctl ------------------------------

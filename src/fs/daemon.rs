@@ -158,6 +158,11 @@ impl Daemon {
             fuser::MountOption::CUSTOM("allow_other".into()),
         ];
         cfg.n_threads = Some(4);
+        // Every user may use the mount; the kernel checks permissions.
+        cfg.acl = fuser::SessionACL::All;
+        for f in &spec.opts.kernel_flags {
+            cfg.mount_options.push(f.clone());
+        }
         let adapter = Adapter {
             core: self.core.clone(),
         };

@@ -1,0 +1,618 @@
+//! The write contract of DESIGN.md §1 through a real mount: sequential
+//! writes only, O_APPEND at the real end, truncate and O_TRUNC, files of
+//! several blocks, the visible length that readers follow, backpressure
+//! from a slow replica, durability across kill -9 of the daemon, and
+//! unmounting with plain `umount`.
+
+mod common;
+use common::*;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::Path;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Reproducible bytes that differ at every offset (xorshift).
+fn pattern(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+/// Writes `data` to a scratch file outside the mount; returns its path.
+fn scratch_file(m: &Mount, name: &str, data: &[u8]) -> String {
+    let p = m.dir.path().join(name);
+    std::fs::write(&p, data).unwrap();
+    p.display().to_string()
+}
+
+/// A python3 process of the test, killed (by its pid) if still running
+/// when dropped.
+struct Py {
+    child: Child,
+    out: BufReader<ChildStdout>,
+    stdin: Option<ChildStdin>,
+}
+
+impl Py {
+    fn spawn(cwd: &Path, script: &str, args: &[&str]) -> Py {
+        let mut child = Command::new(python())
+            .arg("-c")
+            .arg(script)
+            .args(args)
+            .current_dir(cwd)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn python3");
+        let out = BufReader::new(child.stdout.take().unwrap());
+        let stdin = child.stdin.take();
+        Py { child, out, stdin }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The next line the script prints (blocking).
+    fn line(&mut self) -> String {
+        let mut l = String::new();
+        self.out.read_line(&mut l).expect("read python stdout");
+        l.trim().to_string()
+    }
+
+    fn say(&mut self, s: &str) {
+        let i = self.stdin.as_mut().unwrap();
+        writeln!(i, "{s}").unwrap();
+        i.flush().unwrap();
+    }
+
+    fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    fn wait_ok(&mut self, max: Duration) {
+        let deadline = Instant::now() + max;
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                assert!(st.success(), "python3 failed: {st:?}");
+                return;
+            }
+            assert!(Instant::now() < deadline, "python3 still running after {max:?}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Py {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            kill(self.child.id(), libc::SIGKILL);
+        }
+        let _ = self.child.wait();
+    }
+}
+
+fn py_ok(m: &Mount, script: &str, args: &[&str]) -> String {
+    let o = py_run(&m.mnt, script, args);
+    assert!(
+        o.status.success(),
+        "python3 failed: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Finalized (and rbw) replica data files of a datanode.
+fn replicas(dn: &Path, state: &str) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dn.join(state))
+        .map(|r| {
+            r.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("blk_") && !n.ends_with(".meta"))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+// ---- 2. sequential writes only -------------------------------------------
+
+const PWRITE_PY: &str = r#"
+import errno, os
+fd = os.open('f', os.O_WRONLY)
+res = []
+for (data, off) in [(b'XY', 1), (b'XY', 0), (b'XY', 9), (b'XY', 4)]:
+    try:
+        os.pwrite(fd, data, off)
+        res.append('ok')
+    except OSError as e:
+        res.append(errno.errorcode[e.errno])
+# A plain write from the descriptor's position (0), not the end.
+try:
+    os.write(fd, b'Z')
+    res.append('ok')
+except OSError as e:
+    res.append(errno.errorcode[e.errno])
+os.close(fd)
+print(' '.join(res))
+"#;
+
+#[test]
+fn write_at_an_offset_other_than_the_end_fails_einval_and_leaves_the_file_unchanged() {
+    let m = Mount::new();
+    m.sh_ok("printf hello > f");
+    let out = py_ok(&m, PWRITE_PY, &[]);
+    assert_eq!(out.trim(), "EINVAL EINVAL EINVAL EINVAL EINVAL");
+    assert_eq!(m.read_string("f"), "hello");
+    assert!(m.log().contains("append-only"), "no log line says why:\n{}", m.log());
+    // dd conv=notrunc into the middle fails too, and changes nothing.
+    let o = m.sh("dd if=/dev/zero of=f bs=1 count=2 seek=1 conv=notrunc status=none");
+    assert!(!o.status.success(), "dd into the middle of a file succeeded");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("Invalid argument"), "{o:?}");
+    assert_eq!(m.read_string("f"), "hello");
+    // At the end it is an ordinary append.
+    m.sh_ok("printf '!!' | dd of=f bs=1 seek=5 conv=notrunc status=none");
+    assert_eq!(m.read_string("f"), "hello!!");
+}
+
+const APPEND_PY: &str = r#"
+import os
+fd = os.open('a', os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+os.write(fd, b'aa')
+os.lseek(fd, 0, os.SEEK_SET)
+os.write(fd, b'bb')
+os.pwrite(fd, b'cc', 0)   # Linux: pwrite on O_APPEND appends
+os.close(fd)
+fd = os.open('a', os.O_WRONLY | os.O_APPEND)   # a fresh descriptor at offset 0
+os.write(fd, b'dd')
+os.close(fd)
+fd = os.open('a', os.O_RDWR | os.O_APPEND)
+os.lseek(fd, 1, os.SEEK_SET)
+os.write(fd, b'ee')
+os.close(fd)
+"#;
+
+#[test]
+fn o_append_writes_always_land_at_the_end() {
+    let m = Mount::new();
+    py_ok(&m, APPEND_PY, &[]);
+    assert_eq!(m.read_string("a"), "aabbccddee");
+    m.sh_ok("echo ff >> a; echo gg >> a");
+    assert_eq!(m.read_string("a"), "aabbccddeeff\ngg\n");
+}
+
+#[test]
+fn truncate_shrinks_and_grows_with_zeros() {
+    // Small blocks, so that shrinking drops blocks and growing adds them.
+    let mut m = Mount::with_o("block_size=64K,packet_size=16K");
+    let src = pattern(200_000, 1);
+    let s = scratch_file(&m, "src", &src);
+    m.sh_ok(&format!("cp {s} f"));
+    m.sh_ok("truncate -s 70000 f");
+    assert_eq!(m.sh_ok("stat -c %s f"), "70000\n");
+    assert!(m.read("f") == src[..70000], "shrunk file is not the prefix");
+    m.sh_ok("truncate -s 250000 f");
+    assert_eq!(m.sh_ok("stat -c %s f"), "250000\n");
+    let got = m.read("f");
+    assert!(got[..70000] == src[..70000], "grow changed the kept prefix");
+    assert!(got[70000..].iter().all(|&b| b == 0), "grown part is not zeros");
+    // Shrink to the middle of the first block, then append after it.
+    m.sh_ok("truncate -s 1000 f && printf tail >> f");
+    let mut want = src[..1000].to_vec();
+    want.extend_from_slice(b"tail");
+    assert!(m.read("f") == want);
+    // The holder's own ftruncate on its descriptor, then writing on.
+    py_ok(
+        &m,
+        "import os\nfd = os.open('f', os.O_WRONLY | os.O_APPEND)\nos.write(fd, b'XYZ')\n\
+         os.ftruncate(fd, 10)\nos.write(fd, b'after')\nos.close(fd)",
+        &[],
+    );
+    let mut want = src[..10].to_vec();
+    want.extend_from_slice(b"after");
+    assert!(m.read("f") == want, "got {:?}", m.read("f"));
+    m.unmount();
+    m.mount();
+    assert!(m.read("f") == want, "after remount got {:?}", m.read("f"));
+}
+
+#[test]
+fn o_trunc_starts_the_file_afresh() {
+    let m = Mount::with_o("block_size=64K,packet_size=16K");
+    let src = pattern(300_000, 2);
+    let s = scratch_file(&m, "src", &src);
+    m.sh_ok(&format!("cp {s} f"));
+    assert_eq!(replicas(&m.datanodes[0], "finalized").len(), 5);
+    m.sh_ok("echo x > f");
+    assert_eq!(m.read_string("f"), "x\n");
+    assert_eq!(m.sh_ok("stat -c %s f"), "2\n");
+    // The old blocks are gone from the datanodes, the new one is there.
+    for dn in &m.datanodes {
+        assert!(
+            wait_until(Duration::from_secs(5), || replicas(dn, "finalized").len() == 1),
+            "{}: {:?}",
+            dn.display(),
+            replicas(dn, "finalized")
+        );
+    }
+    // O_TRUNC on an empty result, then appending.
+    m.sh_ok(": > f; echo y >> f");
+    assert_eq!(m.read_string("f"), "y\n");
+}
+
+// ---- 3. files of several blocks ------------------------------------------
+
+#[test]
+fn a_multi_block_file_reads_back_identical_with_one_finalized_replica_per_block_per_datanode() {
+    let mut m = Mount::with_o("block_size=128K,packet_size=16K");
+    let n = (1 << 20) + 123;
+    let src = pattern(n, 3);
+    let s = scratch_file(&m, "src", &src);
+    m.sh_ok(&format!("dd if={s} of=f bs=100000 status=none"));
+    assert!(m.read("f") == src, "multi-block file differs");
+    let blocks = n.div_ceil(128 << 10);
+    assert_eq!(blocks, 9);
+    for dn in &m.datanodes {
+        let fin = replicas(dn, "finalized");
+        assert_eq!(fin.len(), blocks, "{}: {fin:?}", dn.display());
+        assert!(replicas(dn, "rbw").is_empty(), "{}: rbw left after close", dn.display());
+        // Each replica has its checksum file, naming the generation stamp.
+        for b in &fin {
+            let metas: Vec<_> = std::fs::read_dir(dn.join("finalized"))
+                .unwrap()
+                .flatten()
+                .filter(|e| {
+                    let f = e.file_name().to_string_lossy().into_owned();
+                    f.starts_with(&format!("{b}_")) && f.ends_with(".meta")
+                })
+                .collect();
+            assert_eq!(metas.len(), 1, "{b} on {}", dn.display());
+        }
+        // Replica lengths add up to the file: 8 full blocks and 123 bytes.
+        let mut lens: Vec<u64> = fin
+            .iter()
+            .map(|b| std::fs::metadata(dn.join("finalized").join(b)).unwrap().len())
+            .collect();
+        lens.sort();
+        assert_eq!(lens[0], 123);
+        assert!(lens[1..].iter().all(|&l| l == 128 << 10), "{lens:?}");
+    }
+    m.unmount();
+    m.mount();
+    assert!(m.read("f") == src, "multi-block file differs after remount");
+}
+
+// ---- 4. the visible length; readers following a writer --------------------
+
+/// argv: source file, target name, seconds to sleep between chunks.
+/// 64 KiB chunks; an fsync after every other one (the rest become visible
+/// as the streamer acknowledges them). Prints "done" before closing.
+const FOLLOW_WRITER_PY: &str = r#"
+import os, sys, time
+src = open(sys.argv[1], 'rb').read()
+fd = os.open(sys.argv[2], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+for k, i in enumerate(range(0, len(src), 65536)):
+    os.write(fd, src[i:i + 65536])
+    if k % 2 == 0:
+        os.fsync(fd)
+    time.sleep(float(sys.argv[3]))
+os.close(fd)
+"#;
+
+#[test]
+fn readers_of_a_file_being_written_see_only_written_bytes_and_a_growing_size() {
+    let m = Mount::new();
+    let src = pattern(40 * 65536, 4);
+    let s = scratch_file(&m, "src", &src);
+    let mut w = Py::spawn(&m.mnt, FOLLOW_WRITER_PY, &[&s, "f", "0.03"]);
+    let f = m.path("f");
+    assert!(wait_until(Duration::from_secs(10), || f.exists()), "writer did not create f");
+    let mut last = 0u64;
+    let mut sizes = std::collections::BTreeSet::new();
+    let mut reads = 0;
+    while w.running() {
+        let size = std::fs::metadata(&f).unwrap().len();
+        assert!(size >= last, "stat size went back from {last} to {size}");
+        assert!(size as usize <= src.len());
+        last = size;
+        sizes.insert(size);
+        let data = std::fs::read(&f).unwrap();
+        assert!(data.len() as u64 >= size, "read {} bytes, stat said {size}", data.len());
+        assert!(data.len() <= src.len(), "read past what was written");
+        if let Some(i) = (0..data.len()).find(|&i| data[i] != src[i]) {
+            panic!("reader saw a wrong byte at offset {i} of {} read", data.len());
+        }
+        reads += 1;
+    }
+    w.wait_ok(Duration::from_secs(5));
+    let growing: Vec<_> = sizes.iter().filter(|&&s| s > 0 && (s as usize) < src.len()).collect();
+    assert!(growing.len() >= 5, "stat did not follow the writer: sizes {sizes:?} over {reads} reads");
+    assert_eq!(std::fs::metadata(&f).unwrap().len() as usize, src.len());
+    assert!(m.read("f") == src);
+}
+
+#[test]
+fn tail_f_follows_a_file_being_written_and_gets_every_byte() {
+    let m = Mount::new();
+    let src = pattern(30 * 65536, 5);
+    let s = scratch_file(&m, "src", &src);
+    let out = m.dir.path().join("tail.out");
+    let mut w = Py::spawn(&m.mnt, FOLLOW_WRITER_PY, &[&s, "f", "0.03"]);
+    let f = m.path("f");
+    assert!(
+        wait_until(Duration::from_secs(10), || f.metadata().is_ok_and(|md| md.len() > 0)),
+        "writer wrote nothing visible"
+    );
+    // GNU tail polls (inotify does not see FUSE writes) and stops once the
+    // writer is gone, after a last read.
+    let tail = Command::new("tail")
+        .args(["-c", "+1", "-f", "---disable-inotify", "-s", "0.05", "--pid"])
+        .arg(w.pid().to_string())
+        .arg(&f)
+        .stdout(std::fs::File::create(&out).unwrap())
+        .spawn()
+        .unwrap();
+    let mut tail = scopeguard(tail);
+    // Our own follower: one descriptor, read to EOF, sleep, read again.
+    let mut fd = std::fs::File::open(&f).unwrap();
+    let mut got = Vec::new();
+    let mut steps = std::collections::BTreeSet::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut buf = [0u8; 65536];
+        loop {
+            let n = fd.read(&mut buf).unwrap();
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert!(got.len() <= src.len() && got[..] == src[..got.len()], "follower read wrong bytes");
+        steps.insert(got.len());
+        if !w.running() && got.len() == src.len() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "follower stuck at {} of {}", got.len(), src.len());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    w.wait_ok(Duration::from_secs(5));
+    assert!(steps.len() >= 5, "the follower got everything at once: {steps:?}");
+    let st = tail.0.wait().unwrap();
+    assert!(st.success());
+    let tailed = std::fs::read(&out).unwrap();
+    assert_eq!(tailed.len(), src.len(), "tail -f got {} of {} bytes", tailed.len(), src.len());
+    assert!(tailed == src, "tail -f output differs");
+}
+
+/// Kills a child we started if the test fails before waiting for it.
+struct Guard(Child);
+fn scopeguard(c: Child) -> Guard {
+    Guard(c)
+}
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            kill(self.0.id(), libc::SIGKILL);
+        }
+        let _ = self.0.wait();
+    }
+}
+
+// ---- 5. backpressure -------------------------------------------------------
+
+const SLOW_OPTS: &str = "test_slow_datanode=1:20,max_packets_in_flight=4,packet_size=64K";
+
+/// Writes 8 MiB to argv[1] with one write(), prints the seconds it took,
+/// then waits for a line on stdin before closing.
+const BIG_WRITER_PY: &str = r#"
+import os, sys, time
+data = os.urandom(8 << 20)
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o644)
+print('open', flush=True)
+t = time.monotonic()
+n = os.write(fd, data)
+assert n == len(data), n
+print('%.3f' % (time.monotonic() - t), flush=True)
+sys.stdin.readline()
+os.close(fd)
+"#;
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Stats {
+    in_flight: u64,
+    peak: u64,
+    max: u64,
+}
+
+fn stream_stats(m: &Mount, rel: &str) -> Option<Stats> {
+    let s = m.xattr(rel, "user.leasefs.stream")?;
+    let v: serde_json::Value = serde_json::from_str(s.trim()).ok()?;
+    Some(Stats {
+        in_flight: v["in_flight"].as_u64()?,
+        peak: v["peak_in_flight"].as_u64()?,
+        max: v["max_in_flight"].as_u64()?,
+    })
+}
+
+/// The in-flight bound holds: `write()` blocks once `max_packets_in_flight`
+/// packets are sent but unacknowledged, so with a replica that takes 20 ms
+/// per packet an 8 MiB write takes about 128 x 20 ms, and the number of
+/// packets in flight never goes above the bound (+1 for the packet sealed
+/// by the write that reaches it).
+#[test]
+fn a_slow_replica_makes_write_block_at_the_in_flight_bound() {
+    let m = Mount::with_o(SLOW_OPTS);
+    let mut w = Py::spawn(&m.mnt, BIG_WRITER_PY, &["big"]);
+    assert_eq!(w.line(), "open");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut w2 = w;
+    let reader = std::thread::spawn(move || {
+        let l = w2.line();
+        let _ = tx.send(l);
+        w2
+    });
+    let mut seen = Stats::default();
+    let mut polls = 0;
+    let secs: f64 = loop {
+        if let Some(s) = stream_stats(&m, "big") {
+            seen.in_flight = seen.in_flight.max(s.in_flight);
+            seen.peak = seen.peak.max(s.peak);
+            seen.max = s.max;
+            polls += 1;
+        }
+        if let Ok(l) = rx.try_recv() {
+            break l.parse().expect("seconds");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let mut w = reader.join().unwrap();
+    // Final statistics while the file is still open.
+    let last = stream_stats(&m, "big").expect("stream xattr while open");
+    seen.peak = seen.peak.max(last.peak);
+    w.say("close");
+    w.wait_ok(Duration::from_secs(30));
+    assert_eq!(seen.max, 4, "max_in_flight option not applied");
+    assert!(polls > 10, "only {polls} polls");
+    assert!(
+        secs >= 1.5,
+        "an 8 MiB write against a 20 ms/packet replica returned after {secs} s: no backpressure"
+    );
+    assert!(
+        seen.peak <= seen.max + 1 && seen.in_flight <= seen.max + 1,
+        "packets in flight went past the bound: peak_in_flight {} (largest polled in_flight {}), \
+         max_in_flight {}",
+        seen.peak,
+        seen.in_flight,
+        seen.max
+    );
+    assert!(m.xattr("big", "user.leasefs.stream").is_none(), "stream xattr after close");
+    assert_eq!(m.sh_ok("stat -c %s big"), "8388608\n");
+}
+
+#[test]
+fn metadata_operations_are_not_delayed_by_a_writer_blocked_on_a_slow_replica() {
+    let m = Mount::with_o(SLOW_OPTS);
+    m.sh_ok("mkdir -p pre && echo small > pre/r");
+    let mut w = Py::spawn(&m.mnt, BIG_WRITER_PY, &["big"]);
+    assert_eq!(w.line(), "open");
+    // Wait until the writer is really blocked on acknowledgements.
+    assert!(
+        wait_until(Duration::from_secs(10), || stream_stats(&m, "big").is_some_and(|s| s.in_flight >= s.max)),
+        "the writer never filled the in-flight window"
+    );
+    let mut worst = Duration::ZERO;
+    for i in 0..20 {
+        let t = Instant::now();
+        std::fs::create_dir(m.path(&format!("d{i}"))).unwrap();
+        let _ = std::fs::metadata(m.path("big")).unwrap();
+        let n = std::fs::read_dir(&m.mnt).unwrap().count();
+        assert!(n >= 3);
+        assert_eq!(std::fs::read(m.path("pre/r")).unwrap(), b"small\n");
+        std::fs::rename(m.path(&format!("d{i}")), m.path(&format!("e{i}"))).unwrap();
+        worst = worst.max(t.elapsed());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // All of that happened while the write was still blocked.
+    assert!(
+        stream_stats(&m, "big").is_some_and(|s| s.in_flight > 0),
+        "the writer finished before the metadata operations did"
+    );
+    let secs: f64 = w.line().parse().unwrap();
+    w.say("close");
+    w.wait_ok(Duration::from_secs(30));
+    assert!(secs >= 1.5, "the writer was not slowed ({secs} s)");
+    assert!(
+        worst < Duration::from_millis(250),
+        "a round of mkdir/stat/ls/read/rename took {worst:?} while a writer was blocked ({secs} s)"
+    );
+}
+
+// ---- 6. durability across kill -9 ------------------------------------------
+
+const CRASH_WRITER_PY: &str = r#"
+import os, sys, time
+src = open(sys.argv[1], 'rb').read()
+synced = int(sys.argv[2])
+fd = os.open('open', os.O_WRONLY | os.O_CREAT, 0o644)
+os.write(fd, src[:synced])
+os.fsync(fd)
+os.write(fd, src[synced:])
+print('written', flush=True)
+time.sleep(120)
+"#;
+
+#[test]
+fn fsynced_bytes_survive_kill_9_of_the_daemon() {
+    let mut m = Mount::with_o("block_size=128K,packet_size=16K");
+    let src = pattern(300_000, 6);
+    let s = scratch_file(&m, "src", &src);
+    py_ok(
+        &m,
+        "import os, sys\nd = open(sys.argv[1], 'rb').read()\n\
+         fd = os.open('closed', os.O_WRONLY | os.O_CREAT, 0o644)\nos.write(fd, d)\nos.fsync(fd)\nos.close(fd)\n\
+         fd = os.open('kept', os.O_WRONLY | os.O_CREAT, 0o644)\nos.write(fd, d[:1000])\nos.fsync(fd)\nos.close(fd)",
+        &[&s],
+    );
+    m.crash();
+    m.mount();
+    assert!(m.read("closed") == src, "fsynced and closed file changed across kill -9");
+    assert!(m.read("kept") == src[..1000]);
+    assert_eq!(m.sh_ok("stat -c %s closed"), "300000\n");
+    assert_eq!(m.lease_state("closed"), "free");
+}
+
+#[test]
+fn a_file_open_for_writing_at_kill_9_keeps_its_fsynced_prefix_and_its_lease_is_free() {
+    let mut m = Mount::with_o("block_size=128K,packet_size=16K");
+    let src = pattern(400_000, 7);
+    let synced = 200_000;
+    let s = scratch_file(&m, "src", &src);
+    let mut w = Py::spawn(&m.mnt, CRASH_WRITER_PY, &[&s, &synced.to_string()]);
+    assert_eq!(w.line(), "written");
+    assert_eq!(m.lease_state("open"), "held");
+    m.crash();
+    drop(w);
+    m.mount();
+    let got = m.read("open");
+    assert!(got.len() >= synced, "only {} of {synced} fsynced bytes after kill -9", got.len());
+    assert!(got.len() <= src.len());
+    if let Some(i) = (0..got.len()).find(|&i| got[i] != src[i]) {
+        panic!("byte {i} differs after kill -9 (file has {} bytes)", got.len());
+    }
+    assert_eq!(m.sh_ok("stat -c %s open"), format!("{}\n", got.len()));
+    assert_eq!(m.lease_state("open"), "free", "lease: {}", m.lease("open"));
+    // And it can be written again at once.
+    m.sh_ok("printf more >> open");
+    let mut want = got.clone();
+    want.extend_from_slice(b"more");
+    assert!(m.read("open") == want);
+}
+
+// ---- 9. umount -------------------------------------------------------------
+
+#[test]
+fn plain_umount_unmounts_cleanly_and_a_remount_shows_the_same_tree() {
+    let mut m = Mount::new();
+    m.sh_ok("mkdir -p d/e && seq 1 20000 > d/e/f && ln -s d/e/f l && ln d/e/f h && echo x > top && mkfifo p");
+    let list = "find . -printf '%p %y %s %n %m\\n' | sort; md5sum d/e/f h; readlink l";
+    let before = m.sh_ok(list);
+    let pid = m.pid.expect("daemon pid");
+    let o = Command::new("umount").arg(&m.mnt).output().unwrap();
+    assert!(o.status.success(), "umount failed: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(!is_mounted(&m.mnt), "still mounted after umount");
+    wait_exit(pid, Duration::from_secs(10));
+    assert!(!alive(pid), "the daemon did not exit after umount");
+    m.pid = None;
+    assert!(!m.log().contains("panicked"), "{}", m.log());
+    m.mount();
+    assert_eq!(m.sh_ok(list), before);
+}
