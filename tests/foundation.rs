@@ -262,6 +262,9 @@ fn a_multi_block_file_reads_back_identical_with_one_finalized_replica_per_block_
     let blocks = n.div_ceil(128 << 10);
     assert_eq!(blocks, 9);
     for dn in &m.datanodes {
+        // The last block is finalised by RELEASE, which the kernel sends
+        // after close() has returned.
+        wait_until(Duration::from_secs(5), || replicas(dn, "finalized").len() == blocks);
         let fin = replicas(dn, "finalized");
         assert_eq!(fin.len(), blocks, "{}: {fin:?}", dn.display());
         assert!(replicas(dn, "rbw").is_empty(), "{}: rbw left after close", dn.display());

@@ -95,6 +95,33 @@ fn answer(core: &Arc<Core>, mnt: &Path, req: &Value) -> Value {
                 },
             }
         }
+        "audit" => match serde_json::from_value::<crate::meta::AuditEvent>(req["event"].clone()) {
+            Ok(e) => match core.meta.audit(&e) {
+                Ok(id) => json!({"id": id}),
+                Err(e) => json!({"error": e.to_string()}),
+            },
+            Err(e) => json!({"error": format!("bad audit event: {e}")}),
+        },
+        "history" => match core.meta.audit_history(req["election"].as_str().unwrap_or("")) {
+            Ok(rows) => json!({"events": rows}),
+            Err(e) => json!({"error": e.to_string()}),
+        },
+        "fence" => {
+            let pgid = req["pgid"].as_u64().unwrap_or(0) as u32;
+            let epoch = req["epoch"].as_u64().unwrap_or(0);
+            match resolve(core, req["path"].as_str().unwrap_or("")) {
+                Err(e) => json!({"error": e}),
+                Ok(_) if pgid == 0 => json!({"error": "pgid must be > 0"}),
+                Ok(ino) => {
+                    core.register_fence(pgid, ino, epoch);
+                    json!({"ok": true})
+                }
+            }
+        }
+        "unfence" => {
+            core.unregister_fence(req["pgid"].as_u64().unwrap_or(0) as u32);
+            json!({"ok": true})
+        }
         "fsck" => {
             let repair = req["repair"].as_bool().unwrap_or(false);
             match core.fsck(repair) {

@@ -87,6 +87,10 @@ pub struct Core {
     handles: DashMap<u64, Arc<Handle>>,
     files: DashMap<u64, Arc<OpenFile>>,
     next_fh: AtomicU64,
+    /// Process groups that `elect` registered under a term of an election
+    /// file: pgid -> (election file, epoch). Once that term is over the
+    /// daemon refuses every write and open for writing from the group.
+    fences: DashMap<u32, (u64, u64)>,
     /// Closes still finishing, so unmount can wait for them.
     pending_closes: Mutex<usize>,
 }
@@ -137,6 +141,7 @@ impl Core {
             handles: DashMap::new(),
             files: DashMap::new(),
             next_fh: AtomicU64::new(1),
+            fences: DashMap::new(),
             pending_closes: Mutex::new(0),
         })
     }
@@ -213,6 +218,9 @@ impl Core {
             return reply(Ok(Opened { fh, direct_io }));
         }
         let (tgid, comm) = proc_info::identity(caller.pid);
+        if let Err(e) = self.check_fence(proc_info::pgid(tgid)) {
+            return reply(Err(e));
+        }
         let holder = Holder {
             host: self.host.clone(),
             pid: tgid,
@@ -373,6 +381,9 @@ impl Core {
             tracing::warn!(ino = h.ino, fh, "write refused: {e}");
             return reply(Err(e.into()));
         }
+        if let Err(e) = self.check_fence(h.pgid) {
+            return reply(Err(e));
+        }
         if h.flushed.swap(false, Ordering::Relaxed) {
             self.leases.note_write(h.ino, fh);
         }
@@ -525,8 +536,8 @@ impl Core {
         if let Some(h) = own
             && let Some(stream) = h.stream.clone()
         {
-            if let Err(e) = self.leases.check(ino, h.fh, h.epoch) {
-                return reply(Err(e.into()));
+            if let Err(e) = self.leases.check(ino, h.fh, h.epoch).map_err(FsError::from).and_then(|_| self.check_fence(h.pgid)) {
+                return reply(Err(e));
             }
             return stream.truncate(size, reply);
         }
@@ -575,6 +586,36 @@ impl Core {
             return reply(Ok(()));
         }
         self.set_size(h.ino, end, Some(fh), caller, reply)
+    }
+
+    // ---- fencing of elected commands ------------------------------------
+
+    /// Registers process group `pgid` as the command of the term `epoch` of
+    /// election file `ino`.
+    pub fn register_fence(&self, pgid: u32, ino: u64, epoch: u64) {
+        tracing::info!(pgid, ino, epoch, "process group fenced by election term");
+        self.fences.insert(pgid, (ino, epoch));
+    }
+
+    pub fn unregister_fence(&self, pgid: u32) {
+        self.fences.remove(&pgid);
+    }
+
+    /// EIO when `pgid` belongs to an election term that is over: the lease
+    /// on its election file no longer carries the term's epoch.
+    fn check_fence(&self, pgid: u32) -> FsResult<()> {
+        if self.fences.is_empty() || pgid == 0 {
+            return Ok(());
+        }
+        let Some((ino, epoch)) = self.fences.get(&pgid).map(|e| *e) else {
+            return Ok(());
+        };
+        let info = self.leases.info(ino);
+        if info.state == crate::lease::LeaseState::Held && info.epoch == epoch {
+            return Ok(());
+        }
+        tracing::warn!(pgid, epoch, "write refused: the election term of this process group is over");
+        Err(FsError::Lease(LeaseError::Fenced { file: ino, epoch }))
     }
 
     // ---- leases: recovery, renewal, ioctl ------------------------------

@@ -49,6 +49,18 @@ CREATE TABLE IF NOT EXISTS under_construction(
   mount_id TEXT NOT NULL,
   since_ms INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS election_audit(
+  id INTEGER PRIMARY KEY,
+  election TEXT NOT NULL,
+  event TEXT NOT NULL,
+  who TEXT NOT NULL,
+  host TEXT NOT NULL,
+  pid INTEGER NOT NULL,
+  epoch INTEGER NOT NULL,
+  at_ms INTEGER NOT NULL,
+  why TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS election_audit_by_election ON election_audit(election, id);
 CREATE TABLE IF NOT EXISTS datanodes(
   idx INTEGER PRIMARY KEY,
   path TEXT NOT NULL

@@ -99,6 +99,21 @@ pub struct UnderConstruction {
     pub since_ms: u64,
 }
 
+/// One row of the election audit table.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct AuditEvent {
+    /// The election directory, as a path inside the mount.
+    pub election: String,
+    /// elected, lost, resigned, expired, preempted, ...
+    pub event: String,
+    pub who: String,
+    pub host: String,
+    pub pid: u32,
+    pub epoch: u64,
+    pub at_ms: u64,
+    pub why: String,
+}
+
 /// What a new node is.
 pub struct NewNode<'a> {
     pub kind: Kind,
@@ -809,6 +824,38 @@ impl MetaStore {
             .into_iter()
             .map(std::path::PathBuf::from)
             .collect())
+    }
+
+    /// Appends one election event (the audit table operators query).
+    pub fn audit(&self, e: &AuditEvent) -> FsResult<i64> {
+        self.durable(|tx| {
+            tx.execute(
+                "INSERT INTO election_audit(election, event, who, host, pid, epoch, at_ms, why) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                params![e.election, e.event, e.who, e.host, e.pid as i64, e.epoch as i64, e.at_ms as i64, e.why],
+            )?;
+            Ok(tx.last_insert_rowid())
+        })
+    }
+
+    /// The events of one election, oldest first.
+    pub fn audit_history(&self, election: &str) -> FsResult<Vec<AuditEvent>> {
+        let c = lock(&self.conn);
+        let mut st = c.prepare(
+            "SELECT election, event, who, host, pid, epoch, at_ms, why FROM election_audit WHERE election = ?1 ORDER BY id",
+        )?;
+        let rows = st.query_map([election], |r| {
+            Ok(AuditEvent {
+                election: r.get(0)?,
+                event: r.get(1)?,
+                who: r.get(2)?,
+                host: r.get(3)?,
+                pid: r.get::<_, i64>(4)? as u32,
+                epoch: r.get::<_, i64>(5)? as u64,
+                at_ms: r.get::<_, i64>(6)? as u64,
+                why: r.get(7)?,
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
     }
 
     /// Totals for statfs: (files, bytes).

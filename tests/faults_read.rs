@@ -1,0 +1,190 @@
+//! Replicas and checksums (DESIGN.md §1 "Replication and faults"): a closed
+//! file has a finalized replica with a checksum file on every datanode of
+//! its pipeline; reads verify checksums, skip a corrupt or missing replica,
+//! serve the bytes from another one and report the bad one in the log.
+
+mod common;
+use common::*;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+fn pattern(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+/// Writes `data` as `rel` through the mount (cp from a scratch file).
+fn put(m: &Mount, rel: &str, data: &[u8]) {
+    let p = m.dir.path().join(format!("{rel}.src"));
+    std::fs::write(&p, data).unwrap();
+    m.sh_ok(&format!("cp {} {rel}", p.display()));
+}
+
+/// (data file, meta file) of every finalized replica on a datanode.
+fn finalized(dn: &Path) -> Vec<(PathBuf, PathBuf)> {
+    let dir = dn.join("finalized");
+    let names: Vec<String> = std::fs::read_dir(&dir)
+        .map(|r| r.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    let mut v: Vec<(PathBuf, PathBuf)> = names
+        .iter()
+        .filter(|n| n.starts_with("blk_") && !n.ends_with(".meta"))
+        .map(|n| {
+            let meta = names
+                .iter()
+                .find(|m| m.starts_with(&format!("{n}_")) && m.ends_with(".meta"))
+                .unwrap_or_else(|| panic!("{n} on {} has no checksum file", dn.display()));
+            (dir.join(n), dir.join(meta))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+fn wait_finalized(m: &Mount, per_dn: usize) {
+    for dn in &m.datanodes {
+        assert!(
+            wait_until(Duration::from_secs(5), || finalized(dn).len() == per_dn),
+            "{}: finalized replicas {:?}",
+            dn.display(),
+            finalized(dn)
+        );
+    }
+}
+
+fn remount(m: &mut Mount) {
+    m.unmount();
+    m.mount();
+}
+
+/// Lines of the daemon log that report datanode `dn` as a bad replica.
+fn bad_replica_lines(log: &str, dn: usize) -> usize {
+    log.lines()
+        .filter(|l| l.contains("bad replica") && l.contains(&format!("datanode={dn}")))
+        .count()
+}
+
+#[test]
+fn every_datanode_has_a_finalized_replica_with_valid_checksums_after_close() {
+    let m = Mount::new();
+    let src = pattern(200_000, 11);
+    put(&m, "f", &src);
+    wait_finalized(&m, 1);
+    let mut gs = Vec::new();
+    for dn in &m.datanodes {
+        let (data, meta) = &finalized(dn)[0];
+        assert!(std::fs::read(data).unwrap() == src, "{} holds other bytes", data.display());
+        assert!(std::fs::read_dir(dn.join("rbw")).unwrap().next().is_none(), "rbw not empty");
+        // 8-byte header, then one big-endian CRC32C per 512-byte chunk.
+        let sums = std::fs::read(meta).unwrap();
+        let chunks = src.len().div_ceil(512);
+        assert_eq!(sums.len(), 8 + 4 * chunks, "{}", meta.display());
+        for (k, chunk) in src.chunks(512).enumerate() {
+            let want = crc32c::crc32c(chunk);
+            let got = u32::from_be_bytes(sums[8 + 4 * k..][..4].try_into().unwrap());
+            assert_eq!(got, want, "chunk {k} of {}", meta.display());
+        }
+        let name = meta.file_name().unwrap().to_string_lossy().into_owned();
+        gs.push(name.trim_end_matches(".meta").rsplit('_').next().unwrap().to_string());
+    }
+    assert!(gs.iter().all(|g| *g == gs[0]), "replicas with different generation stamps: {gs:?}");
+}
+
+#[test]
+fn replication_factor_sets_the_number_of_replicas_per_block() {
+    let m = Mount::with(Opts {
+        datanodes: 3,
+        replication: Some(2),
+        o: vec!["block_size=64K,packet_size=16K".into()],
+    });
+    let src = pattern(6 * 65536, 12);
+    put(&m, "f", &src);
+    assert!(
+        wait_until(Duration::from_secs(5), || {
+            m.datanodes.iter().map(|d| finalized(d).len()).sum::<usize>() == 12
+        }),
+        "6 blocks x 2 replicas: {:?}",
+        m.datanodes.iter().map(|d| finalized(d).len()).collect::<Vec<_>>()
+    );
+    assert!(m.read("f") == src);
+}
+
+#[test]
+fn a_corrupt_replica_is_skipped_on_read_and_reported() {
+    let mut m = Mount::new();
+    let src = pattern(200_000, 13);
+    put(&m, "f", &src);
+    wait_finalized(&m, 1);
+    // Whichever replica the reader tries first, corrupt it in turn.
+    let mut reported = Vec::new();
+    for (i, dn) in m.datanodes.clone().iter().enumerate() {
+        let (data, _) = finalized(dn)[0].clone();
+        let orig = std::fs::read(&data).unwrap();
+        let mut bad = orig.clone();
+        bad[100_000] ^= 0x5a;
+        std::fs::write(&data, &bad).unwrap();
+        remount(&mut m); // nothing left in the mount's page cache
+        let before = bad_replica_lines(&m.log(), i);
+        let got = m.read("f");
+        assert_eq!(got.len(), src.len());
+        assert!(got == src, "read served the corrupt replica of datanode {i}");
+        if bad_replica_lines(&m.log(), i) > before {
+            reported.push(i);
+        }
+        std::fs::write(&data, &orig).unwrap();
+    }
+    assert!(
+        !reported.is_empty(),
+        "no corrupt replica was reported in the log:\n{}",
+        m.log()
+    );
+}
+
+#[test]
+fn a_missing_replica_is_skipped_on_read() {
+    let mut m = Mount::new();
+    let src = pattern(200_000, 14);
+    put(&m, "f", &src);
+    wait_finalized(&m, 1);
+    let stash = m.dir.path().join("stash");
+    std::fs::create_dir_all(&stash).unwrap();
+    let mut reported = Vec::new();
+    for (i, dn) in m.datanodes.clone().iter().enumerate() {
+        let (data, meta) = finalized(dn)[0].clone();
+        let moved: Vec<(PathBuf, PathBuf)> = [data, meta]
+            .into_iter()
+            .map(|p| {
+                let to = stash.join(p.file_name().unwrap());
+                std::fs::rename(&p, &to).unwrap();
+                (p, to)
+            })
+            .collect();
+        remount(&mut m);
+        let before = bad_replica_lines(&m.log(), i);
+        assert!(m.read("f") == src, "read failed without the replica of datanode {i}");
+        if bad_replica_lines(&m.log(), i) > before {
+            reported.push(i);
+        }
+        for (p, to) in moved {
+            std::fs::rename(to, p).unwrap();
+        }
+    }
+    assert!(!reported.is_empty(), "no missing replica was reported:\n{}", m.log());
+    // Two replicas gone: the last one still serves the file.
+    for dn in &m.datanodes[..2] {
+        for (d, meta) in finalized(dn) {
+            std::fs::remove_file(d).unwrap();
+            std::fs::remove_file(meta).unwrap();
+        }
+    }
+    remount(&mut m);
+    assert!(m.read("f") == src, "read failed with one replica left");
+}
