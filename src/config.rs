@@ -13,6 +13,8 @@ pub struct MountOptions {
     pub block_size: u64,
     pub packet_size: u64,
     pub max_packets_in_flight: usize,
+    /// Period of leader-only housekeeping (re-replication, orphan cleanup).
+    pub housekeeping_interval: Duration,
     /// Test-only fault: (datanode index, delay per packet).
     pub test_slow_datanode: Option<(usize, Duration)>,
     /// Generic mount flags (`ro`, `noexec`, ...) passed to the kernel.
@@ -29,6 +31,7 @@ impl Default for MountOptions {
             block_size: 64 << 20,
             packet_size: 64 << 10,
             max_packets_in_flight: 80,
+            housekeeping_interval: Duration::from_secs(30),
             test_slow_datanode: None,
             kernel_flags: Vec::new(),
         }
@@ -37,7 +40,7 @@ impl Default for MountOptions {
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum OptionError {
-    #[error("unknown mount option '{0}' (known: soft_limit, hard_limit, monitor_interval, lease_wait, block_size, packet_size, max_packets_in_flight)")]
+    #[error("unknown mount option '{0}' (known: soft_limit, hard_limit, monitor_interval, lease_wait, block_size, packet_size, max_packets_in_flight, housekeeping_interval)")]
     Unknown(String),
     #[error("mount option '{key}' has a bad value '{value}': {why}")]
     BadValue {
@@ -94,6 +97,7 @@ impl MountOptions {
                 "soft_limit" => self.soft_limit = parse_secs(value).map_err(bad)?,
                 "hard_limit" => self.hard_limit = parse_secs(value).map_err(bad)?,
                 "monitor_interval" => self.monitor_interval = parse_secs(value).map_err(bad)?,
+                "housekeeping_interval" => self.housekeeping_interval = parse_secs(value).map_err(bad)?,
                 "lease_wait" => {
                     let d = parse_secs(value).map_err(bad)?;
                     self.lease_wait = if d.is_zero() { None } else { Some(d) };
@@ -163,6 +167,9 @@ impl MountOptions {
                 format!("{:?}", self.hard_limit),
                 "soft_limit must be > 0 and hard_limit >= soft_limit",
             );
+        }
+        if self.housekeeping_interval.is_zero() {
+            return bad("housekeeping_interval", "0".into(), "must be > 0");
         }
         if self.monitor_interval.is_zero() {
             return bad("monitor_interval", "0".into(), "must be > 0");

@@ -104,8 +104,11 @@ pub struct Check<'a> {
     /// generation stamp and length.
     pub deep: bool,
     pub suspect: HashSet<(u64, usize)>,
-    /// Also delete unreferenced replica files.
+    /// Also delete unreferenced replica files...
     pub orphans: bool,
+    /// ...once they are this old (writers create replica files just before
+    /// recording their block; at mount there are no writers yet).
+    pub orphan_grace: Duration,
 }
 
 struct Progress {
@@ -351,7 +354,7 @@ fn orphans(c: &Check<'_>, blocks: &[BlockRow], r: &mut Report) {
                     .and_then(|m| m.modified())
                     .ok()
                     .and_then(|t| SystemTime::now().duration_since(t).ok())
-                    .is_some_and(|age| age < ORPHAN_GRACE);
+                    .is_some_and(|age| age < c.orphan_grace);
             if young {
                 continue;
             }

@@ -10,14 +10,10 @@
 //! embedded lease manager is local to its daemon.
 
 use std::collections::HashSet;
-use std::time::Duration;
 
 use crate::fs::Core;
 use crate::fsck::{self, Check};
 use crate::sync::{Arc, AtomicBool, Ordering};
-
-/// How often the tasks run.
-pub const PERIOD: Duration = Duration::from_secs(30);
 
 pub struct Housekeeper {
     leader: AtomicBool,
@@ -72,6 +68,7 @@ impl Housekeeper {
             deep: false,
             suspect: suspect.clone(),
             orphans: true,
+            orphan_grace: fsck::ORPHAN_GRACE,
         };
         match fsck::run(&c) {
             Ok(r) => {

@@ -85,6 +85,7 @@ fn every_datanode_has_a_finalized_replica_with_valid_checksums_after_close() {
         assert!(std::fs::read_dir(dn.join("rbw")).unwrap().next().is_none(), "rbw not empty");
         // 8-byte header, then one big-endian CRC32C per 512-byte chunk.
         let sums = std::fs::read(meta).unwrap();
+        assert_eq!(&sums[..8], b"LFS1\x00\x01\x02\x09", "header: magic, version 1, CRC32C, 2^9");
         let chunks = src.len().div_ceil(512);
         assert_eq!(sums.len(), 8 + 4 * chunks, "{}", meta.display());
         for (k, chunk) in src.chunks(512).enumerate() {

@@ -72,5 +72,7 @@ fn offline(data: &Path, repair: bool) -> Result<Report, String> {
         deep: true,
         suspect: Default::default(),
         orphans: true,
+        // No daemon runs on this data directory: nothing is being created.
+        orphan_grace: std::time::Duration::ZERO,
     })
 }

@@ -710,6 +710,24 @@ impl Core {
         for ino in self.meta.orphans()? {
             self.delete_inode(ino);
         }
+        // Replica files of blocks that were never recorded (a crash between
+        // creating a replica and committing its block) or were dropped.
+        let swept = crate::fsck::run(&crate::fsck::Check {
+            meta: &self.meta,
+            dns: &self.dns,
+            repair: true,
+            live_leases: Default::default(),
+            busy_blocks: Default::default(),
+            progress: false,
+            deep: false,
+            suspect: Default::default(),
+            orphans: true,
+            orphan_grace: Duration::ZERO,
+        })
+        .map_err(FsError::Io)?;
+        for p in swept.problems.iter().filter(|p| p.repaired) {
+            tracing::info!(kind = ?p.kind, path = %p.path, "repaired at mount: {}", p.detail);
+        }
         Ok(n)
     }
 
@@ -736,6 +754,7 @@ impl Core {
             deep: true,
             suspect: Default::default(),
             orphans: true,
+            orphan_grace: crate::fsck::ORPHAN_GRACE,
         })
     }
 

@@ -136,7 +136,7 @@ impl Daemon {
         // Leader-only housekeeping; a lone daemon leads its namespace.
         let hk = Arc::new(crate::housekeeping::Housekeeper::new());
         hk.take("sole daemon of this data directory");
-        self.every("housekeeping", crate::housekeeping::PERIOD, move |core| hk.round(core));
+        self.every("housekeeping", o.housekeeping_interval, move |core| hk.round(core));
         // A waiting open whose process got a signal gets EINTR.
         self.every("interrupts", INTERRUPT_POLL, |core| {
             for (file, handle, pid) in core.leases.waiting() {

@@ -169,6 +169,12 @@ impl OutputStream {
         let boff = p.off - b.start;
         crcs.clear();
         b.acc.crcs_for(boff, &p.data, crcs);
+        // A datanode that failed its heartbeat (directory gone, disk
+        // unwritable) leaves the pipeline before the next packet.
+        while let Some(k) = b.writers.iter().position(|(dn, _)| !self.ctx.dns.is_alive(*dn)) {
+            tracing::warn!(ino = self.ino, datanode = b.writers[k].0, "dead datanode leaves the pipeline");
+            self.rebuild_pipeline(b, k, boff)?;
+        }
         loop {
             let mut failed = None;
             for (k, (dn, w)) in b.writers.iter_mut().enumerate() {
