@@ -32,7 +32,11 @@ fn put(m: &Mount, rel: &str, data: &[u8]) {
 fn finalized(dn: &Path) -> Vec<(PathBuf, PathBuf)> {
     let dir = dn.join("finalized");
     let names: Vec<String> = std::fs::read_dir(&dir)
-        .map(|r| r.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .map(|r| {
+            r.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
         .unwrap_or_default();
     let mut v: Vec<(PathBuf, PathBuf)> = names
         .iter()
@@ -81,11 +85,22 @@ fn every_datanode_has_a_finalized_replica_with_valid_checksums_after_close() {
     let mut gs = Vec::new();
     for dn in &m.datanodes {
         let (data, meta) = &finalized(dn)[0];
-        assert!(std::fs::read(data).unwrap() == src, "{} holds other bytes", data.display());
-        assert!(std::fs::read_dir(dn.join("rbw")).unwrap().next().is_none(), "rbw not empty");
+        assert!(
+            std::fs::read(data).unwrap() == src,
+            "{} holds other bytes",
+            data.display()
+        );
+        assert!(
+            std::fs::read_dir(dn.join("rbw")).unwrap().next().is_none(),
+            "rbw not empty"
+        );
         // 8-byte header, then one big-endian CRC32C per 512-byte chunk.
         let sums = std::fs::read(meta).unwrap();
-        assert_eq!(&sums[..8], b"LFS1\x00\x01\x02\x09", "header: magic, version 1, CRC32C, 2^9");
+        assert_eq!(
+            &sums[..8],
+            b"LFS1\x00\x01\x02\x09",
+            "header: magic, version 1, CRC32C, 2^9"
+        );
         let chunks = src.len().div_ceil(512);
         assert_eq!(sums.len(), 8 + 4 * chunks, "{}", meta.display());
         for (k, chunk) in src.chunks(512).enumerate() {
@@ -94,9 +109,18 @@ fn every_datanode_has_a_finalized_replica_with_valid_checksums_after_close() {
             assert_eq!(got, want, "chunk {k} of {}", meta.display());
         }
         let name = meta.file_name().unwrap().to_string_lossy().into_owned();
-        gs.push(name.trim_end_matches(".meta").rsplit('_').next().unwrap().to_string());
+        gs.push(
+            name.trim_end_matches(".meta")
+                .rsplit('_')
+                .next()
+                .unwrap()
+                .to_string(),
+        );
     }
-    assert!(gs.iter().all(|g| *g == gs[0]), "replicas with different generation stamps: {gs:?}");
+    assert!(
+        gs.iter().all(|g| *g == gs[0]),
+        "replicas with different generation stamps: {gs:?}"
+    );
 }
 
 #[test]
@@ -110,13 +134,35 @@ fn replication_factor_sets_the_number_of_replicas_per_block() {
     put(&m, "f", &src);
     assert!(
         wait_until(Duration::from_secs(5), || {
-            m.datanodes.iter().map(|d| finalized(d).len()).sum::<usize>() == 12
+            m.datanodes
+                .iter()
+                .map(|d| finalized(d).len())
+                .sum::<usize>()
+                == 12
         }),
         "6 blocks x 2 replicas: {:?}",
-        m.datanodes.iter().map(|d| finalized(d).len()).collect::<Vec<_>>()
+        m.datanodes
+            .iter()
+            .map(|d| finalized(d).len())
+            .collect::<Vec<_>>()
     );
     assert!(m.read("f") == src);
 }
+
+/// Corrupts (xor) one byte of a replica's data file; returns the original.
+fn flip(data: &Path, at: usize) -> Vec<u8> {
+    let orig = std::fs::read(data).unwrap();
+    let mut bad = orig.clone();
+    bad[at] ^= 0x5a;
+    std::fs::write(data, &bad).unwrap();
+    orig
+}
+
+// The replica files are changed under a live mount: every open of a file
+// nobody writes drops the kernel's page cache of it (no FOPEN_KEEP_CACHE),
+// so each read below reaches the daemon, which reads the replicas itself.
+// (A remount would do too, but the mount-time repair may then fix the
+// replica before the read path ever sees it.)
 
 #[test]
 fn a_corrupt_replica_is_skipped_on_read_and_reported() {
@@ -124,19 +170,18 @@ fn a_corrupt_replica_is_skipped_on_read_and_reported() {
     let src = pattern(200_000, 13);
     put(&m, "f", &src);
     wait_finalized(&m, 1);
-    // Whichever replica the reader tries first, corrupt it in turn.
+    // Whichever replica the reader tries first, corrupt each in turn.
     let mut reported = Vec::new();
     for (i, dn) in m.datanodes.clone().iter().enumerate() {
         let (data, _) = finalized(dn)[0].clone();
-        let orig = std::fs::read(&data).unwrap();
-        let mut bad = orig.clone();
-        bad[100_000] ^= 0x5a;
-        std::fs::write(&data, &bad).unwrap();
-        remount(&mut m); // nothing left in the mount's page cache
+        let orig = flip(&data, 100_000);
         let before = bad_replica_lines(&m.log(), i);
         let got = m.read("f");
         assert_eq!(got.len(), src.len());
-        assert!(got == src, "read served the corrupt replica of datanode {i}");
+        assert!(
+            got == src,
+            "read served the corrupt replica of datanode {i}"
+        );
         if bad_replica_lines(&m.log(), i) > before {
             reported.push(i);
         }
@@ -146,6 +191,14 @@ fn a_corrupt_replica_is_skipped_on_read_and_reported() {
         !reported.is_empty(),
         "no corrupt replica was reported in the log:\n{}",
         m.log()
+    );
+    // Across an unmount/remount (page cache of the mount gone) as well.
+    let (data, _) = finalized(&m.datanodes[0])[0].clone();
+    flip(&data, 5);
+    remount(&mut m);
+    assert!(
+        m.read("f") == src,
+        "read after remount served corrupt bytes"
     );
 }
 
@@ -168,9 +221,11 @@ fn a_missing_replica_is_skipped_on_read() {
                 (p, to)
             })
             .collect();
-        remount(&mut m);
         let before = bad_replica_lines(&m.log(), i);
-        assert!(m.read("f") == src, "read failed without the replica of datanode {i}");
+        assert!(
+            m.read("f") == src,
+            "read failed without the replica of datanode {i}"
+        );
         if bad_replica_lines(&m.log(), i) > before {
             reported.push(i);
         }
@@ -178,14 +233,23 @@ fn a_missing_replica_is_skipped_on_read() {
             std::fs::rename(to, p).unwrap();
         }
     }
-    assert!(!reported.is_empty(), "no missing replica was reported:\n{}", m.log());
-    // Two replicas gone: the last one still serves the file.
+    assert!(
+        !reported.is_empty(),
+        "no missing replica was reported:\n{}",
+        m.log()
+    );
+    // Two replicas gone: the last one still serves the file, before and
+    // after a remount.
     for dn in &m.datanodes[..2] {
         for (d, meta) in finalized(dn) {
             std::fs::remove_file(d).unwrap();
             std::fs::remove_file(meta).unwrap();
         }
     }
-    remount(&mut m);
     assert!(m.read("f") == src, "read failed with one replica left");
+    remount(&mut m);
+    assert!(
+        m.read("f") == src,
+        "read failed with one replica left, after remount"
+    );
 }

@@ -84,7 +84,10 @@ impl Py {
                 assert!(st.success(), "python3 failed: {st:?}");
                 return;
             }
-            assert!(Instant::now() < deadline, "python3 still running after {max:?}");
+            assert!(
+                Instant::now() < deadline,
+                "python3 still running after {max:?}"
+            );
             std::thread::sleep(Duration::from_millis(10));
         }
     }
@@ -153,11 +156,21 @@ fn write_at_an_offset_other_than_the_end_fails_einval_and_leaves_the_file_unchan
     let out = py_ok(&m, PWRITE_PY, &[]);
     assert_eq!(out.trim(), "EINVAL EINVAL EINVAL EINVAL EINVAL");
     assert_eq!(m.read_string("f"), "hello");
-    assert!(m.log().contains("append-only"), "no log line says why:\n{}", m.log());
+    assert!(
+        m.log().contains("append-only"),
+        "no log line says why:\n{}",
+        m.log()
+    );
     // dd conv=notrunc into the middle fails too, and changes nothing.
     let o = m.sh("dd if=/dev/zero of=f bs=1 count=2 seek=1 conv=notrunc status=none");
-    assert!(!o.status.success(), "dd into the middle of a file succeeded");
-    assert!(String::from_utf8_lossy(&o.stderr).contains("Invalid argument"), "{o:?}");
+    assert!(
+        !o.status.success(),
+        "dd into the middle of a file succeeded"
+    );
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("Invalid argument"),
+        "{o:?}"
+    );
     assert_eq!(m.read_string("f"), "hello");
     // At the end it is an ordinary append.
     m.sh_ok("printf '!!' | dd of=f bs=1 seek=5 conv=notrunc status=none");
@@ -204,7 +217,10 @@ fn truncate_shrinks_and_grows_with_zeros() {
     assert_eq!(m.sh_ok("stat -c %s f"), "250000\n");
     let got = m.read("f");
     assert!(got[..70000] == src[..70000], "grow changed the kept prefix");
-    assert!(got[70000..].iter().all(|&b| b == 0), "grown part is not zeros");
+    assert!(
+        got[70000..].iter().all(|&b| b == 0),
+        "grown part is not zeros"
+    );
     // Shrink to the middle of the first block, then append after it.
     m.sh_ok("truncate -s 1000 f && printf tail >> f");
     let mut want = src[..1000].to_vec();
@@ -238,7 +254,8 @@ fn o_trunc_starts_the_file_afresh() {
     // The old blocks are gone from the datanodes, the new one is there.
     for dn in &m.datanodes {
         assert!(
-            wait_until(Duration::from_secs(5), || replicas(dn, "finalized").len() == 1),
+            wait_until(Duration::from_secs(5), || replicas(dn, "finalized").len()
+                == 1),
             "{}: {:?}",
             dn.display(),
             replicas(dn, "finalized")
@@ -264,10 +281,16 @@ fn a_multi_block_file_reads_back_identical_with_one_finalized_replica_per_block_
     for dn in &m.datanodes {
         // The last block is finalised by RELEASE, which the kernel sends
         // after close() has returned.
-        wait_until(Duration::from_secs(5), || replicas(dn, "finalized").len() == blocks);
+        wait_until(Duration::from_secs(5), || {
+            replicas(dn, "finalized").len() == blocks
+        });
         let fin = replicas(dn, "finalized");
         assert_eq!(fin.len(), blocks, "{}: {fin:?}", dn.display());
-        assert!(replicas(dn, "rbw").is_empty(), "{}: rbw left after close", dn.display());
+        assert!(
+            replicas(dn, "rbw").is_empty(),
+            "{}: rbw left after close",
+            dn.display()
+        );
         // Each replica has its checksum file, naming the generation stamp.
         for b in &fin {
             let metas: Vec<_> = std::fs::read_dir(dn.join("finalized"))
@@ -283,7 +306,11 @@ fn a_multi_block_file_reads_back_identical_with_one_finalized_replica_per_block_
         // Replica lengths add up to the file: 8 full blocks and 123 bytes.
         let mut lens: Vec<u64> = fin
             .iter()
-            .map(|b| std::fs::metadata(dn.join("finalized").join(b)).unwrap().len())
+            .map(|b| {
+                std::fs::metadata(dn.join("finalized").join(b))
+                    .unwrap()
+                    .len()
+            })
             .collect();
         lens.sort();
         assert_eq!(lens[0], 123);
@@ -318,7 +345,10 @@ fn readers_of_a_file_being_written_see_only_written_bytes_and_a_growing_size() {
     let s = scratch_file(&m, "src", &src);
     let mut w = Py::spawn(&m.mnt, FOLLOW_WRITER_PY, &[&s, "f", "0.03"]);
     let f = m.path("f");
-    assert!(wait_until(Duration::from_secs(10), || f.exists()), "writer did not create f");
+    assert!(
+        wait_until(Duration::from_secs(10), || f.exists()),
+        "writer did not create f"
+    );
     let mut last = 0u64;
     let mut sizes = std::collections::BTreeSet::new();
     let mut reads = 0;
@@ -329,16 +359,29 @@ fn readers_of_a_file_being_written_see_only_written_bytes_and_a_growing_size() {
         last = size;
         sizes.insert(size);
         let data = std::fs::read(&f).unwrap();
-        assert!(data.len() as u64 >= size, "read {} bytes, stat said {size}", data.len());
+        assert!(
+            data.len() as u64 >= size,
+            "read {} bytes, stat said {size}",
+            data.len()
+        );
         assert!(data.len() <= src.len(), "read past what was written");
         if let Some(i) = (0..data.len()).find(|&i| data[i] != src[i]) {
-            panic!("reader saw a wrong byte at offset {i} of {} read", data.len());
+            panic!(
+                "reader saw a wrong byte at offset {i} of {} read",
+                data.len()
+            );
         }
         reads += 1;
     }
     w.wait_ok(Duration::from_secs(5));
-    let growing: Vec<_> = sizes.iter().filter(|&&s| s > 0 && (s as usize) < src.len()).collect();
-    assert!(growing.len() >= 5, "stat did not follow the writer: sizes {sizes:?} over {reads} reads");
+    let growing: Vec<_> = sizes
+        .iter()
+        .filter(|&&s| s > 0 && (s as usize) < src.len())
+        .collect();
+    assert!(
+        growing.len() >= 5,
+        "stat did not follow the writer: sizes {sizes:?} over {reads} reads"
+    );
     assert_eq!(std::fs::metadata(&f).unwrap().len() as usize, src.len());
     assert!(m.read("f") == src);
 }
@@ -352,13 +395,23 @@ fn tail_f_follows_a_file_being_written_and_gets_every_byte() {
     let mut w = Py::spawn(&m.mnt, FOLLOW_WRITER_PY, &[&s, "f", "0.03"]);
     let f = m.path("f");
     assert!(
-        wait_until(Duration::from_secs(10), || f.metadata().is_ok_and(|md| md.len() > 0)),
+        wait_until(Duration::from_secs(10), || f
+            .metadata()
+            .is_ok_and(|md| md.len() > 0)),
         "writer wrote nothing visible"
     );
     // GNU tail polls (inotify does not see FUSE writes) and stops once the
     // writer is gone, after a last read.
     let tail = Command::new("tail")
-        .args(["-c", "+1", "-f", "---disable-inotify", "-s", "0.05", "--pid"])
+        .args([
+            "-c",
+            "+1",
+            "-f",
+            "---disable-inotify",
+            "-s",
+            "0.05",
+            "--pid",
+        ])
         .arg(w.pid().to_string())
         .arg(&f)
         .stdout(std::fs::File::create(&out).unwrap())
@@ -379,20 +432,37 @@ fn tail_f_follows_a_file_being_written_and_gets_every_byte() {
             }
             got.extend_from_slice(&buf[..n]);
         }
-        assert!(got.len() <= src.len() && got[..] == src[..got.len()], "follower read wrong bytes");
+        assert!(
+            got.len() <= src.len() && got[..] == src[..got.len()],
+            "follower read wrong bytes"
+        );
         steps.insert(got.len());
         if !w.running() && got.len() == src.len() {
             break;
         }
-        assert!(Instant::now() < deadline, "follower stuck at {} of {}", got.len(), src.len());
+        assert!(
+            Instant::now() < deadline,
+            "follower stuck at {} of {}",
+            got.len(),
+            src.len()
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     w.wait_ok(Duration::from_secs(5));
-    assert!(steps.len() >= 5, "the follower got everything at once: {steps:?}");
+    assert!(
+        steps.len() >= 5,
+        "the follower got everything at once: {steps:?}"
+    );
     let st = tail.0.wait().unwrap();
     assert!(st.success());
     let tailed = std::fs::read(&out).unwrap();
-    assert_eq!(tailed.len(), src.len(), "tail -f got {} of {} bytes", tailed.len(), src.len());
+    assert_eq!(
+        tailed.len(),
+        src.len(),
+        "tail -f got {} of {} bytes",
+        tailed.len(),
+        src.len()
+    );
     assert!(tailed == src, "tail -f output differs");
 }
 
@@ -497,7 +567,10 @@ fn a_slow_replica_makes_write_block_at_the_in_flight_bound() {
         seen.in_flight,
         seen.max
     );
-    assert!(m.xattr("big", "user.leasefs.stream").is_none(), "stream xattr after close");
+    assert!(
+        m.xattr("big", "user.leasefs.stream").is_none(),
+        "stream xattr after close"
+    );
     assert_eq!(m.sh_ok("stat -c %s big"), "8388608\n");
 }
 
@@ -509,7 +582,8 @@ fn metadata_operations_are_not_delayed_by_a_writer_blocked_on_a_slow_replica() {
     assert_eq!(w.line(), "open");
     // Wait until the writer is really blocked on acknowledgements.
     assert!(
-        wait_until(Duration::from_secs(10), || stream_stats(&m, "big").is_some_and(|s| s.in_flight >= s.max)),
+        wait_until(Duration::from_secs(10), || stream_stats(&m, "big")
+            .is_some_and(|s| s.in_flight >= s.max)),
         "the writer never filled the in-flight window"
     );
     let mut worst = Duration::ZERO;
@@ -567,7 +641,10 @@ fn fsynced_bytes_survive_kill_9_of_the_daemon() {
     );
     m.crash();
     m.mount();
-    assert!(m.read("closed") == src, "fsynced and closed file changed across kill -9");
+    assert!(
+        m.read("closed") == src,
+        "fsynced and closed file changed across kill -9"
+    );
     assert!(m.read("kept") == src[..1000]);
     assert_eq!(m.sh_ok("stat -c %s closed"), "300000\n");
     assert_eq!(m.lease_state("closed"), "free");
@@ -586,10 +663,17 @@ fn a_file_open_for_writing_at_kill_9_keeps_its_fsynced_prefix_and_its_lease_is_f
     drop(w);
     m.mount();
     let got = m.read("open");
-    assert!(got.len() >= synced, "only {} of {synced} fsynced bytes after kill -9", got.len());
+    assert!(
+        got.len() >= synced,
+        "only {} of {synced} fsynced bytes after kill -9",
+        got.len()
+    );
     assert!(got.len() <= src.len());
     if let Some(i) = (0..got.len()).find(|&i| got[i] != src[i]) {
-        panic!("byte {i} differs after kill -9 (file has {} bytes)", got.len());
+        panic!(
+            "byte {i} differs after kill -9 (file has {} bytes)",
+            got.len()
+        );
     }
     assert_eq!(m.sh_ok("stat -c %s open"), format!("{}\n", got.len()));
     assert_eq!(m.lease_state("open"), "free", "lease: {}", m.lease("open"));
@@ -610,7 +694,11 @@ fn plain_umount_unmounts_cleanly_and_a_remount_shows_the_same_tree() {
     let before = m.sh_ok(list);
     let pid = m.pid.expect("daemon pid");
     let o = Command::new("umount").arg(&m.mnt).output().unwrap();
-    assert!(o.status.success(), "umount failed: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "umount failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     assert!(!is_mounted(&m.mnt), "still mounted after umount");
     wait_exit(pid, Duration::from_secs(10));
     assert!(!alive(pid), "the daemon did not exit after umount");

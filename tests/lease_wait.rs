@@ -181,3 +181,45 @@ fn waiting_open_never_stalls_other_requests() {
     }
     assert_eq!(m.read_string("f"), format!("held\n{}", "w\n".repeat(6)));
 }
+
+#[test]
+fn job_control_stop_does_not_fail_a_waiting_open() {
+    // Ctrl-Z (a stop signal) is not Ctrl-C: a writer stopped and resumed
+    // while it waits for the lease keeps waiting, as a blocked open on any
+    // local filesystem would. tee opens its file itself and, unlike bash
+    // and python, does not retry an open that failed with EINTR.
+    use std::io::Write;
+    let m = Mount::with_o("lease_wait=10");
+    let mut holder = Agent::spawn(&m.mnt);
+    holder.ok("open f wac");
+    holder.ok("write held");
+    let mut tee = std::process::Command::new("tee")
+        .args(["-a", "f"])
+        .current_dir(&m.mnt)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn tee");
+    let pid = tee.id();
+    let mut input = tee.stdin.take().unwrap();
+    input.write_all(b"tee\n").unwrap();
+    drop(input);
+    assert!(wait_until(Duration::from_secs(3), || waiters(&m, "f") == 1), "tee did not queue");
+    kill(pid, libc::SIGSTOP);
+    std::thread::sleep(Duration::from_millis(500));
+    let waiting_while_stopped = waiters(&m, "f");
+    kill(pid, libc::SIGCONT);
+    std::thread::sleep(Duration::from_millis(200));
+    holder.ok("close");
+    let o = tee.wait_with_output().expect("tee");
+    assert!(
+        o.status.success(),
+        "tee stopped and resumed while waiting for the lease failed ({:?}, waiters while stopped: \
+         {waiting_while_stopped}): {}",
+        o.status,
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(waiting_while_stopped, 1, "the stopped writer left the queue");
+    assert_eq!(m.read_string("f"), "held\ntee\n");
+}

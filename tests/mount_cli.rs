@@ -16,7 +16,10 @@ struct Scratch {
 
 impl Scratch {
     fn new() -> Scratch {
-        let dir = tempfile::Builder::new().prefix("leasefs-cli").tempdir().unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix("leasefs-cli")
+            .tempdir()
+            .unwrap();
         std::fs::create_dir_all(dir.path().join("mnt")).unwrap();
         Scratch { dir }
     }
@@ -25,7 +28,12 @@ impl Scratch {
     }
     fn dn_args(&self, n: usize) -> Vec<String> {
         (1..=n)
-            .flat_map(|i| ["--datanode".to_string(), self.p(&format!("dn{i}")).display().to_string()])
+            .flat_map(|i| {
+                [
+                    "--datanode".to_string(),
+                    self.p(&format!("dn{i}")).display().to_string(),
+                ]
+            })
             .collect()
     }
 }
@@ -44,12 +52,21 @@ fn assert_one_line_failure(o: &Output, mnt: &Path) -> String {
     let out = String::from_utf8_lossy(&o.stdout);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success(), "mount succeeded: {out}{err}");
-    assert!(!err.contains("panicked") && !out.contains("panicked"), "panic: {err}");
+    assert!(
+        !err.contains("panicked") && !out.contains("panicked"),
+        "panic: {err}"
+    );
     let lines: Vec<&str> = err.lines().collect();
     assert_eq!(lines.len(), 1, "stderr is not one line:\n{err}");
-    assert!(lines[0].starts_with("leasefs:"), "stderr does not start with `leasefs:`: {err}");
+    assert!(
+        lines[0].starts_with("leasefs:"),
+        "stderr does not start with `leasefs:`: {err}"
+    );
     if is_mounted(mnt) {
-        let _ = std::process::Command::new("fusermount3").arg("-u").arg(mnt).output();
+        let _ = std::process::Command::new("fusermount3")
+            .arg("-u")
+            .arg(mnt)
+            .output();
         panic!("a failed mount left {} mounted", mnt.display());
     }
     lines[0].to_string()
@@ -84,11 +101,17 @@ fn mount_on_an_already_mounted_mountpoint_fails_with_one_line() {
     let s = Scratch::new();
     let o = mount_cmd(&m.mnt, &base(&s));
     let err = String::from_utf8_lossy(&o.stderr).into_owned();
-    assert!(!o.status.success(), "second mount on the same mountpoint succeeded");
+    assert!(
+        !o.status.success(),
+        "second mount on the same mountpoint succeeded"
+    );
     assert!(!err.contains("panicked"), "{err}");
     let lines: Vec<&str> = err.lines().collect();
     assert_eq!(lines.len(), 1, "{err}");
-    assert!(lines[0].starts_with("leasefs:") && lines[0].contains("mount"), "{err}");
+    assert!(
+        lines[0].starts_with("leasefs:") && lines[0].contains("mount"),
+        "{err}"
+    );
     // The first mount is untouched.
     m.sh_ok("echo still > f");
     assert_eq!(m.read_string("f"), "still\n");
@@ -118,7 +141,12 @@ fn an_unknown_mount_option_fails_with_one_line() {
 fn a_bad_option_value_fails_with_one_line() {
     let s = Scratch::new();
     let mnt = s.p("mnt");
-    for o in ["block_size=abc", "packet_size=1000", "max_packets_in_flight=x", "soft_limit=-1"] {
+    for o in [
+        "block_size=abc",
+        "packet_size=1000",
+        "max_packets_in_flight=x",
+        "soft_limit=-1",
+    ] {
         let mut a = base(&s);
         a.extend(["-o".to_string(), o.to_string()]);
         let line = assert_one_line_failure(&mount_cmd(&mnt, &a), &mnt);
@@ -137,8 +165,14 @@ fn a_second_mount_of_the_same_data_directory_is_refused_clearly() {
         a.extend(["--datanode".to_string(), d.display().to_string()]);
     }
     let line = assert_one_line_failure(&mount_cmd(&mnt, &a), &mnt);
-    assert!(line.contains("in use") || line.contains("already"), "unclear message: {line}");
-    assert!(line.contains(&m.data.display().to_string()), "does not name the data dir: {line}");
+    assert!(
+        line.contains("in use") || line.contains("already"),
+        "unclear message: {line}"
+    );
+    assert!(
+        line.contains(&m.data.display().to_string()),
+        "does not name the data dir: {line}"
+    );
     // The first daemon still serves its mount.
     m.sh_ok("echo still > f");
     assert_eq!(m.read_string("f"), "still\n");

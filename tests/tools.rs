@@ -28,7 +28,10 @@ fn cat_reads_back_what_was_written() {
     let m = Mount::new();
     m.sh_ok("printf 'line one\\nline two\\n' > f");
     assert_eq!(m.sh_ok("cat f"), "line one\nline two\n");
-    assert_eq!(m.sh_ok("cat f f"), "line one\nline two\nline one\nline two\n");
+    assert_eq!(
+        m.sh_ok("cat f f"),
+        "line one\nline two\nline one\nline two\n"
+    );
 }
 
 #[test]
@@ -82,7 +85,9 @@ fn tar_x_of_an_archive_extracts_identical_files() {
 fn tar_x_preserves_modification_times() {
     let m = Mount::new();
     let s = scratch(&m, "arch");
-    m.sh_ok(&format!("tar cf {s}/a.tar -C /usr/share/doc bash && tar xf {s}/a.tar"));
+    m.sh_ok(&format!(
+        "tar cf {s}/a.tar -C /usr/share/doc bash && tar xf {s}/a.tar"
+    ));
     let o = m.sh(&format!("tar df {s}/a.tar"));
     assert!(
         o.status.success(),
@@ -104,7 +109,10 @@ fn rsync_a_preserves_mtimes_so_a_second_run_transfers_nothing() {
     let m = Mount::new();
     m.sh_ok("rsync -a /usr/share/doc/bash/ r/");
     let again = m.sh_ok("rsync -ai /usr/share/doc/bash/ r/");
-    assert!(again.trim().is_empty(), "second rsync -a transferred again:\n{again}");
+    assert!(
+        again.trim().is_empty(),
+        "second rsync -a transferred again:\n{again}"
+    );
 }
 
 #[test]
@@ -149,7 +157,10 @@ fn replica_count(m: &Mount) -> usize {
 fn rm_r_removes_the_tree_and_its_replicas() {
     let m = Mount::new();
     m.sh_ok("mkdir -p t/a/b && for i in 1 2 3; do echo $i > t/a/b/f$i; seq 1 $i > t/a/g$i; done");
-    assert!(replica_count(&m) >= 6 * 3, "each file has a replica on each datanode");
+    assert!(
+        replica_count(&m) >= 6 * 3,
+        "each file has a replica on each datanode"
+    );
     m.sh_ok("rm -r t");
     assert_eq!(m.sh_ok("ls -A"), "");
     assert!(
@@ -163,9 +174,15 @@ fn rm_r_removes_the_tree_and_its_replicas() {
 fn ls_l_and_stat_report_sizes() {
     let m = Mount::new();
     m.sh_ok("head -c 12345 /dev/urandom > f; : > empty; head -c 70000 /dev/zero > g");
-    assert_eq!(m.sh_ok("stat -c '%n %s' f empty g"), "f 12345\nempty 0\ng 70000\n");
+    assert_eq!(
+        m.sh_ok("stat -c '%n %s' f empty g"),
+        "f 12345\nempty 0\ng 70000\n"
+    );
     let ls = m.sh_ok("ls -l f empty g");
-    let sizes: Vec<&str> = ls.lines().map(|l| l.split_whitespace().nth(4).unwrap()).collect();
+    let sizes: Vec<&str> = ls
+        .lines()
+        .map(|l| l.split_whitespace().nth(4).unwrap())
+        .collect();
     assert_eq!(sizes, ["0", "12345", "70000"], "{ls}"); // ls sorts: empty f g
     assert_eq!(m.sh_ok("wc -c < f"), "12345\n");
 }
@@ -178,7 +195,10 @@ fn user_xattr_set_then_get() {
     let dump = m.sh_ok("getfattr -d f");
     assert!(dump.contains("user.x=\"y\""), "{dump}");
     m.sh_ok("setfattr -x user.x f");
-    assert!(!m.sh("getfattr -n user.x f").status.success(), "removed xattr still readable");
+    assert!(
+        !m.sh("getfattr -n user.x f").status.success(),
+        "removed xattr still readable"
+    );
 }
 
 #[test]
@@ -210,7 +230,10 @@ fn mkfifo_creates_a_working_fifo() {
     let m = Mount::new();
     m.sh_ok("mkfifo p");
     assert_eq!(m.sh_ok("stat -c %F p"), "fifo\n");
-    assert_eq!(m.sh_ok("(echo through > p &) ; timeout 10 cat p"), "through\n");
+    assert_eq!(
+        m.sh_ok("(echo through > p &) ; timeout 10 cat p"),
+        "through\n"
+    );
 }
 
 #[test]
@@ -228,7 +251,10 @@ fn chmod_and_chown_change_mode_and_owner() {
 fn touch_d_sets_the_modification_time() {
     let m = Mount::new();
     m.sh_ok("echo x > f; touch -d '2001-02-03 04:05:06 UTC' f new");
-    assert_eq!(m.sh_ok("stat -c '%Y %X' f new"), "981173106 981173106\n981173106 981173106\n");
+    assert_eq!(
+        m.sh_ok("stat -c '%Y %X' f new"),
+        "981173106 981173106\n981173106 981173106\n"
+    );
     // Once the attribute caches have expired too.
     std::thread::sleep(std::time::Duration::from_millis(1100));
     assert_eq!(m.sh_ok("stat -c %Y f new"), "981173106\n981173106\n");
@@ -248,7 +274,10 @@ fn futimens_after_writing_sets_the_modification_time() {
     assert_eq!(m.sh_ok("stat -c %Y f"), "981173106\n");
     m.sh_ok("cp -p /usr/share/doc/bash/copyright c");
     std::thread::sleep(std::time::Duration::from_millis(1100));
-    assert_eq!(m.sh_ok("stat -c %Y c"), m.sh_ok("stat -c %Y /usr/share/doc/bash/copyright"));
+    assert_eq!(
+        m.sh_ok("stat -c %Y c"),
+        m.sh_ok("stat -c %Y /usr/share/doc/bash/copyright")
+    );
 }
 
 /// Opening a file for writing and closing it without writing leaves its

@@ -112,12 +112,15 @@ fn empty(reply: ReplyEmpty, r: Result<(), FsError>) {
     }
 }
 
-fn open_flags(direct_io: bool) -> FopenFlags {
-    if direct_io {
-        FopenFlags::FOPEN_DIRECT_IO
-    } else {
-        FopenFlags::empty()
+fn open_flags(o: &super::core::Opened) -> FopenFlags {
+    let mut f = FopenFlags::empty();
+    if o.direct_io {
+        f |= FopenFlags::FOPEN_DIRECT_IO;
     }
+    if o.keep_cache {
+        f |= FopenFlags::FOPEN_KEEP_CACHE;
+    }
+    f
 }
 
 impl Filesystem for Adapter {
@@ -274,7 +277,7 @@ impl Filesystem for Adapter {
             flags.0,
             caller(req),
             Box::new(move |r| match r {
-                Ok(o) => reply.opened(FileHandle(o.fh), open_flags(o.direct_io)),
+                Ok(o) => reply.opened(FileHandle(o.fh), open_flags(&o)),
                 Err(e) => reply.error(errno(&e)),
             }),
         )
@@ -420,7 +423,7 @@ impl Filesystem for Adapter {
             Box::new(move |r| match r {
                 Ok(o) => {
                     let a = core2.getattr(attr.ino).unwrap_or(attr);
-                    reply.created(&Duration::ZERO, &fattr(&a), Generation(0), FileHandle(o.fh), open_flags(o.direct_io))
+                    reply.created(&Duration::ZERO, &fattr(&a), Generation(0), FileHandle(o.fh), open_flags(&o))
                 }
                 Err(e) => reply.error(errno(&e)),
             }),

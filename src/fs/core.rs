@@ -32,6 +32,9 @@ pub const IOC_EPOCH: u32 = 0x8008_4C03; // _IOR('L', 3, u64)
 
 pub type Reply<T> = Box<dyn FnOnce(FsResult<T>) + Send>;
 
+/// Tells the kernel to forget an inode's cached data and attributes.
+pub type Invalidator = Arc<dyn Fn(u64) + Send + Sync>;
+
 /// Who is asking.
 #[derive(Debug, Clone, Copy)]
 pub struct Caller {
@@ -46,6 +49,9 @@ pub struct Opened {
     pub fh: u64,
     /// Serve reads without the page cache (the file is being written).
     pub direct_io: bool,
+    /// Keep the kernel's cached pages of a closed file across opens: its
+    /// bytes only change through leasefs, which invalidates them then.
+    pub keep_cache: bool,
 }
 
 /// Epochs reserved from the metadata store in batches, so each grant does
@@ -91,6 +97,9 @@ pub struct Core {
     /// file: pgid -> (election file, epoch). Once that term is over the
     /// daemon refuses every write and open for writing from the group.
     fences: DashMap<u32, (u64, u64)>,
+    /// Drops the kernel's cached pages and attributes of an inode (set by
+    /// the daemon once the session exists).
+    invalidator: std::sync::OnceLock<Invalidator>,
     /// Closes still finishing, so unmount can wait for them.
     pending_closes: Mutex<usize>,
 }
@@ -142,6 +151,7 @@ impl Core {
             files: DashMap::new(),
             next_fh: AtomicU64::new(1),
             fences: DashMap::new(),
+            invalidator: std::sync::OnceLock::new(),
             pending_closes: Mutex::new(0),
         })
     }
@@ -215,7 +225,11 @@ impl Core {
             };
             self.register(h);
             let direct_io = self.stream_of(ino).is_some();
-            return reply(Ok(Opened { fh, direct_io }));
+            return reply(Ok(Opened {
+                fh,
+                direct_io,
+                keep_cache: !direct_io,
+            }));
         }
         let (tgid, comm) = proc_info::identity(caller.pid);
         if let Err(e) = self.check_fence(proc_info::pgid(tgid)) {
@@ -321,6 +335,7 @@ impl Core {
         let opened = Opened {
             fh,
             direct_io: false,
+            keep_cache: false,
         };
         if flags & libc::O_TRUNC != 0 && inode.size > 0 {
             stream.truncate(0, Box::new(move |r| reply(r.map(|_| opened))));
@@ -449,6 +464,9 @@ impl Core {
                 me.leases.release(h.ino, h.fh);
             }
             me.drop_open(h.ino);
+            if h.write {
+                me.invalidate(h.ino);
+            }
             reply(r)
         };
         match stream_to_close {
@@ -640,7 +658,21 @@ impl Core {
             }
         }
         tracing::info!(ino, ?reason, path = %self.meta.path_of(ino), "lease recovery");
-        recovery::recover_file(&self.meta, &self.dns, ino)
+        let r = recovery::recover_file(&self.meta, &self.dns, ino);
+        self.invalidate(ino);
+        r
+    }
+
+    pub fn set_invalidator(&self, f: Invalidator) {
+        let _ = self.invalidator.set(f);
+    }
+
+    /// Drops the kernel's cache of `ino`, from a worker thread: never from
+    /// a thread a pending request of that inode may be waiting on.
+    fn invalidate(&self, ino: u64) {
+        if let Some(f) = self.invalidator.get().cloned() {
+            self.ctx.rt.spawn_blocking(move || f(ino));
+        }
     }
 
     /// `leasefs recover-lease`: recovers now; Ok(true) when the file is closed.

@@ -175,6 +175,11 @@ impl Daemon {
                 return Err(FsError::Io(msg));
             }
         };
+        let notifier = session.notifier();
+        self.core.set_invalidator(Arc::new(move |ino| {
+            // ENOENT: the kernel holds nothing of this inode; fine.
+            let _ = notifier.inval_inode(fuser::INodeNo(ino), 0, 0);
+        }));
         install_signal_unmount(session.unmount_callable());
         ready(Ok(()));
         tracing::info!(mountpoint = %spec.mountpoint.display(), "mounted");

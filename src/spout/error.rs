@@ -1,0 +1,61 @@
+//! The spout's error type. Only conditions that stop the whole consumer are
+//! errors here; a file that is bad, or whose lock was lost to another
+//! instance, is an outcome of that file, not an error of the run.
+
+use std::path::PathBuf;
+
+/// Why a spout run stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum SpoutError {
+    /// A configuration value that cannot work (caught before touching files).
+    #[error("{0}")]
+    Config(String),
+    /// A directory the spout needs could not be created or used.
+    #[error("{what} directory {path}: {source}")]
+    Dir {
+        what: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// Moves into the done and bad directories are renames, which cannot
+    /// cross filesystems; caught at start instead of after the first file.
+    #[error("{what} directory {path} is not on the same filesystem as the source directory {source_dir}")]
+    CrossDevice {
+        what: &'static str,
+        path: PathBuf,
+        source_dir: PathBuf,
+    },
+    /// The lock directory does not support leasefs' client-renewal ioctl:
+    /// without it a stopped instance could never be told apart from a
+    /// live one, so the spout refuses to run.
+    #[error("{path} is not on a leasefs mount (client-renewal ioctl failed: {source}); the spout's locks need leasefs leases")]
+    NotLeasefs { path: PathBuf, source: std::io::Error },
+    /// An I/O failure on a path the spout cannot do without.
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    /// The record consumer failed (closed stdout, `--exec` command died).
+    #[error("output: {0}")]
+    Emit(#[from] EmitError),
+}
+
+/// Why records could not be handed on.
+#[derive(Debug, thiserror::Error)]
+pub enum EmitError {
+    #[error("cannot start `{cmd}`: {source}")]
+    Spawn { cmd: String, source: std::io::Error },
+    #[error("`{cmd}` stopped reading its input ({source})")]
+    CommandGone { cmd: String, source: std::io::Error },
+    #[error("`{cmd}` exited with {status}")]
+    CommandFailed { cmd: String, status: std::process::ExitStatus },
+    #[error("standard output: {0}")]
+    Stdout(std::io::Error),
+}
+
+impl SpoutError {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        SpoutError::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}
