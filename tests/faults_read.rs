@@ -28,7 +28,9 @@ fn put(m: &Mount, rel: &str, data: &[u8]) {
     m.sh_ok(&format!("cp {} {rel}", p.display()));
 }
 
-/// (data file, meta file) of every finalized replica on a datanode.
+/// (data file, meta file) of every finalized replica on a datanode; a data
+/// file whose checksum file has not arrived yet (finalisation moves them
+/// one after the other) is not counted.
 fn finalized(dn: &Path) -> Vec<(PathBuf, PathBuf)> {
     let dir = dn.join("finalized");
     let names: Vec<String> = std::fs::read_dir(&dir)
@@ -41,12 +43,11 @@ fn finalized(dn: &Path) -> Vec<(PathBuf, PathBuf)> {
     let mut v: Vec<(PathBuf, PathBuf)> = names
         .iter()
         .filter(|n| n.starts_with("blk_") && !n.ends_with(".meta"))
-        .map(|n| {
+        .filter_map(|n| {
             let meta = names
                 .iter()
-                .find(|m| m.starts_with(&format!("{n}_")) && m.ends_with(".meta"))
-                .unwrap_or_else(|| panic!("{n} on {} has no checksum file", dn.display()));
-            (dir.join(n), dir.join(meta))
+                .find(|m| m.starts_with(&format!("{n}_")) && m.ends_with(".meta"))?;
+            Some((dir.join(n), dir.join(meta)))
         })
         .collect();
     v.sort();

@@ -233,3 +233,16 @@ fn killed_writer_releases_its_lease_at_once() {
     let s = m.read_string("f");
     assert!(s == "acked\nnext\n" || s == "acked\nbuffered\nnext\n", "{s:?}");
 }
+
+#[test]
+fn lease_ioctls_need_a_write_descriptor() {
+    let m = Mount::new();
+    m.sh_ok("echo x > f");
+    let mut r = Agent::spawn(&m.mnt);
+    r.ok("open f r");
+    for cmd in [CLIENT_RENEWAL, RENEW, "epoch"] {
+        let a = r.cmd(cmd);
+        assert_eq!(err_name(&a), Some("EBADF"), "`{cmd}` on a read-only descriptor: {a}");
+    }
+    r.ok("close");
+}

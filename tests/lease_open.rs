@@ -21,6 +21,10 @@ fn second_writer_gets_ebusy_at_once_while_first_holds() {
         assert_eq!(err_name(&r), Some("EBUSY"), "open(f, {flags}) by a second writer: {r}");
         assert!(reply_ms(&r) < 500, "EBUSY must come at once, took {r}");
     }
+    // One writer per file means one open file description, also within the
+    // holding process.
+    let r = holder.cmd("open f wa");
+    assert_eq!(err_name(&r), Some("EBUSY"), "a second open by the holder process itself: {r}");
     // The shell's view of the same rule; O_TRUNC by a non-holder cuts nothing.
     let o = m.sh("echo x >> f");
     assert!(!o.status.success(), "append by a second writer succeeded");
@@ -44,6 +48,36 @@ fn second_writer_gets_ebusy_at_once_while_first_holds() {
     other.ok("write second");
     other.ok("close");
     assert_eq!(m.read_string("f"), "held\nsecond\n");
+}
+
+#[test]
+fn lease_belongs_to_the_inode_not_the_name() {
+    let m = Mount::new();
+    m.sh_ok("echo base > f; ln f link");
+    let mut holder = Agent::spawn(&m.mnt);
+    holder.ok("open f wa");
+    holder.ok("write through f");
+    holder.ok("fsync");
+    // A hard link is the same file: refused.
+    let o = m.sh("echo x >> link");
+    assert!(!o.status.success(), "a writer got the held file through its other name");
+    // Replacing the name (write a temp file, rename over) leaves a new,
+    // free file; the holder keeps writing the old one.
+    m.sh_ok("echo new > tmp && mv tmp f && echo more >> f");
+    assert_eq!(m.lease_state("f"), "free");
+    assert_eq!(m.lease_state("link"), "held");
+    holder.ok("write still old");
+    holder.ok("close");
+    assert_eq!(m.read_string("f"), "new\nmore\n");
+    assert_eq!(m.read_string("link"), "base\nthrough f\nstill old\n");
+}
+
+#[test]
+fn descriptors_shared_by_fork_share_the_lease() {
+    let m = Mount::new();
+    m.sh_ok("set -e; exec 3>>f; for i in 1 2 3; do (echo child$i >&3); done; echo parent >&3; exec 3>&-");
+    assert_eq!(m.read_string("f"), "child1\nchild2\nchild3\nparent\n");
+    assert_eq!(m.lease_state("f"), "free");
 }
 
 #[test]

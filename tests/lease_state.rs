@@ -26,6 +26,13 @@ fn leases_json(m: &Mount) -> Vec<Value> {
 #[test]
 fn leases_json_lists_every_held_file_with_holder_identity() {
     let m = Mount::with_o("lease_wait=30");
+    let now_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64
+    };
+    let before = now_ms();
     m.sh_ok("mkdir d");
     let mut a = Agent::spawn(&m.mnt);
     a.ok("open f1 wac");
@@ -58,6 +65,8 @@ fn leases_json_lists_every_held_file_with_holder_identity() {
         let epoch = l["epoch"].as_u64().unwrap_or(0);
         assert!(epoch > 0 && epoch == m.epoch(rel), "{l}");
         assert!(l["renewed_ms_ago"].as_u64().is_some_and(|ms| ms < 60_000), "{l}");
+        let opened = l["opened_wall_ms"].as_u64().unwrap_or(0);
+        assert!(opened >= before && opened <= now_ms(), "open time {opened} not in the test's span: {l}");
         // The xattr says the same.
         let x = m.lease(rel);
         for k in ["state", "holder", "comm", "epoch", "mode", "waiters"] {

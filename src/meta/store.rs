@@ -13,7 +13,7 @@ use rusqlite::{Connection, OptionalExtension, Transaction, params};
 use serde::Serialize;
 
 use crate::error::{FsError, FsResult};
-use crate::sync::{Mutex, lock};
+use crate::sync::{AtomicU64, Mutex, Ordering, lock};
 
 pub const ROOT_INO: u64 = 1;
 
@@ -145,7 +145,16 @@ pub fn now_ns() -> i64 {
 
 pub struct MetaStore {
     conn: Mutex<Connection>,
+    /// Commits made, and how many of them are known durable.
+    commits: AtomicU64,
+    synced: AtomicU64,
+    /// Ranges of block ids and generation stamps reserved in the database,
+    /// handed out without a commit each: (next, end) per counter.
+    pool: Mutex<std::collections::HashMap<&'static str, (u64, u64)>>,
 }
+
+/// How many ids one reservation takes.
+const ID_BATCH: u64 = 1024;
 
 const INODE_COLS: &str =
     "ino, kind, mode, uid, gid, nlink, size, rdev, atime, mtime, ctime, crtime, block_size, last_epoch";
@@ -250,6 +259,9 @@ impl MetaStore {
         )?;
         Ok(MetaStore {
             conn: Mutex::new(conn),
+            commits: AtomicU64::new(1),
+            synced: AtomicU64::new(0),
+            pool: Mutex::new(Default::default()),
         })
     }
 
@@ -258,7 +270,20 @@ impl MetaStore {
         let tx = c.transaction()?;
         let v = f(&tx)?;
         tx.commit()?;
+        self.commits.fetch_add(1, Ordering::Release);
         Ok(v)
+    }
+
+    /// Makes every commit so far durable, unless that is already so: an
+    /// fsync that changed no metadata since the last one costs nothing here.
+    pub fn sync_if_needed(&self) -> FsResult<()> {
+        let seen = self.commits.load(Ordering::Acquire);
+        if self.synced.load(Ordering::Acquire) >= seen {
+            return Ok(());
+        }
+        self.durable(|_| Ok(()))?;
+        self.synced.fetch_max(seen, Ordering::AcqRel);
+        Ok(())
     }
 
     /// Runs `f` in a transaction whose commit is durable (fsync of the WAL),
@@ -634,6 +659,27 @@ impl MetaStore {
 
     pub fn next_id(tx: &Connection, counter: &str) -> FsResult<u64> {
         next_counter(tx, counter)
+    }
+
+    /// A fresh id of `counter` (`next_block`, `next_gs`): unique across
+    /// restarts, since whole ranges are reserved durably before use.
+    pub fn alloc(&self, counter: &'static str) -> FsResult<u64> {
+        let mut pool = lock(&self.pool);
+        let (next, end) = pool.entry(counter).or_insert((0, 0));
+        if *next >= *end {
+            let first: i64 = self.with_tx(|tx| {
+                Ok(tx.query_row(
+                    "UPDATE counters SET value = value + ?2 WHERE name = ?1 RETURNING value - ?2",
+                    params![counter, ID_BATCH as i64],
+                    |r| r.get(0),
+                )?)
+            })?;
+            *next = first as u64;
+            *end = first as u64 + ID_BATCH;
+        }
+        let id = *next;
+        *next += 1;
+        Ok(id)
     }
 
     /// Reserves `n` epochs above the persisted high-water mark and returns

@@ -48,7 +48,7 @@ pub fn recover_file(meta: &MetaStore, dns: &Datanodes, ino: u64) -> FsResult<u64
             return Ok(start);
         }
         let len = lens.iter().map(|(_, n)| *n).min().unwrap_or(0);
-        let new_gs = meta.tx(|tx| MetaStore::next_id(tx, "next_gs"))?;
+        let new_gs = meta.alloc("next_gs")?;
         let mut ok = Vec::new();
         for (dn, _) in lens {
             let Some(node) = dns.get(dn) else { continue };

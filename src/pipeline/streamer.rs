@@ -23,6 +23,8 @@ pub(crate) struct Pipe {
     /// Blocks finalised since the last sync: (block id, gs, datanodes).
     /// Closing promises no durability; `fsync` syncs these too.
     unsynced: Vec<(u64, u64, Vec<usize>)>,
+    /// The file's under-construction record is in the metadata store.
+    uc_recorded: bool,
 }
 
 struct OpenBlock {
@@ -39,6 +41,7 @@ impl Pipe {
             block: None,
             crcs: Vec::new(),
             unsynced: Vec::new(),
+            uc_recorded: false,
         }
     }
     pub(crate) fn reset(&mut self) {
@@ -112,12 +115,11 @@ impl OutputStream {
                         d(Ok(()));
                     }
                 }
-                Job::Flush(d) => {
-                    let r = self.persist_length(&pipe, false);
-                    d(r)
-                }
+                // hflush needs no metadata: readers take the visible length
+                // from the stream, and recovery takes it from the replicas.
+                Job::Flush(d) => d(Ok(())),
                 Job::Sync(d) => {
-                    let r = self.sync_replicas(&mut pipe).and_then(|_| self.persist_length(&pipe, true));
+                    let r = self.sync_replicas(&mut pipe);
                     d(r)
                 }
                 Job::Close(d) => {
@@ -145,9 +147,26 @@ impl OutputStream {
         &self.ctx.meta
     }
 
-    /// Records the holder of this file under construction, once.
-    fn persist_uc(&self) -> FsResult<()> {
-        self.meta().tx(|tx| MetaStore::put_uc(tx, &self.uc))
+    /// Records a block row, with the file's under-construction record the
+    /// first time, in one commit.
+    fn record_block(&self, pipe_uc: &mut bool, row: &BlockRow) -> FsResult<()> {
+        let first = !*pipe_uc;
+        self.meta().tx(|tx| {
+            if first {
+                MetaStore::put_uc(tx, &self.uc)?;
+            }
+            MetaStore::put_block(tx, row)
+        })?;
+        *pipe_uc = true;
+        Ok(())
+    }
+
+    /// A finalised block's row and the file length it implies, in one commit.
+    fn record_finalized(&self, row: &BlockRow, size: u64) -> FsResult<()> {
+        self.meta().tx(|tx| {
+            MetaStore::put_block(tx, row)?;
+            MetaStore::set_size(tx, self.ino, size, None)
+        })
     }
 
     /// Streams one packet through the pipeline, rebuilding it on failure.
@@ -159,10 +178,11 @@ impl OutputStream {
             .is_some_and(|b| p.off >= b.start + bs);
         if full {
             let b = pipe.block.take().expect("checked above");
-            self.finalize(b, &mut pipe.unsynced)?;
+            let (row, size) = self.finalize(b, &mut pipe.unsynced)?;
+            self.record_finalized(&row, size)?;
         }
         if pipe.block.is_none() {
-            pipe.block = Some(self.open_block(p.off)?);
+            pipe.block = Some(self.open_block(p.off, &mut pipe.uc_recorded)?);
         }
         let Pipe { block, crcs, .. } = pipe;
         let b = block.as_mut().expect("opened above");
@@ -202,7 +222,7 @@ impl OutputStream {
         let (bad_dn, _) = b.writers.remove(failed);
         self.ctx.dns.mark_dead(bad_dn);
         let dns = &self.ctx.dns;
-        let new_gs = self.meta().tx(|tx| MetaStore::next_id(tx, "next_gs"))?;
+        let new_gs = self.meta().alloc("next_gs")?;
         let old = std::mem::take(&mut b.writers);
         let mut writers = Vec::new();
         for (dn, w) in old {
@@ -266,8 +286,7 @@ impl OutputStream {
     /// Opens the block that holds file offset `off`: a new one at a block
     /// boundary, else the file's last block reopened for append under a new
     /// generation stamp.
-    fn open_block(&self, off: u64) -> FsResult<OpenBlock> {
-        self.persist_uc()?;
+    fn open_block(&self, off: u64, uc_recorded: &mut bool) -> FsResult<OpenBlock> {
         let bs = self.block_size;
         let idx = off / bs;
         let start = idx * bs;
@@ -276,12 +295,8 @@ impl OutputStream {
         match existing {
             None => {
                 let replicas = self.ctx.dns.choose_pipeline()?;
-                let (block_id, gs) = self.meta().tx(|tx| {
-                    Ok((
-                        MetaStore::next_id(tx, "next_block")?,
-                        MetaStore::next_id(tx, "next_gs")?,
-                    ))
-                })?;
+                let block_id = self.meta().alloc("next_block")?;
+                let gs = self.meta().alloc("next_gs")?;
                 let mut writers = Vec::new();
                 for dn in replicas {
                     let Some(node) = self.ctx.dns.get(dn) else { continue };
@@ -305,7 +320,7 @@ impl OutputStream {
                     finalized: false,
                     replicas: writers.iter().map(|(d, _)| *d).collect(),
                 };
-                self.meta().tx(|tx| MetaStore::put_block(tx, &row))?;
+                self.record_block(uc_recorded, &row)?;
                 Ok(OpenBlock {
                     row,
                     start,
@@ -315,7 +330,7 @@ impl OutputStream {
             }
             Some(mut row) => {
                 let len = off - start;
-                let new_gs = self.meta().tx(|tx| MetaStore::next_id(tx, "next_gs"))?;
+                let new_gs = self.meta().alloc("next_gs")?;
                 let tail_start = len - len % crate::storage::checksum::CHUNK_SIZE as u64;
                 let mut tail = vec![0u8; (len - tail_start) as usize];
                 let mut have_tail = tail.is_empty();
@@ -343,7 +358,7 @@ impl OutputStream {
                 row.len = len;
                 row.finalized = false;
                 row.replicas = writers.iter().map(|(d, _)| *d).collect();
-                self.meta().tx(|tx| MetaStore::put_block(tx, &row))?;
+                self.record_block(uc_recorded, &row)?;
                 Ok(OpenBlock {
                     row,
                     start,
@@ -354,8 +369,10 @@ impl OutputStream {
         }
     }
 
-    /// Closes the replicas of a block and moves them to `finalized/`.
-    fn finalize(&self, mut b: OpenBlock, unsynced: &mut Vec<(u64, u64, Vec<usize>)>) -> FsResult<()> {
+    /// Closes the replicas of a block and moves them to `finalized/`;
+    /// returns its row and the file length it ends at, for the caller to
+    /// record (with whatever else it commits).
+    fn finalize(&self, mut b: OpenBlock, unsynced: &mut Vec<(u64, u64, Vec<usize>)>) -> FsResult<(BlockRow, u64)> {
         let len = b.row.len;
         let mut ok = Vec::new();
         for (dn, w) in b.writers.drain(..) {
@@ -372,37 +389,19 @@ impl OutputStream {
         b.row.finalized = true;
         unsynced.push((b.row.block_id, b.row.gs, ok.clone()));
         b.row.replicas = ok;
-        let size = b.start + len;
-        self.meta().tx(|tx| {
-            MetaStore::put_block(tx, &b.row)?;
-            MetaStore::set_size(tx, self.ino, size, None)
-        })
+        Ok((b.row, b.start + len))
     }
 
     fn mtime_now(&self) -> i64 {
         lock(&self.st).mtime.unwrap_or_else(now_ns)
     }
 
-    /// Records the acknowledged length (and the open block's length) in the
-    /// metadata store; `durable` makes that commit, and all before it, synced.
-    fn persist_length(&self, pipe: &Pipe, durable: bool) -> FsResult<()> {
-        let acked = lock(&self.st).acked;
-        let mtime = self.mtime_now();
-        let row = pipe.block.as_ref().map(|b| b.row.clone());
-        let f = |tx: &rusqlite::Transaction<'_>| {
-            if let Some(r) = &row {
-                MetaStore::put_block(tx, r)?;
-            }
-            MetaStore::set_size(tx, self.ino, acked, Some(mtime))
-        };
-        if durable {
-            self.meta().durable(f)
-        } else {
-            self.meta().tx(f)
-        }
-    }
-
-    /// fsync of every replica's data and checksum file, in parallel.
+    /// fsync: every replica's data and checksum file (and those of blocks
+    /// finished since the last sync) and the metadata store's log, all in
+    /// parallel. The store needs no new commit: what it must keep (the
+    /// file, its blocks and replicas, its under-construction record) was
+    /// committed when it changed, and the length of a file under
+    /// construction is settled from its replicas by recovery.
     fn sync_replicas(&self, pipe: &mut Pipe) -> FsResult<()> {
         let dns = &self.ctx.dns;
         let closed = std::mem::take(&mut pipe.unsynced);
@@ -413,6 +412,8 @@ impl OutputStream {
                     hs.push(sc.spawn(move || w.sync().map_err(FsError::from)));
                 }
             }
+            let meta = self.meta();
+            hs.push(sc.spawn(move || meta.sync_if_needed()));
             for (block, gs, reps) in &closed {
                 for dn in reps {
                     let Some(node) = dns.get(*dn) else { continue };
@@ -429,12 +430,18 @@ impl OutputStream {
     /// Close: finalise the last block, record the length, and end the
     /// file's time under construction.
     fn finish(&self, pipe: &mut Pipe) -> FsResult<()> {
-        if let Some(b) = pipe.block.take() {
-            self.finalize(b, &mut pipe.unsynced)?;
-        }
-        let acked = lock(&self.st).acked;
-        let mtime = lock(&self.st).mtime;
+        let last = match pipe.block.take() {
+            Some(b) => Some(self.finalize(b, &mut pipe.unsynced)?.0),
+            None => None,
+        };
+        let (acked, mtime) = {
+            let s = lock(&self.st);
+            (s.acked, s.mtime)
+        };
         self.meta().tx(|tx| {
+            if let Some(row) = &last {
+                MetaStore::put_block(tx, row)?;
+            }
             MetaStore::set_size(tx, self.ino, acked, mtime)?;
             MetaStore::del_uc(tx, self.ino)
         })
@@ -444,14 +451,17 @@ impl OutputStream {
     /// holds it to the new length under a new generation stamp, or grows
     /// the file by streaming zeros.
     fn apply_truncate(&self, pipe: &mut Pipe, size: u64) -> FsResult<()> {
-        self.persist_uc()?;
-        let cur = {
-            let b = pipe.block.take();
-            let cur = b.as_ref().map(|b| b.start + b.row.len);
-            if let Some(b) = b {
-                self.finalize(b, &mut pipe.unsynced)?;
+        if !pipe.uc_recorded {
+            self.meta().tx(|tx| MetaStore::put_uc(tx, &self.uc))?;
+            pipe.uc_recorded = true;
+        }
+        let cur = match pipe.block.take() {
+            Some(b) => {
+                let (row, end) = self.finalize(b, &mut pipe.unsynced)?;
+                self.record_finalized(&row, end)?;
+                Some(end)
             }
-            cur
+            None => None,
         };
         let old = match cur {
             Some(c) => c,
@@ -496,7 +506,7 @@ impl OutputStream {
             let idx = size / bs;
             if let Some(mut row) = self.meta().blocks(self.ino)?.into_iter().find(|b| b.idx == idx) {
                 let len = size - idx * bs;
-                let new_gs = self.meta().tx(|tx| MetaStore::next_id(tx, "next_gs"))?;
+                let new_gs = self.meta().alloc("next_gs")?;
                 let mut ok = Vec::new();
                 for &dn in &row.replicas {
                     let Some(node) = self.ctx.dns.get(dn) else { continue };

@@ -5,6 +5,8 @@
 
 #![allow(dead_code)]
 
+pub mod faults;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -60,11 +62,23 @@ impl Mount {
     }
 
     pub fn with(o: Opts) -> Mount {
+        Self::build(o, None)
+    }
+
+    /// As [`Mount::with`], with these datanode directories (in this order)
+    /// instead of `o.datanodes` fresh ones: e.g. one on a tmpfs the test
+    /// mounted itself (see `faults::Tmpfs`).
+    pub fn with_datanode_paths(o: Opts, paths: Vec<PathBuf>) -> Mount {
+        Self::build(o, Some(paths))
+    }
+
+    fn build(o: Opts, paths: Option<Vec<PathBuf>>) -> Mount {
         let dir = tempfile::Builder::new().prefix("leasefs-test").tempdir().expect("tempdir");
         let mnt = dir.path().join("mnt");
         let data = dir.path().join("data");
         std::fs::create_dir_all(&mnt).expect("mkdir mnt");
-        let datanodes: Vec<PathBuf> = (1..=o.datanodes).map(|i| dir.path().join(format!("dn{i}"))).collect();
+        let datanodes: Vec<PathBuf> =
+            paths.unwrap_or_else(|| (1..=o.datanodes).map(|i| dir.path().join(format!("dn{i}"))).collect());
         let mut args = vec!["--data".to_string(), data.display().to_string()];
         for d in &datanodes {
             args.push("--datanode".into());
