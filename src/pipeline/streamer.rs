@@ -403,28 +403,23 @@ impl OutputStream {
     /// committed when it changed, and the length of a file under
     /// construction is settled from its replicas by recovery.
     fn sync_replicas(&self, pipe: &mut Pipe) -> FsResult<()> {
-        let dns = &self.ctx.dns;
-        let closed = std::mem::take(&mut pipe.unsynced);
-        let results: Vec<FsResult<()>> = std::thread::scope(|sc| {
-            let mut hs = Vec::new();
-            if let Some(b) = pipe.block.as_ref() {
-                for (_, w) in &b.writers {
-                    hs.push(sc.spawn(move || w.sync().map_err(FsError::from)));
+        let mut tasks: Vec<Box<dyn FnOnce() -> FsResult<()> + Send>> = Vec::new();
+        if let Some(b) = pipe.block.as_ref() {
+            for (_, w) in &b.writers {
+                for t in w.sync_tasks()? {
+                    tasks.push(Box::new(move || t().map_err(FsError::from)));
                 }
             }
-            let meta = self.meta();
-            hs.push(sc.spawn(move || meta.sync_if_needed()));
-            for (block, gs, reps) in &closed {
-                for dn in reps {
-                    let Some(node) = dns.get(*dn) else { continue };
-                    hs.push(sc.spawn(move || node.sync_replica(*block, *gs).map_err(FsError::from)));
-                }
+        }
+        for (block, gs, reps) in std::mem::take(&mut pipe.unsynced) {
+            for dn in reps {
+                let Some(node) = self.ctx.dns.get(dn).cloned() else { continue };
+                tasks.push(Box::new(move || node.sync_replica(block, gs).map_err(FsError::from)));
             }
-            hs.into_iter()
-                .map(|h| h.join().unwrap_or_else(|_| Err(FsError::Io("sync thread panicked".into()))))
-                .collect()
-        });
-        results.into_iter().collect()
+        }
+        let meta = self.ctx.meta.clone();
+        tasks.push(Box::new(move || meta.sync_if_needed()));
+        run_parallel(&self.ctx.rt, tasks)
     }
 
     /// Close: finalise the last block, record the length, and end the
@@ -536,4 +531,35 @@ impl OutputStream {
             MetaStore::set_size(tx, self.ino, size, Some(mtime))
         })
     }
+}
+
+/// Runs independent tasks on the blocking pool (reused threads, so an fsync
+/// costs no thread creation), the first one on the calling thread; returns
+/// the first error.
+fn run_parallel(
+    rt: &tokio::runtime::Handle,
+    mut tasks: Vec<Box<dyn FnOnce() -> FsResult<()> + Send>>,
+) -> FsResult<()> {
+    let Some(first) = tasks.pop() else {
+        return Ok(());
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    let n = tasks.len();
+    for t in tasks {
+        let tx = tx.clone();
+        rt.spawn_blocking(move || {
+            let _ = tx.send(t());
+        });
+    }
+    drop(tx);
+    let mut result = first();
+    for _ in 0..n {
+        let r = rx
+            .recv()
+            .unwrap_or_else(|_| Err(FsError::Io("sync task lost".into())));
+        if result.is_ok() {
+            result = r;
+        }
+    }
+    result
 }

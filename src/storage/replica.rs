@@ -53,6 +53,9 @@ pub struct ReplicaWriter {
     resume_tail: Vec<u8>,
 }
 
+/// One independent piece of a sync (see [`ReplicaWriter::sync_tasks`]).
+pub type SyncTask = Box<dyn FnOnce() -> Result<(), StorageError> + Send>;
+
 impl ReplicaWriter {
     pub(crate) fn new(
         block: u64,
@@ -156,6 +159,27 @@ impl ReplicaWriter {
             .map_err(|e| StorageError::io(&self.meta_path, e))?;
         self.len = end;
         Ok(())
+    }
+
+    /// The work of [`Self::sync`] as independent tasks (data, checksums,
+    /// and the directory the first time) that a caller can run in parallel
+    /// with each other and with other replicas' syncs.
+    pub fn sync_tasks(&self) -> Result<Vec<SyncTask>, StorageError> {
+        let first = !self.synced_once.swap(true, Ordering::AcqRel);
+        let mut v: Vec<SyncTask> = Vec::new();
+        for (file, path) in [(&self.data, &self.data_path), (&self.meta, &self.meta_path)] {
+            let f = file.try_clone().map_err(|e| StorageError::io(path, e))?;
+            let p = path.clone();
+            v.push(Box::new(move || {
+                let r = if first { f.sync_all() } else { f.sync_data() };
+                r.map_err(|e| StorageError::io(&p, e))
+            }));
+        }
+        if first {
+            let dir = self.dir.clone();
+            v.push(Box::new(move || fsync_dir(&dir)));
+        }
+        Ok(v)
     }
 
     /// Makes everything written durable: `fdatasync` of data and meta. The

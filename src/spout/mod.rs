@@ -1,0 +1,259 @@
+//! A directory consumer compatible with Apache Storm's HdfsSpout layout,
+//! with its locks held as leasefs leases (DESIGN.md §2, README "Spout").
+//!
+//! Writers publish complete files into a source directory; any number of
+//! [`Spout`] instances (processes, or threads of one) consume them, each
+//! file by one instance at a time, every line emitted at least once:
+//!
+//! 1. pick the oldest file by mtime, skipping `*.ignore`, `*.inprogress`
+//!    and hidden names;
+//! 2. claim it by creating `LOCKDIR/NAME` exclusively and keeping it open
+//!    for append under a client-renewed lease, then rename `NAME` to
+//!    `NAME.inprogress`;
+//! 3. emit each line, and every `commit_count` records or
+//!    `commit_interval` append `<epoch-millis>,<id>,<offset>` to the lock
+//!    file (after flushing the records it covers);
+//! 4. move the file to the done directory as `NAME`, delete the lock.
+//!
+//! Before claiming a new file an instance looks for lock files idle for
+//! longer than `lock_timeout` (under `LOCKDIR/DIRLOCK`) and takes one over
+//! if its owner's lease is gone, resuming from its last entry. Files that
+//! are not UTF-8 text, hold NUL bytes or cannot be read go to the bad
+//! directory. Nothing here knows about the command line.
+//!
+//! ```no_run
+//! use std::sync::atomic::AtomicBool;
+//! use std::time::Duration;
+//! use leasefs::spout::{Spout, StdoutEmitter};
+//!
+//! let stop = AtomicBool::new(false); // set it from a signal handler to stop cleanly
+//! let stats = Spout::new("/mnt/lfs/in", "/mnt/lfs/done")
+//!     .lock_timeout(Duration::from_secs(60))
+//!     .once(true)
+//!     .run(&mut StdoutEmitter::stdout(), &stop)?;
+//! eprintln!("{stats}");
+//! # Ok::<(), leasefs::spout::SpoutError>(())
+//! ```
+
+mod consume;
+pub mod dirs;
+pub mod emit;
+pub mod error;
+pub mod lock;
+pub mod progress;
+pub mod reader;
+pub mod renew;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub use emit::{Emitter, ExecEmitter, StdoutEmitter, WriteEmitter};
+pub use error::{EmitError, SpoutError};
+pub use lock::LogEntry;
+pub use progress::{Progress, Stats};
+
+use crate::sync::{Arc, AtomicBool};
+
+/// Storm's defaults (HdfsSpout `Configs`).
+pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(300);
+pub const DEFAULT_COMMIT_COUNT: u64 = 20_000;
+pub const DEFAULT_COMMIT_INTERVAL: Duration = Duration::from_secs(10);
+/// Renewal period of the spout's leases: must stay well below the mount's
+/// soft limit (default 60 s; the tests mount with 2 s).
+pub const DEFAULT_RENEW_INTERVAL: Duration = Duration::from_millis(1000);
+/// How often an idle instance looks for new files.
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(500);
+/// Storm's default lock directory, inside the source directory.
+pub const DEFAULT_LOCK_DIR: &str = ".lock";
+/// Default bad-file directory, inside the source directory (Storm has no
+/// default; a hidden name is never taken for a data file).
+pub const DEFAULT_BAD_DIR: &str = ".bad";
+
+/// One consumer instance: configuration (builder methods) and counters.
+#[derive(Debug, Clone)]
+pub struct Spout {
+    source_dir: PathBuf,
+    done_dir: PathBuf,
+    bad_dir: Option<PathBuf>,
+    lock_dir: Option<PathBuf>,
+    lock_timeout: Duration,
+    commit_count: u64,
+    commit_interval: Duration,
+    id: String,
+    renew_interval: Duration,
+    poll_interval: Duration,
+    once: bool,
+    progress: Arc<Progress>,
+}
+
+/// The directories of a run, resolved and created.
+#[derive(Debug, Clone)]
+pub(crate) struct Layout {
+    pub source: PathBuf,
+    pub done: PathBuf,
+    pub bad: PathBuf,
+    pub locks: PathBuf,
+}
+
+impl Spout {
+    /// A spout over `source_dir` moving finished files to `done_dir`, with
+    /// Storm's defaults and the id `HOST:PID` (the lease holder's form).
+    pub fn new(source_dir: impl Into<PathBuf>, done_dir: impl Into<PathBuf>) -> Self {
+        let host = nix::unistd::gethostname()
+            .ok()
+            .and_then(|h| h.into_string().ok())
+            .unwrap_or_else(|| "localhost".into());
+        Spout {
+            source_dir: source_dir.into(),
+            done_dir: done_dir.into(),
+            bad_dir: None,
+            lock_dir: None,
+            lock_timeout: DEFAULT_LOCK_TIMEOUT,
+            commit_count: DEFAULT_COMMIT_COUNT,
+            commit_interval: DEFAULT_COMMIT_INTERVAL,
+            id: format!("{host}:{}", std::process::id()),
+            renew_interval: DEFAULT_RENEW_INTERVAL,
+            poll_interval: DEFAULT_POLL_INTERVAL,
+            once: false,
+            progress: Arc::new(Progress::default()),
+        }
+    }
+
+    /// Where unreadable files go (default `SOURCE/.bad`).
+    pub fn bad_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.bad_dir = Some(dir.into());
+        self
+    }
+    /// Where lock files live (default `SOURCE/.lock`).
+    pub fn lock_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.lock_dir = Some(dir.into());
+        self
+    }
+    /// How long a lock file must be idle before a takeover is tried.
+    pub fn lock_timeout(mut self, t: Duration) -> Self {
+        self.lock_timeout = t;
+        self
+    }
+    /// Commit progress every this many records (0: only by time).
+    pub fn commit_count(mut self, n: u64) -> Self {
+        self.commit_count = n;
+        self
+    }
+    /// Commit progress at least this often while records flow.
+    pub fn commit_interval(mut self, t: Duration) -> Self {
+        self.commit_interval = t;
+        self
+    }
+    /// The id written into lock entries (no comma, no newline).
+    pub fn id(mut self, id: impl Into<String>) -> Self {
+        self.id = id.into();
+        self
+    }
+    /// Lease renewal period; keep it well below the mount's soft limit.
+    pub fn renew_interval(mut self, t: Duration) -> Self {
+        self.renew_interval = t;
+        self
+    }
+    /// How often an instance with nothing to do looks again.
+    pub fn poll_interval(mut self, t: Duration) -> Self {
+        self.poll_interval = t;
+        self
+    }
+    /// Return once nothing is left: no file to claim, no lock file (of
+    /// this or any instance) and no DIRLOCK. Otherwise run until stopped.
+    pub fn once(mut self, once: bool) -> Self {
+        self.once = once;
+        self
+    }
+
+    pub fn spout_id(&self) -> &str {
+        &self.id
+    }
+
+    /// Live counters, for a progress display on another thread.
+    pub fn progress(&self) -> Arc<Progress> {
+        self.progress.clone()
+    }
+
+    /// Consumes files until `stop` is set (or, with [`Spout::once`], until
+    /// nothing is left). On `stop` the current record is finished, its
+    /// offset committed and the locks are released (the file's lock file
+    /// stays, closed, for a later takeover that resumes there; DIRLOCK is
+    /// deleted); the run then returns normally.
+    pub fn run(&self, emitter: &mut dyn Emitter, stop: &AtomicBool) -> Result<Stats, SpoutError> {
+        self.check()?;
+        let layout = self.prepare()?;
+        consume::Run::new(self, &layout, emitter, stop)?.run()
+    }
+
+    fn check(&self) -> Result<(), SpoutError> {
+        let bad = |m: &str| Err(SpoutError::Config(m.to_string()));
+        if self.id.is_empty() || self.id.contains([',', '\n', '\r']) {
+            return bad("the spout id must be non-empty, without commas or newlines");
+        }
+        if self.lock_timeout.is_zero() {
+            return bad("the lock timeout must be greater than 0");
+        }
+        if self.commit_interval.is_zero() {
+            return bad("the commit interval must be greater than 0");
+        }
+        if self.renew_interval.is_zero() {
+            return bad("the renewal interval must be greater than 0");
+        }
+        if self.renew_interval >= self.lock_timeout {
+            return bad("the renewal interval must be shorter than the lock timeout");
+        }
+        Ok(())
+    }
+
+    /// Resolves the directories, creates the missing ones, and refuses
+    /// done/bad directories on another filesystem (moves are renames).
+    fn prepare(&self) -> Result<Layout, SpoutError> {
+        use std::os::unix::fs::MetadataExt;
+        let source = &self.source_dir;
+        let meta = std::fs::metadata(source).map_err(|e| SpoutError::Dir {
+            what: "source",
+            path: source.clone(),
+            source: e,
+        })?;
+        if !meta.is_dir() {
+            return Err(SpoutError::Config(format!("{} is not a directory", source.display())));
+        }
+        let layout = Layout {
+            source: source.clone(),
+            done: self.done_dir.clone(),
+            bad: self.bad_dir.clone().unwrap_or_else(|| source.join(DEFAULT_BAD_DIR)),
+            locks: self.lock_dir.clone().unwrap_or_else(|| source.join(DEFAULT_LOCK_DIR)),
+        };
+        for (what, dir) in [("done", &layout.done), ("bad", &layout.bad), ("lock", &layout.locks)] {
+            make_dir(what, dir)?;
+            if what != "lock" {
+                let dev = std::fs::metadata(dir).map_err(|e| SpoutError::Dir {
+                    what,
+                    path: dir.clone(),
+                    source: e,
+                })?;
+                if dev.dev() != meta.dev() {
+                    return Err(SpoutError::CrossDevice {
+                        what,
+                        path: dir.clone(),
+                        source_dir: source.clone(),
+                    });
+                }
+            }
+        }
+        Ok(layout)
+    }
+}
+
+fn make_dir(what: &'static str, dir: &Path) -> Result<(), SpoutError> {
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(SpoutError::Config(format!("{what} directory {} is not a directory", dir.display()))),
+        Err(_) => std::fs::create_dir_all(dir).map_err(|e| SpoutError::Dir {
+            what,
+            path: dir.to_path_buf(),
+            source: e,
+        }),
+    }
+}
