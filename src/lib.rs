@@ -13,6 +13,7 @@
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod elect;
 pub mod error;
 pub mod fs;
 pub mod fsck;
@@ -20,5 +21,6 @@ pub mod housekeeping;
 pub mod lease;
 pub mod meta;
 pub mod pipeline;
+pub mod spout;
 pub mod storage;
 pub mod sync;

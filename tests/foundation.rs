@@ -247,7 +247,17 @@ fn o_trunc_starts_the_file_afresh() {
     let src = pattern(300_000, 2);
     let s = scratch_file(&m, "src", &src);
     m.sh_ok(&format!("cp {s} f"));
-    assert_eq!(replicas(&m.datanodes[0], "finalized").len(), 5);
+    // (The last block is finalised by the RELEASE that follows close().)
+    assert!(
+        wait_until(Duration::from_secs(5), || replicas(
+            &m.datanodes[0],
+            "finalized"
+        )
+        .len()
+            == 5),
+        "{:?}",
+        replicas(&m.datanodes[0], "finalized")
+    );
     m.sh_ok("echo x > f");
     assert_eq!(m.read_string("f"), "x\n");
     assert_eq!(m.sh_ok("stat -c %s f"), "2\n");

@@ -16,7 +16,11 @@ fn epoch_of(a: &mut Agent) -> u64 {
 fn leases_json(m: &Mount) -> Vec<Value> {
     let o = m.leasefs(&["leases", m.mnt.to_str().unwrap(), "--json"]);
     let out = String::from_utf8_lossy(&o.stdout).into_owned();
-    assert!(o.status.success(), "leases --json: {out}{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "leases --json: {out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     match serde_json::from_str(&out) {
         Ok(Value::Array(v)) => v,
         _ => panic!("leases --json did not print a JSON array: {out}"),
@@ -64,9 +68,15 @@ fn leases_json_lists_every_held_file_with_holder_identity() {
         assert_eq!(l["waiters"], waiting, "{l}");
         let epoch = l["epoch"].as_u64().unwrap_or(0);
         assert!(epoch > 0 && epoch == m.epoch(rel), "{l}");
-        assert!(l["renewed_ms_ago"].as_u64().is_some_and(|ms| ms < 60_000), "{l}");
+        assert!(
+            l["renewed_ms_ago"].as_u64().is_some_and(|ms| ms < 60_000),
+            "{l}"
+        );
         let opened = l["opened_wall_ms"].as_u64().unwrap_or(0);
-        assert!(opened >= before && opened <= now_ms(), "open time {opened} not in the test's span: {l}");
+        assert!(
+            opened >= before && opened <= now_ms(),
+            "open time {opened} not in the test's span: {l}"
+        );
         // The xattr says the same.
         let x = m.lease(rel);
         for k in ["state", "holder", "comm", "epoch", "mode", "waiters"] {
@@ -75,10 +85,17 @@ fn leases_json_lists_every_held_file_with_holder_identity() {
     }
 
     a.ok("close");
-    assert!(w.reply(Duration::from_secs(3)).is_some_and(|r| r.starts_with("ok")));
+    assert!(
+        w.reply(Duration::from_secs(3))
+            .is_some_and(|r| r.starts_with("ok"))
+    );
     w.ok("close");
     b.ok("close");
-    assert_eq!(leases_json(&m), Vec::<Value>::new(), "leases left after every writer closed");
+    assert_eq!(
+        leases_json(&m),
+        Vec::<Value>::new(),
+        "leases left after every writer closed"
+    );
 }
 
 #[test]
@@ -90,10 +107,16 @@ fn leases_table_has_header_and_one_row_per_lease() {
     b.ok("open f2 wac");
     let o = m.leasefs(&["leases", m.mnt.to_str().unwrap()]);
     let out = String::from_utf8_lossy(&o.stdout).into_owned();
-    assert!(o.status.success(), "{out}{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        o.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(lines.len(), 3, "a header and two rows expected:\n{out}");
-    for col in ["PATH", "STATE", "HOLDER", "COMM", "EPOCH", "MODE", "WAITERS"] {
+    for col in [
+        "PATH", "STATE", "HOLDER", "COMM", "EPOCH", "MODE", "WAITERS",
+    ] {
         assert!(lines[0].contains(col), "header lacks {col}: {}", lines[0]);
     }
     for (rel, who) in [("f1", &a), ("f2", &b)] {
@@ -102,7 +125,10 @@ fn leases_table_has_header_and_one_row_per_lease() {
             .iter()
             .find(|l| l.split_whitespace().next() == Some(path.as_str()))
             .unwrap_or_else(|| panic!("no row for {path}:\n{out}"));
-        assert!(row.contains(&format!(":{}", who.pid)), "row lacks the holder's pid: {row}");
+        assert!(
+            row.contains(&format!(":{}", who.pid)),
+            "row lacks the holder's pid: {row}"
+        );
         assert!(row.contains("held") && row.contains("daemon"), "{row}");
         assert!(row.contains(&m.epoch(rel).to_string()), "{row}");
     }
@@ -123,28 +149,49 @@ fn daemon_crash_leaves_no_file_open_after_remount() {
     assert_eq!(m.lease_state("f"), "free", "{}", m.lease("f"));
     let synced = "durable\n".repeat(5000);
     let s = m.read_string("f");
-    assert!(s.starts_with(&synced), "fsynced bytes lost: {} of {} bytes left", s.len(), synced.len());
-    assert!(s == synced || s == format!("{synced}unsynced\n"), "unexpected tail {:?}", &s[synced.len()..]);
+    assert!(
+        s.starts_with(&synced),
+        "fsynced bytes lost: {} of {} bytes left",
+        s.len(),
+        synced.len()
+    );
+    assert!(
+        s == synced || s == format!("{synced}unsynced\n"),
+        "unexpected tail {:?}",
+        &s[synced.len()..]
+    );
 
     // The old holder, still alive, cannot reach the new mount through its fd.
     let r = h.cmd("write stale");
-    assert!(r.starts_with("err"), "a write through the dead mount succeeded: {r}");
+    assert!(
+        r.starts_with("err"),
+        "a write through the dead mount succeeded: {r}"
+    );
 
     let mut next = Agent::spawn(&m.mnt);
     let r = next.cmd("open f wa");
-    assert!(r.starts_with("ok") && reply_ms(&r) < 1000, "open after remount: {r}");
+    assert!(
+        r.starts_with("ok") && reply_ms(&r) < 1000,
+        "open after remount: {r}"
+    );
     assert!(epoch_of(&mut next) > e1);
     next.ok("write after");
     next.ok("close");
     assert_eq!(m.read_string("f"), format!("{s}after\n"));
     assert_eq!(leases_json(&m), Vec::<Value>::new());
-    assert!(m.log().contains("previous daemon"), "the log does not mention the startup recovery");
+    assert!(
+        m.log().contains("previous daemon"),
+        "the log does not mention the startup recovery"
+    );
 }
 
 /// Records a grant's epoch, asserting it is above every earlier one.
 fn check(seen: &mut Vec<u64>, e: u64, what: &str) {
     if let Some(&last) = seen.last() {
-        assert!(e > last, "{what}: epoch {e} is not above the previous grant's {last} ({seen:?})");
+        assert!(
+            e > last,
+            "{what}: epoch {e} is not above the previous grant's {last} ({seen:?})"
+        );
     }
     seen.push(e);
 }
@@ -173,7 +220,11 @@ fn every_grant_has_a_larger_epoch_also_across_remount() {
 
     m.unmount();
     m.mount();
-    assert_eq!(m.epoch("f"), *seen.last().unwrap(), "last epoch not kept across remount");
+    assert_eq!(
+        m.epoch("f"),
+        *seen.last().unwrap(),
+        "last epoch not kept across remount"
+    );
     m.sh_ok("echo remounted >> f");
     check(&mut seen, m.epoch("f"), "first grant after remount");
 
@@ -204,7 +255,11 @@ fn epoch_of_a_grant_without_writes_is_still_the_last_epoch() {
     assert!(e2 > e1);
     assert_eq!(m.epoch("f"), e2, "user.leasefs.epoch while held");
     a.ok("close");
-    assert_eq!(m.epoch("f"), e2, "user.leasefs.epoch went back after a grant that wrote nothing");
+    assert_eq!(
+        m.epoch("f"),
+        e2,
+        "user.leasefs.epoch went back after a grant that wrote nothing"
+    );
     m.unmount();
     m.mount();
     assert_eq!(m.epoch("f"), e2, "user.leasefs.epoch after remount");

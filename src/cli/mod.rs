@@ -2,8 +2,10 @@
 //! stderr and a non-zero exit; nothing here panics on input.
 
 mod client;
+mod elect;
 mod fsck;
 mod mount;
+mod spout;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -21,6 +23,8 @@ pub struct Cli {
 pub enum Cmd {
     /// Mount a leasefs filesystem.
     Mount(mount::MountArgs),
+    /// Consume a Storm-HdfsSpout-style directory: each file by one instance, every line at least once.
+    Spout(spout::SpoutArgs),
     /// List the write leases of a mount.
     Leases {
         mountpoint: PathBuf,
@@ -47,6 +51,9 @@ pub enum Cmd {
         #[arg(long, default_value_t = 1)]
         retries: u32,
     },
+    /// Lease-based leader election: lead (running COMMAND) while holding the
+    /// lease on ELECTION_DIR/LEADER, follow otherwise.
+    Elect(elect::ElectArgs),
 }
 
 /// Sets up logging: `RUST_LOG` wins, else `default`.
@@ -71,8 +78,10 @@ pub fn run() -> ExitCode {
     };
     match cli.cmd {
         Cmd::Mount(a) => mount::run(a),
+        Cmd::Spout(a) => spout::run(a),
         Cmd::Leases { mountpoint, json } => client::leases(&mountpoint, json),
         Cmd::RecoverLease { path, retries } => client::recover_lease(&path, retries),
+        Cmd::Elect(a) => elect::run(a),
         Cmd::Fsck {
             mountpoint,
             data,

@@ -147,7 +147,10 @@ impl Core {
                 }
             }
         }
-        let i = self.meta.set_attrs(ino, &ch)?;
+        let i = match (ch.mtime, self.stream_of(ino)) {
+            (Some(m), Some(stream)) => stream.set_mtime(m, || self.meta.set_attrs(ino, &ch))?,
+            _ => self.meta.set_attrs(ino, &ch)?,
+        };
         let mut a = self.getattr(i.ino)?;
         a.ctime = i.ctime;
         Ok(a)

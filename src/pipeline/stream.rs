@@ -41,6 +41,11 @@ pub(crate) enum Job {
     Truncate(u64, Done),
 }
 
+pub(crate) struct BlockedWrite {
+    pub rest: Vec<u8>,
+    pub done: Done,
+}
+
 pub(crate) struct State {
     /// Bytes accepted from the writer: where the next write must start.
     pub pos: u64,
@@ -52,7 +57,9 @@ pub(crate) struct State {
     pub in_flight: usize,
     pub peak_in_flight: usize,
     pub running: bool,
-    pub blocked_writes: VecDeque<Done>,
+    /// A write that found the in-flight bound reached: the bytes not yet
+    /// in packets, and its completion (replied once all are in packets).
+    pub blocked: Option<BlockedWrite>,
     pub failed: Option<FsError>,
     pub mtime: Option<i64>,
     pub closed: bool,
@@ -106,7 +113,7 @@ impl OutputStream {
                 in_flight: 0,
                 peak_in_flight: 0,
                 running: false,
-                blocked_writes: VecDeque::new(),
+                blocked: None,
                 failed: None,
                 mtime: None,
                 closed: false,
@@ -163,32 +170,21 @@ impl OutputStream {
             drop(s);
             return done(Err(e));
         }
-        let mut rest = data;
-        while !rest.is_empty() {
-            if s.cur.is_empty() {
-                s.cur_off = s.pos;
-            }
-            let room = self.packet_room(s.cur_off, s.cur.len());
-            let take = room.min(rest.len());
-            if s.cur.capacity() == 0 {
-                s.cur.reserve_exact(self.ctx.packet_size);
-            }
-            s.cur.extend_from_slice(&rest[..take]);
-            s.pos += take as u64;
-            rest = &rest[take..];
-            if self.packet_room(s.cur_off, s.cur.len()) == 0 {
-                self.seal_packet(&mut s);
-            }
-        }
+        let taken = self.copy_in(&mut s, data);
         s.mtime = Some(now_ns());
         s.dirty = true;
-        let start = self.ensure_running(&mut s);
-        let now = if s.in_flight <= self.ctx.max_in_flight {
+        let now = if taken == data.len() {
             Some(done)
         } else {
-            s.blocked_writes.push_back(done);
+            // The kernel sends one write of a file at a time (it holds the
+            // inode lock), so at most one write is ever blocked here.
+            s.blocked = Some(BlockedWrite {
+                rest: data[taken..].to_vec(),
+                done,
+            });
             None
         };
+        let start = self.ensure_running(&mut s);
         drop(s);
         if start {
             self.spawn_worker();
@@ -196,6 +192,52 @@ impl OutputStream {
         if let Some(done) = now {
             done(Ok(()))
         }
+    }
+
+    /// Copies as much of `data` into packets as the in-flight bound allows;
+    /// returns how many bytes it took. A full packet is sealed only while
+    /// fewer than `max_packets_in_flight` are unacknowledged.
+    fn copy_in(&self, s: &mut State, data: &[u8]) -> usize {
+        let mut taken = 0;
+        loop {
+            if !s.cur.is_empty() && self.packet_room(s.cur_off, s.cur.len()) == 0 {
+                if s.in_flight >= self.ctx.max_in_flight {
+                    return taken;
+                }
+                self.seal_packet(s);
+            }
+            if taken == data.len() {
+                return taken;
+            }
+            if s.cur.is_empty() {
+                s.cur_off = s.pos;
+                if s.cur.capacity() == 0 {
+                    s.cur.reserve_exact(self.ctx.packet_size);
+                }
+            }
+            let room = self.packet_room(s.cur_off, s.cur.len());
+            let take = room.min(data.len() - taken);
+            s.cur.extend_from_slice(&data[taken..taken + take]);
+            s.pos += take as u64;
+            taken += take;
+        }
+    }
+
+    /// After acks freed room: moves a blocked write's bytes into packets;
+    /// returns its completion once all of them are in.
+    pub(crate) fn resume_blocked(&self, s: &mut State) -> Option<Done> {
+        let Some(mut b) = s.blocked.take() else {
+            // Seal a packet that filled up while the bound was reached.
+            self.copy_in(s, &[]);
+            return None;
+        };
+        let n = self.copy_in(s, &b.rest);
+        if n == b.rest.len() {
+            return Some(b.done);
+        }
+        b.rest.drain(..n);
+        s.blocked = Some(b);
+        None
     }
 
     /// Bytes that still fit in the packet starting at `off` holding `len`:
@@ -311,6 +353,16 @@ impl OutputStream {
         }
         // The worker is idle: drop the replica files it had open.
         lock(&self.pipe).reset();
+    }
+
+    /// Sets the file's modification time while a writer has it (utimensat
+    /// after writing: tar, rsync, cp -p) and runs `record` under the same
+    /// lock, so that the close, which records the stream's time, can neither
+    /// overwrite it nor be overwritten by an older value.
+    pub fn set_mtime<R>(&self, mtime: i64, record: impl FnOnce() -> R) -> R {
+        let mut s = lock(&self.st);
+        s.mtime = Some(mtime);
+        record()
     }
 
     pub fn is_failed(&self) -> Option<FsError> {

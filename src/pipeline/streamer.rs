@@ -51,7 +51,7 @@ impl Pipe {
 
 /// Everything waiting on a failed stream, to be failed outside the lock.
 pub(crate) fn take_callbacks(s: &mut State) -> Vec<Done> {
-    let mut v: Vec<Done> = s.blocked_writes.drain(..).collect();
+    let mut v: Vec<Done> = s.blocked.take().map(|b| b.done).into_iter().collect();
     for j in s.jobs.drain(..) {
         match j {
             Job::Packet(_) => {}
@@ -98,11 +98,8 @@ impl OutputStream {
                         Ok(()) => {
                             s.acked = s.acked.max(end);
                             s.in_flight -= 1;
-                            while s.in_flight <= self.ctx.max_in_flight {
-                                match s.blocked_writes.pop_front() {
-                                    Some(d) => wake.push(d),
-                                    None => break,
-                                }
+                            if let Some(d) = self.resume_blocked(&mut s) {
+                                wake.push(d);
                             }
                         }
                         Err(e) => {
@@ -429,17 +426,18 @@ impl OutputStream {
             Some(b) => Some(self.finalize(b, &mut pipe.unsynced)?.0),
             None => None,
         };
-        let (acked, mtime) = {
-            let s = lock(&self.st);
-            (s.acked, s.mtime)
-        };
-        self.meta().tx(|tx| {
+        // Under the stream's lock: see `OutputStream::set_mtime`.
+        let s = lock(&self.st);
+        let (acked, mtime) = (s.acked, s.mtime);
+        let r = self.meta().tx(|tx| {
             if let Some(row) = &last {
                 MetaStore::put_block(tx, row)?;
             }
             MetaStore::set_size(tx, self.ino, acked, mtime)?;
             MetaStore::del_uc(tx, self.ino)
-        })
+        });
+        drop(s);
+        r
     }
 
     /// Truncate to `size`: drops whole blocks past it, cuts the block that

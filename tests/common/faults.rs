@@ -454,3 +454,15 @@ pub fn synced_len(side: &Path) -> u64 {
         .max()
         .unwrap_or(0)
 }
+
+/// The blocks of `rel` once every one of them is finalized: the kernel
+/// sends RELEASE (which closes the file) after `close()` has returned.
+pub fn wait_closed(m: &Mount, rel: &str) -> Vec<Block> {
+    let mut b = Vec::new();
+    let ok = wait_until(Duration::from_secs(10), || {
+        b = blocks_of(m, rel);
+        b.iter().all(|b| b.finalized)
+    });
+    assert!(ok, "{rel} not closed within 10 s: {b:?}");
+    b
+}

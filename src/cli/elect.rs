@@ -1,0 +1,150 @@
+//! `leasefs elect`: lease-based leader election on a directory of a mount,
+//! and `--history`, the election's audit table. The election itself lives
+//! in [`crate::elect`]; this file parses arguments, finds the daemon and
+//! turns SIGINT/SIGTERM into a resignation.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::client::{ask, find_mount};
+use super::fail;
+use crate::elect::{Elector, Outcome, TermEnd, Timing, control};
+use crate::sync::{AtomicBool, Ordering};
+
+#[derive(clap::Args, Debug)]
+pub struct ElectArgs {
+    /// Election directory on a leasefs mount (created if missing); the
+    /// lease is on its LEADER file.
+    pub dir: PathBuf,
+    /// This candidate's name in the election file and the audit table.
+    #[arg(long, required_unless_present = "history")]
+    pub id: Option<String>,
+    /// Print the election's audit table (time, event, who, host:pid,
+    /// epoch, why) and exit.
+    #[arg(long)]
+    pub history: bool,
+    /// With --history: a JSON array instead of a table.
+    #[arg(long, requires = "history")]
+    pub json: bool,
+    /// The mount's soft limit in milliseconds (-o soft_limit): leases
+    /// unrenewed this long are taken over. Must match the mount.
+    #[arg(long, default_value_t = 60_000, value_name = "MS")]
+    pub lease_ms: u64,
+    /// How often the leader renews (default: lease/4).
+    #[arg(long, value_name = "MS")]
+    pub renew_ms: Option<u64>,
+    /// A leader that has not renewed for this long stops its command and
+    /// steps down (default: lease*2/3).
+    #[arg(long, value_name = "MS")]
+    pub renew_deadline_ms: Option<u64>,
+    /// How often a follower tries to take the lease.
+    #[arg(long, default_value_t = 200, value_name = "MS")]
+    pub retry_ms: u64,
+    /// Exit when the first term ends, with the command's exit status (1 if
+    /// leadership was lost), instead of competing again.
+    #[arg(long)]
+    pub once: bool,
+    /// The leader's command (after `--`), run while leading with
+    /// LEASEFS_EPOCH, LEASEFS_ELECTION and LEASEFS_ID set.
+    #[arg(last = true, value_name = "COMMAND")]
+    pub command: Vec<OsString>,
+}
+
+/// Set by SIGINT/SIGTERM; the elector resigns and exits.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_stop_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::Relaxed);
+}
+
+pub fn run(a: ElectArgs) -> ExitCode {
+    super::init_logging("info");
+    if a.history {
+        return history(&a.dir, a.json);
+    }
+    let Some(id) = a.id.clone().filter(|i| !i.is_empty()) else {
+        return fail(2, "elect: --id NAME is required");
+    };
+    let ms = Duration::from_millis;
+    let mut timing = Timing::from_lease(ms(a.lease_ms), ms(a.retry_ms));
+    if let Some(r) = a.renew_ms {
+        timing.renew_interval = ms(r);
+    }
+    if let Some(d) = a.renew_deadline_ms {
+        timing.renew_deadline = ms(d);
+        timing.kill_grace = timing.kill_grace.min(timing.lease.saturating_sub(ms(d)) / 2);
+    }
+    if let Err(e) = timing.validate() {
+        return fail(2, format!("elect: {e}"));
+    }
+    if let Err(e) = std::fs::create_dir_all(&a.dir) {
+        return fail(2, format!("elect: {}: {e}", a.dir.display()));
+    }
+    let (mountpoint, dir_in_mount) = match find_mount(&a.dir) {
+        Ok(m) => m,
+        Err(e) => return fail(2, format!("elect: {e}")),
+    };
+    let dir = match std::fs::canonicalize(&a.dir) {
+        Ok(d) => d,
+        Err(e) => return fail(2, format!("elect: {}: {e}", a.dir.display())),
+    };
+    let ctl = move |req: Value| ask(&mountpoint, req);
+    // Fail now, in one line, if the daemon cannot keep the audit table.
+    if let Err(e) = control::history(&ctl, &dir_in_mount) {
+        return fail(2, format!("elect: the leasefs daemon does not answer: {e}"));
+    }
+    if let Err(e) = install_stop_handlers() {
+        return fail(2, format!("elect: cannot install signal handlers: {e}"));
+    }
+    let mut elector = Elector::new(dir, dir_in_mount, id, a.command, timing);
+    elector.once = a.once;
+    match elector.run(&ctl, &STOP) {
+        Ok(Outcome::Stopped) | Ok(Outcome::Once(TermEnd::Stopped)) => ExitCode::SUCCESS,
+        Ok(Outcome::Once(TermEnd::Resigned(exit))) => {
+            ExitCode::from(exit.map_or(0, |e| e.code().clamp(0, 255)) as u8)
+        }
+        Ok(Outcome::Once(TermEnd::Lost(_))) => ExitCode::from(1),
+        Err(e) => fail(2, format!("elect: {e}")),
+    }
+}
+
+/// SIGINT and SIGTERM set [`STOP`]; the loops look at it every few tens of
+/// milliseconds. No SA_RESTART is needed: every wait is a short sleep.
+fn install_stop_handlers() -> nix::Result<()> {
+    use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
+    let act = SigAction::new(SigHandler::Handler(on_stop_signal), SaFlags::empty(), SigSet::empty());
+    for sig in [Signal::SIGINT, Signal::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic, which is
+        // async-signal-safe.
+        unsafe { sigaction(sig, &act) }?;
+    }
+    Ok(())
+}
+
+fn history(dir: &Path, as_json: bool) -> ExitCode {
+    let (mountpoint, dir_in_mount) = match find_mount(dir) {
+        Ok(m) => m,
+        Err(e) => return fail(2, format!("elect: {e}")),
+    };
+    let ctl = |req: Value| ask(&mountpoint, req);
+    let events = match control::history(&ctl, &dir_in_mount) {
+        Ok(e) => e,
+        Err(e) => return fail(2, format!("elect: {e}")),
+    };
+    if as_json {
+        match serde_json::to_string(&events) {
+            Ok(s) => println!("{s}"),
+            Err(e) => return fail(2, format!("elect: {e}")),
+        }
+        return ExitCode::SUCCESS;
+    }
+    println!("{}", control::format_header());
+    for e in &events {
+        println!("{}", control::format_event(e));
+    }
+    ExitCode::SUCCESS
+}

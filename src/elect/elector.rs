@@ -1,0 +1,634 @@
+//! The candidate / leader loop of one elector.
+//!
+//! Follower: every `retry` (with a little jitter, so that candidates do not
+//! march in step) read the election file's lease for the log, then try to
+//! open the file for writing. `EBUSY` means someone leads. An open that
+//! succeeds after the leader's lease went unrenewed past the soft limit made
+//! the daemon recover that lease first: that is the clean-up of an expired
+//! leader, and the successor records it (`preempted` or `expired`).
+//!
+//! Leader (takeLeadership): client renewal at once, the grant's epoch is the
+//! term's, `elected` goes to the audit table, the command starts fenced
+//! under that epoch, the term's record is appended to the election file.
+//! Then renew every `renew_interval` and watch the command.
+//!
+//! The term ends (loseLeadership) when a renewal is refused (`EIO`: the
+//! lease was taken over), when no renewal succeeded within the renew
+//! deadline (also the first thing a leader woken from `SIGSTOP` sees), when
+//! the command exits (the leader resigns) or when the elector is told to
+//! stop. Always in the same order: the command's process group is stopped,
+//! the event is recorded, the fence is dropped, and only then the election
+//! file is closed, which hands the lease on at once. So the successor finds
+//! the event of its predecessor's end in the table, unless the predecessor
+//! died; then the successor records `expired` for it.
+
+use std::collections::hash_map::RandomState;
+use std::ffi::OsString;
+use std::hash::{BuildHasher, Hasher};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tracing::{info, warn};
+
+use super::command::{self, Exit, Running, SpawnError};
+use super::control::{self, Control, EventKind};
+use super::leader_file::{LeaderFile, LeaderRecord, LeaseView, OpenError, last_record};
+use super::timing::{RenewTracker, Timing};
+use super::{ElectError, LEADER_FILE};
+use crate::clock::{Clock, SystemClock};
+use crate::meta::AuditEvent;
+use crate::sync::{Arc, AtomicBool, Ordering};
+
+/// One candidate of one election.
+pub struct Elector {
+    /// The election directory (created if missing); the lease is on its
+    /// `LEADER` file.
+    pub dir: PathBuf,
+    /// `dir` as a path inside the mount (`/jobs/elect`): the key of the
+    /// audit table and the base of the fenced path.
+    pub dir_in_mount: String,
+    /// This candidate's name in records and events.
+    pub id: String,
+    /// The leader's command and its arguments; empty: lead without one.
+    pub command: Vec<OsString>,
+    pub timing: Timing,
+    /// End after the first term instead of competing again.
+    pub once: bool,
+    pub host: String,
+    clock: Arc<dyn Clock>,
+}
+
+/// How a term ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TermEnd {
+    /// The command exited (with this exit), or there was none to wait for.
+    Resigned(Option<Exit>),
+    /// Leadership was lost; why.
+    Lost(String),
+    /// The elector was asked to stop and resigned.
+    Stopped,
+}
+
+/// How [`Elector::run`] ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Asked to stop (after resigning, if it led).
+    Stopped,
+    /// `once`: the first term ended like this.
+    Once(TermEnd),
+}
+
+impl Elector {
+    pub fn new(dir: PathBuf, dir_in_mount: String, id: String, command: Vec<OsString>, timing: Timing) -> Self {
+        let host = nix::unistd::gethostname()
+            .ok()
+            .and_then(|h| h.into_string().ok())
+            .unwrap_or_else(|| "localhost".into());
+        Elector {
+            dir,
+            dir_in_mount,
+            id,
+            command,
+            timing,
+            once: false,
+            host,
+            clock: Arc::new(SystemClock::new()),
+        }
+    }
+
+    /// The election file inside the mount, as the daemon's fence names it.
+    fn leader_in_mount(&self) -> String {
+        format!("{}/{LEADER_FILE}", self.dir_in_mount.trim_end_matches('/'))
+    }
+
+    /// Competes, leads and follows until `stop` is set (by a signal
+    /// handler, say), or until the first term ends with `once`.
+    pub fn run(&self, ctl: &dyn Control, stop: &AtomicBool) -> Result<Outcome, ElectError> {
+        self.timing.validate()?;
+        std::fs::create_dir_all(&self.dir).map_err(|source| ElectError::Dir {
+            path: self.dir.clone(),
+            source,
+        })?;
+        let path = self.dir.join(LEADER_FILE);
+        let mut watch = Watch::default();
+        loop {
+            if stop.load(Ordering::Relaxed) {
+                return Ok(Outcome::Stopped);
+            }
+            let seen = LeaseView::read(&path).map(|v| (v, self.clock.now()));
+            self.observe(&mut watch, seen.as_ref().map(|(v, _)| v));
+            match LeaderFile::open(&path) {
+                Ok(file) => {
+                    match self.lead(file, seen, ctl, stop)? {
+                        Some(TermEnd::Stopped) => return Ok(Outcome::Stopped),
+                        Some(end) if self.once => return Ok(Outcome::Once(end)),
+                        _ => {}
+                    }
+                    watch = Watch::default();
+                }
+                Err(OpenError::Busy) => {}
+                Err(OpenError::Transient(e)) => warn!("cannot open {} for now: {e}; retrying", path.display()),
+                Err(OpenError::Fatal(source)) => return Err(ElectError::Open { path, source }),
+            }
+            self.sleep(jitter(self.timing.retry), stop);
+        }
+    }
+
+    /// Logs who leads, and when the leader's lease looks expired.
+    fn observe(&self, w: &mut Watch, seen: Option<&LeaseView>) {
+        let Some(v) = seen.filter(|v| v.is_held()) else {
+            return;
+        };
+        if v.epoch != w.epoch {
+            w.epoch = v.epoch;
+            w.expiry_noted = false;
+            let who = last_record(&self.dir.join(LEADER_FILE))
+                .ok()
+                .flatten()
+                .filter(|r| r.epoch == v.epoch)
+                .map(|r| r.id)
+                .unwrap_or_else(|| "?".into());
+            info!(epoch = v.epoch, holder = v.holder.as_deref().unwrap_or("-"), "following leader {who}");
+        }
+        let lease_ms = self.timing.lease.as_millis() as u64;
+        if !w.expiry_noted && v.looks_expired(lease_ms, 0) {
+            w.expiry_noted = true;
+            info!(
+                epoch = v.epoch,
+                renewed_ms_ago = v.renewed_ms_ago.unwrap_or(0),
+                "the leader's lease has expired; taking over"
+            );
+        }
+    }
+
+    /// One term, from a successful open of the election file. `None` when
+    /// the lease was gone before the term could start.
+    fn lead(
+        &self,
+        mut file: LeaderFile,
+        seen: Option<(LeaseView, Duration)>,
+        ctl: &dyn Control,
+        stop: &AtomicBool,
+    ) -> Result<Option<TermEnd>, ElectError> {
+        let started = self.clock.now();
+        let not_leasefs = |what, source| ElectError::NotLeasefs {
+            path: file.path().to_path_buf(),
+            what,
+            source,
+        };
+        if let Err(e) = file.client_renewal() {
+            if is_eio(&e) {
+                warn!("the lease was taken before the term could start");
+                return Ok(None);
+            }
+            return Err(not_leasefs("client renewal ioctl", e));
+        }
+        let mut tracker = RenewTracker::new(self.timing, started);
+        let epoch = match file.epoch() {
+            Ok(e) => e,
+            Err(e) if is_eio(&e) => return Ok(None),
+            Err(e) => return Err(not_leasefs("epoch ioctl", e)),
+        };
+
+        self.settle_predecessor(&file, epoch, seen, started, ctl);
+
+        let env = [
+            ("LEASEFS_EPOCH", epoch.to_string()),
+            ("LEASEFS_ELECTION", self.dir.display().to_string()),
+            ("LEASEFS_ID", self.id.clone()),
+        ];
+        let mut running: Option<Running> = None;
+        if !self.command.is_empty() {
+            let leader = self.leader_in_mount();
+            let fenced = |pgid| control::fence(ctl, pgid, &leader, epoch);
+            match command::spawn(&self.command, &env, file.raw_fd(), fenced) {
+                Ok(r) => {
+                    info!(epoch, pgid = r.pgid(), "command started");
+                    running = Some(r);
+                }
+                Err(e) => {
+                    self.record(ctl, self.event(EventKind::Resigned, epoch, format!("command could not start: {e}")));
+                    drop(file);
+                    return Err(match e {
+                        SpawnError::Fence(reason) => ElectError::Control {
+                            what: "to fence the command",
+                            reason,
+                        },
+                        other => ElectError::Spawn {
+                            program: self.command[0].to_string_lossy().into_owned(),
+                            reason: other.to_string(),
+                        },
+                    });
+                }
+            }
+        }
+
+        // The record comes after the command started: it names the
+        // command's process group, and this write also ends the "holder
+        // has closed" state the command's exec left on the lease.
+        let rec = LeaderRecord {
+            id: self.id.clone(),
+            host: self.host.clone(),
+            pid: std::process::id(),
+            epoch,
+            time_ms: crate::clock::wall_ms(),
+            pgid: running.as_ref().map(Running::pgid),
+        };
+        if let Err(e) = file.append_record(&rec) {
+            let why = if is_eio(&e) {
+                format!("fenced: the lease was taken over before the record was written ({e})")
+            } else {
+                format!("cannot write the election record: {e}")
+            };
+            return Ok(Some(self.end_term(ctl, file, running, epoch, EventKind::Lost, why)));
+        }
+
+        loop {
+            let now = self.clock.now();
+            if let Some(age) = tracker.deadline_missed(now) {
+                let fenced = file.epoch().is_err_and(|e| is_eio(&e));
+                let why = format!(
+                    "renew deadline missed: no renewal for {} ms (deadline {} ms, lease {} ms){}",
+                    age.as_millis(),
+                    self.timing.renew_deadline.as_millis(),
+                    self.timing.lease.as_millis(),
+                    if fenced { "; fenced: the lease was taken over" } else { "" }
+                );
+                return Ok(Some(self.end_term(ctl, file, running, epoch, EventKind::Lost, why)));
+            }
+            if stop.load(Ordering::Relaxed) {
+                let why = "the elector was asked to stop".to_string();
+                self.end_term(ctl, file, running, epoch, EventKind::Resigned, why);
+                return Ok(Some(TermEnd::Stopped));
+            }
+            if let Some(exit) = running.as_mut().and_then(Running::try_wait) {
+                // A command that died of its fencing did not resign.
+                if file.epoch().is_err_and(|e| is_eio(&e)) {
+                    let why = format!("fenced: the lease was taken over; command ended with {exit}");
+                    return Ok(Some(self.end_term(ctl, file, running, epoch, EventKind::Lost, why)));
+                }
+                let why = format!("command ended with {exit}");
+                self.end_term(ctl, file, running, epoch, EventKind::Resigned, why);
+                return Ok(Some(TermEnd::Resigned(Some(exit))));
+            }
+            if tracker.due(now) {
+                let sent = self.clock.now();
+                match file.renew() {
+                    Ok(()) => tracker.renewed(sent),
+                    Err(e) if is_eio(&e) => {
+                        let why = format!("fenced: renewal refused, the lease was taken over ({e})");
+                        return Ok(Some(self.end_term(ctl, file, running, epoch, EventKind::Lost, why)));
+                    }
+                    Err(e) => {
+                        warn!(epoch, "lease renewal failed: {e}; retrying");
+                        tracker.failed(now);
+                    }
+                }
+            }
+            let nap = tracker.until_next(self.clock.now()).min(self.timing.poll());
+            std::thread::sleep(nap.max(Duration::from_millis(1)));
+        }
+    }
+
+    /// Records how the predecessor's term ended when it could not say so
+    /// itself (it died, or it was preempted while stopped), and drops the
+    /// fence of a dead predecessor's command. Then records `elected`.
+    fn settle_predecessor(
+        &self,
+        file: &LeaderFile,
+        epoch: u64,
+        seen: Option<(LeaseView, Duration)>,
+        won_at: Duration,
+        ctl: &dyn Control,
+    ) {
+        let prev = match last_record(file.path()) {
+            Ok(p) => p.filter(|p| p.epoch < epoch),
+            Err(e) => {
+                warn!("cannot read the election file's records: {e}");
+                None
+            }
+        };
+        let history = match &prev {
+            Some(_) => control::history(ctl, &self.dir_in_mount)
+                .map_err(|e| warn!("cannot read the audit table: {e}"))
+                .ok(),
+            None => None,
+        };
+        let alive = prev
+            .as_ref()
+            .is_some_and(|p| p.host == self.host && p.pid != std::process::id() && pid_alive(p.pid));
+        let seen = seen.map(|(v, at)| (v, won_at.saturating_sub(at).as_millis() as u64));
+        let verdict = judge_predecessor(
+            prev.as_ref(),
+            history.as_deref(),
+            seen.as_ref().map(|(v, ms)| (v, *ms)),
+            self.timing.lease.as_millis() as u64,
+            alive,
+            &self.id,
+        );
+        if let (Some(p), Some((kind, why))) = (&prev, verdict.event) {
+            self.record(
+                ctl,
+                AuditEvent {
+                    election: self.dir_in_mount.clone(),
+                    event: kind.as_str().into(),
+                    who: p.id.clone(),
+                    host: p.host.clone(),
+                    pid: p.pid,
+                    epoch: p.epoch,
+                    at_ms: crate::clock::wall_ms(),
+                    why,
+                },
+            );
+        }
+        // A predecessor killed mid-term never dropped its command's fence;
+        // once that group is empty the number may be reused, so drop it.
+        if let Some(p) = &prev
+            && p.host == self.host
+            && let Some(pgid) = p.pgid
+            && group_gone(pgid)
+            && let Err(e) = control::unfence(ctl, pgid)
+        {
+            warn!(pgid, "cannot drop the previous command's fence: {e}");
+        }
+        self.record(ctl, self.event(EventKind::Elected, epoch, verdict.elected_why));
+    }
+
+    /// loseLeadership / resign: stop the command's group, record the event,
+    /// drop the fence, close the election file (the lease goes on at once).
+    fn end_term(
+        &self,
+        ctl: &dyn Control,
+        file: LeaderFile,
+        running: Option<Running>,
+        epoch: u64,
+        kind: EventKind,
+        why: String,
+    ) -> TermEnd {
+        let mut group_gone = true;
+        let mut pgid = None;
+        if let Some(mut r) = running {
+            let (_, gone) = r.stop(self.timing.kill_grace);
+            group_gone = gone;
+            pgid = Some(r.pgid());
+        }
+        self.record(ctl, self.event(kind, epoch, why.clone()));
+        if let Some(pgid) = pgid {
+            if group_gone {
+                if let Err(e) = control::unfence(ctl, pgid) {
+                    warn!(pgid, "cannot drop the command's fence: {e}");
+                }
+            } else {
+                warn!(pgid, "processes of the command's group are left; its fence stays");
+            }
+        }
+        drop(file);
+        match kind {
+            EventKind::Lost => TermEnd::Lost(why),
+            _ => TermEnd::Resigned(None),
+        }
+    }
+
+    fn event(&self, kind: EventKind, epoch: u64, why: String) -> AuditEvent {
+        AuditEvent {
+            election: self.dir_in_mount.clone(),
+            event: kind.as_str().into(),
+            who: self.id.clone(),
+            host: self.host.clone(),
+            pid: std::process::id(),
+            epoch,
+            at_ms: crate::clock::wall_ms(),
+            why,
+        }
+    }
+
+    /// Logs an event and appends it to the audit table. A table that cannot
+    /// be written is logged, never a reason to give up leadership.
+    fn record(&self, ctl: &dyn Control, e: AuditEvent) {
+        if e.event == "lost" {
+            warn!(event = %e.event, who = %e.who, epoch = e.epoch, "{}", e.why);
+        } else {
+            info!(event = %e.event, who = %e.who, epoch = e.epoch, "{}", e.why);
+        }
+        if let Err(err) = control::audit(ctl, &e) {
+            warn!("cannot record '{}' in the audit table: {err}", e.event);
+        }
+    }
+
+    /// Sleeps `d`, waking early when `stop` is set.
+    fn sleep(&self, d: Duration, stop: &AtomicBool) {
+        let end = self.clock.now() + d;
+        while !stop.load(Ordering::Relaxed) {
+            let left = end.saturating_sub(self.clock.now());
+            if left.is_zero() {
+                return;
+            }
+            std::thread::sleep(left.min(Duration::from_millis(25)));
+        }
+    }
+}
+
+/// What a follower remembers of the leader it watches, for its log.
+#[derive(Default)]
+struct Watch {
+    epoch: u64,
+    expiry_noted: bool,
+}
+
+/// The new leader's account of its predecessor: the `why` of `elected`, and
+/// the event that ends the predecessor's term when nobody recorded one.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Verdict {
+    pub elected_why: String,
+    pub event: Option<(EventKind, String)>,
+}
+
+/// Judges how the previous term (`prev`, the election file's last record)
+/// ended. `history`: the audit table (`None` if unreadable: then nothing is
+/// recorded for the predecessor). `seen`: the lease as read before the
+/// winning open, and the milliseconds from that read to the win. `alive`:
+/// the predecessor's elector still runs on this host.
+pub(crate) fn judge_predecessor(
+    prev: Option<&LeaderRecord>,
+    history: Option<&[AuditEvent]>,
+    seen: Option<(&LeaseView, u64)>,
+    lease_ms: u64,
+    alive: bool,
+    me: &str,
+) -> Verdict {
+    let Some(p) = prev else {
+        return Verdict {
+            elected_why: "first term of this election".into(),
+            event: None,
+        };
+    };
+    let name = format!("previous leader {} (epoch {})", p.id, p.epoch);
+    let Some(history) = history else {
+        return Verdict {
+            elected_why: name,
+            event: None,
+        };
+    };
+    if let Some(end) = history
+        .iter()
+        .rev()
+        .find(|e| e.epoch == p.epoch && EventKind::ends_term(&e.event))
+    {
+        return Verdict {
+            elected_why: format!("{name} {}", end.event),
+            event: None,
+        };
+    }
+    let expired = seen.filter(|(v, since)| v.epoch == p.epoch && v.looks_expired(lease_ms, *since));
+    let (kind, why) = match expired {
+        Some((v, since)) => {
+            let age = v.renewed_ms_ago.unwrap_or(0) + since;
+            let kind = if alive { EventKind::Preempted } else { EventKind::Expired };
+            let tail = if alive {
+                format!("; its elector (pid {}) still runs and is fenced", p.pid)
+            } else {
+                String::new()
+            };
+            let why = format!("lease not renewed for {age} ms (soft limit {lease_ms} ms); recovered and taken over by {me}{tail}");
+            (kind, why)
+        }
+        None if alive => (
+            EventKind::Expired,
+            format!("lease released without a resignation; taken over by {me}"),
+        ),
+        None => (
+            EventKind::Expired,
+            format!(
+                "lease released without a resignation: elector {}:{} is gone (killed or crashed); taken over by {me}",
+                p.host, p.pid
+            ),
+        ),
+    };
+    Verdict {
+        elected_why: format!("{name} {}", kind.as_str()),
+        event: Some((kind, why)),
+    }
+}
+
+fn is_eio(e: &std::io::Error) -> bool {
+    e.raw_os_error() == Some(libc::EIO)
+}
+
+/// True while process `pid` exists and is not a zombie.
+fn pid_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => !s.rsplit_once(')').is_some_and(|(_, r)| r.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+/// True when no process is left in group `pgid`.
+fn group_gone(pgid: u32) -> bool {
+    let Ok(raw) = i32::try_from(pgid) else {
+        return false;
+    };
+    matches!(
+        nix::sys::signal::killpg(nix::unistd::Pid::from_raw(raw), None),
+        Err(nix::errno::Errno::ESRCH)
+    )
+}
+
+/// `d` stretched by up to 20 %, so that candidates started together do not
+/// try in lock step.
+fn jitter(d: Duration) -> Duration {
+    let mut h = RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    let frac = (h.finish() % 1000) as u32;
+    d + d * frac / 5000
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(id: &str, epoch: u64) -> LeaderRecord {
+        LeaderRecord {
+            id: id.into(),
+            host: "h".into(),
+            pid: 42,
+            epoch,
+            time_ms: 0,
+            pgid: Some(43),
+        }
+    }
+
+    fn ev(event: &str, epoch: u64) -> AuditEvent {
+        AuditEvent {
+            election: "/e".into(),
+            event: event.into(),
+            who: "a".into(),
+            host: "h".into(),
+            pid: 42,
+            epoch,
+            at_ms: 0,
+            why: String::new(),
+        }
+    }
+
+    fn held(epoch: u64, renewed_ms_ago: u64) -> LeaseView {
+        LeaseView {
+            state: "held".into(),
+            holder: Some("h:42".into()),
+            epoch,
+            mode: Some("client".into()),
+            renewed_ms_ago: Some(renewed_ms_ago),
+        }
+    }
+
+    #[test]
+    fn a_first_term_has_no_predecessor() {
+        let v = judge_predecessor(None, Some(&[]), None, 2000, false, "b");
+        assert_eq!(v.event, None);
+        assert_eq!(v.elected_why, "first term of this election");
+    }
+
+    #[test]
+    fn a_predecessor_that_recorded_its_end_gets_no_second_event() {
+        let h = [ev("elected", 5), ev("resigned", 5)];
+        let v = judge_predecessor(Some(&rec("a", 5)), Some(&h), Some((&held(5, 10), 5)), 2000, true, "b");
+        assert_eq!(v.event, None);
+        assert_eq!(v.elected_why, "previous leader a (epoch 5) resigned");
+    }
+
+    #[test]
+    fn a_killed_predecessor_expired() {
+        let h = [ev("elected", 5)];
+        let v = judge_predecessor(Some(&rec("a", 5)), Some(&h), Some((&held(5, 10), 50)), 2000, false, "b");
+        let (kind, why) = v.event.expect("event");
+        assert_eq!(kind, EventKind::Expired);
+        assert!(why.contains("is gone"), "{why}");
+    }
+
+    #[test]
+    fn a_stopped_predecessor_past_the_soft_limit_was_preempted() {
+        let h = [ev("elected", 5)];
+        // Read 1900 ms after its last renewal; the win came 150 ms later.
+        let v = judge_predecessor(Some(&rec("a", 5)), Some(&h), Some((&held(5, 1900), 150)), 2000, true, "b");
+        let (kind, why) = v.event.expect("event");
+        assert_eq!(kind, EventKind::Preempted);
+        assert!(why.contains("2050 ms"), "{why}");
+        assert_eq!(v.elected_why, "previous leader a (epoch 5) preempted");
+        // The same, but its elector is gone: the lease simply expired.
+        let v = judge_predecessor(Some(&rec("a", 5)), Some(&h), Some((&held(5, 1900), 150)), 2000, false, "b");
+        assert_eq!(v.event.expect("event").0, EventKind::Expired);
+    }
+
+    #[test]
+    fn an_unreadable_audit_table_records_nothing_about_the_predecessor() {
+        let v = judge_predecessor(Some(&rec("a", 5)), None, None, 2000, false, "b");
+        assert_eq!(v.event, None);
+    }
+
+    #[test]
+    fn jitter_stays_within_a_fifth() {
+        for _ in 0..100 {
+            let j = jitter(Duration::from_millis(200));
+            assert!(j >= Duration::from_millis(200) && j <= Duration::from_millis(240), "{j:?}");
+        }
+    }
+}

@@ -1,0 +1,189 @@
+//! Pipeline recovery (DESIGN.md §1 "Replication and faults", issue items 2
+//! and 6): a replica that fails mid-write (ENOSPC on a small tmpfs, its
+//! directory removed) is dropped, the pipeline is rebuilt from the
+//! survivors plus a spare under a new generation stamp, and the writer
+//! sees no error; the dropped replica is never served. Only when every
+//! replica failed does the writer get EIO, and the acknowledged (fsynced)
+//! prefix stays readable.
+
+mod common;
+use common::faults::*;
+use common::*;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+const MIB: usize = 1 << 20;
+const SIZE: usize = 40 * MIB;
+
+/// `n` datanode directories on the local disk, inside `dir`.
+fn disk_dns(dir: &tempfile::TempDir, n: usize) -> Vec<PathBuf> {
+    (1..=n).map(|i| dir.path().join(format!("disk{i}"))).collect()
+}
+
+fn scratch(m: &Mount, name: &str, data: &[u8]) -> PathBuf {
+    let p = m.dir.path().join(name);
+    std::fs::write(&p, data).unwrap();
+    p
+}
+
+/// The whole file, read through the mount with cold caches.
+fn read_cold(m: &Mount, rel: &str) -> Vec<u8> {
+    drop_caches();
+    m.read(rel)
+}
+
+fn assert_same(got: &[u8], want: &[u8], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    if let Some(i) = got.iter().zip(want).position(|(a, b)| a != b) {
+        panic!("{what}: first wrong byte at offset {i}");
+    }
+}
+
+/// Turns a stale replica into a self-consistent one that holds other
+/// bytes: if a reader ever served it, the read would come back wrong.
+fn poison_stale_replica(r: &ReplicaFiles, keep: usize) {
+    let f = std::fs::OpenOptions::new().write(true).open(&r.data).unwrap();
+    f.set_len(keep as u64).unwrap(); // frees room on a full tmpfs first
+    drop(f);
+    std::fs::write(&r.meta, b"").unwrap();
+    let garbage = pattern(keep, 4242);
+    std::fs::write(&r.data, &garbage).unwrap();
+    std::fs::write(&r.meta, meta_bytes(&garbage)).unwrap();
+}
+
+#[test]
+fn a_datanode_filling_up_mid_write_is_dropped_and_the_writer_sees_no_error() {
+    let tmpfs = Tmpfs::new("8m");
+    let disk = tempfile::tempdir().unwrap();
+    let mut dns = vec![tmpfs.path.clone()];
+    dns.extend(disk_dns(&disk, 3));
+    // The first pipeline of a fresh mount starts at datanode 0: the tmpfs.
+    let m = Mount::with_datanode_paths(
+        Opts {
+            datanodes: 4,
+            replication: Some(3),
+            o: vec![],
+        },
+        dns,
+    );
+    let src = pattern(SIZE, 1);
+    let srcp = scratch(&m, "big.src", &src);
+    let mut w = Writer::start(&m, &srcp, "big", MIB, 0, 8);
+    let r = w.result(Duration::from_secs(60));
+    assert_eq!(r, format!("ok {SIZE}"), "the writer saw an error; log:\n{}", m.log());
+    assert_eq!(w.synced(), SIZE as u64);
+
+    assert!(
+        !m.log_lines(&["replica write failed", "datanode=0"]).is_empty(),
+        "the tmpfs datanode never failed a write (was it in the pipeline?):\n{}",
+        m.log()
+    );
+    assert!(!m.log_lines(&["pipeline rebuilt"]).is_empty(), "no pipeline rebuild logged:\n{}", m.log());
+
+    let blocks = wait_closed(&m, "big");
+    assert_eq!(blocks.len(), 1, "{blocks:?}");
+    let b = &blocks[0];
+    assert_eq!(b.len, SIZE as u64, "{b:?}");
+    assert!(!b.replicas.contains(&0), "the full tmpfs is still a replica: {b:?}");
+    assert_eq!(b.replicas.len(), 3, "a spare datanode should have replaced the tmpfs: {b:?}");
+    for &dn in &b.replicas {
+        verify_replica(&m.datanodes[dn], b.id, Some(b.gs), &src).unwrap_or_else(|e| panic!("{e}"));
+    }
+    assert_same(&read_cold(&m, "big"), &src, "big read back");
+
+    // The tmpfs keeps its stale replica (old generation stamp). Make it
+    // hold other, self-consistent bytes; reads must still be right.
+    let stale = replica(&tmpfs.path, b.id).expect("the dropped replica is still on the tmpfs");
+    assert!(stale.gs < b.gs, "dropped replica gs {} not older than {}", stale.gs, b.gs);
+    poison_stale_replica(&stale, 2 * MIB);
+    assert_same(&read_cold(&m, "big"), &src, "big read with a poisoned stale replica");
+}
+
+#[test]
+fn a_datanode_directory_removed_mid_write_is_dropped_and_the_writer_sees_no_error() {
+    let m = Mount::with(Opts {
+        datanodes: 4,
+        replication: Some(3),
+        o: vec![],
+    });
+    let src = pattern(SIZE, 2);
+    let srcp = scratch(&m, "big.src", &src);
+    // 40 pieces of 1 MiB, 150 ms apart: the write spans two heartbeats.
+    let mut w = Writer::start(&m, &srcp, "big", MIB, 150, 4);
+    assert!(
+        wait_until(Duration::from_secs(20), || std::fs::metadata(m.path("big"))
+            .map(|md| md.len() >= 6 * MIB as u64)
+            .unwrap_or(false)),
+        "the writer made no progress"
+    );
+    let before = blocks_of(&m, "big");
+    assert_eq!(before.len(), 1, "{before:?}");
+    let victim = before[0].replicas[1];
+    std::fs::remove_dir_all(&m.datanodes[victim]).unwrap();
+
+    let r = w.result(Duration::from_secs(60));
+    assert_eq!(r, format!("ok {SIZE}"), "the writer saw an error; log:\n{}", m.log());
+    let log = m.log();
+    assert!(
+        !m.log_lines(&["pipeline rebuilt"]).is_empty(),
+        "no pipeline rebuild logged after datanode {victim} was removed:\n{log}"
+    );
+    let blocks = wait_closed(&m, "big");
+    let b = &blocks[0];
+    assert!(!b.replicas.contains(&victim), "removed datanode still a replica: {b:?}");
+    assert_eq!(b.replicas.len(), 3, "the spare datanode should have joined: {b:?}");
+    assert!(b.gs > before[0].gs, "generation stamp not bumped: {:?} -> {b:?}", before[0]);
+    for &dn in &b.replicas {
+        verify_replica(&m.datanodes[dn], b.id, Some(b.gs), &src).unwrap_or_else(|e| panic!("{e}"));
+    }
+    assert_same(&read_cold(&m, "big"), &src, "big read back");
+    // The only problem left is the missing directory itself.
+    let (_, rep) = m.fsck_json();
+    for (kind, _, dn) in problems(&rep) {
+        assert!(kind == "dead_datanode" && dn == Some(victim as u64), "unexpected problem {kind}: {rep}");
+    }
+}
+
+#[test]
+fn when_every_replica_fails_the_writer_gets_eio_and_the_fsynced_prefix_stays_readable() {
+    let t1 = Tmpfs::new("8m");
+    let t2 = Tmpfs::new("8m");
+    let mut m = Mount::with_datanode_paths(
+        Opts {
+            datanodes: 2,
+            replication: Some(2),
+            o: vec!["housekeeping_interval=1".into()],
+        },
+        vec![t1.path.clone(), t2.path.clone()],
+    );
+    let src = pattern(SIZE, 3);
+    let srcp = scratch(&m, "big.src", &src);
+    let mut w = Writer::start(&m, &srcp, "big", 256 << 10, 0, 4);
+    let r = w.result(Duration::from_secs(60));
+    assert!(r.starts_with("err EIO "), "expected EIO once both tmpfs are full, got `{r}`");
+    let synced = w.synced() as usize;
+    assert!(synced >= 4 * MIB, "only {synced} bytes were fsynced before the failure");
+    eprintln!("writer: {r}; fsynced {synced} bytes");
+
+    // Every stage is checked and reported, so that a failure says where
+    // the prefix went missing.
+    let mut failures = Vec::new();
+    let mut check = |m: &Mount, when: &str| {
+        let got = read_cold(m, "big");
+        if got.len() < synced {
+            failures.push(format!("{when}: the file holds {} bytes, but {synced} were fsynced", got.len()));
+        } else if got[..] != src[..got.len()] {
+            failures.push(format!("{when}: the file holds other bytes than were written"));
+        }
+    };
+    check(&m, "right after the failure (writer gone)");
+    // The writer is gone: its file is recovered (housekeeping every 1 s,
+    // or at the next mount). Recovery must keep the fsynced prefix.
+    std::thread::sleep(Duration::from_secs(3));
+    check(&m, "after housekeeping rounds");
+    m.unmount();
+    m.mount();
+    check(&m, "after a remount");
+    assert!(failures.is_empty(), "{}\nlog:\n{}", failures.join("\n"), m.log());
+}

@@ -1,0 +1,259 @@
+//! Corruption and housekeeping (DESIGN.md §1 "Replication and faults",
+//! issue items 3, 4 and 6): a replica whose checksum fails (a flipped
+//! byte) or whose file was cut short is skipped on read, reported, and
+//! repaired; a lost replica is copied back up to the replication factor;
+//! block files that no file references are reported as orphans and
+//! removed (by `fsck --repair` at once, by housekeeping after a grace
+//! period).
+
+mod common;
+use common::faults::*;
+use common::*;
+
+use std::time::Duration;
+
+fn mount(o: &str) -> Mount {
+    Mount::with(Opts {
+        datanodes: 3,
+        replication: Some(3),
+        o: if o.is_empty() { vec![] } else { vec![o.to_string()] },
+    })
+}
+
+/// Writes `rel` (one block) and returns its data and block once closed.
+fn one_block_file(m: &Mount, rel: &str, len: usize, seed: u64) -> (Vec<u8>, Block) {
+    let data = pattern(len, seed);
+    m.put(rel, &data);
+    let b = wait_closed(m, rel);
+    assert_eq!(b.len(), 1, "{rel}: {b:?}");
+    assert_eq!(b[0].replicas.len(), 3, "{rel}: {b:?}");
+    (data, b[0].clone())
+}
+
+fn read_cold(m: &Mount, rel: &str) -> Vec<u8> {
+    drop_caches();
+    m.read(rel)
+}
+
+/// Waits until fsck of the mount exits 0; panics with the last report.
+fn wait_fsck_clean(m: &Mount, max: Duration) {
+    let mut last = None;
+    let ok = wait_until(max, || {
+        let f = m.fsck(&["--json"]);
+        let clean = f.code == 0;
+        last = Some(f);
+        clean
+    });
+    assert!(ok, "fsck not clean within {max:?}: {last:?}\nlog:\n{}", m.log());
+}
+
+#[test]
+fn a_flipped_byte_in_a_finalized_replica_is_skipped_on_read_reported_and_repaired_by_housekeeping() {
+    let m = mount("housekeeping_interval=1");
+    let (src, b) = one_block_file(&m, "f", 300_000, 31);
+    // The reader tries the replicas in the block's order: corrupt the first.
+    let dn = b.replicas[0];
+    let r = replica(&m.datanodes[dn], b.id).expect("replica");
+    assert_eq!(r.state, "finalized");
+    flip_byte(&r.data, 100_000);
+
+    assert!(read_cold(&m, "f") == src, "the read served the corrupt replica");
+    let reported = m.log_lines(&["bad replica", &format!("datanode={dn}")]);
+    assert!(!reported.is_empty(), "the corrupt replica was not reported:\n{}", m.log());
+    assert!(
+        reported.iter().any(|l| l.contains("checksum")),
+        "the report does not say the checksum failed: {reported:?}"
+    );
+
+    // Housekeeping (every second) repairs the replica it was told about.
+    let ok = wait_until(Duration::from_secs(8), || {
+        verify_replica(&m.datanodes[dn], b.id, None, &src).is_ok()
+    });
+    assert!(
+        ok,
+        "the corrupt replica on datanode {dn} was not repaired: {:?}\nlog:\n{}",
+        verify_replica(&m.datanodes[dn], b.id, None, &src),
+        m.log()
+    );
+    wait_fsck_clean(&m, Duration::from_secs(5));
+    let now = blocks_of(&m, "f");
+    assert_eq!(now[0].replicas.len(), 3, "{now:?}");
+    for &d in &now[0].replicas {
+        verify_replica(&m.datanodes[d], now[0].id, Some(now[0].gs), &src).unwrap_or_else(|e| panic!("{e}"));
+    }
+    assert!(read_cold(&m, "f") == src);
+}
+
+#[test]
+fn a_truncated_replica_file_is_skipped_on_read_reported_by_fsck_and_repaired_by_fsck_repair() {
+    let m = mount("");
+    let (src, b) = one_block_file(&m, "f", 300_000, 32);
+    let dn = b.replicas[0];
+    let r = replica(&m.datanodes[dn], b.id).expect("replica");
+    std::fs::OpenOptions::new().write(true).open(&r.data).unwrap().set_len(100_000).unwrap();
+
+    assert!(read_cold(&m, "f") == src, "the read did not get the whole file");
+    assert!(
+        !m.log_lines(&["bad replica", &format!("datanode={dn}")]).is_empty(),
+        "the short replica was not reported:\n{}",
+        m.log()
+    );
+    let (code, rep) = m.fsck_json();
+    assert_eq!(code, 1, "{rep}");
+    assert!(
+        problems(&rep).contains(&("bad_length".into(), Some(b.id), Some(dn as u64))),
+        "fsck does not name the cut replica: {rep}"
+    );
+
+    let f = m.fsck(&["--repair"]);
+    assert_eq!(f.code, 0, "fsck --repair should repair everything it found: {f:?}");
+    assert!(f.stdout.contains("[repaired]"), "{f:?}");
+    let (code, rep) = m.fsck_json();
+    assert_eq!(code, 0, "{rep}");
+    let now = blocks_of(&m, "f");
+    assert_eq!(now[0].replicas.len(), 3, "{now:?}");
+    for &d in &now[0].replicas {
+        verify_replica(&m.datanodes[d], now[0].id, Some(now[0].gs), &src).unwrap_or_else(|e| panic!("{e}"));
+    }
+    assert!(read_cold(&m, "f") == src);
+}
+
+#[test]
+fn a_deleted_replica_is_copied_back_by_housekeeping_up_to_the_replication_factor() {
+    let m = mount("housekeeping_interval=1");
+    let (src, b) = one_block_file(&m, "f", 200_000, 33);
+    let dn = b.replicas[1];
+    let r = replica(&m.datanodes[dn], b.id).expect("replica");
+    std::fs::remove_file(&r.data).unwrap();
+    std::fs::remove_file(&r.meta).unwrap();
+
+    // Housekeeping checks presence without being told: R=3 on 3
+    // datanodes, so the copy goes back to the same one.
+    let ok = wait_until(Duration::from_secs(8), || {
+        verify_replica(&m.datanodes[dn], b.id, Some(b.gs), &src).is_ok()
+    });
+    assert!(ok, "replica on datanode {dn} not copied back:\n{}", m.log());
+    let now = blocks_of(&m, "f");
+    let mut reps = now[0].replicas.clone();
+    reps.sort();
+    assert_eq!(reps, vec![0, 1, 2], "{now:?}");
+    wait_fsck_clean(&m, Duration::from_secs(5));
+    assert!(
+        !m.log_lines(&["re-replicated", &format!("datanode={dn}")]).is_empty(),
+        "re-replication not logged:\n{}",
+        m.log()
+    );
+}
+
+/// Drops an unreferenced replica (data and checksum file) of block `id`
+/// into `DN/finalized/`.
+fn plant_orphan(dn: &std::path::Path, id: u64) -> (std::path::PathBuf, std::path::PathBuf) {
+    let data = pattern(5000, id);
+    let d = dn.join("finalized").join(format!("blk_{id}"));
+    let meta = dn.join("finalized").join(format!("blk_{id}_5.meta"));
+    std::fs::write(&d, &data).unwrap();
+    std::fs::write(&meta, meta_bytes(&data)).unwrap();
+    (d, meta)
+}
+
+#[test]
+fn an_unreferenced_block_file_is_reported_as_orphan_by_fsck_and_removed_by_fsck_repair() {
+    let m = mount("");
+    let (src, _) = one_block_file(&m, "f", 100_000, 34);
+    let (d, meta) = plant_orphan(&m.datanodes[0], 999_999);
+
+    let (code, rep) = m.fsck_json();
+    assert_eq!(code, 1, "{rep}");
+    assert!(
+        problems(&rep).contains(&("orphan_replica".into(), Some(999_999), Some(0))),
+        "the orphan is not reported: {rep}"
+    );
+    assert!(d.exists() && meta.exists(), "plain fsck must not remove anything");
+
+    let f = m.fsck(&["--repair"]);
+    assert_eq!(f.code, 0, "{f:?}");
+    assert!(!d.exists() && !meta.exists(), "fsck --repair left the orphan's files");
+    let (code, rep) = m.fsck_json();
+    assert_eq!(code, 0, "{rep}");
+    assert!(read_cold(&m, "f") == src);
+}
+
+#[test]
+fn housekeeping_removes_unreferenced_block_files_only_after_the_grace_period() {
+    let m = mount("housekeeping_interval=1");
+    let (src, _) = one_block_file(&m, "f", 100_000, 35);
+    // An old orphan (its files last changed 20 minutes ago) and a fresh one.
+    let old = plant_orphan(&m.datanodes[1], 999_001);
+    let twenty_min_ago = std::time::SystemTime::now() - Duration::from_secs(1200);
+    for p in [&old.0, &old.1] {
+        std::fs::File::options()
+            .write(true)
+            .open(p)
+            .unwrap()
+            .set_modified(twenty_min_ago)
+            .unwrap();
+    }
+    let fresh = plant_orphan(&m.datanodes[1], 999_002);
+    let fresh_rbw = {
+        let data = pattern(5000, 3);
+        let d = m.datanodes[2].join("rbw").join("blk_999003");
+        let meta = m.datanodes[2].join("rbw").join("blk_999003_5.meta");
+        std::fs::write(&d, &data).unwrap();
+        std::fs::write(&meta, meta_bytes(&data)).unwrap();
+        (d, meta)
+    };
+
+    let gone = wait_until(Duration::from_secs(6), || !old.0.exists() && !old.1.exists());
+    assert!(gone, "housekeeping did not remove the 20-minute-old orphan:\n{}", m.log());
+    std::thread::sleep(Duration::from_secs(2)); // more rounds
+    let mut kept = Vec::new();
+    for (what, (d, meta)) in [("finalized/", &fresh), ("rbw/", &fresh_rbw)] {
+        if !(d.exists() && meta.exists()) {
+            kept.push(what);
+        }
+    }
+    assert!(
+        kept.is_empty(),
+        "housekeeping removed a fresh unreferenced replica in {kept:?} within its grace period (10 min)\nlog:\n{}",
+        m.log()
+    );
+    assert!(read_cold(&m, "f") == src);
+}
+
+/// Writes `n` small files `PREFIX{i}` from one python process.
+fn many_files(m: &Mount, prefix: &str, n: usize) {
+    let o = py_run(
+        &m.mnt,
+        "import sys\nfor i in range(int(sys.argv[2])):\n    open('%s%d' % (sys.argv[1], i), 'wb').write((b'%d ' % i) * 300)\n",
+        &[prefix, &n.to_string()],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+#[test]
+fn files_closed_while_housekeeping_runs_keep_their_replicas() {
+    let m = mount("housekeeping_interval=0.2");
+    many_files(&m, "old", 400);
+    let t0 = std::time::Instant::now();
+    many_files(&m, "new", 400);
+    eprintln!("400 new files in {:?}", t0.elapsed());
+    std::thread::sleep(Duration::from_secs(1));
+    let mut bad = Vec::new();
+    for i in 0..400 {
+        let want = format!("{i} ").repeat(300).into_bytes();
+        match std::fs::read(m.path(&format!("new{i}"))) {
+            Ok(got) if got == want => {}
+            Ok(got) => bad.push(format!("new{i}: {} bytes, other content", got.len())),
+            Err(e) => bad.push(format!("new{i}: {e}")),
+        }
+    }
+    let f = m.fsck(&[]);
+    assert!(
+        bad.is_empty() && f.code == 0,
+        "{} of 400 files written while housekeeping ran lost data: {:?}\nfsck: {}\nlog:\n{}",
+        bad.len(),
+        &bad[..bad.len().min(10)],
+        f.stdout.lines().take(20).collect::<Vec<_>>().join("\n"),
+        m.log_lines(&["housekeeping repaired"]).into_iter().take(10).collect::<Vec<_>>().join("\n")
+    );
+}

@@ -1,0 +1,616 @@
+//! `leasefs spout` (DESIGN.md §2, issue 5) with real processes on a real
+//! mount (`soft_limit=2`, so a stopped instance's leases expire in 2 s, and
+//! `--lock-timeout 3`): several instances on many files, one killed with
+//! -9 and one stopped with SIGSTOP mid-file; every line emitted at least
+//! once, duplicates only after takeover points, every file done, no lock
+//! left; Storm's empty-lock-file crash (STORM-2356); `.ignore` files;
+//! bad files; `--exec`; clean stop on SIGTERM; the writers' two safe ways
+//! to publish a file.
+
+mod common;
+use common::*;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+const MOUNT_O: &str = "soft_limit=2,monitor_interval=0.2";
+
+/// One `leasefs spout` process; its stdout and stderr go to files outside
+/// the mount. Killed (only this pid) if the test fails before it exits.
+struct Inst {
+    id: String,
+    child: Child,
+    out: PathBuf,
+    err: PathBuf,
+    status: Option<ExitStatus>,
+}
+
+impl Inst {
+    fn spawn(m: &Mount, id: &str, args: &[&str]) -> Inst {
+        let out = m.dir.path().join(format!("{id}.out"));
+        let err = m.dir.path().join(format!("{id}.err"));
+        let child = Command::new(bin())
+            .arg("spout")
+            .arg("in")
+            .args(["--done", "done", "--id", id])
+            .args(args)
+            .current_dir(&m.mnt)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&out).expect("create out"))
+            .stderr(std::fs::File::create(&err).expect("create err"))
+            .spawn()
+            .expect("spawn leasefs spout");
+        Inst {
+            id: id.to_string(),
+            child,
+            out,
+            err,
+            status: None,
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn signal(&self, sig: i32) {
+        kill(self.pid(), sig);
+    }
+
+    /// Waits for the exit, asserting it comes within `max`.
+    fn wait(&mut self, max: Duration) -> ExitStatus {
+        let deadline = Instant::now() + max;
+        loop {
+            if let Some(st) = self.child.try_wait().expect("try_wait") {
+                self.status = Some(st);
+                return st;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "spout {} did not exit within {max:?}; stderr:\n{}",
+                self.id,
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn wait_ok(&mut self, max: Duration) {
+        let st = self.wait(max);
+        assert!(st.success(), "spout {} exited with {st}; stderr:\n{}", self.id, self.stderr());
+    }
+
+    fn stdout_lines(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.out)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.err).unwrap_or_default()
+    }
+
+    /// (file name, resume offset) of every takeover this instance logged.
+    fn takeovers(&self) -> Vec<(String, u64)> {
+        self.stderr()
+            .lines()
+            .filter_map(|l| {
+                let rest = l.split("took over idle lock ").nth(1)?;
+                let path = rest.split_whitespace().next()?;
+                let name = Path::new(path).file_name()?.to_string_lossy().into_owned();
+                let off = l.split("resuming at offset ").nth(1)?.trim().parse().ok()?;
+                Some((name, off))
+            })
+            .collect()
+    }
+}
+
+impl Drop for Inst {
+    fn drop(&mut self) {
+        if self.status.is_none() && matches!(self.child.try_wait(), Ok(None)) {
+            kill(self.pid(), libc::SIGCONT);
+            kill(self.pid(), libc::SIGKILL);
+        }
+        let _ = self.child.wait();
+    }
+}
+
+/// The lines of a test file: `NAME 0000000`, `NAME 0000001`, ... (fixed
+/// width, so line `i` starts at byte `i * (NAME.len() + 9)`).
+fn lines_of(name: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{name} {i:07}")).collect()
+}
+
+fn line_offset(line: &str) -> (String, u64) {
+    let (name, i) = line.rsplit_once(' ').expect("test line");
+    let i: u64 = i.parse().expect("line number");
+    (name.to_string(), i * (name.len() as u64 + 9))
+}
+
+/// Publishes a file the first safe way: written under `stage/` on the
+/// same mount, then renamed into `in/` (atomic, complete when visible).
+fn publish(m: &Mount, name: &str, lines: &[String]) {
+    let staged = m.path(&format!("stage/{name}"));
+    std::fs::create_dir_all(m.path("stage")).expect("mkdir stage");
+    let mut text = lines.join("\n");
+    text.push('\n');
+    std::fs::write(&staged, text).expect("write staged file");
+    std::fs::rename(&staged, m.path(&format!("in/{name}"))).expect("rename into in/");
+}
+
+fn setup(m: &Mount) {
+    for d in ["in", "done", "stage"] {
+        std::fs::create_dir_all(m.path(d)).expect("mkdir");
+    }
+}
+
+fn names_in(m: &Mount, rel: &str) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(m.path(rel))
+        .map(|r| r.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// The last complete `time,id,offset` entry of a lock file.
+fn last_entry(m: &Mount, rel: &str) -> Option<(String, u64)> {
+    let text = std::fs::read_to_string(m.path(rel)).ok()?;
+    let complete = &text[..text.rfind('\n')?];
+    let line = complete.lines().last()?;
+    let mut f = line.split(',');
+    let _time = f.next()?;
+    let id = f.next()?.to_string();
+    Some((id, f.next()?.parse().ok()?))
+}
+
+/// Waits until `rel`'s lock shows a commit by `id` past offset 0.
+fn wait_committed(m: &Mount, rel: &str, id: &str) -> u64 {
+    let mut last = None;
+    let ok = wait_until(Duration::from_secs(20), || {
+        last = last_entry(m, rel);
+        matches!(&last, Some((who, off)) if who == id && *off > 0)
+    });
+    assert!(ok, "{rel}: no commit by {id}: last entry {last:?}");
+    last.map(|(_, o)| o).unwrap_or(0)
+}
+
+fn counts<'a>(lines: impl IntoIterator<Item = &'a String>) -> HashMap<&'a str, usize> {
+    let mut c = HashMap::new();
+    for l in lines {
+        *c.entry(l.as_str()).or_insert(0) += 1;
+    }
+    c
+}
+
+/// Item 7 of the issue: 4 instances, 2 big files and 120 small ones; one
+/// instance is killed with -9 in the middle of a big file, another is
+/// stopped in the middle of the other big file and resumed after its file
+/// was taken over.
+#[test]
+fn instances_killed_and_stopped_mid_file_lose_no_line() {
+    const BIG: usize = 300_000;
+    let m = Mount::with_o(MOUNT_O);
+    setup(&m);
+    let mut files: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for name in ["big-a", "big-b"] {
+        files.insert(name.into(), lines_of(name, BIG));
+        publish(&m, name, &files[name]);
+    }
+    for i in 0..120 {
+        let name = format!("small-{i:03}");
+        files.insert(name.clone(), lines_of(&name, 40 + i));
+        publish(&m, &name, &files[&name]);
+    }
+    let common_args = ["--lock-timeout", "3", "--commit-count", "5000", "--commit-sec", "1", "--once"];
+
+    // Commits every 5000 records (70 KB) while output is flushed every
+    // 64 KiB: a killed or stopped owner has usually emitted records past
+    // its last commit, which its successor emits again.
+    // The victim of kill -9 takes the oldest file, big-a.
+    let mut killed = Inst::spawn(&m, "killed", &common_args);
+    let committed = wait_committed(&m, "in/.lock/big-a", "killed");
+    killed.signal(libc::SIGSTOP);
+    assert!(m.path("in/big-a.inprogress").exists(), "big-a is not in progress");
+    killed.signal(libc::SIGKILL);
+    killed.wait(Duration::from_secs(10));
+    let (_, killed_at) = last_entry(&m, "in/.lock/big-a").expect("big-a's lock entry");
+    assert!(killed_at >= committed && (killed_at as usize) < BIG * 14, "killed at {killed_at}");
+
+    // The one to be stopped takes the next oldest, big-b.
+    let mut stopped = Inst::spawn(&m, "stopped", &common_args);
+    wait_committed(&m, "in/.lock/big-b", "stopped");
+    stopped.signal(libc::SIGSTOP);
+    assert!(m.path("in/big-b.inprogress").exists(), "big-b is not in progress");
+    let (_, stopped_at) = last_entry(&m, "in/.lock/big-b").expect("big-b's lock entry");
+
+    let mut others: Vec<Inst> = ["c1", "c2"].iter().map(|id| Inst::spawn(&m, id, &common_args)).collect();
+
+    // big-b is taken over once its lock is idle for 3 s and the stopped
+    // owner's lease expired (2 s); then the owner is resumed.
+    let taken = wait_until(Duration::from_secs(30), || {
+        matches!(last_entry(&m, "in/.lock/big-b"), Some((id, _)) if id != "stopped") || m.path("done/big-b").exists()
+    });
+    assert!(taken, "big-b was never taken over");
+    stopped.signal(libc::SIGCONT);
+
+    for i in others.iter_mut().chain([&mut stopped]) {
+        i.wait_ok(Duration::from_secs(60));
+    }
+
+    // Every file done, nothing left behind.
+    let mut want: Vec<String> = files.keys().cloned().collect();
+    want.sort();
+    assert_eq!(names_in(&m, "done"), want);
+    assert_eq!(names_in(&m, "in"), [".bad", ".lock"], "left in the source directory");
+    assert!(names_in(&m, "in/.lock").is_empty(), "lock files left: {:?}", names_in(&m, "in/.lock"));
+    assert!(names_in(&m, "in/.bad").is_empty());
+    for (name, lines) in &files {
+        let done = m.read_string(&format!("done/{name}"));
+        assert_eq!(done.lines().count(), lines.len(), "done/{name} changed");
+    }
+
+    // Every line at least once, nothing else.
+    let all: Vec<Inst> = vec![killed, stopped].into_iter().chain(others).collect();
+    let emitted: Vec<String> = all.iter().flat_map(|i| i.stdout_lines()).collect();
+    let c = counts(&emitted);
+    for (name, lines) in &files {
+        for l in lines {
+            assert!(c.contains_key(l.as_str()), "{name}: line `{l}` never emitted");
+        }
+    }
+    let known: usize = files.values().map(Vec::len).sum();
+    assert_eq!(c.len(), known, "unknown lines emitted");
+
+    // Duplicates only after takeover points, at or after the resumed offset.
+    let mut resumed: HashMap<String, Vec<u64>> = HashMap::new();
+    for i in &all {
+        for (name, off) in i.takeovers() {
+            resumed.entry(name).or_default().push(off);
+        }
+    }
+    assert_eq!(resumed.get("big-a"), Some(&vec![killed_at]), "big-a resumed at its last entry");
+    let b = resumed.get("big-b").expect("big-b was taken over");
+    assert!(b.iter().all(|&o| o >= stopped_at), "big-b resumed at {b:?}, before {stopped_at}");
+    let mut dups = 0;
+    for (line, n) in &c {
+        if *n > 1 {
+            dups += n - 1;
+            let (name, off) = line_offset(line);
+            let from = resumed.get(&name).and_then(|v| v.iter().min()).copied();
+            assert!(
+                from.is_some_and(|f| off >= f),
+                "`{line}` (offset {off}) emitted {n} times, but {name} was resumed at {from:?}"
+            );
+        }
+    }
+    // At-least-once by construction: what big-a's killed owner committed,
+    // it had emitted.
+    let k = all[0].stdout_lines();
+    let k: std::collections::HashSet<&str> = k.iter().map(String::as_str).collect();
+    for l in &files["big-a"][..(killed_at as usize / 14)] {
+        assert!(k.contains(l.as_str()), "`{l}` is covered by the killed owner's commit but it never emitted it");
+    }
+    eprintln!("{} lines emitted, {dups} duplicates, takeovers {resumed:?}", emitted.len());
+}
+
+/// Storm's STORM-2356: a lock file left empty (its owner died right after
+/// creating it) crashed the spout. Here it is taken over from offset 0, a
+/// lock file whose last line was cut short resumes at the last complete
+/// entry, and a garbled one from 0.
+#[test]
+fn empty_truncated_and_garbled_lock_files_are_taken_over() {
+    let m = Mount::with_o(MOUNT_O);
+    setup(&m);
+    let e = lines_of("empty", 5);
+    let t = lines_of("trunc", 5);
+    let g = lines_of("garbl", 5);
+    publish(&m, "empty", &e);
+    publish(&m, "trunc", &t);
+    publish(&m, "garbl", &g);
+    // Owners died after locking: `empty` was not even renamed yet.
+    m.sh_ok(
+        "mkdir -p in/.lock && mv in/trunc in/trunc.inprogress && mv in/garbl in/garbl.inprogress \
+         && : > in/.lock/empty \
+         && printf '1000,old,0\\n2000,old,28\\n3000,old,4' > in/.lock/trunc \
+         && printf 'x\\0y,,\\n' > in/.lock/garbl \
+         && touch -d '-1 hour' in/.lock/empty in/.lock/trunc in/.lock/garbl",
+    );
+    let mut s = Inst::spawn(&m, "s", &["--lock-timeout", "3", "--once"]);
+    s.wait_ok(Duration::from_secs(30));
+    let out = s.stdout_lines();
+    let mut want: Vec<String> = e.iter().chain(&t[2..]).chain(&g).cloned().collect();
+    want.sort();
+    let mut got = out.clone();
+    got.sort();
+    assert_eq!(got, want, "stderr:\n{}", s.stderr());
+    let mut tk = s.takeovers();
+    tk.sort();
+    assert_eq!(tk, [("empty".to_string(), 0), ("garbl".to_string(), 0), ("trunc".to_string(), 28)]);
+    assert_eq!(names_in(&m, "done"), ["empty", "garbl", "trunc"]);
+    assert!(names_in(&m, "in/.lock").is_empty());
+}
+
+/// Writers publish `NAME.ignore` and rename it when complete: until then
+/// the spout leaves it alone.
+#[test]
+fn ignore_file_is_skipped_until_renamed() {
+    let m = Mount::with_o(MOUNT_O);
+    setup(&m);
+    let x = lines_of("x", 3);
+    std::fs::write(m.path("in/x.ignore"), x.join("\n") + "\n").unwrap();
+    let mut s = Inst::spawn(&m, "s1", &["--once"]);
+    s.wait_ok(Duration::from_secs(20));
+    assert!(s.stdout_lines().is_empty());
+    assert_eq!(names_in(&m, "in"), [".bad", ".lock", "x.ignore"]);
+    std::fs::rename(m.path("in/x.ignore"), m.path("in/x")).unwrap();
+    let mut s = Inst::spawn(&m, "s2", &["--once"]);
+    s.wait_ok(Duration::from_secs(20));
+    assert_eq!(s.stdout_lines(), x);
+    assert_eq!(names_in(&m, "done"), ["x"]);
+}
+
+/// Files that are not UTF-8 text go to the bad directory, and none of
+/// their records is emitted; good files around them are consumed.
+#[test]
+fn nul_bytes_and_invalid_utf8_go_to_the_bad_directory() {
+    let m = Mount::with_o(MOUNT_O);
+    setup(&m);
+    let good = lines_of("good", 4);
+    publish(&m, "good", &good);
+    std::fs::write(m.path("stage/nul"), b"fine\nnot\0fine\n").unwrap();
+    std::fs::rename(m.path("stage/nul"), m.path("in/nul")).unwrap();
+    std::fs::write(m.path("stage/latin1"), b"ok\ncaf\xe9\n").unwrap();
+    std::fs::rename(m.path("stage/latin1"), m.path("in/latin1")).unwrap();
+    std::fs::write(m.path("in/empty"), b"").unwrap();
+    let mut s = Inst::spawn(&m, "s", &["--bad", "bad", "--once"]);
+    s.wait_ok(Duration::from_secs(20));
+    assert_eq!(s.stdout_lines(), good, "stderr:\n{}", s.stderr());
+    assert_eq!(names_in(&m, "bad"), ["latin1", "nul"]);
+    assert_eq!(names_in(&m, "done"), ["empty", "good"]);
+    assert_eq!(m.read("bad/nul"), b"fine\nnot\0fine\n", "bad file changed");
+    assert!(s.stderr().contains("NUL byte") && s.stderr().contains("invalid UTF-8"), "{}", s.stderr());
+}
+
+/// A file whose every replica is corrupt cannot be read (EIO): it goes to
+/// the bad directory instead of stopping the spout or looping on it.
+#[test]
+fn unreadable_file_goes_to_the_bad_directory() {
+    let mut m = Mount::with_o(MOUNT_O);
+    setup(&m);
+    publish(&m, "broken", &lines_of("broken", 100));
+    m.unmount();
+    let mut corrupted = 0;
+    for dn in &m.datanodes {
+        for e in std::fs::read_dir(dn.join("finalized")).unwrap().flatten() {
+            let n = e.file_name().to_string_lossy().into_owned();
+            if n.starts_with("blk_") && !n.ends_with(".meta") {
+                let mut b = std::fs::read(e.path()).unwrap();
+                b[0] ^= 0xff;
+                std::fs::write(e.path(), b).unwrap();
+                corrupted += 1;
+            }
+        }
+    }
+    assert_eq!(corrupted, 3, "expected one block on each of 3 datanodes");
+    m.mount();
+    publish(&m, "fine", &lines_of("fine", 3));
+    let mut s = Inst::spawn(&m, "s", &["--once"]);
+    s.wait_ok(Duration::from_secs(20));
+    assert_eq!(s.stdout_lines(), lines_of("fine", 3), "stderr:\n{}", s.stderr());
+    assert_eq!(names_in(&m, "in/.bad"), ["broken"]);
+    assert_eq!(names_in(&m, "done"), ["fine"]);
+}
+
+/// `--exec CMD` feeds every line to the command's stdin.
+#[test]
+fn exec_command_receives_every_line() {
+    let m = Mount::with_o(MOUNT_O);
+    setup(&m);
+    let mut all = Vec::new();
+    for i in 0..20 {
+        let name = format!("f{i:02}");
+        let l = lines_of(&name, 500);
+        publish(&m, &name, &l);
+        all.extend(l);
+    }
+    let out = m.dir.path().join("exec.out");
+    let cmd = format!("cat >> '{}'", out.display());
+    let mut s = Inst::spawn(&m, "s", &["--exec", &cmd, "--commit-count", "100", "--once"]);
+    s.wait_ok(Duration::from_secs(30));
+    assert!(s.stdout_lines().is_empty(), "records went to stdout too");
+    let got: Vec<String> = std::fs::read_to_string(&out).unwrap().lines().map(str::to_string).collect();
+    assert_eq!(got, all, "in order, oldest file first, each line once");
+}
+
+/// A command that dies stops the spout with one error line and a
+/// non-zero exit; the file's lock stays for a later takeover.
+#[test]
+fn exec_command_that_dies_stops_the_spout() {
+    let m = Mount::with_o(MOUNT_O);
+    setup(&m);
+    publish(&m, "f", &lines_of("f", 100_000));
+    let mut s = Inst::spawn(&m, "s", &["--exec", "head -c 10 > /dev/null; exit 7", "--once"]);
+    let st = s.wait(Duration::from_secs(20));
+    assert!(!st.success());
+    let err = s.stderr();
+    let last = err.lines().last().unwrap_or("");
+    assert!(last.starts_with("leasefs: output:") && last.contains("exit"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(names_in(&m, "in/.lock"), ["f"]);
+}
+
+/// Never while the owner is alive and renewing: a spout blocked on a slow
+/// consumer writes no progress for longer than the lock timeout, yet its
+/// lease is renewed, so another instance cannot take its file.
+#[test]
+fn idle_lock_of_a_live_renewing_owner_is_not_taken_over() {
+    let m = Mount::with_o(MOUNT_O);
+    setup(&m);
+    let lines = lines_of("slow", 50_000);
+    publish(&m, "slow", &lines);
+    let out = m.dir.path().join("slow.out");
+    let cmd = format!("sleep 7; cat > '{}'", out.display());
+    let mut owner = Inst::spawn(
+        &m,
+        "owner",
+        &["--exec", &cmd, "--commit-count", "1000", "--lock-timeout", "3", "--once"],
+    );
+    wait_committed(&m, "in/.lock/slow", "owner");
+    let mut other = Inst::spawn(&m, "other", &["--lock-timeout", "3", "--once"]);
+    owner.wait_ok(Duration::from_secs(40));
+    other.wait_ok(Duration::from_secs(20));
+    assert!(other.takeovers().is_empty(), "{}", other.stderr());
+    assert!(other.stdout_lines().is_empty());
+    let got: Vec<String> = std::fs::read_to_string(&out).unwrap().lines().map(str::to_string).collect();
+    assert_eq!(got, lines);
+    assert_eq!(names_in(&m, "done"), ["slow"]);
+    assert!(names_in(&m, "in/.lock").is_empty());
+}
+
+/// SIGTERM: the current record is finished, its offset committed, the
+/// lock file closed (not deleted: it records where to resume) and DIRLOCK
+/// not left behind; exit 0. Another instance resumes exactly there.
+#[test]
+fn sigterm_commits_and_another_instance_resumes_without_duplicates() {
+    let m = Mount::with_o(MOUNT_O);
+    setup(&m);
+    let lines = lines_of("long", 200_000);
+    publish(&m, "long", &lines);
+    let out1 = m.dir.path().join("first.out");
+    // A slow consumer keeps the spout inside the file.
+    let cmd = format!("while IFS= read -r l; do printf '%s\\n' \"$l\"; done > '{}'", out1.display());
+    let mut first = Inst::spawn(&m, "first", &["--exec", &cmd, "--commit-count", "500", "--once"]);
+    wait_committed(&m, "in/.lock/long", "first");
+    first.signal(libc::SIGTERM);
+    first.wait_ok(Duration::from_secs(20));
+    let (who, at) = last_entry(&m, "in/.lock/long").expect("lock entry after SIGTERM");
+    assert_eq!(who, "first");
+    assert_eq!(names_in(&m, "in/.lock"), ["long"], "DIRLOCK or other lock left");
+    let got1: Vec<String> = std::fs::read_to_string(&out1).unwrap().lines().map(str::to_string).collect();
+    assert!(!got1.is_empty() && got1.len() < lines.len(), "{} lines before SIGTERM", got1.len());
+    assert_eq!(at, got1.len() as u64 * 13, "committed offset is not what was emitted");
+    assert_eq!(m.lease_state("in/.lock/long"), "free");
+
+    let mut second = Inst::spawn(&m, "second", &["--lock-timeout", "3", "--once"]);
+    second.wait_ok(Duration::from_secs(30));
+    assert_eq!(second.takeovers(), [("long".to_string(), at)]);
+    let mut all = got1;
+    all.extend(second.stdout_lines());
+    assert_eq!(all, lines, "not every line exactly once");
+    assert!(names_in(&m, "in/.lock").is_empty());
+}
+
+/// A DIRLOCK left by an instance killed mid-scan does not block new files,
+/// and is recovered (deleted) once stale.
+#[test]
+fn stale_dirlock_is_recovered() {
+    let m = Mount::with_o(MOUNT_O);
+    setup(&m);
+    publish(&m, "a", &lines_of("a", 3));
+    m.sh_ok("mkdir -p in/.lock && : > in/.lock/DIRLOCK");
+    let t0 = Instant::now();
+    let mut s = Inst::spawn(&m, "s", &["--lock-timeout", "3", "--once"]);
+    s.wait_ok(Duration::from_secs(20));
+    assert_eq!(s.stdout_lines(), lines_of("a", 3));
+    assert!(t0.elapsed() >= Duration::from_millis(2500), "DIRLOCK taken before it was stale");
+    assert!(names_in(&m, "in/.lock").is_empty(), "{:?}", names_in(&m, "in/.lock"));
+    assert!(s.stderr().contains("stale DIRLOCK"), "{}", s.stderr());
+}
+
+/// The writers' side: the two safe ways to publish (write elsewhere and
+/// rename in; write NAME.ignore and rename), against a running spout that
+/// polls all the while. A file written in place is not consumed while its
+/// writer holds it open either (its lease is visible), but only the two
+/// rename protocols are promised.
+#[test]
+fn files_published_by_rename_are_consumed_whole() {
+    let m = Mount::with_o(MOUNT_O);
+    setup(&m);
+    let mut s = Inst::spawn(&m, "s", &[]);
+    let mut staged = Agent::spawn(&m.mnt);
+    staged.ok("open stage/one wac");
+    staged.ok("rep 1000 one");
+    let mut ignored = Agent::spawn(&m.mnt);
+    ignored.ok("open in/two.ignore wac");
+    ignored.ok("rep 1000 two");
+    let mut inplace = Agent::spawn(&m.mnt);
+    inplace.ok("open in/three wac");
+    inplace.ok("rep 1000 three");
+    inplace.ok("fsync");
+    std::thread::sleep(Duration::from_millis(1500)); // the spout polls meanwhile
+    for a in [&mut staged, &mut ignored, &mut inplace] {
+        a.ok("rep 1000 end");
+        a.ok("close");
+    }
+    std::fs::rename(m.path("stage/one"), m.path("in/one")).unwrap();
+    std::fs::rename(m.path("in/two.ignore"), m.path("in/two")).unwrap();
+    assert!(wait_until(Duration::from_secs(20), || names_in(&m, "done").len() == 3));
+    s.signal(libc::SIGTERM);
+    s.wait_ok(Duration::from_secs(10));
+    let c = counts_owned(&s.stdout_lines());
+    for w in ["one", "two", "three"] {
+        assert_eq!(c.get(w), Some(&1000), "{w}: {c:?}");
+    }
+    assert_eq!(c.get("end"), Some(&3000));
+    assert!(names_in(&m, "in/.lock").is_empty());
+}
+
+fn counts_owned(lines: &[String]) -> HashMap<String, usize> {
+    counts(lines).into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+}
+
+/// On a terminal a long run prints a periodic progress line.
+#[test]
+fn progress_line_on_a_terminal() {
+    let m = Mount::with_o(MOUNT_O);
+    setup(&m);
+    publish(&m, "p", &lines_of("p", 10));
+    let cmd = format!(
+        "{} spout in --done done --once --exec 'sleep 3; cat > /dev/null'",
+        bin().display()
+    );
+    let o = Command::new("script")
+        .args(["-qec", &cmd, "/dev/null"])
+        .current_dir(&m.mnt)
+        .output()
+        .expect("script(1) runs the spout on a pseudo-terminal");
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{text}");
+    assert!(text.contains("files done"), "no progress line on a terminal: {text}");
+    // Not on a pipe: stderr stays quiet.
+    let mut s = Inst::spawn(&m, "quiet", &["--once"]);
+    s.wait_ok(Duration::from_secs(20));
+    assert!(!s.stderr().lines().any(|l| l.starts_with("spout quiet:")), "{}", s.stderr());
+}
+
+/// Bad arguments and places: one `leasefs: ...` line, non-zero exit.
+#[test]
+fn bad_arguments_give_one_line_errors() {
+    let m = Mount::with_o(MOUNT_O);
+    setup(&m);
+    let plain = tempfile::tempdir().unwrap();
+    std::fs::create_dir(plain.path().join("in")).unwrap();
+    std::fs::write(plain.path().join("in/f"), "x\n").unwrap();
+    let p = plain.path().display().to_string();
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (vec!["nowhere".into(), "--done".into(), "done".into()], "source directory"),
+        (vec!["in".into(), "--done".into(), "done".into(), "--lock-timeout".into(), "0".into()], "lock-timeout"),
+        (vec!["in".into(), "--done".into(), "done".into(), "--id".into(), "a,b".into()], "id"),
+        (vec!["in".into(), "--done".into(), format!("{p}/done")], "same filesystem"),
+        (vec![format!("{p}/in"), "--done".into(), format!("{p}/done"), "--once".into()], "not on a leasefs mount"),
+    ];
+    for (args, what) in cases {
+        let o = Command::new(bin()).arg("spout").args(&args).current_dir(&m.mnt).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{args:?} succeeded");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(err.starts_with("leasefs: ") && err.contains(what), "{args:?}: {err}");
+    }
+    assert!(plain.path().join("in/f").exists(), "the file off leasefs was touched");
+    assert!(!plain.path().join("in/.lock/f").exists(), "a lock was left off leasefs");
+}
