@@ -80,7 +80,12 @@ impl Inst {
 
     fn wait_ok(&mut self, max: Duration) {
         let st = self.wait(max);
-        assert!(st.success(), "spout {} exited with {st}; stderr:\n{}", self.id, self.stderr());
+        assert!(
+            st.success(),
+            "spout {} exited with {st}; stderr:\n{}",
+            self.id,
+            self.stderr()
+        );
     }
 
     fn stdout_lines(&self) -> Vec<String> {
@@ -151,7 +156,11 @@ fn setup(m: &Mount) {
 
 fn names_in(m: &Mount, rel: &str) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(m.path(rel))
-        .map(|r| r.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .map(|r| {
+            r.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
         .unwrap_or_default();
     v.sort();
     v
@@ -206,7 +215,15 @@ fn instances_killed_and_stopped_mid_file_lose_no_line() {
         files.insert(name.clone(), lines_of(&name, 40 + i));
         publish(&m, &name, &files[&name]);
     }
-    let common_args = ["--lock-timeout", "3", "--commit-count", "5000", "--commit-sec", "1", "--once"];
+    let common_args = [
+        "--lock-timeout",
+        "3",
+        "--commit-count",
+        "5000",
+        "--commit-sec",
+        "1",
+        "--once",
+    ];
 
     // Commits every 5000 records (70 KB) while output is flushed every
     // 64 KiB: a killed or stopped owner has usually emitted records past
@@ -215,25 +232,38 @@ fn instances_killed_and_stopped_mid_file_lose_no_line() {
     let mut killed = Inst::spawn(&m, "killed", &common_args);
     let committed = wait_committed(&m, "in/.lock/big-a", "killed");
     killed.signal(libc::SIGSTOP);
-    assert!(m.path("in/big-a.inprogress").exists(), "big-a is not in progress");
+    assert!(
+        m.path("in/big-a.inprogress").exists(),
+        "big-a is not in progress"
+    );
     killed.signal(libc::SIGKILL);
     killed.wait(Duration::from_secs(10));
     let (_, killed_at) = last_entry(&m, "in/.lock/big-a").expect("big-a's lock entry");
-    assert!(killed_at >= committed && (killed_at as usize) < BIG * 14, "killed at {killed_at}");
+    assert!(
+        killed_at >= committed && (killed_at as usize) < BIG * 14,
+        "killed at {killed_at}"
+    );
 
     // The one to be stopped takes the next oldest, big-b.
     let mut stopped = Inst::spawn(&m, "stopped", &common_args);
     wait_committed(&m, "in/.lock/big-b", "stopped");
     stopped.signal(libc::SIGSTOP);
-    assert!(m.path("in/big-b.inprogress").exists(), "big-b is not in progress");
+    assert!(
+        m.path("in/big-b.inprogress").exists(),
+        "big-b is not in progress"
+    );
     let (_, stopped_at) = last_entry(&m, "in/.lock/big-b").expect("big-b's lock entry");
 
-    let mut others: Vec<Inst> = ["c1", "c2"].iter().map(|id| Inst::spawn(&m, id, &common_args)).collect();
+    let mut others: Vec<Inst> = ["c1", "c2"]
+        .iter()
+        .map(|id| Inst::spawn(&m, id, &common_args))
+        .collect();
 
     // big-b is taken over once its lock is idle for 3 s and the stopped
     // owner's lease expired (2 s); then the owner is resumed.
     let taken = wait_until(Duration::from_secs(30), || {
-        matches!(last_entry(&m, "in/.lock/big-b"), Some((id, _)) if id != "stopped") || m.path("done/big-b").exists()
+        matches!(last_entry(&m, "in/.lock/big-b"), Some((id, _)) if id != "stopped")
+            || m.path("done/big-b").exists()
     });
     assert!(taken, "big-b was never taken over");
     stopped.signal(libc::SIGCONT);
@@ -246,8 +276,16 @@ fn instances_killed_and_stopped_mid_file_lose_no_line() {
     let mut want: Vec<String> = files.keys().cloned().collect();
     want.sort();
     assert_eq!(names_in(&m, "done"), want);
-    assert_eq!(names_in(&m, "in"), [".bad", ".lock"], "left in the source directory");
-    assert!(names_in(&m, "in/.lock").is_empty(), "lock files left: {:?}", names_in(&m, "in/.lock"));
+    assert_eq!(
+        names_in(&m, "in"),
+        [".bad", ".lock"],
+        "left in the source directory"
+    );
+    assert!(
+        names_in(&m, "in/.lock").is_empty(),
+        "lock files left: {:?}",
+        names_in(&m, "in/.lock")
+    );
     assert!(names_in(&m, "in/.bad").is_empty());
     for (name, lines) in &files {
         let done = m.read_string(&format!("done/{name}"));
@@ -260,7 +298,10 @@ fn instances_killed_and_stopped_mid_file_lose_no_line() {
     let c = counts(&emitted);
     for (name, lines) in &files {
         for l in lines {
-            assert!(c.contains_key(l.as_str()), "{name}: line `{l}` never emitted");
+            assert!(
+                c.contains_key(l.as_str()),
+                "{name}: line `{l}` never emitted"
+            );
         }
     }
     let known: usize = files.values().map(Vec::len).sum();
@@ -273,9 +314,16 @@ fn instances_killed_and_stopped_mid_file_lose_no_line() {
             resumed.entry(name).or_default().push(off);
         }
     }
-    assert_eq!(resumed.get("big-a"), Some(&vec![killed_at]), "big-a resumed at its last entry");
+    assert_eq!(
+        resumed.get("big-a"),
+        Some(&vec![killed_at]),
+        "big-a resumed at its last entry"
+    );
     let b = resumed.get("big-b").expect("big-b was taken over");
-    assert!(b.iter().all(|&o| o >= stopped_at), "big-b resumed at {b:?}, before {stopped_at}");
+    assert!(
+        b.iter().all(|&o| o >= stopped_at),
+        "big-b resumed at {b:?}, before {stopped_at}"
+    );
     let mut dups = 0;
     for (line, n) in &c {
         if *n > 1 {
@@ -293,9 +341,20 @@ fn instances_killed_and_stopped_mid_file_lose_no_line() {
     let k = all[0].stdout_lines();
     let k: std::collections::HashSet<&str> = k.iter().map(String::as_str).collect();
     for l in &files["big-a"][..(killed_at as usize / 14)] {
-        assert!(k.contains(l.as_str()), "`{l}` is covered by the killed owner's commit but it never emitted it");
+        assert!(
+            k.contains(l.as_str()),
+            "`{l}` is covered by the killed owner's commit but it never emitted it"
+        );
     }
-    eprintln!("{} lines emitted, {dups} duplicates, takeovers {resumed:?}", emitted.len());
+    eprintln!(
+        "{} lines emitted, {dups} duplicates, takeovers {resumed:?}",
+        emitted.len()
+    );
+    for i in &all {
+        for l in i.stderr().lines().filter(|l| !l.contains(" INFO ")) {
+            eprintln!("{}: {l}", i.id);
+        }
+    }
 }
 
 /// Storm's STORM-2356: a lock file left empty (its owner died right after
@@ -330,7 +389,14 @@ fn empty_truncated_and_garbled_lock_files_are_taken_over() {
     assert_eq!(got, want, "stderr:\n{}", s.stderr());
     let mut tk = s.takeovers();
     tk.sort();
-    assert_eq!(tk, [("empty".to_string(), 0), ("garbl".to_string(), 0), ("trunc".to_string(), 28)]);
+    assert_eq!(
+        tk,
+        [
+            ("empty".to_string(), 0),
+            ("garbl".to_string(), 0),
+            ("trunc".to_string(), 28)
+        ]
+    );
     assert_eq!(names_in(&m, "done"), ["empty", "garbl", "trunc"]);
     assert!(names_in(&m, "in/.lock").is_empty());
 }
@@ -373,7 +439,11 @@ fn nul_bytes_and_invalid_utf8_go_to_the_bad_directory() {
     assert_eq!(names_in(&m, "bad"), ["latin1", "nul"]);
     assert_eq!(names_in(&m, "done"), ["empty", "good"]);
     assert_eq!(m.read("bad/nul"), b"fine\nnot\0fine\n", "bad file changed");
-    assert!(s.stderr().contains("NUL byte") && s.stderr().contains("invalid UTF-8"), "{}", s.stderr());
+    assert!(
+        s.stderr().contains("NUL byte") && s.stderr().contains("invalid UTF-8"),
+        "{}",
+        s.stderr()
+    );
 }
 
 /// A file whose every replica is corrupt cannot be read (EIO): it goes to
@@ -401,7 +471,12 @@ fn unreadable_file_goes_to_the_bad_directory() {
     publish(&m, "fine", &lines_of("fine", 3));
     let mut s = Inst::spawn(&m, "s", &["--once"]);
     s.wait_ok(Duration::from_secs(20));
-    assert_eq!(s.stdout_lines(), lines_of("fine", 3), "stderr:\n{}", s.stderr());
+    assert_eq!(
+        s.stdout_lines(),
+        lines_of("fine", 3),
+        "stderr:\n{}",
+        s.stderr()
+    );
     assert_eq!(names_in(&m, "in/.bad"), ["broken"]);
     assert_eq!(names_in(&m, "done"), ["fine"]);
 }
@@ -420,10 +495,18 @@ fn exec_command_receives_every_line() {
     }
     let out = m.dir.path().join("exec.out");
     let cmd = format!("cat >> '{}'", out.display());
-    let mut s = Inst::spawn(&m, "s", &["--exec", &cmd, "--commit-count", "100", "--once"]);
+    let mut s = Inst::spawn(
+        &m,
+        "s",
+        &["--exec", &cmd, "--commit-count", "100", "--once"],
+    );
     s.wait_ok(Duration::from_secs(30));
     assert!(s.stdout_lines().is_empty(), "records went to stdout too");
-    let got: Vec<String> = std::fs::read_to_string(&out).unwrap().lines().map(str::to_string).collect();
+    let got: Vec<String> = std::fs::read_to_string(&out)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
     assert_eq!(got, all, "in order, oldest file first, each line once");
 }
 
@@ -434,12 +517,19 @@ fn exec_command_that_dies_stops_the_spout() {
     let m = Mount::with_o(MOUNT_O);
     setup(&m);
     publish(&m, "f", &lines_of("f", 100_000));
-    let mut s = Inst::spawn(&m, "s", &["--exec", "head -c 10 > /dev/null; exit 7", "--once"]);
+    let mut s = Inst::spawn(
+        &m,
+        "s",
+        &["--exec", "head -c 10 > /dev/null; exit 7", "--once"],
+    );
     let st = s.wait(Duration::from_secs(20));
     assert!(!st.success());
     let err = s.stderr();
     let last = err.lines().last().unwrap_or("");
-    assert!(last.starts_with("leasefs: output:") && last.contains("exit"), "{err}");
+    assert!(
+        last.starts_with("leasefs: output:") && last.contains("exit"),
+        "{err}"
+    );
     assert!(!err.contains("panicked"), "{err}");
     assert_eq!(names_in(&m, "in/.lock"), ["f"]);
 }
@@ -458,7 +548,15 @@ fn idle_lock_of_a_live_renewing_owner_is_not_taken_over() {
     let mut owner = Inst::spawn(
         &m,
         "owner",
-        &["--exec", &cmd, "--commit-count", "1000", "--lock-timeout", "3", "--once"],
+        &[
+            "--exec",
+            &cmd,
+            "--commit-count",
+            "1000",
+            "--lock-timeout",
+            "3",
+            "--once",
+        ],
     );
     wait_committed(&m, "in/.lock/slow", "owner");
     let mut other = Inst::spawn(&m, "other", &["--lock-timeout", "3", "--once"]);
@@ -466,7 +564,11 @@ fn idle_lock_of_a_live_renewing_owner_is_not_taken_over() {
     other.wait_ok(Duration::from_secs(20));
     assert!(other.takeovers().is_empty(), "{}", other.stderr());
     assert!(other.stdout_lines().is_empty());
-    let got: Vec<String> = std::fs::read_to_string(&out).unwrap().lines().map(str::to_string).collect();
+    let got: Vec<String> = std::fs::read_to_string(&out)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
     assert_eq!(got, lines);
     assert_eq!(names_in(&m, "done"), ["slow"]);
     assert!(names_in(&m, "in/.lock").is_empty());
@@ -483,17 +585,40 @@ fn sigterm_commits_and_another_instance_resumes_without_duplicates() {
     publish(&m, "long", &lines);
     let out1 = m.dir.path().join("first.out");
     // A slow consumer keeps the spout inside the file.
-    let cmd = format!("while IFS= read -r l; do printf '%s\\n' \"$l\"; done > '{}'", out1.display());
-    let mut first = Inst::spawn(&m, "first", &["--exec", &cmd, "--commit-count", "500", "--once"]);
+    let cmd = format!(
+        "while IFS= read -r l; do printf '%s\\n' \"$l\"; done > '{}'",
+        out1.display()
+    );
+    let mut first = Inst::spawn(
+        &m,
+        "first",
+        &["--exec", &cmd, "--commit-count", "500", "--once"],
+    );
     wait_committed(&m, "in/.lock/long", "first");
     first.signal(libc::SIGTERM);
     first.wait_ok(Duration::from_secs(20));
     let (who, at) = last_entry(&m, "in/.lock/long").expect("lock entry after SIGTERM");
     assert_eq!(who, "first");
-    assert_eq!(names_in(&m, "in/.lock"), ["long"], "DIRLOCK or other lock left");
-    let got1: Vec<String> = std::fs::read_to_string(&out1).unwrap().lines().map(str::to_string).collect();
-    assert!(!got1.is_empty() && got1.len() < lines.len(), "{} lines before SIGTERM", got1.len());
-    assert_eq!(at, got1.len() as u64 * 13, "committed offset is not what was emitted");
+    assert_eq!(
+        names_in(&m, "in/.lock"),
+        ["long"],
+        "DIRLOCK or other lock left"
+    );
+    let got1: Vec<String> = std::fs::read_to_string(&out1)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert!(
+        !got1.is_empty() && got1.len() < lines.len(),
+        "{} lines before SIGTERM",
+        got1.len()
+    );
+    assert_eq!(
+        at,
+        got1.len() as u64 * 13,
+        "committed offset is not what was emitted"
+    );
     assert_eq!(m.lease_state("in/.lock/long"), "free");
 
     let mut second = Inst::spawn(&m, "second", &["--lock-timeout", "3", "--once"]);
@@ -517,8 +642,15 @@ fn stale_dirlock_is_recovered() {
     let mut s = Inst::spawn(&m, "s", &["--lock-timeout", "3", "--once"]);
     s.wait_ok(Duration::from_secs(20));
     assert_eq!(s.stdout_lines(), lines_of("a", 3));
-    assert!(t0.elapsed() >= Duration::from_millis(2500), "DIRLOCK taken before it was stale");
-    assert!(names_in(&m, "in/.lock").is_empty(), "{:?}", names_in(&m, "in/.lock"));
+    assert!(
+        t0.elapsed() >= Duration::from_millis(2500),
+        "DIRLOCK taken before it was stale"
+    );
+    assert!(
+        names_in(&m, "in/.lock").is_empty(),
+        "{:?}",
+        names_in(&m, "in/.lock")
+    );
     assert!(s.stderr().contains("stale DIRLOCK"), "{}", s.stderr());
 }
 
@@ -549,7 +681,9 @@ fn files_published_by_rename_are_consumed_whole() {
     }
     std::fs::rename(m.path("stage/one"), m.path("in/one")).unwrap();
     std::fs::rename(m.path("in/two.ignore"), m.path("in/two")).unwrap();
-    assert!(wait_until(Duration::from_secs(20), || names_in(&m, "done").len() == 3));
+    assert!(wait_until(Duration::from_secs(20), || names_in(&m, "done")
+        .len()
+        == 3));
     s.signal(libc::SIGTERM);
     s.wait_ok(Duration::from_secs(10));
     let c = counts_owned(&s.stdout_lines());
@@ -561,7 +695,10 @@ fn files_published_by_rename_are_consumed_whole() {
 }
 
 fn counts_owned(lines: &[String]) -> HashMap<String, usize> {
-    counts(lines).into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+    counts(lines)
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
 }
 
 /// On a terminal a long run prints a periodic progress line.
@@ -581,11 +718,18 @@ fn progress_line_on_a_terminal() {
         .expect("script(1) runs the spout on a pseudo-terminal");
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{text}");
-    assert!(text.contains("files done"), "no progress line on a terminal: {text}");
+    assert!(
+        text.contains("files done"),
+        "no progress line on a terminal: {text}"
+    );
     // Not on a pipe: stderr stays quiet.
     let mut s = Inst::spawn(&m, "quiet", &["--once"]);
     s.wait_ok(Duration::from_secs(20));
-    assert!(!s.stderr().lines().any(|l| l.starts_with("spout quiet:")), "{}", s.stderr());
+    assert!(
+        !s.stderr().lines().any(|l| l.starts_with("spout quiet:")),
+        "{}",
+        s.stderr()
+    );
 }
 
 /// Bad arguments and places: one `leasefs: ...` line, non-zero exit.
@@ -598,19 +742,65 @@ fn bad_arguments_give_one_line_errors() {
     std::fs::write(plain.path().join("in/f"), "x\n").unwrap();
     let p = plain.path().display().to_string();
     let cases: Vec<(Vec<String>, &str)> = vec![
-        (vec!["nowhere".into(), "--done".into(), "done".into()], "source directory"),
-        (vec!["in".into(), "--done".into(), "done".into(), "--lock-timeout".into(), "0".into()], "lock-timeout"),
-        (vec!["in".into(), "--done".into(), "done".into(), "--id".into(), "a,b".into()], "id"),
-        (vec!["in".into(), "--done".into(), format!("{p}/done")], "same filesystem"),
-        (vec![format!("{p}/in"), "--done".into(), format!("{p}/done"), "--once".into()], "not on a leasefs mount"),
+        (
+            vec!["nowhere".into(), "--done".into(), "done".into()],
+            "source directory",
+        ),
+        (
+            vec![
+                "in".into(),
+                "--done".into(),
+                "done".into(),
+                "--lock-timeout".into(),
+                "0".into(),
+            ],
+            "lock-timeout",
+        ),
+        (
+            vec![
+                "in".into(),
+                "--done".into(),
+                "done".into(),
+                "--id".into(),
+                "a,b".into(),
+            ],
+            "id",
+        ),
+        (
+            vec!["in".into(), "--done".into(), format!("{p}/done")],
+            "same filesystem",
+        ),
+        (
+            vec![
+                format!("{p}/in"),
+                "--done".into(),
+                format!("{p}/done"),
+                "--once".into(),
+            ],
+            "not on a leasefs mount",
+        ),
     ];
     for (args, what) in cases {
-        let o = Command::new(bin()).arg("spout").args(&args).current_dir(&m.mnt).output().unwrap();
+        let o = Command::new(bin())
+            .arg("spout")
+            .args(&args)
+            .current_dir(&m.mnt)
+            .output()
+            .unwrap();
         let err = String::from_utf8_lossy(&o.stderr);
         assert!(!o.status.success(), "{args:?} succeeded");
         assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
-        assert!(err.starts_with("leasefs: ") && err.contains(what), "{args:?}: {err}");
+        assert!(
+            err.starts_with("leasefs: ") && err.contains(what),
+            "{args:?}: {err}"
+        );
     }
-    assert!(plain.path().join("in/f").exists(), "the file off leasefs was touched");
-    assert!(!plain.path().join("in/.lock/f").exists(), "a lock was left off leasefs");
+    assert!(
+        plain.path().join("in/f").exists(),
+        "the file off leasefs was touched"
+    );
+    assert!(
+        !plain.path().join("in/.lock/f").exists(),
+        "a lock was left off leasefs"
+    );
 }

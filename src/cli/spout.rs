@@ -65,7 +65,11 @@ extern "C" fn on_signal(_: libc::c_int) {
 
 fn install_signal_handlers() -> Result<(), String> {
     use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
-    let action = SigAction::new(SigHandler::Handler(on_signal), SaFlags::SA_RESTART, SigSet::empty());
+    let action = SigAction::new(
+        SigHandler::Handler(on_signal),
+        SaFlags::SA_RESTART,
+        SigSet::empty(),
+    );
     for sig in [Signal::SIGINT, Signal::SIGTERM] {
         // SAFETY: the handler only touches an atomic and calls _exit.
         unsafe { sigaction(sig, &action) }.map_err(|e| format!("cannot handle {sig}: {e}"))?;
@@ -75,7 +79,9 @@ fn install_signal_handlers() -> Result<(), String> {
 
 fn secs(what: &str, v: f64) -> Result<Duration, String> {
     if !v.is_finite() || v <= 0.0 {
-        return Err(format!("--{what} must be a number of seconds greater than 0"));
+        return Err(format!(
+            "--{what} must be a number of seconds greater than 0"
+        ));
     }
     Ok(Duration::from_secs_f64(v))
 }
@@ -114,7 +120,7 @@ fn progress_line(spout: &Spout, finished: Arc<AtomicBool>) -> Option<std::thread
             while !finished.load(Ordering::SeqCst) {
                 std::thread::sleep(Duration::from_millis(100));
                 ticks += 1;
-                if ticks % 20 == 0 {
+                if ticks.is_multiple_of(20) {
                     eprintln!("spout {id}: {}", progress.snapshot());
                 }
             }

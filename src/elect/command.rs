@@ -337,7 +337,7 @@ mod tests {
     fn the_command_runs_only_after_its_fence_and_in_its_own_group() {
         let dir = tempfile::tempdir().expect("tempdir");
         let out = dir.path().join("out");
-        let script = format!("echo $$ $(ps -o pgid= -p $$) $EPOCH_T > {}", out.display());
+        let script = format!("echo $$ $(cut -d' ' -f5 /proc/$$/stat) $EPOCH_T > {}", out.display());
         let mut seen = 0;
         let mut r = spawn(&argv(&["sh", "-c", &script]), &[("EPOCH_T", "7".into())], -1, |pgid| {
             seen = pgid;

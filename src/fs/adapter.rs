@@ -140,6 +140,7 @@ impl Filesystem for Adapter {
 
     fn destroy(&mut self) {
         self.core.wait_closes(Duration::from_secs(30));
+        self.core.persist_epochs();
         self.core.leases.shutdown();
     }
 

@@ -100,6 +100,13 @@ pub struct Core {
     /// Drops the kernel's cached pages and attributes of an inode (set by
     /// the daemon once the session exists).
     invalidator: std::sync::OnceLock<Invalidator>,
+    /// The thread of each open waiting for a lease (fh -> tid): its
+    /// signals decide whether the wait is interrupted.
+    waiter_tids: DashMap<u64, u32>,
+    /// Epochs of grants not yet recorded with their inode (ino -> epoch),
+    /// written in batches by the monitor and at unmount: a grant costs no
+    /// commit, and `user.leasefs.epoch` reads this first.
+    epochs: DashMap<u64, u64>,
     /// Closes still finishing, so unmount can wait for them.
     pending_closes: Mutex<usize>,
 }
@@ -152,6 +159,8 @@ impl Core {
             next_fh: AtomicU64::new(1),
             fences: DashMap::new(),
             invalidator: std::sync::OnceLock::new(),
+            waiter_tids: DashMap::new(),
+            epochs: DashMap::new(),
             pending_closes: Mutex::new(0),
         })
     }
@@ -243,9 +252,12 @@ impl Core {
             opened_wall_ms: crate::clock::wall_ms(),
         };
         let me = self.clone();
-        let cont: Box<dyn FnOnce(Result<Grant, LeaseError>) + Send> = Box::new(move |g| match g {
-            Ok(grant) => me.granted(ino, fh, flags, tgid, comm, grant, reply),
-            Err(e) => reply(Err(e.into())),
+        let cont: Box<dyn FnOnce(Result<Grant, LeaseError>) + Send> = Box::new(move |g| {
+            me.waiter_tids.remove(&fh);
+            match g {
+                Ok(grant) => me.granted(ino, fh, flags, tgid, comm, grant, reply),
+                Err(e) => reply(Err(e.into())),
+            }
         });
         let opts = AcquireOpts {
             nonblock: flags & libc::O_NONBLOCK != 0,
@@ -265,7 +277,13 @@ impl Core {
                     c(Ok(g))
                 }
             }
-            Ok(Acquire::Queued) => {}
+            Ok(Acquire::Queued) => {
+                self.waiter_tids.insert(fh, caller.pid);
+                // The grant may have come in between.
+                if lock(&slot).is_none() {
+                    self.waiter_tids.remove(&fh);
+                }
+            }
             Ok(Acquire::Recover(ticket)) => self.spawn_recovery(ticket),
             Err(e) => {
                 if let Some(c) = take() {
@@ -331,6 +349,7 @@ impl Core {
         let of = self.open_file(ino);
         *lock(&of.stream) = Some(stream.clone());
         self.register(h);
+        self.epochs.insert(ino, grant.epoch);
         tracing::debug!(ino, fh, epoch = grant.epoch, "write lease granted");
         let opened = Opened {
             fh,
@@ -604,6 +623,53 @@ impl Core {
             return reply(Ok(()));
         }
         self.set_size(h.ino, end, Some(fh), caller, reply)
+    }
+
+    /// Waiting opens whose thread got an interrupting signal: cancelled
+    /// with EINTR.
+    pub fn interrupt_waiters(&self) {
+        for (file, handle, _) in self.leases.waiting() {
+            let Some(tid) = self.waiter_tids.get(&handle).map(|t| *t) else {
+                continue;
+            };
+            if proc_info::signal_pending(tid) && self.leases.cancel_waiter(file, handle) {
+                tracing::info!(file, tid, "waiting open interrupted");
+            }
+        }
+    }
+
+    /// The epoch of the current or last grant of `ino`.
+    pub fn last_epoch(&self, ino: u64) -> FsResult<u64> {
+        let e = self.leases.info(ino).epoch;
+        if e != 0 {
+            return Ok(e);
+        }
+        if let Some(e) = self.epochs.get(&ino) {
+            return Ok(*e);
+        }
+        Ok(self.meta.get(ino)?.last_epoch)
+    }
+
+    /// Records the epochs of recent grants with their inodes.
+    pub fn persist_epochs(&self) {
+        if self.epochs.is_empty() {
+            return;
+        }
+        let batch: Vec<(u64, u64)> = self.epochs.iter().map(|e| (*e.key(), *e.value())).collect();
+        let r = self.meta.tx(|tx| {
+            for (ino, e) in &batch {
+                MetaStore::set_last_epoch(tx, *ino, *e)?;
+            }
+            Ok(())
+        });
+        match r {
+            Ok(()) => {
+                for (ino, e) in batch {
+                    self.epochs.remove_if(&ino, |_, v| *v == e);
+                }
+            }
+            Err(e) => tracing::warn!("cannot record grant epochs: {e}"),
+        }
     }
 
     // ---- fencing of elected commands ------------------------------------

@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use super::adapter::Adapter;
 use super::core::Core;
-use super::proc_info;
 use crate::config::MountOptions;
 use crate::error::{FsError, FsResult};
 use crate::meta::MetaStore;
@@ -126,6 +125,7 @@ impl Daemon {
             for t in core.leases.tick() {
                 core.spawn_recovery(t);
             }
+            core.persist_epochs();
         });
         // Lease renewal for ordinary programs, which cannot renew anything.
         self.every("lease-renewer", o.soft_limit / 2, |core| {
@@ -138,11 +138,15 @@ impl Daemon {
         hk.take("sole daemon of this data directory");
         self.every("housekeeping", o.housekeeping_interval, move |core| hk.round(core));
         // A waiting open whose process got a signal gets EINTR.
-        self.every("interrupts", INTERRUPT_POLL, |core| {
-            for (file, handle, pid) in core.leases.waiting() {
-                if proc_info::signal_pending(pid) && core.leases.cancel_waiter(file, handle) {
-                    tracing::info!(file, pid, "waiting open interrupted");
-                }
+        // While opens wait: Ctrl-C gives EINTR, and a wait that runs out
+        // (lease_wait) ends on time rather than at the next monitor tick.
+        self.every("waiters", INTERRUPT_POLL, |core| {
+            if core.leases.waiting().is_empty() {
+                return;
+            }
+            core.interrupt_waiters();
+            for t in core.leases.tick() {
+                core.spawn_recovery(t);
             }
         });
     }

@@ -160,22 +160,14 @@ impl Core {
         match std::str::from_utf8(name).unwrap_or("") {
             XATTR_LEASE => {
                 let mut info = self.leases.info(ino);
-                if info.epoch == 0 {
-                    info.epoch = self.meta.get(ino)?.last_epoch;
-                }
+                info.epoch = self.last_epoch(ino)?;
                 let mut v = serde_json::to_value(&info).map_err(|e| FsError::Io(e.to_string()))?;
                 if let Some(o) = v.as_object_mut() {
                     o.remove("file");
                 }
                 Ok(v.to_string().into_bytes())
             }
-            XATTR_EPOCH => {
-                let mut e = self.leases.info(ino).epoch;
-                if e == 0 {
-                    e = self.meta.get(ino)?.last_epoch;
-                }
-                Ok(e.to_string().into_bytes())
-            }
+            XATTR_EPOCH => Ok(self.last_epoch(ino)?.to_string().into_bytes()),
             XATTR_STREAM => self
                 .stream_stats_json(ino)
                 .map(String::into_bytes)

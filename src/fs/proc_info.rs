@@ -27,7 +27,23 @@ pub fn pgid(pid: u32) -> u32 {
         .unwrap_or(0)
 }
 
-/// True when thread `tid` has an unblocked signal pending, or is gone.
+/// Signals whose default action neither ends the process nor interrupts
+/// anything: a pending one of these does not cancel a waiting open unless
+/// the program catches it (job control, SIGCHLD, SIGWINCH, SIGURG).
+const HARMLESS_BY_DEFAULT: &[i32] = &[
+    libc::SIGCHLD,
+    libc::SIGCONT,
+    libc::SIGSTOP,
+    libc::SIGTSTP,
+    libc::SIGTTIN,
+    libc::SIGTTOU,
+    libc::SIGURG,
+    libc::SIGWINCH,
+];
+
+/// True when thread `tid` has a pending signal that would interrupt a
+/// blocking system call (one it catches, or one that kills it by default),
+/// not blocked and not ignored; or when the thread is gone.
 pub fn signal_pending(tid: u32) -> bool {
     let Ok(status) = std::fs::read_to_string(format!("/proc/{tid}/status")) else {
         return true;
@@ -39,6 +55,23 @@ pub fn signal_pending(tid: u32) -> bool {
             .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
             .unwrap_or(0)
     };
-    let pending = field("SigPnd:") | field("ShdPnd:");
-    pending & !field("SigBlk:") != 0
+    let live = (field("SigPnd:") | field("ShdPnd:")) & !field("SigBlk:") & !field("SigIgn:");
+    let harmless: u64 = HARMLESS_BY_DEFAULT.iter().map(|s| 1u64 << (s - 1)).sum();
+    let interrupting = live & (field("SigCgt:") | !harmless);
+    interrupting != 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_thread_has_no_interrupting_signal() {
+        assert!(!signal_pending(std::process::id()));
+    }
+
+    #[test]
+    fn gone_thread_counts_as_interrupted() {
+        assert!(signal_pending(u32::MAX - 7));
+    }
 }

@@ -63,8 +63,14 @@ fn mount_gone(e: &std::io::Error) -> bool {
 }
 
 impl<'a> Run<'a> {
-    pub fn new(spout: &'a Spout, layout: &'a Layout, emitter: &'a mut dyn Emitter, stop: &'a AtomicBool) -> Result<Self, SpoutError> {
-        let renewer = Renewer::start(spout.renew_interval).map_err(|e| SpoutError::io("renewal thread", e))?;
+    pub fn new(
+        spout: &'a Spout,
+        layout: &'a Layout,
+        emitter: &'a mut dyn Emitter,
+        stop: &'a AtomicBool,
+    ) -> Result<Self, SpoutError> {
+        let renewer = Renewer::start(spout.renew_interval)
+            .map_err(|e| SpoutError::io("renewal thread", e))?;
         Ok(Run {
             spout,
             layout,
@@ -150,18 +156,23 @@ impl<'a> Run<'a> {
     fn scan_idle(&mut self, locks: &[(PathBuf, u64)]) -> Result<Option<Claim>, SpoutError> {
         let s = self.spout;
         for (path, _) in locks {
-            let Some(name) = path.file_name().and_then(|n| n.to_str()).map(str::to_string) else {
+            let Some(name) = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .map(str::to_string)
+            else {
                 continue;
             };
-            let (lock, resume_from, previous) = match FileLock::take_over(&self.renewer, path, &s.id, s.lock_timeout, wall_ms()) {
-                Ok(TakeOver::Taken {
-                    lock,
-                    resume_from,
-                    previous,
-                }) => (lock, resume_from, previous),
-                Ok(_) | Err(LockError::Lost) => continue,
-                Err(e) => return Err(lock_err(path, e)),
-            };
+            let (lock, resume_from, previous) =
+                match FileLock::take_over(&self.renewer, path, &s.id, s.lock_timeout, wall_ms()) {
+                    Ok(TakeOver::Taken {
+                        lock,
+                        resume_from,
+                        previous,
+                    }) => (lock, resume_from, previous),
+                    Ok(_) | Err(LockError::Lost) => continue,
+                    Err(e) => return Err(lock_err(path, e)),
+                };
             self.spout.progress.took_over();
             let prev = previous.map_or_else(
                 || "no entry (empty or truncated lock file)".to_string(),
@@ -214,7 +225,11 @@ impl<'a> Run<'a> {
             if self.stopping() {
                 return Ok(None);
             }
-            let Some(name) = path.file_name().and_then(|n| n.to_str()).map(str::to_string) else {
+            let Some(name) = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .map(str::to_string)
+            else {
                 continue;
             };
             if dirs::is_being_written(&path) {
@@ -222,11 +237,12 @@ impl<'a> Run<'a> {
                 continue;
             }
             let lock_path = self.layout.locks.join(&name);
-            let lock = match FileLock::try_create(&self.renewer, &lock_path, &self.spout.id, wall_ms()) {
-                Ok(Some(l)) => l,
-                Ok(None) | Err(LockError::Lost) => continue,
-                Err(e) => return Err(lock_err(&lock_path, e)),
-            };
+            let lock =
+                match FileLock::try_create(&self.renewer, &lock_path, &self.spout.id, wall_ms()) {
+                    Ok(Some(l)) => l,
+                    Ok(None) | Err(LockError::Lost) => continue,
+                    Err(e) => return Err(lock_err(&lock_path, e)),
+                };
             let data = dirs::inprogress_path(src, &name);
             match std::fs::rename(&path, &data) {
                 Ok(()) => {}
@@ -234,7 +250,10 @@ impl<'a> Run<'a> {
                     // Gone: another instance finished it between our listing
                     // and our lock (its lock was already deleted).
                     if e.kind() != std::io::ErrorKind::NotFound {
-                        tracing::warn!("cannot rename {} to {INPROGRESS}: {e}; skipped", path.display());
+                        tracing::warn!(
+                            "cannot rename {} to {INPROGRESS}: {e}; skipped",
+                            path.display()
+                        );
                     }
                     if let Err(e) = lock.release() {
                         tracing::warn!("could not delete {}: {e}", lock_path.display());
@@ -290,9 +309,17 @@ impl<'a> Run<'a> {
 
     /// Moves the data file to `dir` and deletes its lock, only while the
     /// lease is still ours. Ok(false): it was taken over meanwhile.
-    fn finish_file(&self, lock: FileLock, data: &Path, dir: &Path, name: &str) -> Result<bool, SpoutError> {
+    fn finish_file(
+        &self,
+        lock: FileLock,
+        data: &Path,
+        dir: &Path,
+        name: &str,
+    ) -> Result<bool, SpoutError> {
         if lock.confirm().is_err() {
-            tracing::warn!("lost the lock of {name} to another instance before moving it; left to its new owner");
+            tracing::warn!(
+                "lost the lock of {name} to another instance before moving it; left to its new owner"
+            );
             return Ok(false);
         }
         let to = match dirs::move_into(data, dir, name) {
@@ -329,11 +356,18 @@ impl<'a> Run<'a> {
                 // Finish cleanly: what was emitted is committed, the lock
                 // file stays for a takeover that resumes exactly here.
                 self.commit(claim, reader.offset())?;
-                tracing::info!("stopping: {} left at offset {}", claim.name, reader.offset());
+                tracing::info!(
+                    "stopping: {} left at offset {}",
+                    claim.name,
+                    reader.offset()
+                );
                 return Ok(Outcome::Abandoned);
             }
             if !claim.lock.still_held() {
-                tracing::warn!("lost the lock of {} to another instance; abandoning it", claim.name);
+                tracing::warn!(
+                    "lost the lock of {} to another instance; abandoning it",
+                    claim.name
+                );
                 return Ok(Outcome::Abandoned);
             }
             let record = match reader.next_record() {
@@ -344,7 +378,9 @@ impl<'a> Run<'a> {
             self.emitter.emit(record)?;
             s.progress.records(1);
             since_commit += 1;
-            if (s.commit_count > 0 && since_commit >= s.commit_count) || last_commit.elapsed() >= s.commit_interval {
+            if (s.commit_count > 0 && since_commit >= s.commit_count)
+                || last_commit.elapsed() >= s.commit_interval
+            {
                 if !self.commit(claim, reader.offset())? {
                     return Ok(Outcome::Abandoned);
                 }
@@ -382,7 +418,10 @@ impl<'a> Run<'a> {
                 Ok(Outcome::Abandoned)
             }
             ReadError::Io(e) => {
-                tracing::warn!("{}: cannot be read ({e}); moving it to the bad directory", claim.name);
+                tracing::warn!(
+                    "{}: cannot be read ({e}); moving it to the bad directory",
+                    claim.name
+                );
                 Ok(Outcome::Bad)
             }
         }
@@ -396,11 +435,17 @@ impl<'a> Run<'a> {
         match claim.lock.commit(offset, wall_ms()) {
             Ok(()) => Ok(true),
             Err(LockError::Lost) => {
-                tracing::warn!("lost the lock of {} to another instance; abandoning it", claim.name);
+                tracing::warn!(
+                    "lost the lock of {} to another instance; abandoning it",
+                    claim.name
+                );
                 Ok(false)
             }
             Err(e) => {
-                tracing::warn!("cannot record progress of {}: {e}; retrying at the next commit", claim.name);
+                tracing::warn!(
+                    "cannot record progress of {}: {e}; retrying at the next commit",
+                    claim.name
+                );
                 Ok(true)
             }
         }
@@ -411,11 +456,17 @@ impl<'a> Run<'a> {
     /// stale one, from an instance killed mid-scan, is recovered).
     fn nothing_left(&mut self) -> Result<bool, SpoutError> {
         let src = &self.layout.source;
-        if !dirs::list_candidates(src).map_err(|e| SpoutError::io(src, e))?.is_empty() {
+        if !dirs::list_candidates(src)
+            .map_err(|e| SpoutError::io(src, e))?
+            .is_empty()
+        {
             return Ok(false);
         }
         let locks_dir = &self.layout.locks;
-        if !lock::list_lock_files(locks_dir).map_err(|e| SpoutError::io(locks_dir, e))?.is_empty() {
+        if !lock::list_lock_files(locks_dir)
+            .map_err(|e| SpoutError::io(locks_dir, e))?
+            .is_empty()
+        {
             return Ok(false);
         }
         let dirlock_path = locks_dir.join(lock::DIRLOCK);

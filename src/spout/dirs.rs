@@ -130,7 +130,13 @@ mod tests {
         for ok in ["a", "a.log", "x.ignored", "inprogress"] {
             assert!(is_candidate_name(ok), "{ok}");
         }
-        for no in ["a.ignore", "a.inprogress", ".lock", ".a.XXXX", "b.log.inprogress"] {
+        for no in [
+            "a.ignore",
+            "a.inprogress",
+            ".lock",
+            ".a.XXXX",
+            "b.log.inprogress",
+        ] {
             assert!(!is_candidate_name(no), "{no}");
         }
     }
@@ -146,17 +152,27 @@ mod tests {
             move_into(&src, &done, "f").unwrap();
         }
         let read = |n: &str| std::fs::read_to_string(done.join(n)).unwrap();
-        assert_eq!((read("f"), read("f.1"), read("f.2")), ("0".into(), "1".into(), "2".into()));
+        assert_eq!(
+            (read("f"), read("f.1"), read("f.2")),
+            ("0".into(), "1".into(), "2".into())
+        );
     }
 
     #[test]
     fn oldest_first() {
         let d = tempfile::tempdir().unwrap();
-        for (n, t) in [("b", 100), ("a", 300), ("c", 200), ("x.ignore", 1), (".h", 1)] {
+        for (n, t) in [
+            ("b", 100),
+            ("a", 300),
+            ("c", 200),
+            ("x.ignore", 1),
+            (".h", 1),
+        ] {
             let p = d.path().join(n);
             std::fs::write(&p, "").unwrap();
             let f = std::fs::File::options().write(true).open(&p).unwrap();
-            f.set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(t)).unwrap();
+            f.set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(t))
+                .unwrap();
         }
         std::fs::create_dir(d.path().join("sub")).unwrap();
         let names: Vec<_> = list_candidates(d.path())

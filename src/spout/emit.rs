@@ -103,7 +103,9 @@ impl<W: Write> Emitter for WriteEmitter<W> {
         Ok(())
     }
     fn flush(&mut self) -> Result<(), EmitError> {
-        self.lines.write_to(&mut self.out).map_err(EmitError::Stdout)
+        self.lines
+            .write_to(&mut self.out)
+            .map_err(EmitError::Stdout)
     }
     fn discard(&mut self) {
         self.lines.buf.clear();

@@ -19,7 +19,9 @@ pub enum SpoutError {
     },
     /// Moves into the done and bad directories are renames, which cannot
     /// cross filesystems; caught at start instead of after the first file.
-    #[error("{what} directory {path} is not on the same filesystem as the source directory {source_dir}")]
+    #[error(
+        "{what} directory {path} is not on the same filesystem as the source directory {source_dir}"
+    )]
     CrossDevice {
         what: &'static str,
         path: PathBuf,
@@ -28,11 +30,19 @@ pub enum SpoutError {
     /// The lock directory does not support leasefs' client-renewal ioctl:
     /// without it a stopped instance could never be told apart from a
     /// live one, so the spout refuses to run.
-    #[error("{path} is not on a leasefs mount (client-renewal ioctl failed: {source}); the spout's locks need leasefs leases")]
-    NotLeasefs { path: PathBuf, source: std::io::Error },
+    #[error(
+        "{path} is not on a leasefs mount (client-renewal ioctl failed: {source}); the spout's locks need leasefs leases"
+    )]
+    NotLeasefs {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     /// An I/O failure on a path the spout cannot do without.
     #[error("{path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     /// The record consumer failed (closed stdout, `--exec` command died).
     #[error("output: {0}")]
     Emit(#[from] EmitError),
@@ -46,7 +56,10 @@ pub enum EmitError {
     #[error("`{cmd}` stopped reading its input ({source})")]
     CommandGone { cmd: String, source: std::io::Error },
     #[error("`{cmd}` exited with {status}")]
-    CommandFailed { cmd: String, status: std::process::ExitStatus },
+    CommandFailed {
+        cmd: String,
+        status: std::process::ExitStatus,
+    },
     #[error("standard output: {0}")]
     Stdout(std::io::Error),
 }

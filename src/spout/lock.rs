@@ -165,7 +165,12 @@ pub enum TakeOver {
 impl FileLock {
     /// Claims `path` by creating it exclusively; `Ok(None)` when it exists
     /// (another instance has the file). The first entry records offset 0.
-    pub fn try_create(renewer: &Renewer, path: &Path, spout_id: &str, now_ms: u64) -> Result<Option<FileLock>, LockError> {
+    pub fn try_create(
+        renewer: &Renewer,
+        path: &Path,
+        spout_id: &str,
+        now_ms: u64,
+    ) -> Result<Option<FileLock>, LockError> {
         let file = match OpenOptions::new()
             .append(true)
             .create_new(true)
@@ -173,7 +178,9 @@ impl FileLock {
             .open(path)
         {
             Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists || is_errno(&e, libc::EBUSY) => {
+            Err(e)
+                if e.kind() == std::io::ErrorKind::AlreadyExists || is_errno(&e, libc::EBUSY) =>
+            {
                 return Ok(None);
             }
             Err(e) => return Err(e.into()),
@@ -202,7 +209,13 @@ impl FileLock {
     /// rule) **and** its lease can be had: the open for append succeeds
     /// only once the owner released it or stopped renewing for the mount's
     /// soft limit (the daemon recovers the file first).
-    pub fn take_over(renewer: &Renewer, path: &Path, spout_id: &str, timeout: Duration, now_ms: u64) -> Result<TakeOver, LockError> {
+    pub fn take_over(
+        renewer: &Renewer,
+        path: &Path,
+        spout_id: &str,
+        timeout: Duration,
+        now_ms: u64,
+    ) -> Result<TakeOver, LockError> {
         let meta = match std::fs::metadata(path) {
             Ok(m) => m,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(TakeOver::Gone),
@@ -264,7 +277,10 @@ impl FileLock {
             if n == line.len() {
                 f.sync_all()
             } else {
-                Err(std::io::Error::new(std::io::ErrorKind::WriteZero, "short write to the lock file"))
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::WriteZero,
+                    "short write to the lock file",
+                ))
             }
         });
         match r {
@@ -285,7 +301,11 @@ impl FileLock {
     /// Confirms the lease with a renewal now (before an irreversible step
     /// such as moving the data file).
     pub fn confirm(&self) -> Result<(), LockError> {
-        if self.lease.renew_now() { Ok(()) } else { Err(LockError::Lost) }
+        if self.lease.renew_now() {
+            Ok(())
+        } else {
+            Err(LockError::Lost)
+        }
     }
 
     /// Deletes the lock file (the data file is finished) and closes it.
@@ -312,7 +332,12 @@ impl DirLock {
     /// older than `timeout` and with a lease that was released or expired
     /// (its owner died or stopped mid-scan). `Ok(None)` when another
     /// instance holds it.
-    pub fn acquire(renewer: &Renewer, lock_dir: &Path, timeout: Duration, now_ms: u64) -> Result<Option<DirLock>, LockError> {
+    pub fn acquire(
+        renewer: &Renewer,
+        lock_dir: &Path,
+        timeout: Duration,
+        now_ms: u64,
+    ) -> Result<Option<DirLock>, LockError> {
         let path = lock_dir.join(DIRLOCK);
         let opened = OpenOptions::new()
             .append(true)
@@ -321,7 +346,9 @@ impl DirLock {
             .open(&path);
         let file = match opened {
             Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists || is_errno(&e, libc::EBUSY) => {
+            Err(e)
+                if e.kind() == std::io::ErrorKind::AlreadyExists || is_errno(&e, libc::EBUSY) =>
+            {
                 match Self::open_stale(&path, timeout, now_ms)? {
                     Some(f) => {
                         tracing::warn!(path = %path.display(), "took over a stale DIRLOCK");
@@ -352,7 +379,9 @@ impl DirLock {
         }
         let file = match OpenOptions::new().append(true).open(path) {
             Ok(f) => f,
-            Err(e) if is_errno(&e, libc::EBUSY) || e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) if is_errno(&e, libc::EBUSY) || e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(None);
+            }
             Err(e) => return Err(e.into()),
         };
         // The name may have been replaced by a fresh DIRLOCK between the
@@ -413,7 +442,10 @@ mod tests {
         assert_eq!(e.spout_id, "spout-a");
         assert_eq!(e.offset, 4096);
         assert_eq!(e.to_line(), "1700000000123,spout-a,4096\n");
-        assert_eq!(LogEntry::parse(&e.to_line()[..e.to_line().len() - 1]), Some(e));
+        assert_eq!(
+            LogEntry::parse(&e.to_line()[..e.to_line().len() - 1]),
+            Some(e)
+        );
     }
 
     #[test]
@@ -425,7 +457,15 @@ mod tests {
 
     #[test]
     fn rejects_malformed_entries() {
-        for l in ["", "abc", "1,2", "x,id,3", "1,id,", "1,id,-5", "1,id,{char=5:line=1:}"] {
+        for l in [
+            "",
+            "abc",
+            "1,2",
+            "x,id,3",
+            "1,id,",
+            "1,id,-5",
+            "1,id,{char=5:line=1:}",
+        ] {
             assert_eq!(LogEntry::parse(l), None, "{l:?}");
         }
     }
@@ -481,7 +521,14 @@ mod tests {
         let p = dir.path().join("lock");
         let mut s = String::new();
         for i in 0..10_000u64 {
-            s.push_str(&LogEntry { time_ms: i, spout_id: "s".into(), offset: i * 10 }.to_line());
+            s.push_str(
+                &LogEntry {
+                    time_ms: i,
+                    spout_id: "s".into(),
+                    offset: i * 10,
+                }
+                .to_line(),
+            );
         }
         s.push_str("99999,s,12");
         std::fs::write(&p, s).unwrap();

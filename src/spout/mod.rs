@@ -217,15 +217,28 @@ impl Spout {
             source: e,
         })?;
         if !meta.is_dir() {
-            return Err(SpoutError::Config(format!("{} is not a directory", source.display())));
+            return Err(SpoutError::Config(format!(
+                "{} is not a directory",
+                source.display()
+            )));
         }
         let layout = Layout {
             source: source.clone(),
             done: self.done_dir.clone(),
-            bad: self.bad_dir.clone().unwrap_or_else(|| source.join(DEFAULT_BAD_DIR)),
-            locks: self.lock_dir.clone().unwrap_or_else(|| source.join(DEFAULT_LOCK_DIR)),
+            bad: self
+                .bad_dir
+                .clone()
+                .unwrap_or_else(|| source.join(DEFAULT_BAD_DIR)),
+            locks: self
+                .lock_dir
+                .clone()
+                .unwrap_or_else(|| source.join(DEFAULT_LOCK_DIR)),
         };
-        for (what, dir) in [("done", &layout.done), ("bad", &layout.bad), ("lock", &layout.locks)] {
+        for (what, dir) in [
+            ("done", &layout.done),
+            ("bad", &layout.bad),
+            ("lock", &layout.locks),
+        ] {
             make_dir(what, dir)?;
             if what != "lock" {
                 let dev = std::fs::metadata(dir).map_err(|e| SpoutError::Dir {
@@ -249,7 +262,10 @@ impl Spout {
 fn make_dir(what: &'static str, dir: &Path) -> Result<(), SpoutError> {
     match std::fs::metadata(dir) {
         Ok(m) if m.is_dir() => Ok(()),
-        Ok(_) => Err(SpoutError::Config(format!("{what} directory {} is not a directory", dir.display()))),
+        Ok(_) => Err(SpoutError::Config(format!(
+            "{what} directory {} is not a directory",
+            dir.display()
+        ))),
         Err(_) => std::fs::create_dir_all(dir).map_err(|e| SpoutError::Dir {
             what,
             path: dir.to_path_buf(),

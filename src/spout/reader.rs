@@ -92,7 +92,9 @@ impl<R: Read> RecordReader<R> {
     /// The next record, without its newline; `None` at the end.
     pub fn next_record(&mut self) -> Result<Option<&[u8]>, ReadError> {
         self.buf.clear();
-        let n = (&mut self.inner).take(MAX_RECORD + 1).read_until(b'\n', &mut self.buf)? as u64;
+        let n = (&mut self.inner)
+            .take(MAX_RECORD + 1)
+            .read_until(b'\n', &mut self.buf)? as u64;
         if n == 0 {
             return Ok(None);
         }

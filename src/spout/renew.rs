@@ -70,8 +70,9 @@ impl Inner {
             match lease_ioctl(&e.file, IOC_RENEW) {
                 Ok(()) => e.renewed_at.store(self.now_ms(), Ordering::SeqCst),
                 Err(err) => {
-                    tracing::warn!("lease renewal failed ({err}): the lock is lost");
-                    e.lost.store(true, Ordering::SeqCst);
+                    if !e.lost.swap(true, Ordering::SeqCst) {
+                        tracing::warn!("lease renewal failed ({err}): the lock is lost");
+                    }
                 }
             }
         }
@@ -193,8 +194,9 @@ impl RenewedLease {
                 true
             }
             Err(e) => {
-                tracing::warn!("lease renewal failed ({e}): the lock is lost");
-                self.mark_lost();
+                if !self.lost.swap(true, Ordering::SeqCst) {
+                    tracing::warn!("lease renewal failed ({e}): the lock is lost");
+                }
                 false
             }
         }

@@ -64,7 +64,14 @@ impl Tmpfs {
         std::fs::create_dir_all(&path).expect("mkdir tmpfs mountpoint");
         let o = run(
             "mount",
-            &["-t", "tmpfs", "-o", &format!("size={size}"), "leasefs-test", &path.display().to_string()],
+            &[
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size}"),
+                "leasefs-test",
+                &path.display().to_string(),
+            ],
         );
         assert!(
             o.status.success(),
@@ -93,7 +100,11 @@ impl RoBind {
     pub fn new(path: &Path) -> RoBind {
         let p = path.display().to_string();
         let o = run("mount", &["--bind", &p, &p]);
-        assert!(o.status.success(), "mount --bind {p}: {}", String::from_utf8_lossy(&o.stderr));
+        assert!(
+            o.status.success(),
+            "mount --bind {p}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
         // From here on the guard unmounts, whatever fails next.
         let g = RoBind {
             path: path.to_path_buf(),
@@ -148,9 +159,12 @@ pub fn all_blocks(data: &Path) -> Vec<Block> {
         rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )
     .expect("open meta.db read-only");
-    db.busy_timeout(Duration::from_secs(5)).expect("busy timeout");
+    db.busy_timeout(Duration::from_secs(5))
+        .expect("busy timeout");
     let mut st = db
-        .prepare("SELECT ino, idx, block_id, gs, len, finalized, replicas FROM blocks ORDER BY ino, idx")
+        .prepare(
+            "SELECT ino, idx, block_id, gs, len, finalized, replicas FROM blocks ORDER BY ino, idx",
+        )
         .expect("prepare");
     st.query_map([], |r| {
         let reps: String = r.get(6)?;
@@ -172,8 +186,13 @@ pub fn all_blocks(data: &Path) -> Vec<Block> {
 /// The blocks of the file `rel` of the mount.
 pub fn blocks_of(m: &Mount, rel: &str) -> Vec<Block> {
     use std::os::unix::fs::MetadataExt;
-    let ino = std::fs::metadata(m.path(rel)).unwrap_or_else(|e| panic!("stat {rel}: {e}")).ino();
-    all_blocks(&m.data).into_iter().filter(|b| b.ino == ino).collect()
+    let ino = std::fs::metadata(m.path(rel))
+        .unwrap_or_else(|e| panic!("stat {rel}: {e}"))
+        .ino();
+    all_blocks(&m.data)
+        .into_iter()
+        .filter(|b| b.ino == ino)
+        .collect()
 }
 
 /// The files of one replica found on a datanode.
@@ -198,7 +217,11 @@ pub fn replica(dn: &Path, block: u64) -> Option<ReplicaFiles> {
         let prefix = format!("blk_{block}_");
         let mut best: Option<(u64, PathBuf)> = None;
         for d in ["rbw", "finalized"] {
-            for e in std::fs::read_dir(dn.join(d)).into_iter().flatten().flatten() {
+            for e in std::fs::read_dir(dn.join(d))
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
                 let name = e.file_name().to_string_lossy().into_owned();
                 let Some(gs) = name
                     .strip_prefix(&prefix)
@@ -213,7 +236,12 @@ pub fn replica(dn: &Path, block: u64) -> Option<ReplicaFiles> {
             }
         }
         let (gs, meta) = best?;
-        return Some(ReplicaFiles { data, meta, gs, state });
+        return Some(ReplicaFiles {
+            data,
+            meta,
+            gs,
+            state,
+        });
     }
     None
 }
@@ -230,15 +258,25 @@ pub fn meta_bytes(data: &[u8]) -> Vec<u8> {
 /// Checks that the replica of `block` on `dn` holds exactly `want` with a
 /// checksum file that verifies, at generation stamp `gs` when given.
 pub fn verify_replica(dn: &Path, block: u64, gs: Option<u64>, want: &[u8]) -> Result<(), String> {
-    let r = replica(dn, block).ok_or_else(|| format!("no replica of block {block} on {}", dn.display()))?;
+    let r = replica(dn, block)
+        .ok_or_else(|| format!("no replica of block {block} on {}", dn.display()))?;
     if let Some(g) = gs
         && r.gs != g
     {
-        return Err(format!("replica {} has gs {} (block's gs {g})", r.meta.display(), r.gs));
+        return Err(format!(
+            "replica {} has gs {} (block's gs {g})",
+            r.meta.display(),
+            r.gs
+        ));
     }
     let data = std::fs::read(&r.data).map_err(|e| format!("{}: {e}", r.data.display()))?;
     if data.len() != want.len() {
-        return Err(format!("{} holds {} bytes, {} expected", r.data.display(), data.len(), want.len()));
+        return Err(format!(
+            "{} holds {} bytes, {} expected",
+            r.data.display(),
+            data.len(),
+            want.len()
+        ));
     }
     if data != want {
         return Err(format!("{} holds other bytes", r.data.display()));
@@ -281,7 +319,11 @@ impl Fsck {
 }
 
 pub fn fsck(args: &[&str]) -> Fsck {
-    let o = Command::new(bin()).arg("fsck").args(args).output().expect("run leasefs fsck");
+    let o = Command::new(bin())
+        .arg("fsck")
+        .args(args)
+        .output()
+        .expect("run leasefs fsck");
     Fsck {
         code: o.status.code().unwrap_or(-1),
         stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
@@ -307,7 +349,10 @@ impl Mount {
 
     /// Copies `data` into the mount as `rel` (cp from a scratch file).
     pub fn put(&self, rel: &str, data: &[u8]) {
-        let p = self.dir.path().join(format!("{}.src", rel.replace('/', "_")));
+        let p = self
+            .dir
+            .path()
+            .join(format!("{}.src", rel.replace('/', "_")));
         std::fs::write(&p, data).unwrap();
         self.sh_ok(&format!("cp {} {rel}", p.display()));
     }
@@ -388,9 +433,19 @@ pub struct Writer {
 impl Writer {
     /// Starts a writer copying `src` into the mount's `rel`; waits until it
     /// has opened the file.
-    pub fn start(m: &Mount, src: &Path, rel: &str, piece: usize, sleep_ms: u64, fsync_every: usize) -> Writer {
+    pub fn start(
+        m: &Mount,
+        src: &Path,
+        rel: &str,
+        piece: usize,
+        sleep_ms: u64,
+        fsync_every: usize,
+    ) -> Writer {
         use std::io::BufRead;
-        let side = m.dir.path().join(format!("{}.synced", rel.replace('/', "_")));
+        let side = m
+            .dir
+            .path()
+            .join(format!("{}.synced", rel.replace('/', "_")));
         let mut child = Command::new(python())
             .arg("-c")
             .arg(WRITER_PY)
@@ -414,9 +469,19 @@ impl Writer {
                 }
             }
         });
-        let w = Writer { child, side, lines: rx };
-        let first = w.lines.recv_timeout(Duration::from_secs(20)).unwrap_or_default();
-        assert!(first.starts_with("started"), "writer did not start: `{first}`");
+        let w = Writer {
+            child,
+            side,
+            lines: rx,
+        };
+        let first = w
+            .lines
+            .recv_timeout(Duration::from_secs(20))
+            .unwrap_or_default();
+        assert!(
+            first.starts_with("started"),
+            "writer did not start: `{first}`"
+        );
         w
     }
 

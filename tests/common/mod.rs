@@ -73,12 +73,18 @@ impl Mount {
     }
 
     fn build(o: Opts, paths: Option<Vec<PathBuf>>) -> Mount {
-        let dir = tempfile::Builder::new().prefix("leasefs-test").tempdir().expect("tempdir");
+        let dir = tempfile::Builder::new()
+            .prefix("leasefs-test")
+            .tempdir()
+            .expect("tempdir");
         let mnt = dir.path().join("mnt");
         let data = dir.path().join("data");
         std::fs::create_dir_all(&mnt).expect("mkdir mnt");
-        let datanodes: Vec<PathBuf> =
-            paths.unwrap_or_else(|| (1..=o.datanodes).map(|i| dir.path().join(format!("dn{i}"))).collect());
+        let datanodes: Vec<PathBuf> = paths.unwrap_or_else(|| {
+            (1..=o.datanodes)
+                .map(|i| dir.path().join(format!("dn{i}")))
+                .collect()
+        });
         let mut args = vec!["--data".to_string(), data.display().to_string()];
         for d in &datanodes {
             args.push("--datanode".into());
@@ -119,7 +125,10 @@ impl Mount {
             String::from_utf8_lossy(&out.stderr)
         );
         let lock = std::fs::read_to_string(self.data.join("lock")).unwrap_or_default();
-        self.pid = lock.trim().strip_prefix("pid ").and_then(|p| p.parse().ok());
+        self.pid = lock
+            .trim()
+            .strip_prefix("pid ")
+            .and_then(|p| p.parse().ok());
     }
 
     pub fn path(&self, rel: &str) -> PathBuf {
@@ -129,7 +138,10 @@ impl Mount {
     /// Unmounts and waits for the daemon to exit.
     pub fn unmount(&mut self) {
         for _ in 0..50 {
-            let st = Command::new("fusermount3").arg("-u").arg(&self.mnt).output();
+            let st = Command::new("fusermount3")
+                .arg("-u")
+                .arg(&self.mnt)
+                .output();
             if st.map(|o| o.status.success()).unwrap_or(false) {
                 break;
             }
@@ -139,7 +151,10 @@ impl Mount {
             std::thread::sleep(Duration::from_millis(100));
         }
         if is_mounted(&self.mnt) {
-            let _ = Command::new("fusermount3").arg("-uz").arg(&self.mnt).output();
+            let _ = Command::new("fusermount3")
+                .arg("-uz")
+                .arg(&self.mnt)
+                .output();
         }
         if let Some(pid) = self.pid.take() {
             wait_exit(pid, Duration::from_secs(20));
@@ -156,7 +171,10 @@ impl Mount {
             kill(pid, libc::SIGKILL);
             wait_exit(pid, Duration::from_secs(10));
         }
-        let _ = Command::new("fusermount3").arg("-uz").arg(&self.mnt).output();
+        let _ = Command::new("fusermount3")
+            .arg("-uz")
+            .arg(&self.mnt)
+            .output();
         let deadline = Instant::now() + Duration::from_secs(5);
         while is_mounted(&self.mnt) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(50));
@@ -195,7 +213,10 @@ impl Mount {
     }
 
     pub fn leasefs(&self, args: &[&str]) -> Output {
-        Command::new(bin()).args(args).output().expect("run leasefs")
+        Command::new(bin())
+            .args(args)
+            .output()
+            .expect("run leasefs")
     }
 }
 
@@ -208,13 +229,16 @@ impl Drop for Mount {
 pub fn is_mounted(p: &Path) -> bool {
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     let s = p.display().to_string();
-    info.lines().any(|l| l.split(' ').nth(4) == Some(s.as_str()))
+    info.lines()
+        .any(|l| l.split(' ').nth(4) == Some(s.as_str()))
 }
 
 pub fn alive(pid: u32) -> bool {
     // A zombie counts as gone.
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => !s.rsplit_once(')').is_some_and(|(_, r)| r.trim_start().starts_with('Z')),
+        Ok(s) => !s
+            .rsplit_once(')')
+            .is_some_and(|(_, r)| r.trim_start().starts_with('Z')),
         Err(_) => false,
     }
 }
@@ -415,7 +439,12 @@ impl Agent {
             stderr,
         };
         let first = a.reply(Duration::from_secs(20));
-        assert_eq!(first, Some(format!("ready {pid}")), "agent did not start: {}", a.stderr());
+        assert_eq!(
+            first,
+            Some(format!("ready {pid}")),
+            "agent did not start: {}",
+            a.stderr()
+        );
         a
     }
 
@@ -437,14 +466,22 @@ impl Agent {
         self.send(line);
         match self.reply(Duration::from_secs(30)) {
             Some(r) => r,
-            None => panic!("agent {} gave no answer to `{line}`: {}", self.pid, self.stderr()),
+            None => panic!(
+                "agent {} gave no answer to `{line}`: {}",
+                self.pid,
+                self.stderr()
+            ),
         }
     }
 
     /// As `cmd`, asserting an `ok` answer; returns what follows `ok`.
     pub fn ok(&mut self, line: &str) -> String {
         let r = self.cmd(line);
-        assert!(r.starts_with("ok"), "agent {}: `{line}` answered `{r}`", self.pid);
+        assert!(
+            r.starts_with("ok"),
+            "agent {}: `{line}` answered `{r}`",
+            self.pid
+        );
         r.trim_start_matches("ok").trim().to_string()
     }
 
@@ -489,7 +526,11 @@ pub fn err_name(reply: &str) -> Option<&str> {
 
 /// The milliseconds an agent's `ok MS` / `err NAME MS` answer reports.
 pub fn reply_ms(reply: &str) -> u64 {
-    reply.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or(u64::MAX)
+    reply
+        .rsplit(' ')
+        .next()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(u64::MAX)
 }
 
 /// `/proc/PID/comm`, the name the daemon records for a holder.
@@ -526,7 +567,9 @@ impl Mount {
         let s = self
             .xattr(rel, "user.leasefs.epoch")
             .unwrap_or_else(|| panic!("no user.leasefs.epoch on {rel}"));
-        s.trim().parse().unwrap_or_else(|e| panic!("bad epoch `{s}`: {e}"))
+        s.trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("bad epoch `{s}`: {e}"))
     }
 
     /// The file's bytes, read through the mount.

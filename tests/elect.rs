@@ -1,0 +1,566 @@
+//! `leasefs elect` (DESIGN.md §2 "Lease-based leader election") with real
+//! processes on a real mount (`soft_limit=2`, electors with `--lease-ms
+//! 2000`): three electors and kill -9 of the leader; SIGSTOP of the leader
+//! and its command (preempted after the soft limit, fenced on waking, its
+//! command's writes refused); a leader that misses its renew deadline with
+//! nobody competing; resignation when the command exits, `--once`,
+//! SIGTERM, the audit table through `--history` and `sqlite3`; and a churn
+//! of more than a hundred leadership changes.
+//!
+//! Every leader's command appends `EPOCH ID` lines to a shared journal on
+//! the mount. [`check_terms`] then proves that no two terms overlapped: the
+//! journal's epochs never go back, each epoch belongs to one id, each
+//! matches an `elected` event of that id, and every term's end is in the
+//! audit table before the next `elected`.
+
+mod common;
+use common::*;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const MOUNT_O: &str = "soft_limit=2,monitor_interval=0.2";
+
+/// A leader's command: appends `EPOCH ID` to the journal (argv[1]) every
+/// 50 ms, `LINES` times (argv[3], 0 = forever), opening it for each line
+/// and retrying on EBUSY (the previous leader's command may still be closing
+/// it). With an own-file directory (argv[4], or `-`) it also keeps a file
+/// of its own open for the whole term and writes to it before each line:
+/// the "old handle" that fencing must stop. Any other error is written to
+/// the status file (argv[2], outside the mount) as `EPOCH ID ERRNO` and
+/// ends the command with status 3.
+const JOURNAL_PY: &str = r#"
+import errno, os, sys, time
+epoch, me = os.environ["LEASEFS_EPOCH"], os.environ["LEASEFS_ID"]
+journal, status, lines, own_dir = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+def fail(e):
+    with open(status, "a") as f:
+        f.write("%s %s %s\n" % (epoch, me, errno.errorcode.get(e.errno, str(e.errno))))
+    sys.exit(3)
+own = None
+if own_dir != "-":
+    try:
+        own = os.open(os.path.join(own_dir, "own-%s-%s" % (me, epoch)), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError as e:
+        fail(e)
+n = 0
+while lines == 0 or n < lines:
+    try:
+        if own is not None:
+            os.write(own, b"x\n")
+        fd = os.open(journal, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError as e:
+        if e.errno == errno.EBUSY:
+            time.sleep(0.01)
+            continue
+        fail(e)
+    try:
+        os.write(fd, ("%s %s\n" % (epoch, me)).encode())
+    except OSError as e:
+        fail(e)
+    finally:
+        os.close(fd)
+    n += 1
+    time.sleep(0.05)
+"#;
+
+/// One `leasefs elect` process; its stderr goes to a file outside the
+/// mount. Killed (only this pid; its command dies with it) if the test
+/// fails before it exits.
+struct Candidate {
+    id: String,
+    child: Child,
+    log: PathBuf,
+    status: Option<ExitStatus>,
+}
+
+impl Candidate {
+    fn spawn(m: &Mount, dir: &str, id: &str, opts: &[&str], command: &[&str]) -> Candidate {
+        let log = m.dir.path().join(format!("elect-{id}.log"));
+        let mut c = Command::new(bin());
+        c.arg("elect")
+            .arg(m.path(dir))
+            .args(["--id", id, "--lease-ms", "2000", "--retry-ms", "100"])
+            .args(opts);
+        if !command.is_empty() {
+            c.arg("--").args(command);
+        }
+        let child = c
+            .current_dir(&m.mnt)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("elector log"))
+            .spawn()
+            .expect("spawn leasefs elect");
+        Candidate {
+            id: id.to_string(),
+            child,
+            log,
+            status: None,
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn signal(&self, sig: i32) {
+        kill(self.pid(), sig);
+    }
+
+    fn wait(&mut self, max: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + max;
+        while self.status.is_none() {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                self.status = Some(st);
+                break;
+            }
+            if Instant::now() > deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.status
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Candidate {
+    fn drop(&mut self) {
+        if self.status.is_none() && matches!(self.child.try_wait(), Ok(None)) {
+            kill(self.pid(), libc::SIGCONT);
+            kill(self.pid(), libc::SIGKILL);
+        }
+        let _ = self.child.wait();
+    }
+}
+
+/// A command's process group that the test stopped: continued and killed
+/// if the test fails before the group is gone.
+struct Group(u32);
+
+impl Group {
+    fn signal(&self, sig: i32) {
+        kill_group(self.0, sig);
+    }
+
+    fn gone(&self) -> bool {
+        // SAFETY: kill(2) with signal 0 only checks whether the group exists.
+        unsafe { libc::kill(-(self.0 as i32), 0) != 0 }
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        if !self.gone() {
+            kill_group(self.0, libc::SIGCONT);
+            kill_group(self.0, libc::SIGKILL);
+        }
+    }
+}
+
+fn kill_group(pgid: u32, sig: i32) {
+    // SAFETY: kill(2) of a process group a test elector started.
+    unsafe {
+        libc::kill(-(pgid as i32), sig);
+    }
+}
+
+fn logs(cands: &[&Candidate]) -> String {
+    cands
+        .iter()
+        .map(|c| format!("--- elector {} ---\n{}", c.id, c.log()))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The election's audit table, through `leasefs elect DIR --history --json`.
+fn history(m: &Mount, dir: &str) -> Vec<Value> {
+    let dir = m.path(dir);
+    let out = m.leasefs(&["elect", dir.to_str().expect("utf-8 path"), "--history", "--json"]);
+    assert!(out.status.success(), "--history failed: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice::<Vec<Value>>(&out.stdout).expect("history JSON")
+}
+
+fn events<'a>(h: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    h.iter().filter(|e| e["event"] == kind).collect()
+}
+
+/// The leader now: the election file's last record, if its epoch is the
+/// one the lease is held at.
+fn leader(m: &Mount, dir: &str) -> Option<Value> {
+    let leader = format!("{dir}/LEADER");
+    let lease: Value = serde_json::from_str(m.xattr(&leader, "user.leasefs.lease")?.trim()).ok()?;
+    if lease["state"] != "held" {
+        return None;
+    }
+    let text = std::fs::read_to_string(m.path(&leader)).ok()?;
+    let rec: Value = serde_json::from_str(text.lines().last()?).ok()?;
+    (rec["epoch"] == lease["epoch"]).then_some(rec)
+}
+
+/// Waits for a leader whose epoch is above `after`.
+fn wait_leader(m: &Mount, dir: &str, after: u64, max: Duration) -> Option<Value> {
+    let mut found = None;
+    wait_until(max, || {
+        found = leader(m, dir).filter(|r| r["epoch"].as_u64().unwrap_or(0) > after);
+        found.is_some()
+    });
+    found
+}
+
+/// The journal's lines as (epoch, id).
+fn journal(m: &Mount) -> Vec<(u64, String)> {
+    std::fs::read_to_string(m.path("journal"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let (e, id) = l.split_once(' ')?;
+            Some((e.parse().ok()?, id.to_string()))
+        })
+        .collect()
+}
+
+/// No two terms overlapped, by the audit table and by the journal.
+fn check_terms(h: &[Value], lines: &[(u64, String)]) {
+    let elected = events(h, "elected");
+    let mut by_epoch: HashMap<u64, String> = HashMap::new();
+    let mut last = 0;
+    for e in &elected {
+        let epoch = e["epoch"].as_u64().expect("epoch");
+        assert!(epoch > last, "elected epochs do not increase: {epoch} after {last}\n{h:#?}");
+        last = epoch;
+        by_epoch.insert(epoch, e["who"].as_str().unwrap_or("").to_string());
+    }
+    // Every term's end is recorded before the next term's start.
+    let pos = |pred: &dyn Fn(&Value) -> bool| h.iter().position(pred);
+    for pair in elected.windows(2) {
+        let (e1, e2) = (pair[0]["epoch"].as_u64(), pair[1]["epoch"].as_u64());
+        let next = pos(&|v| v["event"] == "elected" && v["epoch"].as_u64() == e2).expect("elected");
+        let end = pos(&|v| {
+            matches!(v["event"].as_str(), Some("resigned" | "lost" | "expired" | "preempted"))
+                && v["epoch"].as_u64() == e1
+        });
+        assert!(
+            end.is_some_and(|i| i < next),
+            "term {e1:?} has no end recorded before term {e2:?} began\n{h:#?}"
+        );
+    }
+    let mut last = 0;
+    let mut owner: HashMap<u64, &str> = HashMap::new();
+    for (i, (epoch, id)) in lines.iter().enumerate() {
+        assert!(*epoch >= last, "journal line {i}: epoch {epoch} after {last}");
+        last = *epoch;
+        let o = owner.entry(*epoch).or_insert(id);
+        assert_eq!(o, id, "journal epoch {epoch} written by two ids");
+        assert_eq!(
+            by_epoch.get(epoch).map(String::as_str),
+            Some(id.as_str()),
+            "journal line {i} ({epoch} {id}) matches no elected event"
+        );
+    }
+}
+
+fn journal_command(m: &Mount, status: &str, lines: &str, own: &str) -> Vec<String> {
+    vec![
+        python().display().to_string(),
+        "-c".into(),
+        JOURNAL_PY.into(),
+        m.path("journal").display().to_string(),
+        status.into(),
+        lines.into(),
+        own.into(),
+    ]
+}
+
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+fn pgid_of(rec: &Value) -> u32 {
+    rec["pgid"].as_u64().expect("record names the command's group") as u32
+}
+
+fn stop_all(cands: &mut [&mut Candidate]) {
+    for c in cands.iter() {
+        c.signal(libc::SIGTERM);
+    }
+    for c in cands.iter_mut() {
+        let st = c.wait(Duration::from_secs(10));
+        assert!(st.is_some_and(|s| s.success()), "elector {} on SIGTERM: {st:?}\n{}", c.id, c.log());
+    }
+}
+
+#[test]
+fn killing_the_leader_with_sigkill_hands_over_at_once() {
+    let m = Mount::with_o(MOUNT_O);
+    let status = m.dir.path().join("status").display().to_string();
+    let cmd = journal_command(&m, &status, "0", "-");
+    let mut a = Candidate::spawn(&m, "el", "a", &[], &strs(&cmd));
+    let mut b = Candidate::spawn(&m, "el", "b", &[], &strs(&cmd));
+    let mut c = Candidate::spawn(&m, "el", "c", &[], &strs(&cmd));
+    let first = wait_leader(&m, "el", 0, Duration::from_secs(15))
+        .unwrap_or_else(|| panic!("no leader\n{}", logs(&[&a, &b, &c])));
+    let e1 = first["epoch"].as_u64().expect("epoch");
+    let lease = m.lease("el/LEADER");
+    assert_eq!(lease["mode"], "client", "{lease}");
+    assert_eq!(lease["holder"], format!("{}:{}", hostname(), first["pid"]), "{lease}");
+    assert!(wait_until(Duration::from_secs(10), || journal(&m).iter().any(|l| l.0 == e1)));
+    // Followers keep following: still one term after a few retries.
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(events(&history(&m, "el"), "elected").len(), 1, "{:#?}", history(&m, "el"));
+
+    let old = Group(pgid_of(&first));
+    let (dead, rest): (Vec<_>, Vec<_>) = [&mut a, &mut b, &mut c]
+        .into_iter()
+        .partition(|x| Some(x.pid() as u64) == first["pid"].as_u64());
+    let dead = dead.into_iter().next().expect("the leader is one of ours");
+    dead.signal(libc::SIGKILL);
+    let killed = Instant::now();
+    let second = wait_leader(&m, "el", e1, Duration::from_secs(10)).expect("no new leader after kill -9");
+    let took = killed.elapsed();
+    assert!(took < Duration::from_secs(2), "handover after kill -9 took {took:?}");
+    assert_ne!(second["id"], first["id"]);
+    // The dead leader's command died with it (parent-death signal).
+    assert!(wait_until(Duration::from_secs(5), || old.gone()), "the killed leader's command lives on");
+    let h = history(&m, "el");
+    let expired = events(&h, "expired");
+    assert!(
+        expired.iter().any(|e| e["epoch"].as_u64() == Some(e1)
+            && e["who"] == first["id"]
+            && e["why"].as_str().unwrap_or("").contains("gone")),
+        "{h:#?}"
+    );
+    let e2 = second["epoch"].as_u64().expect("epoch");
+    assert!(wait_until(Duration::from_secs(10), || journal(&m).iter().any(|l| l.0 == e2)));
+    let mut rest = rest;
+    stop_all(&mut rest);
+    dead.wait(Duration::from_secs(5));
+    check_terms(&history(&m, "el"), &journal(&m));
+}
+
+#[test]
+fn a_stopped_leader_is_preempted_after_the_soft_limit_and_fenced() {
+    let m = Mount::with_o(MOUNT_O);
+    m.sh_ok("mkdir own");
+    let status_path = m.dir.path().join("status");
+    let status = status_path.display().to_string();
+    let own = m.path("own").display().to_string();
+    let cmd = journal_command(&m, &status, "0", &own);
+    let mut a = Candidate::spawn(&m, "el", "a", &[], &strs(&cmd));
+    let mut b = Candidate::spawn(&m, "el", "b", &[], &strs(&cmd));
+    let mut c = Candidate::spawn(&m, "el", "c", &[], &strs(&cmd));
+    let first = wait_leader(&m, "el", 0, Duration::from_secs(15))
+        .unwrap_or_else(|| panic!("no leader\n{}", logs(&[&a, &b, &c])));
+    let e1 = first["epoch"].as_u64().expect("epoch");
+    let id1 = first["id"].as_str().expect("id").to_string();
+    assert!(wait_until(Duration::from_secs(10), || journal(&m).iter().filter(|l| l.0 == e1).count() >= 2));
+
+    // Freeze the leader and its command mid-term.
+    let group = Group(pgid_of(&first));
+    let cands = [&mut a, &mut b, &mut c];
+    let (stopped, mut rest): (Vec<_>, Vec<_>) =
+        cands.into_iter().partition(|x| Some(x.pid() as u64) == first["pid"].as_u64());
+    let old = stopped.into_iter().next().expect("the leader is one of ours");
+    old.signal(libc::SIGSTOP);
+    group.signal(libc::SIGSTOP);
+    let frozen = Instant::now();
+
+    // Its lease was renewed at most 500 ms before: nobody takes over for
+    // another 1.5 s.
+    std::thread::sleep(Duration::from_millis(1000));
+    assert_eq!(m.epoch("el/LEADER"), e1, "preempted before the soft limit");
+    let second = wait_leader(&m, "el", e1, Duration::from_secs(8)).expect("no new leader after the soft limit");
+    let took = frozen.elapsed();
+    assert!(took >= Duration::from_millis(1400), "taken over after only {took:?}");
+    let e2 = second["epoch"].as_u64().expect("epoch");
+    assert_ne!(second["id"].as_str(), Some(id1.as_str()));
+    let h = history(&m, "el");
+    let preempted = events(&h, "preempted");
+    assert!(
+        preempted.iter().any(|e| e["epoch"].as_u64() == Some(e1) && e["who"] == id1.as_str()),
+        "no preempted event for epoch {e1}: {h:#?}"
+    );
+
+    // The old command wakes first: its write through the file it held open
+    // all term is refused. (Only then can the new command be sure to write
+    // the journal: the old one may have been frozen holding it open.)
+    group.signal(libc::SIGCONT);
+    let fenced = wait_until(Duration::from_secs(5), || {
+        std::fs::read_to_string(&status_path)
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l == format!("{e1} {id1} EIO"))
+    });
+    assert!(
+        fenced,
+        "the old command's write was not refused: {:?}",
+        std::fs::read_to_string(&status_path)
+    );
+    assert!(wait_until(Duration::from_secs(10), || journal(&m).iter().any(|l| l.0 == e2)));
+    // Then its elector: it notices the loss, stops the command's group and
+    // follows again.
+    old.signal(libc::SIGCONT);
+    let lost = wait_until(Duration::from_secs(5), || {
+        events(&history(&m, "el"), "lost")
+            .iter()
+            .any(|e| e["epoch"].as_u64() == Some(e1) && e["why"].as_str().unwrap_or("").contains("fenced"))
+    });
+    assert!(lost, "the old leader did not record its loss\n{}", old.log());
+    assert!(wait_until(Duration::from_secs(5), || group.gone()), "the old command's group lives on");
+    assert!(old.wait(Duration::from_millis(300)).is_none(), "the old leader exited instead of following");
+    assert_eq!(leader(&m, "el").map(|r| r["epoch"].clone()), Some(second["epoch"].clone()));
+
+    // Nothing of the old term after the new term's first line.
+    let lines = journal(&m);
+    let first_new = lines.iter().position(|l| l.0 == e2).expect("new epoch in journal");
+    assert!(!lines[first_new..].iter().any(|l| l.0 == e1), "{lines:?}");
+    rest.push(old);
+    stop_all(&mut rest);
+    check_terms(&history(&m, "el"), &journal(&m));
+}
+
+#[test]
+fn a_leader_that_misses_its_renew_deadline_steps_down_and_competes_again() {
+    let m = Mount::with_o(MOUNT_O);
+    let mut a = Candidate::spawn(&m, "solo", "a", &[], &["sleep", "60"]);
+    let first = wait_leader(&m, "solo", 0, Duration::from_secs(15))
+        .unwrap_or_else(|| panic!("no leader\n{}", a.log()));
+    let e1 = first["epoch"].as_u64().expect("epoch");
+    let group = Group(pgid_of(&first));
+    // Stopped past the renew deadline (1.33 s): nobody competes, so the
+    // lease is not taken, but the leader must not trust it any more.
+    a.signal(libc::SIGSTOP);
+    std::thread::sleep(Duration::from_millis(1600));
+    a.signal(libc::SIGCONT);
+    let second = wait_leader(&m, "solo", e1, Duration::from_secs(10))
+        .unwrap_or_else(|| panic!("not re-elected\n{}", a.log()));
+    assert!(group.gone(), "the command of the lost term still runs");
+    let h = history(&m, "solo");
+    let lost = events(&h, "lost");
+    assert_eq!(lost.len(), 1, "{h:#?}");
+    let why = lost[0]["why"].as_str().unwrap_or("");
+    assert!(why.contains("renew deadline missed") && !why.contains("fenced"), "{why}");
+    let e2 = second["epoch"].as_u64().expect("epoch");
+    let elected = events(&h, "elected");
+    assert_eq!(elected.last().and_then(|e| e["epoch"].as_u64()), Some(e2));
+    assert!(elected.last().and_then(|e| e["why"].as_str()).is_some_and(|w| w.contains("lost")), "{h:#?}");
+    stop_all(&mut [&mut a]);
+    check_terms(&history(&m, "solo"), &[]);
+}
+
+#[test]
+fn the_leader_resigns_when_its_command_exits_and_the_audit_table_is_queryable() {
+    let m = Mount::with_o(MOUNT_O);
+    let out = m.dir.path().join("env");
+    let script = format!(
+        "echo \"$LEASEFS_EPOCH $LEASEFS_ID $LEASEFS_ELECTION\" > {}; exit 3",
+        out.display()
+    );
+    let mut once = Candidate::spawn(&m, "jobs", "once", &["--once"], &["sh", "-c", &script]);
+    let st = once.wait(Duration::from_secs(15)).expect("--once did not exit");
+    assert_eq!(st.code(), Some(3), "{}", once.log());
+    let env = std::fs::read_to_string(&out).expect("the command ran");
+    let f: Vec<&str> = env.split_whitespace().collect();
+    let epoch: u64 = f[0].parse().expect("LEASEFS_EPOCH");
+    assert_eq!(f[1], "once");
+    assert_eq!(Path::new(f[2]), std::fs::canonicalize(m.path("jobs")).expect("dir"));
+    let rec: Value = serde_json::from_str(m.read_string("jobs/LEADER").lines().last().expect("record")).expect("JSON");
+    assert_eq!(rec["id"], "once");
+    assert_eq!(rec["epoch"], epoch);
+    assert_eq!(rec["host"], hostname());
+    assert_eq!(rec["pid"], once.pid());
+    assert!(rec["time_ms"].as_u64().is_some_and(|t| t > 1_600_000_000_000), "{rec}");
+
+    // The lease went on at once: the next candidate (no command) leads at
+    // once, until SIGTERM makes it resign and exit 0.
+    let mut idle = Candidate::spawn(&m, "jobs", "idle", &[], &[]);
+    let second = wait_leader(&m, "jobs", epoch, Duration::from_secs(10)).expect("no second leader");
+    assert_eq!(second["id"], "idle");
+    stop_all(&mut [&mut idle]);
+    assert_eq!(m.lease_state("jobs/LEADER"), "free");
+
+    let h = history(&m, "jobs");
+    let kinds: Vec<(&str, &str)> = h
+        .iter()
+        .map(|e| (e["event"].as_str().unwrap_or(""), e["who"].as_str().unwrap_or("")))
+        .collect();
+    assert_eq!(
+        kinds,
+        [("elected", "once"), ("resigned", "once"), ("elected", "idle"), ("resigned", "idle")],
+        "{h:#?}"
+    );
+    assert_eq!(h[1]["epoch"], epoch);
+    assert!(h[1]["why"].as_str().unwrap_or("").contains("exit status 3"), "{h:#?}");
+    assert!(h[2]["why"].as_str().unwrap_or("").contains("once (epoch"), "{h:#?}");
+    assert!(h[3]["why"].as_str().unwrap_or("").contains("asked to stop"), "{h:#?}");
+
+    // The table for people: one line per event.
+    let dir = m.path("jobs");
+    let o = m.leasefs(&["elect", dir.to_str().expect("utf-8"), "--history"]);
+    assert!(o.status.success());
+    let text = String::from_utf8_lossy(&o.stdout);
+    let rows: Vec<&str> = text.lines().skip(1).collect();
+    assert_eq!(rows.len(), 4, "{text}");
+    assert!(rows[1].contains("resigned") && rows[1].contains(&format!("{}:{}", hostname(), once.pid())), "{text}");
+    // And for the sqlite3 shell, in the data directory.
+    if let Ok(o) = Command::new("sqlite3")
+        .arg(m.data.join("meta.db"))
+        .arg("SELECT event, who, epoch FROM election_audit WHERE election = '/jobs' ORDER BY id")
+        .output()
+    {
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let rows = String::from_utf8_lossy(&o.stdout).into_owned();
+        assert!(rows.starts_with(&format!("elected|once|{epoch}\nresigned|once|{epoch}\n")), "{rows}");
+    }
+
+    // Bad use is one line and exit 2.
+    let o = m.leasefs(&["elect", "/", "--id", "x"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(String::from_utf8_lossy(&o.stderr).lines().count(), 1, "{o:?}");
+    let o = m.leasefs(&["elect", dir.to_str().expect("utf-8"), "--id", "x", "--renew-ms", "5000"]);
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+}
+
+#[test]
+fn a_churn_of_a_hundred_leadership_changes_never_overlaps() {
+    let m = Mount::with_o(MOUNT_O);
+    let script = "echo \"$LEASEFS_EPOCH $LEASEFS_ID\" >> journal && sleep 0.02 && echo \"$LEASEFS_EPOCH $LEASEFS_ID\" >> journal";
+    let ids = ["w", "x", "y", "z"];
+    let mut cands: Vec<Candidate> = ids
+        .iter()
+        .map(|id| Candidate::spawn(&m, "churn", id, &["--retry-ms", "50"], &["sh", "-c", script]))
+        .collect();
+    let started = Instant::now();
+    let changes = |h: &[Value]| {
+        let who: Vec<&Value> = events(h, "elected").into_iter().map(|e| &e["who"]).collect();
+        who.windows(2).filter(|w| w[0] != w[1]).count()
+    };
+    let mut last = 0;
+    let enough = wait_until(Duration::from_secs(90), || {
+        std::thread::sleep(Duration::from_millis(500));
+        last = changes(&history(&m, "churn"));
+        last >= 100
+    });
+    let refs: Vec<&Candidate> = cands.iter().collect();
+    assert!(enough, "only {last} leadership changes in {:?}\n{}", started.elapsed(), logs(&refs));
+    let mut all: Vec<&mut Candidate> = cands.iter_mut().collect();
+    stop_all(&mut all);
+    let h = history(&m, "churn");
+    let lines = journal(&m);
+    assert!(lines.len() >= 100, "{} journal lines", lines.len());
+    check_terms(&h, &lines);
+    // Everyone led at some point.
+    for id in ids {
+        assert!(events(&h, "elected").iter().any(|e| e["who"] == id), "{id} never led");
+    }
+    eprintln!("{} leadership changes in {:?}", changes(&h), started.elapsed());
+}
