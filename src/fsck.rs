@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::meta::{BlockRow, MetaStore};
 use crate::pipeline::Datanodes;
-use crate::storage::datanode::ReplicaState;
+use crate::storage::datanode::{ReplicaState, StorageError};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -109,6 +109,9 @@ pub struct Check<'a> {
     /// ...once they are this old (writers create replica files just before
     /// recording their block; at mount there are no writers yet).
     pub orphan_grace: Duration,
+    /// Apply the grace to finalized replicas too (automatic housekeeping is
+    /// conservative; an operator's `fsck --repair` removes them at once).
+    pub grace_finalized: bool,
 }
 
 struct Progress {
@@ -219,24 +222,28 @@ fn check_block(c: &Check<'_>, b: &BlockRow, path: &str, r: &mut Report) {
             bad.push((dn, ProblemKind::MissingReplica, "datanode is dead".into()));
             continue;
         }
-        let info = match node.find(b.block_id) {
-            None => {
+        let data_len = match node.stat_replica(b.block_id, b.gs) {
+            Ok((_, len)) => len,
+            Err(StorageError::StaleGenStamp { found, .. }) => {
+                bad.push((dn, ProblemKind::StaleReplica, format!("generation stamp {found} (expected {})", b.gs)));
+                continue;
+            }
+            Err(StorageError::Missing { .. }) => {
                 bad.push((dn, ProblemKind::MissingReplica, "no replica files".into()));
                 continue;
             }
-            Some(i) => i,
+            Err(e) => {
+                bad.push((dn, ProblemKind::MissingReplica, e.to_string()));
+                continue;
+            }
         };
-        if info.gs != b.gs {
-            bad.push((dn, ProblemKind::StaleReplica, format!("generation stamp {} (expected {})", info.gs, b.gs)));
-            continue;
-        }
         if !b.finalized {
             // Being written or left open: its length is settled by recovery.
             good.push(dn);
             continue;
         }
-        if info.data_len != b.len {
-            bad.push((dn, ProblemKind::BadLength, format!("length {} (expected {})", info.data_len, b.len)));
+        if data_len != b.len {
+            bad.push((dn, ProblemKind::BadLength, format!("length {data_len} (expected {})", b.len)));
             continue;
         }
         if !c.deep && !c.suspect.contains(&(b.block_id, dn)) {
@@ -349,7 +356,9 @@ fn orphans(c: &Check<'_>, blocks: &[BlockRow], r: &mut Report) {
             if referenced || c.busy_blocks.contains(&info.block) {
                 continue;
             }
-            let young = info.state == ReplicaState::Rbw
+            // A replica is created just before its block is recorded, so a
+            // young rbw one may be about to be referenced.
+            let young = (info.state == ReplicaState::Rbw || c.grace_finalized)
                 && std::fs::metadata(&info.data_path)
                     .and_then(|m| m.modified())
                     .ok()
@@ -366,6 +375,11 @@ fn orphans(c: &Check<'_>, blocks: &[BlockRow], r: &mut Report) {
                 detail: "replica of no file".into(),
                 repaired: false,
             };
+            // The table read at the start may be older than this replica's
+            // block (a file created during the run): look again first.
+            if c.meta.block_on(info.block, i).unwrap_or(true) {
+                continue;
+            }
             if c.repair {
                 p.repaired = node.delete(info.block).is_ok();
             }

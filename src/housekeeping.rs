@@ -69,6 +69,7 @@ impl Housekeeper {
             suspect: suspect.clone(),
             orphans: true,
             orphan_grace: fsck::ORPHAN_GRACE,
+            grace_finalized: true,
         };
         match fsck::run(&c) {
             Ok(r) => {

@@ -46,11 +46,11 @@ try:
     pos = os.fstat(fd).st_size
     sys.stdout.write("started %d\n" % pos); sys.stdout.flush()
     while pos < len(s):
-        pos += os.write(fd, s[pos:pos + rnd.randint(1, 16384)])
+        pos += os.write(fd, s[pos:pos + rnd.randint(1, 8192)])
         if rnd.random() < 0.3:
             os.fsync(fd)
             sf.write("%d\n" % pos); sf.flush()
-        time.sleep(rnd.random() * 0.002)
+        time.sleep(rnd.random() * 0.004)
     os.fsync(fd)
     sf.write("%d\n" % pos); sf.flush()
     os.close(fd)
@@ -79,7 +79,9 @@ fn stream(name: &str) -> Vec<u8> {
     let mut j = 0u64;
     while v.len() < STREAM_LEN {
         let fill = (j * 7919 % 61) as usize;
-        let letters: String = (0..fill).map(|k| (b'a' + ((j as usize + k) % 26) as u8) as char).collect();
+        let letters: String = (0..fill)
+            .map(|k| (b'a' + ((j as usize + k) % 26) as u8) as char)
+            .collect();
         v.extend_from_slice(format!("{name} rec {j:07} {letters}\n").as_bytes());
         j += 1;
     }
@@ -109,7 +111,8 @@ impl Run {
             let src = self.work.path().join(format!("{name}.stream"));
             std::fs::write(&src, &data).unwrap();
             let side = self.work.path().join(format!("{name}.synced"));
-            self.files.insert(name.to_string(), FileState { src, side, data });
+            self.files
+                .insert(name.to_string(), FileState { src, side, data });
         }
     }
 
@@ -120,7 +123,10 @@ impl Run {
         let synced = synced_len(&f.side);
         let got = match std::fs::read(self.m.path(name)) {
             Ok(g) => g,
-            Err(e) => panic!("round {round} (seed {seed}): cannot read {name} ({synced} bytes fsynced): {e}\nlog:\n{}", tail(&self.m.log())),
+            Err(e) => panic!(
+                "round {round} (seed {seed}): cannot read {name} ({synced} bytes fsynced): {e}\nlog:\n{}",
+                tail(&self.m.log())
+            ),
         };
         assert!(
             got.len() as u64 >= synced,
@@ -128,7 +134,10 @@ impl Run {
             got.len(),
             tail(&self.m.log())
         );
-        assert!(got.len() <= f.data.len(), "{name}: longer than anything written");
+        assert!(
+            got.len() <= f.data.len(),
+            "{name}: longer than anything written"
+        );
         if let Some(i) = got.iter().zip(&f.data).position(|(a, b)| a != b) {
             panic!(
                 "round {round} (seed {seed}): {name} ({} bytes, {synced} fsynced) differs from what was written at offset {i}\nlog:\n{}",
@@ -145,7 +154,12 @@ fn tail(log: &str) -> String {
     lines[lines.len().saturating_sub(60)..].join("\n")
 }
 
-fn start_writer(m: &Mount, f: &FileState, name: &str, seed: u64) -> (Child, std::sync::mpsc::Receiver<String>) {
+fn start_writer(
+    m: &Mount,
+    f: &FileState,
+    name: &str,
+    seed: u64,
+) -> (Child, std::sync::mpsc::Receiver<String>) {
     let mut child = Command::new(python())
         .arg("-c")
         .arg(CRASH_WRITER_PY)
@@ -254,7 +268,11 @@ fn every_fsynced_prefix_survives_kill_9_of_the_daemon_in_50_rounds_and_fsck_is_c
         }
         for (name, rx) in &outs {
             let l = rx.recv_timeout(Duration::from_secs(20)).unwrap_or_default();
-            assert!(l.starts_with("started"), "round {round}: writer of {name} did not start: `{l}`\n{}", tail(&run.m.log()));
+            assert!(
+                l.starts_with("started"),
+                "round {round}: writer of {name} did not start: `{l}`\n{}",
+                tail(&run.m.log())
+            );
         }
         std::thread::sleep(Duration::from_millis(20 + rng.below(680)));
         run.m.crash();
@@ -264,7 +282,10 @@ fn every_fsynced_prefix_survives_kill_9_of_the_daemon_in_50_rounds_and_fsck_is_c
             let r = rx.try_recv().unwrap_or_default();
             // `done` would mean the kill came after the writer finished.
             still_writing |= r.starts_with("err");
-            assert!(!r.is_empty(), "round {round}: writer of {name} reported nothing");
+            assert!(
+                !r.is_empty(),
+                "round {round}: writer of {name} reported nothing"
+            );
         }
         kills_during_writes += still_writing as usize;
 
@@ -291,5 +312,8 @@ fn every_fsynced_prefix_survives_kill_9_of_the_daemon_in_50_rounds_and_fsck_is_c
         t0.elapsed(),
         names.len()
     );
-    assert!(kills_during_writes * 10 >= rounds * 9, "too few kills landed during writes");
+    assert!(
+        kills_during_writes * 10 >= rounds * 9,
+        "too few kills landed during writes"
+    );
 }

@@ -10,7 +10,6 @@ mod common;
 use common::faults::*;
 use common::*;
 
-
 fn mount() -> Mount {
     Mount::with(Opts {
         datanodes: 3,
@@ -34,15 +33,34 @@ fn read_cold(m: &Mount, rel: &str) -> Vec<u8> {
 
 /// The report has the documented shape: counters, open files, problems.
 fn assert_report_shape(r: &serde_json::Value) {
-    for k in ["files", "blocks", "replicas", "replication", "datanodes_alive", "datanodes"] {
+    for k in [
+        "files",
+        "blocks",
+        "replicas",
+        "replication",
+        "datanodes_alive",
+        "datanodes",
+    ] {
         assert!(r[k].is_u64(), "`{k}` is not a number: {r}");
     }
-    for f in r["open_for_write"].as_array().unwrap_or_else(|| panic!("no open_for_write array: {r}")) {
-        assert!(f["path"].is_string() && f["holder"].is_string() && f["comm"].is_string(), "{f}");
+    for f in r["open_for_write"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no open_for_write array: {r}"))
+    {
+        assert!(
+            f["path"].is_string() && f["holder"].is_string() && f["comm"].is_string(),
+            "{f}"
+        );
         assert!(f["epoch"].is_u64() && f["live"].is_boolean(), "{f}");
     }
-    for p in r["problems"].as_array().unwrap_or_else(|| panic!("no problems array: {r}")) {
-        assert!(p["kind"].is_string() && p["path"].is_string() && p["detail"].is_string(), "{p}");
+    for p in r["problems"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no problems array: {r}"))
+    {
+        assert!(
+            p["kind"].is_string() && p["path"].is_string() && p["detail"].is_string(),
+            "{p}"
+        );
         assert!(p["block"].is_u64() || p["block"].is_null(), "{p}");
         assert!(p["datanode"].is_u64() || p["datanode"].is_null(), "{p}");
         assert!(p["repaired"].is_boolean(), "{p}");
@@ -62,8 +80,19 @@ fn fsck_exits_0_on_a_healthy_mount_with_a_summary_and_a_json_report() {
     let (code, r) = m.fsck_json();
     assert_eq!(code, 0);
     assert_report_shape(&r);
-    assert_eq!((r["blocks"].as_u64(), r["replicas"].as_u64()), (Some(2), Some(6)), "{r}");
-    assert_eq!((r["replication"].as_u64(), r["datanodes"].as_u64(), r["datanodes_alive"].as_u64()), (Some(3), Some(3), Some(3)));
+    assert_eq!(
+        (r["blocks"].as_u64(), r["replicas"].as_u64()),
+        (Some(2), Some(6)),
+        "{r}"
+    );
+    assert_eq!(
+        (
+            r["replication"].as_u64(),
+            r["datanodes"].as_u64(),
+            r["datanodes_alive"].as_u64()
+        ),
+        (Some(3), Some(3), Some(3))
+    );
     assert_eq!(r["problems"].as_array().map(Vec::len), Some(0), "{r}");
     assert_eq!(r["open_for_write"].as_array().map(Vec::len), Some(0), "{r}");
 }
@@ -73,10 +102,16 @@ fn fsck_exits_0_on_a_healthy_mount_with_a_summary_and_a_json_report() {
 #[test]
 fn fsck_names_missing_stale_corrupt_and_short_replicas_exits_1_and_repair_makes_it_0() {
     let m = mount();
-    let files: Vec<(Vec<u8>, Block)> = (0..4).map(|i| file(&m, &format!("f{i}"), 150_000, 10 + i)).collect();
+    let files: Vec<(Vec<u8>, Block)> = (0..4)
+        .map(|i| file(&m, &format!("f{i}"), 150_000, 10 + i))
+        .collect();
     let target = |i: usize| {
         let b = &files[i].1;
-        (b.id, b.replicas[0], replica(&m.datanodes[b.replicas[0]], b.id).expect("replica"))
+        (
+            b.id,
+            b.replicas[0],
+            replica(&m.datanodes[b.replicas[0]], b.id).expect("replica"),
+        )
     };
     // f0: replica files gone.
     let (id0, dn0, r0) = target(0);
@@ -88,13 +123,23 @@ fn fsck_names_missing_stale_corrupt_and_short_replicas_exits_1_and_repair_makes_
     let garbage = pattern(150_000, 999);
     std::fs::write(&r1.data, &garbage).unwrap();
     std::fs::remove_file(&r1.meta).unwrap();
-    std::fs::write(r1.meta.with_file_name(format!("blk_{id1}_{}.meta", r1.gs - 1)), meta_bytes(&garbage)).unwrap();
+    std::fs::write(
+        r1.meta
+            .with_file_name(format!("blk_{id1}_{}.meta", r1.gs - 1)),
+        meta_bytes(&garbage),
+    )
+    .unwrap();
     // f2: a flipped byte.
     let (id2, dn2, r2) = target(2);
     flip_byte(&r2.data, 77_777);
     // f3: the data file cut short.
     let (id3, dn3, r3) = target(3);
-    std::fs::OpenOptions::new().write(true).open(&r3.data).unwrap().set_len(1000).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&r3.data)
+        .unwrap()
+        .set_len(1000)
+        .unwrap();
 
     let (code, r) = m.fsck_json();
     assert_eq!(code, 1, "{r}");
@@ -113,22 +158,36 @@ fn fsck_names_missing_stale_corrupt_and_short_replicas_exits_1_and_repair_makes_
     }
     let text = m.fsck(&[]);
     assert_eq!(text.code, 1);
-    assert!(text.stdout.contains("/f2") && !text.stdout.contains("HEALTHY"), "{text:?}");
+    assert!(
+        text.stdout.contains("/f2") && !text.stdout.contains("HEALTHY"),
+        "{text:?}"
+    );
     for (i, (data, _)) in files.iter().enumerate() {
-        assert!(read_cold(&m, &format!("f{i}")) == *data, "f{i} read wrong bytes");
+        assert!(
+            read_cold(&m, &format!("f{i}")) == *data,
+            "f{i} read wrong bytes"
+        );
     }
 
     let rep = m.fsck(&["--repair", "--json"]);
     assert_eq!(rep.code, 0, "{rep:?}");
     let rr = rep.json();
-    assert!(rr["problems"].as_array().unwrap().iter().all(|p| p["repaired"] == true), "{rr}");
+    assert!(
+        rr["problems"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|p| p["repaired"] == true),
+        "{rr}"
+    );
     let (code, r) = m.fsck_json();
     assert_eq!(code, 0, "after --repair: {r}");
     for (i, (data, _)) in files.iter().enumerate() {
         let b = &blocks_of(&m, &format!("f{i}"))[0];
         assert_eq!(b.replicas.len(), 3, "f{i}: {b:?}");
         for &dn in &b.replicas {
-            verify_replica(&m.datanodes[dn], b.id, Some(b.gs), data).unwrap_or_else(|e| panic!("f{i}: {e}"));
+            verify_replica(&m.datanodes[dn], b.id, Some(b.gs), data)
+                .unwrap_or_else(|e| panic!("f{i}: {e}"));
         }
     }
 }
@@ -142,13 +201,20 @@ fn fsck_exits_2_when_it_cannot_run() {
         vec![empty.path().display().to_string()], // not a leasefs mount
         vec!["--data".into(), empty.path().display().to_string()], // no metadata
         vec![],
-        vec![m.mnt.display().to_string(), "--data".into(), m.data.display().to_string()],
+        vec![
+            m.mnt.display().to_string(),
+            "--data".into(),
+            m.data.display().to_string(),
+        ],
     ];
     for args in cases {
         let a: Vec<&str> = args.iter().map(String::as_str).collect();
         let f = fsck(&a);
         assert_eq!(f.code, 2, "fsck {args:?}: {f:?}");
-        assert!(!f.stderr.trim().is_empty(), "fsck {args:?} gave no reason: {f:?}");
+        assert!(
+            !f.stderr.trim().is_empty(),
+            "fsck {args:?} gave no reason: {f:?}"
+        );
         assert!(!f.stderr.contains("panicked"), "{f:?}");
     }
 }
@@ -206,7 +272,11 @@ fn fsck_lists_files_open_for_writing_and_a_file_left_open_by_a_dead_daemon() {
     let open = r["open_for_write"].as_array().unwrap();
     assert_eq!(open.len(), 1, "{r}");
     assert_eq!(open[0]["path"], "/w.log", "{r}");
-    assert_eq!(open[0]["holder"], format!("{}:{}", hostname(), a.pid), "{r}");
+    assert_eq!(
+        open[0]["holder"],
+        format!("{}:{}", hostname(), a.pid),
+        "{r}"
+    );
     assert_eq!(open[0]["comm"], comm_of(a.pid), "{r}");
     assert_eq!(open[0]["live"], true, "{r}");
     assert!(open[0]["epoch"].as_u64().unwrap_or(0) > 0, "{r}");
@@ -251,9 +321,15 @@ fn fsck_shows_a_progress_bar_on_a_terminal_only() {
         .expect("run script(1)");
     let out = String::from_utf8_lossy(&o.stdout);
     assert_eq!(o.status.code(), Some(0), "{out}");
-    assert!(out.contains("130/130 blocks") && out.contains("#####"), "no progress bar on a terminal: {out}");
+    assert!(
+        out.contains("130/130 blocks") && out.contains("#####"),
+        "no progress bar on a terminal: {out}"
+    );
     // Piped, the output stays clean for scripts.
     let f = fsck(&["--data", &m.data.display().to_string()]);
     assert_eq!(f.code, 0, "{f:?}");
-    assert!(!f.stderr.contains("blocks") && !f.stdout.contains('\r'), "{f:?}");
+    assert!(
+        !f.stderr.contains("blocks") && !f.stdout.contains('\r'),
+        "{f:?}"
+    );
 }

@@ -28,7 +28,9 @@ fn wait_dead(m: &Mount, dn: u64, dead: bool) -> Duration {
     let mut last = serde_json::Value::Null;
     while t0.elapsed() < DETECT {
         let (code, r) = m.fsck_json();
-        let reported = problems(&r).iter().any(|(k, _, d)| k == "dead_datanode" && *d == Some(dn));
+        let reported = problems(&r)
+            .iter()
+            .any(|(k, _, d)| k == "dead_datanode" && *d == Some(dn));
         if reported == dead {
             if dead {
                 assert_eq!(code, 1, "a dead datanode is a problem: {r}");
@@ -75,7 +77,8 @@ fn assert_replicas_verify(m: &Mount, files: &[(String, Vec<u8>, Block)]) {
 }
 
 #[test]
-fn an_unwritable_datanode_is_reported_dead_within_a_heartbeat_left_out_of_new_pipelines_and_rejoins() {
+fn an_unwritable_datanode_is_reported_dead_within_a_heartbeat_left_out_of_new_pipelines_and_rejoins()
+ {
     let m = four_datanodes();
     let mut ro = RoBind::new(&m.datanodes[3]);
     let took = wait_dead(&m, 3, true);
@@ -89,8 +92,15 @@ fn an_unwritable_datanode_is_reported_dead_within_a_heartbeat_left_out_of_new_pi
     // New files: full pipelines of live datanodes only, no writer error.
     let files = new_files(&m, "while-dead-", 4, 100_000);
     for (name, _, b) in &files {
-        assert_eq!(b.replicas.len(), 3, "{name}: R=3 with 3 live datanodes: {b:?}");
-        assert!(!b.replicas.contains(&3), "{name} has a replica on the dead datanode: {b:?}");
+        assert_eq!(
+            b.replicas.len(),
+            3,
+            "{name}: R=3 with 3 live datanodes: {b:?}"
+        );
+        assert!(
+            !b.replicas.contains(&3),
+            "{name} has a replica on the dead datanode: {b:?}"
+        );
         assert!(b.finalized, "{name}: {b:?}");
     }
     assert_replicas_verify(&m, &files);
@@ -121,12 +131,19 @@ fn a_removed_datanode_directory_is_reported_dead_within_a_heartbeat_and_rejoins_
     std::fs::remove_dir_all(&m.datanodes[1]).unwrap();
     let took = wait_dead(&m, 1, true);
     eprintln!("removed datanode reported dead after {took:?}");
-    assert!(!m.log_lines(&["heartbeat failed", "datanode=1"]).is_empty(), "{}", m.log());
+    assert!(
+        !m.log_lines(&["heartbeat failed", "datanode=1"]).is_empty(),
+        "{}",
+        m.log()
+    );
 
     let files = new_files(&m, "while-gone-", 3, 70_000);
     for (name, _, b) in &files {
         assert_eq!(b.replicas.len(), 3, "{name}: {b:?}");
-        assert!(!b.replicas.contains(&1), "{name} placed on the removed datanode: {b:?}");
+        assert!(
+            !b.replicas.contains(&1),
+            "{name} placed on the removed datanode: {b:?}"
+        );
     }
     assert_replicas_verify(&m, &files);
 

@@ -18,7 +18,9 @@ const SIZE: usize = 40 * MIB;
 
 /// `n` datanode directories on the local disk, inside `dir`.
 fn disk_dns(dir: &tempfile::TempDir, n: usize) -> Vec<PathBuf> {
-    (1..=n).map(|i| dir.path().join(format!("disk{i}"))).collect()
+    (1..=n)
+        .map(|i| dir.path().join(format!("disk{i}")))
+        .collect()
 }
 
 fn scratch(m: &Mount, name: &str, data: &[u8]) -> PathBuf {
@@ -43,7 +45,10 @@ fn assert_same(got: &[u8], want: &[u8], what: &str) {
 /// Turns a stale replica into a self-consistent one that holds other
 /// bytes: if a reader ever served it, the read would come back wrong.
 fn poison_stale_replica(r: &ReplicaFiles, keep: usize) {
-    let f = std::fs::OpenOptions::new().write(true).open(&r.data).unwrap();
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&r.data)
+        .unwrap();
     f.set_len(keep as u64).unwrap(); // frees room on a full tmpfs first
     drop(f);
     std::fs::write(&r.meta, b"").unwrap();
@@ -71,22 +76,39 @@ fn a_datanode_filling_up_mid_write_is_dropped_and_the_writer_sees_no_error() {
     let srcp = scratch(&m, "big.src", &src);
     let mut w = Writer::start(&m, &srcp, "big", MIB, 0, 8);
     let r = w.result(Duration::from_secs(60));
-    assert_eq!(r, format!("ok {SIZE}"), "the writer saw an error; log:\n{}", m.log());
+    assert_eq!(
+        r,
+        format!("ok {SIZE}"),
+        "the writer saw an error; log:\n{}",
+        m.log()
+    );
     assert_eq!(w.synced(), SIZE as u64);
 
     assert!(
-        !m.log_lines(&["replica write failed", "datanode=0"]).is_empty(),
+        !m.log_lines(&["replica write failed", "datanode=0"])
+            .is_empty(),
         "the tmpfs datanode never failed a write (was it in the pipeline?):\n{}",
         m.log()
     );
-    assert!(!m.log_lines(&["pipeline rebuilt"]).is_empty(), "no pipeline rebuild logged:\n{}", m.log());
+    assert!(
+        !m.log_lines(&["pipeline rebuilt"]).is_empty(),
+        "no pipeline rebuild logged:\n{}",
+        m.log()
+    );
 
     let blocks = wait_closed(&m, "big");
     assert_eq!(blocks.len(), 1, "{blocks:?}");
     let b = &blocks[0];
     assert_eq!(b.len, SIZE as u64, "{b:?}");
-    assert!(!b.replicas.contains(&0), "the full tmpfs is still a replica: {b:?}");
-    assert_eq!(b.replicas.len(), 3, "a spare datanode should have replaced the tmpfs: {b:?}");
+    assert!(
+        !b.replicas.contains(&0),
+        "the full tmpfs is still a replica: {b:?}"
+    );
+    assert_eq!(
+        b.replicas.len(),
+        3,
+        "a spare datanode should have replaced the tmpfs: {b:?}"
+    );
     for &dn in &b.replicas {
         verify_replica(&m.datanodes[dn], b.id, Some(b.gs), &src).unwrap_or_else(|e| panic!("{e}"));
     }
@@ -95,9 +117,18 @@ fn a_datanode_filling_up_mid_write_is_dropped_and_the_writer_sees_no_error() {
     // The tmpfs keeps its stale replica (old generation stamp). Make it
     // hold other, self-consistent bytes; reads must still be right.
     let stale = replica(&tmpfs.path, b.id).expect("the dropped replica is still on the tmpfs");
-    assert!(stale.gs < b.gs, "dropped replica gs {} not older than {}", stale.gs, b.gs);
+    assert!(
+        stale.gs < b.gs,
+        "dropped replica gs {} not older than {}",
+        stale.gs,
+        b.gs
+    );
     poison_stale_replica(&stale, 2 * MIB);
-    assert_same(&read_cold(&m, "big"), &src, "big read with a poisoned stale replica");
+    assert_same(
+        &read_cold(&m, "big"),
+        &src,
+        "big read with a poisoned stale replica",
+    );
 }
 
 #[test]
@@ -123,7 +154,12 @@ fn a_datanode_directory_removed_mid_write_is_dropped_and_the_writer_sees_no_erro
     std::fs::remove_dir_all(&m.datanodes[victim]).unwrap();
 
     let r = w.result(Duration::from_secs(60));
-    assert_eq!(r, format!("ok {SIZE}"), "the writer saw an error; log:\n{}", m.log());
+    assert_eq!(
+        r,
+        format!("ok {SIZE}"),
+        "the writer saw an error; log:\n{}",
+        m.log()
+    );
     let log = m.log();
     assert!(
         !m.log_lines(&["pipeline rebuilt"]).is_empty(),
@@ -131,9 +167,20 @@ fn a_datanode_directory_removed_mid_write_is_dropped_and_the_writer_sees_no_erro
     );
     let blocks = wait_closed(&m, "big");
     let b = &blocks[0];
-    assert!(!b.replicas.contains(&victim), "removed datanode still a replica: {b:?}");
-    assert_eq!(b.replicas.len(), 3, "the spare datanode should have joined: {b:?}");
-    assert!(b.gs > before[0].gs, "generation stamp not bumped: {:?} -> {b:?}", before[0]);
+    assert!(
+        !b.replicas.contains(&victim),
+        "removed datanode still a replica: {b:?}"
+    );
+    assert_eq!(
+        b.replicas.len(),
+        3,
+        "the spare datanode should have joined: {b:?}"
+    );
+    assert!(
+        b.gs > before[0].gs,
+        "generation stamp not bumped: {:?} -> {b:?}",
+        before[0]
+    );
     for &dn in &b.replicas {
         verify_replica(&m.datanodes[dn], b.id, Some(b.gs), &src).unwrap_or_else(|e| panic!("{e}"));
     }
@@ -141,7 +188,10 @@ fn a_datanode_directory_removed_mid_write_is_dropped_and_the_writer_sees_no_erro
     // The only problem left is the missing directory itself.
     let (_, rep) = m.fsck_json();
     for (kind, _, dn) in problems(&rep) {
-        assert!(kind == "dead_datanode" && dn == Some(victim as u64), "unexpected problem {kind}: {rep}");
+        assert!(
+            kind == "dead_datanode" && dn == Some(victim as u64),
+            "unexpected problem {kind}: {rep}"
+        );
     }
 }
 
@@ -161,9 +211,15 @@ fn when_every_replica_fails_the_writer_gets_eio_and_the_fsynced_prefix_stays_rea
     let srcp = scratch(&m, "big.src", &src);
     let mut w = Writer::start(&m, &srcp, "big", 256 << 10, 0, 4);
     let r = w.result(Duration::from_secs(60));
-    assert!(r.starts_with("err EIO "), "expected EIO once both tmpfs are full, got `{r}`");
+    assert!(
+        r.starts_with("err EIO "),
+        "expected EIO once both tmpfs are full, got `{r}`"
+    );
     let synced = w.synced() as usize;
-    assert!(synced >= 4 * MIB, "only {synced} bytes were fsynced before the failure");
+    assert!(
+        synced >= 4 * MIB,
+        "only {synced} bytes were fsynced before the failure"
+    );
     eprintln!("writer: {r}; fsynced {synced} bytes");
 
     // Every stage is checked and reported, so that a failure says where
@@ -172,9 +228,14 @@ fn when_every_replica_fails_the_writer_gets_eio_and_the_fsynced_prefix_stays_rea
     let mut check = |m: &Mount, when: &str| {
         let got = read_cold(m, "big");
         if got.len() < synced {
-            failures.push(format!("{when}: the file holds {} bytes, but {synced} were fsynced", got.len()));
+            failures.push(format!(
+                "{when}: the file holds {} bytes, but {synced} were fsynced",
+                got.len()
+            ));
         } else if got[..] != src[..got.len()] {
-            failures.push(format!("{when}: the file holds other bytes than were written"));
+            failures.push(format!(
+                "{when}: the file holds other bytes than were written"
+            ));
         }
     };
     check(&m, "right after the failure (writer gone)");
@@ -185,5 +246,52 @@ fn when_every_replica_fails_the_writer_gets_eio_and_the_fsynced_prefix_stays_rea
     m.unmount();
     m.mount();
     check(&m, "after a remount");
-    assert!(failures.is_empty(), "{}\nlog:\n{}", failures.join("\n"), m.log());
+    assert!(
+        failures.is_empty(),
+        "{}\nlog:\n{}",
+        failures.join("\n"),
+        m.log()
+    );
+}
+
+#[test]
+fn fsync_succeeds_when_a_datanode_holding_an_earlier_block_of_the_file_is_removed() {
+    let m = Mount::with(Opts {
+        datanodes: 4,
+        replication: Some(3),
+        o: vec!["block_size=1M".into()],
+    });
+    let mut a = Agent::spawn(&m.mnt);
+    a.ok("open big wc");
+    // Block 0 full and finalized (the first packet of block 1 closes it),
+    // not yet synced.
+    a.ok("fill 1300000 x");
+    let mut blocks = Vec::new();
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            blocks = blocks_of(&m, "big");
+            blocks.first().is_some_and(|b| b.finalized)
+        }),
+        "block 0 not finalized: {blocks:?}"
+    );
+    let victim = blocks[0].replicas[0];
+    std::fs::remove_dir_all(&m.datanodes[victim]).unwrap();
+    // Two replicas of every block are left: the writer sees no error.
+    let r = a.cmd("fsync");
+    assert!(
+        r.starts_with("ok"),
+        "fsync answered `{r}` after datanode {victim} (one of 3 replicas of block 0) was removed\nlog:\n{}",
+        m.log()
+    );
+    a.ok("fill 1000000 y");
+    let r = a.cmd("fsync");
+    assert!(
+        r.starts_with("ok"),
+        "second fsync answered `{r}`\nlog:\n{}",
+        m.log()
+    );
+    a.ok("close");
+    let mut want = vec![b'x'; 1_300_000];
+    want.extend(vec![b'y'; 1_000_000]);
+    assert!(read_cold(&m, "big") == want);
 }

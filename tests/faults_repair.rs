@@ -16,7 +16,11 @@ fn mount(o: &str) -> Mount {
     Mount::with(Opts {
         datanodes: 3,
         replication: Some(3),
-        o: if o.is_empty() { vec![] } else { vec![o.to_string()] },
+        o: if o.is_empty() {
+            vec![]
+        } else {
+            vec![o.to_string()]
+        },
     })
 }
 
@@ -44,11 +48,16 @@ fn wait_fsck_clean(m: &Mount, max: Duration) {
         last = Some(f);
         clean
     });
-    assert!(ok, "fsck not clean within {max:?}: {last:?}\nlog:\n{}", m.log());
+    assert!(
+        ok,
+        "fsck not clean within {max:?}: {last:?}\nlog:\n{}",
+        m.log()
+    );
 }
 
 #[test]
-fn a_flipped_byte_in_a_finalized_replica_is_skipped_on_read_reported_and_repaired_by_housekeeping() {
+fn a_flipped_byte_in_a_finalized_replica_is_skipped_on_read_reported_and_repaired_by_housekeeping()
+{
     let m = mount("housekeeping_interval=1");
     let (src, b) = one_block_file(&m, "f", 300_000, 31);
     // The reader tries the replicas in the block's order: corrupt the first.
@@ -57,9 +66,16 @@ fn a_flipped_byte_in_a_finalized_replica_is_skipped_on_read_reported_and_repaire
     assert_eq!(r.state, "finalized");
     flip_byte(&r.data, 100_000);
 
-    assert!(read_cold(&m, "f") == src, "the read served the corrupt replica");
+    assert!(
+        read_cold(&m, "f") == src,
+        "the read served the corrupt replica"
+    );
     let reported = m.log_lines(&["bad replica", &format!("datanode={dn}")]);
-    assert!(!reported.is_empty(), "the corrupt replica was not reported:\n{}", m.log());
+    assert!(
+        !reported.is_empty(),
+        "the corrupt replica was not reported:\n{}",
+        m.log()
+    );
     assert!(
         reported.iter().any(|l| l.contains("checksum")),
         "the report does not say the checksum failed: {reported:?}"
@@ -79,7 +95,8 @@ fn a_flipped_byte_in_a_finalized_replica_is_skipped_on_read_reported_and_repaire
     let now = blocks_of(&m, "f");
     assert_eq!(now[0].replicas.len(), 3, "{now:?}");
     for &d in &now[0].replicas {
-        verify_replica(&m.datanodes[d], now[0].id, Some(now[0].gs), &src).unwrap_or_else(|e| panic!("{e}"));
+        verify_replica(&m.datanodes[d], now[0].id, Some(now[0].gs), &src)
+            .unwrap_or_else(|e| panic!("{e}"));
     }
     assert!(read_cold(&m, "f") == src);
 }
@@ -90,11 +107,20 @@ fn a_truncated_replica_file_is_skipped_on_read_reported_by_fsck_and_repaired_by_
     let (src, b) = one_block_file(&m, "f", 300_000, 32);
     let dn = b.replicas[0];
     let r = replica(&m.datanodes[dn], b.id).expect("replica");
-    std::fs::OpenOptions::new().write(true).open(&r.data).unwrap().set_len(100_000).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&r.data)
+        .unwrap()
+        .set_len(100_000)
+        .unwrap();
 
-    assert!(read_cold(&m, "f") == src, "the read did not get the whole file");
     assert!(
-        !m.log_lines(&["bad replica", &format!("datanode={dn}")]).is_empty(),
+        read_cold(&m, "f") == src,
+        "the read did not get the whole file"
+    );
+    assert!(
+        !m.log_lines(&["bad replica", &format!("datanode={dn}")])
+            .is_empty(),
         "the short replica was not reported:\n{}",
         m.log()
     );
@@ -106,14 +132,18 @@ fn a_truncated_replica_file_is_skipped_on_read_reported_by_fsck_and_repaired_by_
     );
 
     let f = m.fsck(&["--repair"]);
-    assert_eq!(f.code, 0, "fsck --repair should repair everything it found: {f:?}");
+    assert_eq!(
+        f.code, 0,
+        "fsck --repair should repair everything it found: {f:?}"
+    );
     assert!(f.stdout.contains("[repaired]"), "{f:?}");
     let (code, rep) = m.fsck_json();
     assert_eq!(code, 0, "{rep}");
     let now = blocks_of(&m, "f");
     assert_eq!(now[0].replicas.len(), 3, "{now:?}");
     for &d in &now[0].replicas {
-        verify_replica(&m.datanodes[d], now[0].id, Some(now[0].gs), &src).unwrap_or_else(|e| panic!("{e}"));
+        verify_replica(&m.datanodes[d], now[0].id, Some(now[0].gs), &src)
+            .unwrap_or_else(|e| panic!("{e}"));
     }
     assert!(read_cold(&m, "f") == src);
 }
@@ -139,7 +169,8 @@ fn a_deleted_replica_is_copied_back_by_housekeeping_up_to_the_replication_factor
     assert_eq!(reps, vec![0, 1, 2], "{now:?}");
     wait_fsck_clean(&m, Duration::from_secs(5));
     assert!(
-        !m.log_lines(&["re-replicated", &format!("datanode={dn}")]).is_empty(),
+        !m.log_lines(&["re-replicated", &format!("datanode={dn}")])
+            .is_empty(),
         "re-replication not logged:\n{}",
         m.log()
     );
@@ -168,11 +199,17 @@ fn an_unreferenced_block_file_is_reported_as_orphan_by_fsck_and_removed_by_fsck_
         problems(&rep).contains(&("orphan_replica".into(), Some(999_999), Some(0))),
         "the orphan is not reported: {rep}"
     );
-    assert!(d.exists() && meta.exists(), "plain fsck must not remove anything");
+    assert!(
+        d.exists() && meta.exists(),
+        "plain fsck must not remove anything"
+    );
 
     let f = m.fsck(&["--repair"]);
     assert_eq!(f.code, 0, "{f:?}");
-    assert!(!d.exists() && !meta.exists(), "fsck --repair left the orphan's files");
+    assert!(
+        !d.exists() && !meta.exists(),
+        "fsck --repair left the orphan's files"
+    );
     let (code, rep) = m.fsck_json();
     assert_eq!(code, 0, "{rep}");
     assert!(read_cold(&m, "f") == src);
@@ -203,8 +240,14 @@ fn housekeeping_removes_unreferenced_block_files_only_after_the_grace_period() {
         (d, meta)
     };
 
-    let gone = wait_until(Duration::from_secs(6), || !old.0.exists() && !old.1.exists());
-    assert!(gone, "housekeeping did not remove the 20-minute-old orphan:\n{}", m.log());
+    let gone = wait_until(Duration::from_secs(6), || {
+        !old.0.exists() && !old.1.exists()
+    });
+    assert!(
+        gone,
+        "housekeeping did not remove the 20-minute-old orphan:\n{}",
+        m.log()
+    );
     std::thread::sleep(Duration::from_secs(2)); // more rounds
     let mut kept = Vec::new();
     for (what, (d, meta)) in [("finalized/", &fresh), ("rbw/", &fresh_rbw)] {
@@ -254,6 +297,10 @@ fn files_closed_while_housekeeping_runs_keep_their_replicas() {
         bad.len(),
         &bad[..bad.len().min(10)],
         f.stdout.lines().take(20).collect::<Vec<_>>().join("\n"),
-        m.log_lines(&["housekeeping repaired"]).into_iter().take(10).collect::<Vec<_>>().join("\n")
+        m.log_lines(&["housekeeping repaired"])
+            .into_iter()
+            .take(10)
+            .collect::<Vec<_>>()
+            .join("\n")
     );
 }

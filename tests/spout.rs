@@ -4,7 +4,7 @@
 //! -9 and one stopped with SIGSTOP mid-file; every line emitted at least
 //! once, duplicates only after takeover points, every file done, no lock
 //! left; Storm's empty-lock-file crash (STORM-2356); `.ignore` files;
-//! bad files; `--exec`; clean stop on SIGTERM; the writers' two safe ways
+//! bad files; `--exec`; clean stop on SIGTERM and SIGINT; the writers' two safe ways
 //! to publish a file.
 
 mod common;
@@ -25,13 +25,33 @@ struct Inst {
     out: PathBuf,
     err: PathBuf,
     status: Option<ExitStatus>,
+    /// Copies a throttled stdout pipe to `out`; ends at EOF.
+    pump: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Inst {
     fn spawn(m: &Mount, id: &str, args: &[&str]) -> Inst {
+        Self::spawn_with(m, id, args, None)
+    }
+
+    /// As `spawn`, but its stdout is a pipe read at about `kib_per_sec`
+    /// KiB/s: a slow consumer, so that the test can catch the instance in
+    /// the middle of a file on any machine. What the spout wrote into the
+    /// pipe before dying still reaches `out` (it was emitted).
+    fn spawn_slow(m: &Mount, id: &str, args: &[&str], kib_per_sec: u64) -> Inst {
+        Self::spawn_with(m, id, args, Some(kib_per_sec))
+    }
+
+    fn spawn_with(m: &Mount, id: &str, args: &[&str], slow: Option<u64>) -> Inst {
+        use std::io::{Read, Write};
         let out = m.dir.path().join(format!("{id}.out"));
         let err = m.dir.path().join(format!("{id}.err"));
-        let child = Command::new(bin())
+        let file = std::fs::File::create(&out).expect("create out");
+        let stdout = match slow {
+            Some(_) => Stdio::piped(),
+            None => Stdio::from(file.try_clone().expect("dup out")),
+        };
+        let mut child = Command::new(bin())
             .arg("spout")
             .arg("in")
             .args(["--done", "done", "--id", id])
@@ -39,16 +59,31 @@ impl Inst {
             .current_dir(&m.mnt)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
-            .stdout(std::fs::File::create(&out).expect("create out"))
+            .stdout(stdout)
             .stderr(std::fs::File::create(&err).expect("create err"))
             .spawn()
             .expect("spawn leasefs spout");
+        let pump = slow.map(|kib| {
+            let mut pipe = child.stdout.take().expect("stdout pipe");
+            let mut file = file;
+            std::thread::spawn(move || {
+                let mut buf = vec![0u8; 4096];
+                loop {
+                    match pipe.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => file.write_all(&buf[..n]).expect("write out"),
+                    }
+                    std::thread::sleep(Duration::from_micros(4_000_000 / kib.max(1)));
+                }
+            })
+        });
         Inst {
             id: id.to_string(),
             child,
             out,
             err,
             status: None,
+            pump,
         }
     }
 
@@ -66,6 +101,9 @@ impl Inst {
         loop {
             if let Some(st) = self.child.try_wait().expect("try_wait") {
                 self.status = Some(st);
+                if let Some(p) = self.pump.take() {
+                    let _ = p.join();
+                }
                 return st;
             }
             assert!(
@@ -88,12 +126,22 @@ impl Inst {
         );
     }
 
+    /// The complete lines of its output.
     fn stdout_lines(&self) -> Vec<String> {
-        std::fs::read_to_string(&self.out)
-            .unwrap_or_default()
-            .lines()
-            .map(str::to_string)
-            .collect()
+        self.stdout_split().0
+    }
+
+    /// (complete lines, a last line without its newline). Only an instance
+    /// killed in the middle of a write to a pipe leaves the latter: a
+    /// pipe write of more than PIPE_BUF bytes is not atomic.
+    fn stdout_split(&self) -> (Vec<String>, Option<String>) {
+        let text = std::fs::read_to_string(&self.out).unwrap_or_default();
+        let (complete, torn) = match text.rfind('\n') {
+            Some(i) => (&text[..i + 1], &text[i + 1..]),
+            None => ("", text.as_str()),
+        };
+        let torn = (!torn.is_empty()).then(|| torn.to_string());
+        (complete.lines().map(str::to_string).collect(), torn)
     }
 
     fn stderr(&self) -> String {
@@ -226,10 +274,10 @@ fn instances_killed_and_stopped_mid_file_lose_no_line() {
     ];
 
     // Commits every 5000 records (70 KB) while output is flushed every
-    // 64 KiB: a killed or stopped owner has usually emitted records past
-    // its last commit, which its successor emits again.
-    // The victim of kill -9 takes the oldest file, big-a.
-    let mut killed = Inst::spawn(&m, "killed", &common_args);
+    // 64 KiB into a slowly read pipe: a killed or stopped owner has usually
+    // emitted records past its last commit, which its successor emits
+    // again. The victim of kill -9 takes the oldest file, big-a.
+    let mut killed = Inst::spawn_slow(&m, "killed", &common_args, 1024);
     let committed = wait_committed(&m, "in/.lock/big-a", "killed");
     killed.signal(libc::SIGSTOP);
     assert!(
@@ -245,7 +293,7 @@ fn instances_killed_and_stopped_mid_file_lose_no_line() {
     );
 
     // The one to be stopped takes the next oldest, big-b.
-    let mut stopped = Inst::spawn(&m, "stopped", &common_args);
+    let mut stopped = Inst::spawn_slow(&m, "stopped", &common_args, 1024);
     wait_committed(&m, "in/.lock/big-b", "stopped");
     stopped.signal(libc::SIGSTOP);
     assert!(
@@ -294,6 +342,17 @@ fn instances_killed_and_stopped_mid_file_lose_no_line() {
 
     // Every line at least once, nothing else.
     let all: Vec<Inst> = vec![killed, stopped].into_iter().chain(others).collect();
+    for i in &all[1..] {
+        assert_eq!(i.stdout_split().1, None, "{}: torn last line", i.id);
+    }
+    if let Some(torn) = all[0].stdout_split().1 {
+        // kill -9 in the middle of a pipe write: the consumer got part of
+        // a line, and the whole line again from the successor.
+        assert!(
+            files["big-a"].iter().any(|l| l.starts_with(&torn)),
+            "`{torn}`"
+        );
+    }
     let emitted: Vec<String> = all.iter().flat_map(|i| i.stdout_lines()).collect();
     let c = counts(&emitted);
     for (name, lines) in &files {
@@ -681,10 +740,9 @@ fn files_published_by_rename_are_consumed_whole() {
     }
     std::fs::rename(m.path("stage/one"), m.path("in/one")).unwrap();
     std::fs::rename(m.path("in/two.ignore"), m.path("in/two")).unwrap();
-    assert!(wait_until(Duration::from_secs(20), || names_in(&m, "done")
-        .len()
-        == 3));
-    s.signal(libc::SIGTERM);
+    let all_done = || names_in(&m, "done").len() == 3;
+    assert!(wait_until(Duration::from_secs(20), all_done));
+    s.signal(libc::SIGINT);
     s.wait_ok(Duration::from_secs(10));
     let c = counts_owned(&s.stdout_lines());
     for w in ["one", "two", "three"] {
@@ -799,8 +857,48 @@ fn bad_arguments_give_one_line_errors() {
         plain.path().join("in/f").exists(),
         "the file off leasefs was touched"
     );
+    let made = |d: &str| plain.path().join(d).exists();
     assert!(
-        !plain.path().join("in/.lock/f").exists(),
-        "a lock was left off leasefs"
+        !made("in/.lock") && !made("done"),
+        "directories made off leasefs"
     );
+}
+
+/// A DIRLOCK whose holder is alive and renewing is never taken, however
+/// old; once the holder stops renewing (SIGSTOP), it is recovered after the
+/// soft limit, and the stopped holder is fenced.
+#[test]
+fn dirlock_of_a_renewing_holder_is_kept_until_its_lease_expires() {
+    let m = Mount::with_o(MOUNT_O);
+    setup(&m);
+    publish(&m, "a", &lines_of("a", 3));
+    std::fs::create_dir_all(m.path("in/.lock")).unwrap();
+    let mut holder = Agent::spawn(&m.mnt);
+    holder.ok("open in/.lock/DIRLOCK wac");
+    holder.ok("ioctl 0x4C01");
+    let mut s = Inst::spawn(&m, "s", &["--lock-timeout", "3", "--once"]);
+    for _ in 0..10 {
+        std::thread::sleep(Duration::from_millis(500));
+        holder.ok("ioctl 0x4C02");
+    }
+    // 5 s: DIRLOCK is older than the lock timeout, but its lease is renewed.
+    assert!(s.child.try_wait().unwrap().is_none(), "{}", s.stderr());
+    assert_eq!(
+        s.stdout_lines(),
+        lines_of("a", 3),
+        "new files need no DIRLOCK"
+    );
+    assert!(m.path("in/.lock/DIRLOCK").exists());
+    holder.signal(libc::SIGSTOP);
+    let stopped = Instant::now();
+    s.wait_ok(Duration::from_secs(15));
+    assert!(
+        stopped.elapsed() >= Duration::from_millis(1500),
+        "DIRLOCK taken {:?} after its holder stopped renewing (soft limit 2 s)",
+        stopped.elapsed()
+    );
+    assert!(s.stderr().contains("stale DIRLOCK"), "{}", s.stderr());
+    assert!(names_in(&m, "in/.lock").is_empty());
+    holder.signal(libc::SIGCONT);
+    assert_eq!(err_name(&holder.cmd("write late")), Some("EIO"));
 }

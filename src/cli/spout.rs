@@ -1,6 +1,7 @@
 //! `leasefs spout SOURCE_DIR --done DIR ...`: the command-line face of
 //! [`crate::spout::Spout`]. Records go to stdout or to `--exec CMD`;
-//! SIGINT/SIGTERM stop it cleanly (exit 0); a second signal exits at once.
+//! SIGINT, SIGTERM and SIGHUP stop it cleanly (exit 0); a second signal
+//! exits at once.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -52,7 +53,7 @@ pub struct SpoutArgs {
     pub renew_ms: u64,
 }
 
-/// Set by SIGINT/SIGTERM; read by the spout between records.
+/// Set by SIGINT/SIGTERM/SIGHUP; read by the spout between records.
 static STOP: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_signal(_: libc::c_int) {
@@ -70,7 +71,7 @@ fn install_signal_handlers() -> Result<(), String> {
         SaFlags::SA_RESTART,
         SigSet::empty(),
     );
-    for sig in [Signal::SIGINT, Signal::SIGTERM] {
+    for sig in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
         // SAFETY: the handler only touches an atomic and calls _exit.
         unsafe { sigaction(sig, &action) }.map_err(|e| format!("cannot handle {sig}: {e}"))?;
     }

@@ -86,7 +86,7 @@ pub struct Core {
     pub leases: Arc<LeaseManager>,
     pub ctx: Arc<StreamCtx>,
     pub opts: MountOptions,
-    pub bad: BadReplicas,
+    pub bad: Arc<BadReplicas>,
     pub data_dir: PathBuf,
     pub host: Arc<str>,
     pub mount_id: String,
@@ -137,7 +137,9 @@ impl Core {
             end: 0,
         };
         let leases = Arc::new(LeaseManager::new(cfg, clock, Box::new(epochs), host.clone()));
+        let bad = Arc::new(BadReplicas::default());
         let ctx = Arc::new(StreamCtx {
+            bad: bad.clone(),
             meta: meta.clone(),
             dns: dns.clone(),
             rt,
@@ -150,7 +152,7 @@ impl Core {
             leases,
             ctx,
             opts,
-            bad: BadReplicas::default(),
+            bad,
             data_dir,
             mount_id: format!("{}:{}:{}", host, std::process::id(), crate::clock::wall_ms()),
             host,
@@ -471,6 +473,7 @@ impl Core {
             return reply(Ok(()));
         };
         let stream_to_close = h.stream.clone();
+        let ino = h.ino;
         let me = self.clone();
         let finish = move |r: FsResult<()>| {
             if h.write {
@@ -488,8 +491,22 @@ impl Core {
             }
             reply(r)
         };
+        let failed = stream_to_close.as_ref().and_then(|s| s.is_failed());
         match stream_to_close {
-            Some(stream) if stream.is_failed().is_none() => {
+            // The writer is gone with its stream failed (no replica left):
+            // close the file now by recovery, before the lease moves on.
+            Some(_) if failed.as_ref().is_some_and(|e| !matches!(e, FsError::Lease(LeaseError::Fenced { .. }))) => {
+                *lock(&self.pending_closes) += 1;
+                let me = self.clone();
+                self.ctx.rt.spawn_blocking(move || {
+                    if let Err(e) = me.recover(ino, RecoveryReason::HolderGone) {
+                        tracing::error!(ino, "recovery after a failed stream: {e}");
+                    }
+                    finish(Ok(()));
+                    *lock(&me.pending_closes) -= 1;
+                });
+            }
+            Some(stream) if failed.is_none() => {
                 *lock(&self.pending_closes) += 1;
                 let me = self.clone();
                 stream.close(Box::new(move |r| {
@@ -821,6 +838,7 @@ impl Core {
             suspect: Default::default(),
             orphans: true,
             orphan_grace: Duration::ZERO,
+            grace_finalized: false,
         })
         .map_err(FsError::Io)?;
         for p in swept.problems.iter().filter(|p| p.repaired) {
@@ -853,6 +871,7 @@ impl Core {
             suspect: Default::default(),
             orphans: true,
             orphan_grace: crate::fsck::ORPHAN_GRACE,
+            grace_finalized: false,
         })
     }
 

@@ -40,6 +40,7 @@ CREATE TABLE IF NOT EXISTS blocks(
   replicas TEXT NOT NULL,
   PRIMARY KEY(ino, idx)
 ) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS blocks_by_id ON blocks(block_id);
 CREATE TABLE IF NOT EXISTS under_construction(
   ino INTEGER PRIMARY KEY,
   holder TEXT NOT NULL,

@@ -631,6 +631,16 @@ impl MetaStore {
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
+    /// Whether block `block_id` is recorded with a replica on datanode `dn`.
+    pub fn block_on(&self, block_id: u64, dn: usize) -> FsResult<bool> {
+        let c = lock(&self.conn);
+        let reps: Option<String> = c
+            .prepare_cached("SELECT replicas FROM blocks WHERE block_id = ?1")?
+            .query_row([block_id as i64], |r| r.get(0))
+            .optional()?;
+        Ok(reps.is_some_and(|r| r.split(',').any(|d| d.parse() == Ok(dn))))
+    }
+
     pub fn put_block(tx: &Connection, b: &BlockRow) -> FsResult<()> {
         tx.prepare_cached("INSERT OR REPLACE INTO blocks VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7)")?
             .execute(params![

@@ -18,10 +18,9 @@ pub fn recover_file(meta: &MetaStore, dns: &Datanodes, ino: u64) -> FsResult<u64
         // The longest prefix every live replica holds with valid checksums.
         let mut lens = Vec::new();
         for &dn in &last.replicas {
+            // A datanode marked dead (full, failing writes) may still hold a
+            // readable replica: every replica found counts.
             let Some(node) = dns.get(dn) else { continue };
-            if !dns.is_alive(dn) {
-                continue;
-            }
             match node.find(last.block_id) {
                 Some(info) if info.gs == last.gs => match node.valid_prefix(last.block_id, last.gs) {
                     Ok(n) => lens.push((dn, n)),

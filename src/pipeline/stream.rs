@@ -24,6 +24,8 @@ pub struct StreamCtx {
     pub rt: tokio::runtime::Handle,
     pub packet_size: usize,
     pub max_in_flight: usize,
+    /// Replicas found bad (reads, syncs), for housekeeping to repair.
+    pub bad: Arc<crate::pipeline::reader::BadReplicas>,
 }
 
 pub(crate) struct Packet {

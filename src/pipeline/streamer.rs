@@ -400,23 +400,49 @@ impl OutputStream {
     /// committed when it changed, and the length of a file under
     /// construction is settled from its replicas by recovery.
     fn sync_replicas(&self, pipe: &mut Pipe) -> FsResult<()> {
-        let mut tasks: Vec<Box<dyn FnOnce() -> FsResult<()> + Send>> = Vec::new();
+        // Each task says which replica it syncs: a block is durable when at
+        // least one of its replicas synced; a replica that failed is
+        // reported (and left out of the live pipeline) rather than failing
+        // the fsync while others hold the bytes.
+        let mut tasks: Vec<SyncTask> = Vec::new();
         if let Some(b) = pipe.block.as_ref() {
-            for (_, w) in &b.writers {
+            for (dn, w) in &b.writers {
                 for t in w.sync_tasks()? {
-                    tasks.push(Box::new(move || t().map_err(FsError::from)));
+                    tasks.push((Some((b.row.block_id, *dn)), Box::new(move || t().map_err(FsError::from))));
                 }
             }
         }
         for (block, gs, reps) in std::mem::take(&mut pipe.unsynced) {
             for dn in reps {
                 let Some(node) = self.ctx.dns.get(dn).cloned() else { continue };
-                tasks.push(Box::new(move || node.sync_replica(block, gs).map_err(FsError::from)));
+                tasks.push((
+                    Some((block, dn)),
+                    Box::new(move || node.sync_replica(block, gs).map_err(FsError::from)),
+                ));
             }
         }
         let meta = self.ctx.meta.clone();
-        tasks.push(Box::new(move || meta.sync_if_needed()));
-        run_parallel(&self.ctx.rt, tasks)
+        tasks.push((None, Box::new(move || meta.sync_if_needed())));
+        let mut ok_blocks = std::collections::HashSet::new();
+        let mut failed = Vec::new();
+        for (who, r) in run_parallel(&self.ctx.rt, tasks) {
+            match (who, r) {
+                (None, r) => r?,
+                (Some((block, _)), Ok(())) => {
+                    ok_blocks.insert(block);
+                }
+                (Some((block, dn)), Err(e)) => failed.push((block, dn, e)),
+            }
+        }
+        for (block, dn, e) in failed {
+            tracing::warn!(ino = self.ino, block, datanode = dn, "replica sync failed: {e}");
+            self.ctx.bad.report(block, dn);
+            self.ctx.dns.mark_dead(dn);
+            if !ok_blocks.contains(&block) {
+                return Err(FsError::Io(format!("no replica of block {block} could be synced: {e}")));
+            }
+        }
+        Ok(())
     }
 
     /// Close: finalise the last block, record the length, and end the
@@ -531,33 +557,31 @@ impl OutputStream {
     }
 }
 
+/// A piece of an fsync and the replica (block, datanode) it is about.
+type SyncTask = (Option<(u64, usize)>, Box<dyn FnOnce() -> FsResult<()> + Send>);
+
 /// Runs independent tasks on the blocking pool (reused threads, so an fsync
 /// costs no thread creation), the first one on the calling thread; returns
-/// the first error.
-fn run_parallel(
-    rt: &tokio::runtime::Handle,
-    mut tasks: Vec<Box<dyn FnOnce() -> FsResult<()> + Send>>,
-) -> FsResult<()> {
-    let Some(first) = tasks.pop() else {
-        return Ok(());
+/// each task's result with its tag.
+fn run_parallel(rt: &tokio::runtime::Handle, mut tasks: Vec<SyncTask>) -> Vec<(Option<(u64, usize)>, FsResult<()>)> {
+    let Some((tag, first)) = tasks.pop() else {
+        return Vec::new();
     };
     let (tx, rx) = std::sync::mpsc::channel();
     let n = tasks.len();
-    for t in tasks {
+    for (tag, t) in tasks {
         let tx = tx.clone();
         rt.spawn_blocking(move || {
-            let _ = tx.send(t());
+            let _ = tx.send((tag, t()));
         });
     }
     drop(tx);
-    let mut result = first();
+    let mut out = vec![(tag, first())];
     for _ in 0..n {
-        let r = rx
-            .recv()
-            .unwrap_or_else(|_| Err(FsError::Io("sync task lost".into())));
-        if result.is_ok() {
-            result = r;
+        match rx.recv() {
+            Ok(r) => out.push(r),
+            Err(_) => out.push((None, Err(FsError::Io("sync task lost".into())))),
         }
     }
-    result
+    out
 }

@@ -1,6 +1,7 @@
 //! The run loop of one spout: pick a file (an idle lock to take over
 //! first, else the oldest new file), consume it, repeat.
 
+use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -37,6 +38,10 @@ pub(super) struct Run<'a> {
     emitter: &'a mut dyn Emitter,
     stop: &'a AtomicBool,
     renewer: Renewer,
+    /// Candidates from the last listing, oldest first. A directory is
+    /// listed again only once they are used up, so picking each of N files
+    /// does not cost a listing of N entries (N² for the directory).
+    queue: VecDeque<PathBuf>,
 }
 
 fn not_leasefs(path: &Path, e: std::io::Error) -> SpoutError {
@@ -77,6 +82,7 @@ impl<'a> Run<'a> {
             emitter,
             stop,
             renewer,
+            queue: VecDeque::new(),
         })
     }
 
@@ -220,10 +226,17 @@ impl<'a> Run<'a> {
     /// Storm's second step: the oldest candidate that can be locked.
     fn claim_new(&mut self) -> Result<Option<Claim>, SpoutError> {
         let src = &self.layout.source;
-        let candidates = dirs::list_candidates(src).map_err(|e| SpoutError::io(src, e))?;
-        for path in candidates {
+        if self.queue.is_empty() {
+            self.queue = dirs::list_candidates(src)
+                .map_err(|e| SpoutError::io(src, e))?
+                .into();
+        }
+        while let Some(path) = self.queue.pop_front() {
             if self.stopping() {
                 return Ok(None);
+            }
+            if std::fs::symlink_metadata(&path).is_err() {
+                continue; // claimed by another instance since the listing
             }
             let Some(name) = path
                 .file_name()
@@ -324,6 +337,16 @@ impl<'a> Run<'a> {
         }
         let to = match dirs::move_into(data, dir, name) {
             Ok(to) => to,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                // Our predecessor, resumed after we took its lock over,
+                // finished the file and moved it (renames are not fenced).
+                // Every record was emitted, by it or by us.
+                tracing::warn!("{name} was already moved by its previous owner");
+                if let Err(e) = lock.release() {
+                    tracing::warn!("could not delete the lock of {name}: {e}");
+                }
+                return Ok(true);
+            }
             Err(e) => {
                 lock.abandon();
                 return Err(SpoutError::io(data, e));

@@ -71,6 +71,33 @@ pub fn is_being_written(path: &Path) -> bool {
         .unwrap_or(false)
 }
 
+/// Whether `dir` is on a leasefs mount: every node there, directories
+/// included, has the virtual `user.leasefs.lease` attribute. Checked at
+/// start so that a spout pointed elsewhere fails at once, not at its first
+/// claim (or never, with `--once` on an empty directory).
+pub fn check_leasefs(dir: &Path) -> std::io::Result<()> {
+    let p = CString::new(dir.as_os_str().as_bytes())?;
+    // SAFETY: a valid C string; size 0 asks for the value's length only.
+    let n = unsafe {
+        libc::getxattr(
+            p.as_ptr(),
+            c"user.leasefs.lease".as_ptr(),
+            std::ptr::null_mut(),
+            0,
+        )
+    };
+    if n < 0 {
+        let e = std::io::Error::last_os_error();
+        if matches!(e.raw_os_error(), Some(libc::ENODATA) | Some(libc::ENOTSUP)) {
+            return Err(std::io::Error::other(
+                "it has no user.leasefs.lease attribute",
+            ));
+        }
+        return Err(e);
+    }
+    Ok(())
+}
+
 /// `source/NAME.inprogress`.
 pub fn inprogress_path(source: &Path, name: &str) -> PathBuf {
     source.join(format!("{name}{INPROGRESS}"))

@@ -27,12 +27,11 @@ pub enum SpoutError {
         path: PathBuf,
         source_dir: PathBuf,
     },
-    /// The lock directory does not support leasefs' client-renewal ioctl:
-    /// without it a stopped instance could never be told apart from a
-    /// live one, so the spout refuses to run.
-    #[error(
-        "{path} is not on a leasefs mount (client-renewal ioctl failed: {source}); the spout's locks need leasefs leases"
-    )]
+    /// The lock directory is not on leasefs (no lease attribute, or the
+    /// client-renewal ioctl is refused): without leases a stopped instance
+    /// could never be told apart from a live one, so the spout refuses to
+    /// run.
+    #[error("{path} is not on a leasefs mount ({source}); the spout's locks need leasefs leases")]
     NotLeasefs {
         path: PathBuf,
         source: std::io::Error,

@@ -32,6 +32,15 @@
 //!     .once(true)
 //!     .run(&mut StdoutEmitter::stdout(), &stop)?;
 //! eprintln!("{stats}");
+//!
+//! // Any closure taking a record (a line without its newline) is an emitter.
+//! let mut bytes = 0;
+//! Spout::new("/mnt/lfs/in", "/mnt/lfs/done")
+//!     .once(true)
+//!     .run(&mut |line: &[u8]| -> Result<(), leasefs::spout::EmitError> {
+//!         bytes += line.len();
+//!         Ok(())
+//!     }, &stop)?;
 //! # Ok::<(), leasefs::spout::SpoutError>(())
 //! ```
 
@@ -222,6 +231,11 @@ impl Spout {
                 source.display()
             )));
         }
+        let not_leasefs = |path: &Path, e| SpoutError::NotLeasefs {
+            path: path.to_path_buf(),
+            source: e,
+        };
+        dirs::check_leasefs(source).map_err(|e| not_leasefs(source, e))?;
         let layout = Layout {
             source: source.clone(),
             done: self.done_dir.clone(),
@@ -234,29 +248,43 @@ impl Spout {
                 .clone()
                 .unwrap_or_else(|| source.join(DEFAULT_LOCK_DIR)),
         };
-        for (what, dir) in [
+        let dirs = [
             ("done", &layout.done),
             ("bad", &layout.bad),
             ("lock", &layout.locks),
-        ] {
-            make_dir(what, dir)?;
-            if what != "lock" {
-                let dev = std::fs::metadata(dir).map_err(|e| SpoutError::Dir {
+        ];
+        // Checked before anything is created: a wrong path leaves nothing.
+        for (what, dir) in &dirs[..2] {
+            if nearest_dev(dir) != Some(meta.dev()) {
+                return Err(SpoutError::CrossDevice {
                     what,
-                    path: dir.clone(),
-                    source: e,
-                })?;
-                if dev.dev() != meta.dev() {
-                    return Err(SpoutError::CrossDevice {
-                        what,
-                        path: dir.clone(),
-                        source_dir: source.clone(),
-                    });
-                }
+                    path: dir.to_path_buf(),
+                    source_dir: source.clone(),
+                });
             }
         }
+        for (what, dir) in dirs {
+            make_dir(what, dir)?;
+        }
+        dirs::check_leasefs(&layout.locks).map_err(|e| not_leasefs(&layout.locks, e))?;
         Ok(layout)
     }
+}
+
+/// The device of `dir`, or of its nearest existing ancestor when it does
+/// not exist yet (it would be created there).
+fn nearest_dev(dir: &Path) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    dir.ancestors()
+        .find_map(|a| {
+            std::fs::metadata(if a.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                a
+            })
+            .ok()
+        })
+        .map(|m| m.dev())
 }
 
 fn make_dir(what: &'static str, dir: &Path) -> Result<(), SpoutError> {

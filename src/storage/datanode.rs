@@ -606,6 +606,14 @@ impl Datanode {
     /// probe file in `tmp/` is written, fsynced and removed) and returns the
     /// bytes free for unprivileged use.
     pub fn heartbeat(&self) -> Result<u64, StorageError> {
+        // A datanode whose directory came back (recreated, remounted) gets
+        // its layout again; a root that is gone stays dead rather than
+        // being recreated on whatever filesystem lies below it.
+        if self.root.is_dir() {
+            for d in [&self.tmp, self.dir(ReplicaState::Rbw), self.dir(ReplicaState::Finalized)] {
+                fs::create_dir_all(d).map_err(|e| StorageError::io(d, e))?;
+            }
+        }
         let seq = TMP_SEQ.fetch_add(1, Ordering::Relaxed);
         let probe = self
             .tmp
@@ -625,6 +633,20 @@ impl Datanode {
         let st = nix::sys::statvfs::statvfs(&self.root)
             .map_err(|e| StorageError::io(&self.root, io::Error::from(e)))?;
         Ok((st.blocks_available() as u64).saturating_mul(st.fragment_size() as u64))
+    }
+
+    /// Where replica `block`@`gs` is and how long its data is, from a few
+    /// `stat`s (no directory scan unless it is missing or stale, which the
+    /// error then says).
+    pub fn stat_replica(&self, block: u64, gs: u64) -> Result<(ReplicaState, u64), StorageError> {
+        let loc = self.locate(block, gs)?;
+        let state = if loc.data_in == ReplicaState::Finalized && loc.meta_in == ReplicaState::Finalized {
+            ReplicaState::Finalized
+        } else {
+            ReplicaState::Rbw
+        };
+        let len = stat_len(&self.data_path(loc.data_in, block))?;
+        Ok((state, len))
     }
 
     /// Removes everything left in `tmp/` (copies interrupted by a crash).
