@@ -526,7 +526,7 @@ fn the_leader_resigns_when_its_command_exits_and_the_audit_table_is_queryable() 
     let o = m.leasefs(&["elect", "/", "--id", "x"]);
     assert_eq!(o.status.code(), Some(2));
     assert_eq!(String::from_utf8_lossy(&o.stderr).lines().count(), 1, "{o:?}");
-    let o = m.leasefs(&["elect", dir.to_str().expect("utf-8"), "--id", "x", "--renew-ms", "5000"]);
+    let o = m.leasefs(&["elect", dir.to_str().expect("utf-8"), "--id", "x", "--lease-ms", "2000", "--renew-ms", "5000"]);
     assert_eq!(o.status.code(), Some(2), "{o:?}");
 }
 

@@ -242,14 +242,14 @@ impl Core {
                 keep_cache: !direct_io,
             }));
         }
-        let (tgid, comm) = proc_info::identity(caller.pid);
-        if let Err(e) = self.check_fence(proc_info::pgid(tgid)) {
+        let who = proc_info::identity(caller.pid);
+        if let Err(e) = self.check_fence(who.pgid) {
             return reply(Err(e));
         }
         let holder = Holder {
             host: self.host.clone(),
-            pid: tgid,
-            comm: comm.clone(),
+            pid: who.tgid,
+            comm: who.comm.clone(),
             handle: fh,
             opened_wall_ms: crate::clock::wall_ms(),
         };
@@ -257,7 +257,7 @@ impl Core {
         let cont: Box<dyn FnOnce(Result<Grant, LeaseError>) + Send> = Box::new(move |g| {
             me.waiter_tids.remove(&fh);
             match g {
-                Ok(grant) => me.granted(ino, fh, flags, tgid, comm, grant, reply),
+                Ok(grant) => me.granted(ino, fh, flags, who, grant, reply),
                 Err(e) => reply(Err(e.into())),
             }
         });
@@ -310,8 +310,7 @@ impl Core {
         ino: u64,
         fh: u64,
         flags: i32,
-        tgid: u32,
-        comm: String,
+        who: proc_info::Ident,
         grant: Grant,
         reply: Reply<Opened>,
     ) {
@@ -324,9 +323,9 @@ impl Core {
         };
         let uc = UnderConstruction {
             ino,
-            holder: format!("{}:{}", self.host, tgid),
-            pid: tgid,
-            comm,
+            holder: format!("{}:{}", self.host, who.tgid),
+            pid: who.tgid,
+            comm: who.comm,
             epoch: grant.epoch,
             mount_id: self.mount_id.clone(),
             since_ms: crate::clock::wall_ms(),
@@ -343,8 +342,8 @@ impl Core {
             write: true,
             append: flags & libc::O_APPEND != 0,
             epoch: grant.epoch,
-            tgid,
-            pgid: proc_info::pgid(tgid),
+            tgid: who.tgid,
+            pgid: who.pgid,
             flushed: Default::default(),
             stream: Some(stream.clone()),
         };
@@ -486,7 +485,7 @@ impl Core {
                 me.leases.release(h.ino, h.fh);
             }
             me.drop_open(h.ino);
-            if h.write {
+            if h.write && h.stream.as_ref().is_some_and(|s| s.is_dirty()) {
                 me.invalidate(h.ino);
             }
             reply(r)
@@ -581,7 +580,7 @@ impl Core {
             .and_then(|f| self.handle(f).ok())
             .filter(|h| h.write)
             .or_else(|| {
-                let (tgid, _) = proc_info::identity(caller.pid);
+                let tgid = proc_info::identity(caller.pid).tgid;
                 self.handles
                     .iter()
                     .find(|h| h.ino == ino && h.write && h.tgid == tgid)

@@ -2,29 +2,34 @@
 //! holder's identity, and whether a waiting opener has a signal pending
 //! (fuser does not pass FUSE_INTERRUPT on, so Ctrl-C is noticed here).
 
-/// Thread-group id and process name of the thread `tid`.
-pub fn identity(tid: u32) -> (u32, String) {
-    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).unwrap_or_default();
-    let mut tgid = tid;
-    let mut comm = String::new();
-    for line in status.lines() {
-        if let Some(v) = line.strip_prefix("Tgid:") {
-            tgid = v.trim().parse().unwrap_or(tid);
-        } else if let Some(v) = line.strip_prefix("Name:") {
-            comm = v.trim().to_string();
-        }
-    }
-    (tgid, comm)
+/// Who a request comes from, as the lease holder is recorded.
+#[derive(Debug, Clone, Default)]
+pub struct Ident {
+    /// Thread-group id: the process, whichever of its threads asked.
+    pub tgid: u32,
+    pub comm: String,
+    /// Process group (election fencing); 0 when unknown.
+    pub pgid: u32,
 }
 
-/// Process group of `pid` (0 when unknown).
-pub fn pgid(pid: u32) -> u32 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the parenthesised name: state ppid pgrp ...
-    stat.rsplit_once(')')
-        .and_then(|(_, rest)| rest.split_whitespace().nth(2))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
+/// Identity of thread `tid`, from one read of `/proc/<tid>/status`.
+pub fn identity(tid: u32) -> Ident {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).unwrap_or_default();
+    let mut id = Ident {
+        tgid: tid,
+        ..Ident::default()
+    };
+    for line in status.lines() {
+        if let Some(v) = line.strip_prefix("Tgid:") {
+            id.tgid = v.trim().parse().unwrap_or(tid);
+        } else if let Some(v) = line.strip_prefix("Name:") {
+            id.comm = v.trim().to_string();
+        } else if let Some(v) = line.strip_prefix("NSpgid:") {
+            // One value per pid namespace, ours (the outermost here) first.
+            id.pgid = v.split_whitespace().next().and_then(|p| p.parse().ok()).unwrap_or(0);
+        }
+    }
+    id
 }
 
 /// Signals whose default action neither ends the process nor interrupts
@@ -64,6 +69,14 @@ pub fn signal_pending(tid: u32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn identity_of_this_process() {
+        let id = identity(std::process::id());
+        assert_eq!(id.tgid, std::process::id());
+        assert!(!id.comm.is_empty());
+        assert_eq!(id.pgid, nix::unistd::getpgrp().as_raw() as u32);
+    }
 
     #[test]
     fn own_thread_has_no_interrupting_signal() {

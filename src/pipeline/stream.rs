@@ -367,6 +367,11 @@ impl OutputStream {
         record()
     }
 
+    /// Written or truncated through at all.
+    pub fn is_dirty(&self) -> bool {
+        lock(&self.st).dirty
+    }
+
     pub fn is_failed(&self) -> Option<FsError> {
         lock(&self.st).failed.clone()
     }
