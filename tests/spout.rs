@@ -419,7 +419,9 @@ fn instances_killed_and_stopped_mid_file_lose_no_line() {
 /// Storm's STORM-2356: a lock file left empty (its owner died right after
 /// creating it) crashed the spout. Here it is taken over from offset 0, a
 /// lock file whose last line was cut short resumes at the last complete
-/// entry, and a garbled one from 0.
+/// entry, and a garbled one from 0. A lock left by an owner that died
+/// between moving its file to done and deleting the lock is deleted; a new
+/// file of the same name published since is consumed from its start.
 #[test]
 fn empty_truncated_and_garbled_lock_files_are_taken_over() {
     let m = Mount::with_o(MOUNT_O);
@@ -427,36 +429,41 @@ fn empty_truncated_and_garbled_lock_files_are_taken_over() {
     let e = lines_of("empty", 5);
     let t = lines_of("trunc", 5);
     let g = lines_of("garbl", 5);
+    let r = lines_of("reborn", 5);
     publish(&m, "empty", &e);
     publish(&m, "trunc", &t);
     publish(&m, "garbl", &g);
+    publish(&m, "reborn", &r);
     // Owners died after locking: `empty` was not even renamed yet.
     m.sh_ok(
         "mkdir -p in/.lock && mv in/trunc in/trunc.inprogress && mv in/garbl in/garbl.inprogress \
          && : > in/.lock/empty \
          && printf '1000,old,0\\n2000,old,28\\n3000,old,4' > in/.lock/trunc \
          && printf 'x\\0y,,\\n' > in/.lock/garbl \
-         && touch -d '-1 hour' in/.lock/empty in/.lock/trunc in/.lock/garbl",
+         && printf '1000,old,0\\n2000,old,75\\n' > in/.lock/reborn \
+         && printf '1000,old,0\\n2000,old,75\\n' > in/.lock/finished \
+         && touch -d '-1 hour' in/.lock/*",
     );
     let mut s = Inst::spawn(&m, "s", &["--lock-timeout", "3", "--once"]);
     s.wait_ok(Duration::from_secs(30));
     let out = s.stdout_lines();
-    let mut want: Vec<String> = e.iter().chain(&t[2..]).chain(&g).cloned().collect();
+    let mut want: Vec<String> = e
+        .iter()
+        .chain(&t[2..])
+        .chain(&g)
+        .chain(&r)
+        .cloned()
+        .collect();
     want.sort();
     let mut got = out.clone();
     got.sort();
     assert_eq!(got, want, "stderr:\n{}", s.stderr());
     let mut tk = s.takeovers();
     tk.sort();
-    assert_eq!(
-        tk,
-        [
-            ("empty".to_string(), 0),
-            ("garbl".to_string(), 0),
-            ("trunc".to_string(), 28)
-        ]
-    );
-    assert_eq!(names_in(&m, "done"), ["empty", "garbl", "trunc"]);
+    let want_tk = [("empty", 0), ("garbl", 0), ("reborn", 0), ("trunc", 28)];
+    assert_eq!(tk, want_tk.map(|(n, o)| (n.to_string(), o)));
+    assert!(s.stderr().contains("finished is gone"), "{}", s.stderr());
+    assert_eq!(names_in(&m, "done"), ["empty", "garbl", "reborn", "trunc"]);
     assert!(names_in(&m, "in/.lock").is_empty());
 }
 

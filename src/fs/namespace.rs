@@ -11,6 +11,9 @@ pub const XATTR_LEASE: &str = "user.leasefs.lease";
 pub const XATTR_EPOCH: &str = "user.leasefs.epoch";
 pub const XATTR_STREAM: &str = "user.leasefs.stream";
 pub const XATTR_DATA: &str = "user.leasefs.data";
+/// On the mount root: the soft limit in milliseconds, so clients that renew
+/// their own leases (spout, elect) can pick a safe renewal interval.
+pub const XATTR_SOFT_LIMIT: &str = "user.leasefs.soft_limit_ms";
 
 const NAME_MAX: usize = 255;
 
@@ -173,6 +176,7 @@ impl Core {
                 .map(String::into_bytes)
                 .ok_or(FsError::NoXattr),
             XATTR_DATA if ino == ROOT_INO => Ok(self.data_dir.to_string_lossy().into_owned().into_bytes()),
+            XATTR_SOFT_LIMIT if ino == ROOT_INO => Ok(self.opts.soft_limit.as_millis().to_string().into_bytes()),
             _ => self.meta.getxattr(ino, name),
         }
     }

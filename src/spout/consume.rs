@@ -184,7 +184,7 @@ impl<'a> Run<'a> {
                 || "no entry (empty or truncated lock file)".to_string(),
                 |e| format!("last entry by {} at {}", e.spout_id, e.time_ms),
             );
-            let Some(data) = self.data_file_of(&name)? else {
+            let Some((data, renamed_now)) = self.data_file_of(&name)? else {
                 tracing::warn!(
                     "took over idle lock {} ({prev}) but {name} is gone from the source directory (finished by its last owner); deleting the lock",
                     path.display()
@@ -193,6 +193,21 @@ impl<'a> Run<'a> {
                     tracing::warn!("could not delete {}: {e}", path.display());
                 }
                 continue;
+            };
+            // An owner emits nothing before its rename to `.inprogress`: a
+            // file still under its plain name was never read (or is a new
+            // file of the same name, published after an owner died between
+            // its move to done and its lock's deletion). Start it at 0, and
+            // record that before anything else.
+            let resume_from = if renamed_now && resume_from > 0 {
+                if let Err(e) = lock.commit(0, wall_ms()) {
+                    tracing::warn!("cannot reset {}: {e}", path.display());
+                    lock.abandon();
+                    continue;
+                }
+                0
+            } else {
+                resume_from
             };
             tracing::warn!(
                 "took over idle lock {} of {name} ({prev}); resuming at offset {resume_from}",
@@ -209,15 +224,16 @@ impl<'a> Run<'a> {
     }
 
     /// The data file of a taken-over lock: `NAME.inprogress`, or `NAME`
-    /// (renamed now) when its owner died between locking and renaming.
-    fn data_file_of(&self, name: &str) -> Result<Option<PathBuf>, SpoutError> {
+    /// (renamed now, and `true`) when its owner died between locking and
+    /// renaming.
+    fn data_file_of(&self, name: &str) -> Result<Option<(PathBuf, bool)>, SpoutError> {
         let src = &self.layout.source;
         let inprogress = dirs::inprogress_path(src, name);
         if inprogress.exists() {
-            return Ok(Some(inprogress));
+            return Ok(Some((inprogress, false)));
         }
         match std::fs::rename(src.join(name), &inprogress) {
-            Ok(()) => Ok(Some(inprogress)),
+            Ok(()) => Ok(Some((inprogress, true))),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(SpoutError::io(src.join(name), e)),
         }

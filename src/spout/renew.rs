@@ -230,3 +230,17 @@ impl Drop for RenewedLease {
         lock(&self.inner.entries).remove(&self.key);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn off_leasefs_client_renewal_is_refused() {
+        let f = tempfile::tempfile().unwrap();
+        let r = Renewer::start(Duration::from_millis(10)).unwrap();
+        let e = r.adopt(f).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOTTY), "{e}");
+        assert!(lock(&r.inner.entries).is_empty());
+    }
+}
