@@ -40,7 +40,9 @@ impl Default for MountOptions {
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum OptionError {
-    #[error("unknown mount option '{0}' (known: soft_limit, hard_limit, monitor_interval, lease_wait, block_size, packet_size, max_packets_in_flight, housekeeping_interval)")]
+    #[error(
+        "unknown mount option '{0}' (known: soft_limit, hard_limit, monitor_interval, lease_wait, block_size, packet_size, max_packets_in_flight, housekeeping_interval)"
+    )]
     Unknown(String),
     #[error("mount option '{key}' has a bad value '{value}': {why}")]
     BadValue {
@@ -68,7 +70,8 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     let n: u64 = num
         .parse()
         .map_err(|_| "expected a whole number with an optional K/M/G suffix".to_string())?;
-    n.checked_mul(mult).ok_or_else(|| "size too large".to_string())
+    n.checked_mul(mult)
+        .ok_or_else(|| "size too large".to_string())
 }
 
 /// Parses seconds: a whole or decimal number, optionally ending in `s`.
@@ -77,7 +80,7 @@ pub fn parse_secs(s: &str) -> Result<Duration, String> {
     let v: f64 = t
         .parse()
         .map_err(|_| "expected a number of seconds".to_string())?;
-    if !v.is_finite() || v < 0.0 || v > 1e9 {
+    if !v.is_finite() || !(0.0..=1e9).contains(&v) {
         return Err("seconds must be between 0 and 1e9".into());
     }
     Ok(Duration::from_secs_f64(v))
@@ -97,7 +100,9 @@ impl MountOptions {
                 "soft_limit" => self.soft_limit = parse_secs(value).map_err(bad)?,
                 "hard_limit" => self.hard_limit = parse_secs(value).map_err(bad)?,
                 "monitor_interval" => self.monitor_interval = parse_secs(value).map_err(bad)?,
-                "housekeeping_interval" => self.housekeeping_interval = parse_secs(value).map_err(bad)?,
+                "housekeeping_interval" => {
+                    self.housekeeping_interval = parse_secs(value).map_err(bad)?
+                }
                 "lease_wait" => {
                     let d = parse_secs(value).map_err(bad)?;
                     self.lease_wait = if d.is_zero() { None } else { Some(d) };
@@ -124,8 +129,8 @@ impl MountOptions {
                 "noexec" => self.kernel_flags.push(fuser::MountOption::NoExec),
                 "noatime" => self.kernel_flags.push(fuser::MountOption::NoAtime),
                 "dirsync" => self.kernel_flags.push(fuser::MountOption::DirSync),
-                "rw" | "exec" | "nosuid" | "nodev" | "atime" | "relatime" | "defaults" | "_netdev"
-                | "nofail" | "auto" | "noauto" | "user" | "users" | "nouser" => {}
+                "rw" | "exec" | "nosuid" | "nodev" | "atime" | "relatime" | "defaults"
+                | "_netdev" | "nofail" | "auto" | "noauto" | "user" | "users" | "nouser" => {}
                 _ => return Err(OptionError::Unknown(key.to_string())),
             }
         }
@@ -140,14 +145,17 @@ impl MountOptions {
                 why: why.into(),
             })
         };
-        if self.packet_size < 512 || self.packet_size % 512 != 0 || self.packet_size > 16 << 20 {
+        if self.packet_size < 512
+            || !self.packet_size.is_multiple_of(512)
+            || self.packet_size > 16 << 20
+        {
             return bad(
                 "packet_size",
                 self.packet_size.to_string(),
                 "must be a multiple of 512 between 512 and 16M",
             );
         }
-        if self.block_size % self.packet_size != 0 || self.block_size < self.packet_size {
+        if !self.block_size.is_multiple_of(self.packet_size) || self.block_size < self.packet_size {
             return bad(
                 "block_size",
                 self.block_size.to_string(),

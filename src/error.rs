@@ -27,7 +27,9 @@ pub enum FsError {
     Access,
     #[error("invalid argument: {0}")]
     Invalid(String),
-    #[error("write at offset {got} but the file's end for this handle is {expected}: leasefs files are append-only")]
+    #[error(
+        "write at offset {got} but the file's end for this handle is {expected}: leasefs files are append-only"
+    )]
     OutOfOrderWrite { expected: u64, got: u64 },
     #[error("no such attribute")]
     NoXattr,

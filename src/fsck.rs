@@ -63,7 +63,11 @@ pub struct Report {
 impl Report {
     /// 0 healthy (or everything repaired), 1 problems remain.
     pub fn exit_code(&self) -> u8 {
-        if self.problems.iter().all(|p| p.repaired) { 0 } else { 1 }
+        if self.problems.iter().all(|p| p.repaired) {
+            0
+        } else {
+            1
+        }
     }
 
     pub fn summary(&self) -> String {
@@ -123,7 +127,7 @@ struct Progress {
 impl Progress {
     fn tick(&mut self) {
         self.done += 1;
-        if self.on && (self.done % 64 == 0 || self.done == self.total) {
+        if self.on && (self.done.is_multiple_of(64) || self.done == self.total) {
             let width = 30;
             let filled = width * self.done / self.total.max(1);
             eprint!(
@@ -152,7 +156,11 @@ pub fn run(c: &Check<'_>) -> Result<Report, String> {
         if !c.dns.is_alive(i) {
             r.problems.push(Problem {
                 kind: ProblemKind::DeadDatanode,
-                path: c.dns.get(i).map(|d| d.root.display().to_string()).unwrap_or_default(),
+                path: c
+                    .dns
+                    .get(i)
+                    .map(|d| d.root.display().to_string())
+                    .unwrap_or_default(),
                 block: None,
                 datanode: Some(i),
                 detail: "datanode failed its heartbeat".into(),
@@ -171,7 +179,10 @@ pub fn run(c: &Check<'_>) -> Result<Report, String> {
     };
     let mut paths: HashMap<u64, String> = HashMap::new();
     for b in &blocks {
-        let path = paths.entry(b.ino).or_insert_with(|| c.meta.path_of(b.ino)).clone();
+        let path = paths
+            .entry(b.ino)
+            .or_insert_with(|| c.meta.path_of(b.ino))
+            .clone();
         check_block(c, b, &path, &mut r);
         progress.tick();
     }
@@ -191,7 +202,10 @@ pub fn run(c: &Check<'_>) -> Result<Report, String> {
                 path,
                 block: None,
                 datanode: None,
-                detail: format!("under construction by {} ({}) with no live lease", uc.holder, uc.comm),
+                detail: format!(
+                    "under construction by {} ({}) with no live lease",
+                    uc.holder, uc.comm
+                ),
                 repaired: false,
             };
             if c.repair {
@@ -215,7 +229,11 @@ fn check_block(c: &Check<'_>, b: &BlockRow, path: &str, r: &mut Report) {
     for &dn in &b.replicas {
         r.replicas += 1;
         let Some(node) = c.dns.get(dn) else {
-            bad.push((dn, ProblemKind::MissingReplica, format!("datanode {dn} is not configured")));
+            bad.push((
+                dn,
+                ProblemKind::MissingReplica,
+                format!("datanode {dn} is not configured"),
+            ));
             continue;
         };
         if !c.dns.is_alive(dn) {
@@ -225,7 +243,11 @@ fn check_block(c: &Check<'_>, b: &BlockRow, path: &str, r: &mut Report) {
         let data_len = match node.stat_replica(b.block_id, b.gs) {
             Ok((_, len)) => len,
             Err(StorageError::StaleGenStamp { found, .. }) => {
-                bad.push((dn, ProblemKind::StaleReplica, format!("generation stamp {found} (expected {})", b.gs)));
+                bad.push((
+                    dn,
+                    ProblemKind::StaleReplica,
+                    format!("generation stamp {found} (expected {})", b.gs),
+                ));
                 continue;
             }
             Err(StorageError::Missing { .. }) => {
@@ -243,7 +265,11 @@ fn check_block(c: &Check<'_>, b: &BlockRow, path: &str, r: &mut Report) {
             continue;
         }
         if data_len != b.len {
-            bad.push((dn, ProblemKind::BadLength, format!("length {data_len} (expected {})", b.len)));
+            bad.push((
+                dn,
+                ProblemKind::BadLength,
+                format!("length {data_len} (expected {})", b.len),
+            ));
             continue;
         }
         if !c.deep && !c.suspect.contains(&(b.block_id, dn)) {
@@ -252,7 +278,11 @@ fn check_block(c: &Check<'_>, b: &BlockRow, path: &str, r: &mut Report) {
         }
         match node.valid_prefix(b.block_id, b.gs) {
             Ok(n) if n >= b.len => good.push(dn),
-            Ok(n) => bad.push((dn, ProblemKind::CorruptReplica, format!("checksum mismatch at byte {n}"))),
+            Ok(n) => bad.push((
+                dn,
+                ProblemKind::CorruptReplica,
+                format!("checksum mismatch at byte {n}"),
+            )),
             Err(e) => bad.push((dn, ProblemKind::CorruptReplica, e.to_string())),
         }
     }
@@ -306,7 +336,8 @@ fn check_block(c: &Check<'_>, b: &BlockRow, path: &str, r: &mut Report) {
             row.replicas = now.clone();
             p.repaired = now.len() >= want;
             if !p.repaired {
-                p.detail.push_str(&format!("; only {} datanodes could take a copy", now.len()));
+                p.detail
+                    .push_str(&format!("; only {} datanodes could take a copy", now.len()));
             }
         }
         r.problems.push(p);
@@ -336,7 +367,11 @@ pub fn replicate(dns: &Datanodes, b: &BlockRow, good: &[usize], want: usize) -> 
                 tracing::info!(block = b.block_id, datanode = dn, "block re-replicated");
                 added.push(dn);
             }
-            Err(e) => tracing::warn!(block = b.block_id, datanode = dn, "re-replication failed: {e}"),
+            Err(e) => tracing::warn!(
+                block = b.block_id,
+                datanode = dn,
+                "re-replication failed: {e}"
+            ),
         }
     }
     added
@@ -352,7 +387,9 @@ fn orphans(c: &Check<'_>, blocks: &[BlockRow], r: &mut Report) {
         }
         let Ok(list) = node.list() else { continue };
         for info in list {
-            let referenced = known.get(&info.block).is_some_and(|b| b.replicas.contains(&i));
+            let referenced = known
+                .get(&info.block)
+                .is_some_and(|b| b.replicas.contains(&i));
             if referenced || c.busy_blocks.contains(&info.block) {
                 continue;
             }

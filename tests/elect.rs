@@ -191,8 +191,17 @@ fn history(m: &Mount, dir: &str) -> Vec<Value> {
     if !dir.exists() {
         return Vec::new(); // no elector has created it yet
     }
-    let out = m.leasefs(&["elect", dir.to_str().expect("utf-8 path"), "--history", "--json"]);
-    assert!(out.status.success(), "--history failed: {}", String::from_utf8_lossy(&out.stderr));
+    let out = m.leasefs(&[
+        "elect",
+        dir.to_str().expect("utf-8 path"),
+        "--history",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "--history failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice::<Vec<Value>>(&out.stdout).expect("history JSON")
 }
 
@@ -242,7 +251,10 @@ fn check_terms(h: &[Value], lines: &[(u64, String)]) {
     let mut last = 0;
     for e in &elected {
         let epoch = e["epoch"].as_u64().expect("epoch");
-        assert!(epoch > last, "elected epochs do not increase: {epoch} after {last}\n{h:#?}");
+        assert!(
+            epoch > last,
+            "elected epochs do not increase: {epoch} after {last}\n{h:#?}"
+        );
         last = epoch;
         by_epoch.insert(epoch, e["who"].as_str().unwrap_or("").to_string());
     }
@@ -252,8 +264,10 @@ fn check_terms(h: &[Value], lines: &[(u64, String)]) {
         let (e1, e2) = (pair[0]["epoch"].as_u64(), pair[1]["epoch"].as_u64());
         let next = pos(&|v| v["event"] == "elected" && v["epoch"].as_u64() == e2).expect("elected");
         let end = pos(&|v| {
-            matches!(v["event"].as_str(), Some("resigned" | "lost" | "expired" | "preempted"))
-                && v["epoch"].as_u64() == e1
+            matches!(
+                v["event"].as_str(),
+                Some("resigned" | "lost" | "expired" | "preempted")
+            ) && v["epoch"].as_u64() == e1
         });
         assert!(
             end.is_some_and(|i| i < next),
@@ -263,7 +277,10 @@ fn check_terms(h: &[Value], lines: &[(u64, String)]) {
     let mut last = 0;
     let mut owner: HashMap<u64, &str> = HashMap::new();
     for (i, (epoch, id)) in lines.iter().enumerate() {
-        assert!(*epoch >= last, "journal line {i}: epoch {epoch} after {last}");
+        assert!(
+            *epoch >= last,
+            "journal line {i}: epoch {epoch} after {last}"
+        );
         last = *epoch;
         let o = owner.entry(*epoch).or_insert(id);
         assert_eq!(o, id, "journal epoch {epoch} written by two ids");
@@ -292,7 +309,9 @@ fn strs(v: &[String]) -> Vec<&str> {
 }
 
 fn pgid_of(rec: &Value) -> u32 {
-    rec["pgid"].as_u64().expect("record names the command's group") as u32
+    rec["pgid"]
+        .as_u64()
+        .expect("record names the command's group") as u32
 }
 
 fn stop_all(cands: &mut [&mut Candidate]) {
@@ -301,7 +320,12 @@ fn stop_all(cands: &mut [&mut Candidate]) {
     }
     for c in cands.iter_mut() {
         let st = c.wait(Duration::from_secs(10));
-        assert!(st.is_some_and(|s| s.success()), "elector {} on SIGTERM: {st:?}\n{}", c.id, c.log());
+        assert!(
+            st.is_some_and(|s| s.success()),
+            "elector {} on SIGTERM: {st:?}\n{}",
+            c.id,
+            c.log()
+        );
     }
 }
 
@@ -318,11 +342,22 @@ fn killing_the_leader_with_sigkill_hands_over_at_once() {
     let e1 = first["epoch"].as_u64().expect("epoch");
     let lease = m.lease("el/LEADER");
     assert_eq!(lease["mode"], "client", "{lease}");
-    assert_eq!(lease["holder"], format!("{}:{}", hostname(), first["pid"]), "{lease}");
-    assert!(wait_until(Duration::from_secs(10), || journal(&m).iter().any(|l| l.0 == e1)));
+    assert_eq!(
+        lease["holder"],
+        format!("{}:{}", hostname(), first["pid"]),
+        "{lease}"
+    );
+    assert!(wait_until(Duration::from_secs(10), || journal(&m)
+        .iter()
+        .any(|l| l.0 == e1)));
     // Followers keep following: still one term after a few retries.
     std::thread::sleep(Duration::from_millis(600));
-    assert_eq!(events(&history(&m, "el"), "elected").len(), 1, "{:#?}", history(&m, "el"));
+    assert_eq!(
+        events(&history(&m, "el"), "elected").len(),
+        1,
+        "{:#?}",
+        history(&m, "el")
+    );
 
     let old = Group(pgid_of(&first));
     let (dead, rest): (Vec<_>, Vec<_>) = [&mut a, &mut b, &mut c]
@@ -331,12 +366,19 @@ fn killing_the_leader_with_sigkill_hands_over_at_once() {
     let dead = dead.into_iter().next().expect("the leader is one of ours");
     dead.signal(libc::SIGKILL);
     let killed = Instant::now();
-    let second = wait_leader(&m, "el", e1, Duration::from_secs(10)).expect("no new leader after kill -9");
+    let second =
+        wait_leader(&m, "el", e1, Duration::from_secs(10)).expect("no new leader after kill -9");
     let took = killed.elapsed();
-    assert!(took < Duration::from_secs(2), "handover after kill -9 took {took:?}");
+    assert!(
+        took < Duration::from_secs(2),
+        "handover after kill -9 took {took:?}"
+    );
     assert_ne!(second["id"], first["id"]);
     // The dead leader's command died with it (parent-death signal).
-    assert!(wait_until(Duration::from_secs(5), || old.gone()), "the killed leader's command lives on");
+    assert!(
+        wait_until(Duration::from_secs(5), || old.gone()),
+        "the killed leader's command lives on"
+    );
     let h = history(&m, "el");
     let expired = events(&h, "expired");
     assert!(
@@ -346,7 +388,9 @@ fn killing_the_leader_with_sigkill_hands_over_at_once() {
         "{h:#?}"
     );
     let e2 = second["epoch"].as_u64().expect("epoch");
-    assert!(wait_until(Duration::from_secs(10), || journal(&m).iter().any(|l| l.0 == e2)));
+    assert!(wait_until(Duration::from_secs(10), || journal(&m)
+        .iter()
+        .any(|l| l.0 == e2)));
     let mut rest = rest;
     stop_all(&mut rest);
     dead.wait(Duration::from_secs(5));
@@ -368,14 +412,22 @@ fn a_stopped_leader_is_preempted_after_the_soft_limit_and_fenced() {
         .unwrap_or_else(|| panic!("no leader\n{}", logs(&[&a, &b, &c])));
     let e1 = first["epoch"].as_u64().expect("epoch");
     let id1 = first["id"].as_str().expect("id").to_string();
-    assert!(wait_until(Duration::from_secs(10), || journal(&m).iter().filter(|l| l.0 == e1).count() >= 2));
+    assert!(wait_until(Duration::from_secs(10), || journal(&m)
+        .iter()
+        .filter(|l| l.0 == e1)
+        .count()
+        >= 2));
 
     // Freeze the leader and its command mid-term.
     let group = Group(pgid_of(&first));
     let cands = [&mut a, &mut b, &mut c];
-    let (stopped, mut rest): (Vec<_>, Vec<_>) =
-        cands.into_iter().partition(|x| Some(x.pid() as u64) == first["pid"].as_u64());
-    let old = stopped.into_iter().next().expect("the leader is one of ours");
+    let (stopped, mut rest): (Vec<_>, Vec<_>) = cands
+        .into_iter()
+        .partition(|x| Some(x.pid() as u64) == first["pid"].as_u64());
+    let old = stopped
+        .into_iter()
+        .next()
+        .expect("the leader is one of ours");
     old.signal(libc::SIGSTOP);
     group.signal(libc::SIGSTOP);
     let frozen = Instant::now();
@@ -384,15 +436,21 @@ fn a_stopped_leader_is_preempted_after_the_soft_limit_and_fenced() {
     // another 1.5 s.
     std::thread::sleep(Duration::from_millis(1000));
     assert_eq!(m.epoch("el/LEADER"), e1, "preempted before the soft limit");
-    let second = wait_leader(&m, "el", e1, Duration::from_secs(8)).expect("no new leader after the soft limit");
+    let second = wait_leader(&m, "el", e1, Duration::from_secs(8))
+        .expect("no new leader after the soft limit");
     let took = frozen.elapsed();
-    assert!(took >= Duration::from_millis(1400), "taken over after only {took:?}");
+    assert!(
+        took >= Duration::from_millis(1400),
+        "taken over after only {took:?}"
+    );
     let e2 = second["epoch"].as_u64().expect("epoch");
     assert_ne!(second["id"].as_str(), Some(id1.as_str()));
     let h = history(&m, "el");
     let preempted = events(&h, "preempted");
     assert!(
-        preempted.iter().any(|e| e["epoch"].as_u64() == Some(e1) && e["who"] == id1.as_str()),
+        preempted
+            .iter()
+            .any(|e| e["epoch"].as_u64() == Some(e1) && e["who"] == id1.as_str()),
         "no preempted event for epoch {e1}: {h:#?}"
     );
 
@@ -411,23 +469,41 @@ fn a_stopped_leader_is_preempted_after_the_soft_limit_and_fenced() {
         "the old command's write was not refused: {:?}",
         std::fs::read_to_string(&status_path)
     );
-    assert!(wait_until(Duration::from_secs(10), || journal(&m).iter().any(|l| l.0 == e2)));
+    assert!(wait_until(Duration::from_secs(10), || journal(&m)
+        .iter()
+        .any(|l| l.0 == e2)));
     // Then its elector: it notices the loss, stops the command's group and
     // follows again.
     old.signal(libc::SIGCONT);
     let lost = wait_until(Duration::from_secs(5), || {
-        events(&history(&m, "el"), "lost")
-            .iter()
-            .any(|e| e["epoch"].as_u64() == Some(e1) && e["why"].as_str().unwrap_or("").contains("fenced"))
+        events(&history(&m, "el"), "lost").iter().any(|e| {
+            e["epoch"].as_u64() == Some(e1) && e["why"].as_str().unwrap_or("").contains("fenced")
+        })
     });
-    assert!(lost, "the old leader did not record its loss\n{}", old.log());
-    assert!(wait_until(Duration::from_secs(5), || group.gone()), "the old command's group lives on");
-    assert!(old.wait(Duration::from_millis(300)).is_none(), "the old leader exited instead of following");
-    assert_eq!(leader(&m, "el").map(|r| r["epoch"].clone()), Some(second["epoch"].clone()));
+    assert!(
+        lost,
+        "the old leader did not record its loss\n{}",
+        old.log()
+    );
+    assert!(
+        wait_until(Duration::from_secs(5), || group.gone()),
+        "the old command's group lives on"
+    );
+    assert!(
+        old.wait(Duration::from_millis(300)).is_none(),
+        "the old leader exited instead of following"
+    );
+    assert_eq!(
+        leader(&m, "el").map(|r| r["epoch"].clone()),
+        Some(second["epoch"].clone())
+    );
 
     // Nothing of the old term after the new term's first line.
     let lines = journal(&m);
-    let first_new = lines.iter().position(|l| l.0 == e2).expect("new epoch in journal");
+    let first_new = lines
+        .iter()
+        .position(|l| l.0 == e2)
+        .expect("new epoch in journal");
     assert!(!lines[first_new..].iter().any(|l| l.0 == e1), "{lines:?}");
     rest.push(old);
     stop_all(&mut rest);
@@ -454,11 +530,20 @@ fn a_leader_that_misses_its_renew_deadline_steps_down_and_competes_again() {
     let lost = events(&h, "lost");
     assert_eq!(lost.len(), 1, "{h:#?}");
     let why = lost[0]["why"].as_str().unwrap_or("");
-    assert!(why.contains("renew deadline missed") && !why.contains("fenced"), "{why}");
+    assert!(
+        why.contains("renew deadline missed") && !why.contains("fenced"),
+        "{why}"
+    );
     let e2 = second["epoch"].as_u64().expect("epoch");
     let elected = events(&h, "elected");
     assert_eq!(elected.last().and_then(|e| e["epoch"].as_u64()), Some(e2));
-    assert!(elected.last().and_then(|e| e["why"].as_str()).is_some_and(|w| w.contains("lost")), "{h:#?}");
+    assert!(
+        elected
+            .last()
+            .and_then(|e| e["why"].as_str())
+            .is_some_and(|w| w.contains("lost")),
+        "{h:#?}"
+    );
     stop_all(&mut [&mut a]);
     check_terms(&history(&m, "solo"), &[]);
 }
@@ -472,19 +557,31 @@ fn the_leader_resigns_when_its_command_exits_and_the_audit_table_is_queryable() 
         out.display()
     );
     let mut once = Candidate::spawn(&m, "jobs", "once", &["--once"], &["sh", "-c", &script]);
-    let st = once.wait(Duration::from_secs(15)).expect("--once did not exit");
+    let st = once
+        .wait(Duration::from_secs(15))
+        .expect("--once did not exit");
     assert_eq!(st.code(), Some(3), "{}", once.log());
     let env = std::fs::read_to_string(&out).expect("the command ran");
     let f: Vec<&str> = env.split_whitespace().collect();
     let epoch: u64 = f[0].parse().expect("LEASEFS_EPOCH");
     assert_eq!(f[1], "once");
-    assert_eq!(Path::new(f[2]), std::fs::canonicalize(m.path("jobs")).expect("dir"));
-    let rec: Value = serde_json::from_str(m.read_string("jobs/LEADER").lines().last().expect("record")).expect("JSON");
+    assert_eq!(
+        Path::new(f[2]),
+        std::fs::canonicalize(m.path("jobs")).expect("dir")
+    );
+    let rec: Value =
+        serde_json::from_str(m.read_string("jobs/LEADER").lines().last().expect("record"))
+            .expect("JSON");
     assert_eq!(rec["id"], "once");
     assert_eq!(rec["epoch"], epoch);
     assert_eq!(rec["host"], hostname());
     assert_eq!(rec["pid"], once.pid());
-    assert!(rec["time_ms"].as_u64().is_some_and(|t| t > 1_600_000_000_000), "{rec}");
+    assert!(
+        rec["time_ms"]
+            .as_u64()
+            .is_some_and(|t| t > 1_600_000_000_000),
+        "{rec}"
+    );
 
     // The lease went on at once: the next candidate (no command) leads at
     // once, until SIGTERM makes it resign and exit 0.
@@ -497,17 +594,36 @@ fn the_leader_resigns_when_its_command_exits_and_the_audit_table_is_queryable() 
     let h = history(&m, "jobs");
     let kinds: Vec<(&str, &str)> = h
         .iter()
-        .map(|e| (e["event"].as_str().unwrap_or(""), e["who"].as_str().unwrap_or("")))
+        .map(|e| {
+            (
+                e["event"].as_str().unwrap_or(""),
+                e["who"].as_str().unwrap_or(""),
+            )
+        })
         .collect();
     assert_eq!(
         kinds,
-        [("elected", "once"), ("resigned", "once"), ("elected", "idle"), ("resigned", "idle")],
+        [
+            ("elected", "once"),
+            ("resigned", "once"),
+            ("elected", "idle"),
+            ("resigned", "idle")
+        ],
         "{h:#?}"
     );
     assert_eq!(h[1]["epoch"], epoch);
-    assert!(h[1]["why"].as_str().unwrap_or("").contains("exit status 3"), "{h:#?}");
-    assert!(h[2]["why"].as_str().unwrap_or("").contains("once (epoch"), "{h:#?}");
-    assert!(h[3]["why"].as_str().unwrap_or("").contains("asked to stop"), "{h:#?}");
+    assert!(
+        h[1]["why"].as_str().unwrap_or("").contains("exit status 3"),
+        "{h:#?}"
+    );
+    assert!(
+        h[2]["why"].as_str().unwrap_or("").contains("once (epoch"),
+        "{h:#?}"
+    );
+    assert!(
+        h[3]["why"].as_str().unwrap_or("").contains("asked to stop"),
+        "{h:#?}"
+    );
 
     // The table for people: one line per event.
     let dir = m.path("jobs");
@@ -516,7 +632,10 @@ fn the_leader_resigns_when_its_command_exits_and_the_audit_table_is_queryable() 
     let text = String::from_utf8_lossy(&o.stdout);
     let rows: Vec<&str> = text.lines().skip(1).collect();
     assert_eq!(rows.len(), 4, "{text}");
-    assert!(rows[1].contains("resigned") && rows[1].contains(&format!("{}:{}", hostname(), once.pid())), "{text}");
+    assert!(
+        rows[1].contains("resigned") && rows[1].contains(&format!("{}:{}", hostname(), once.pid())),
+        "{text}"
+    );
     // And for the sqlite3 shell, in the data directory.
     if let Ok(o) = Command::new("sqlite3")
         .arg(m.data.join("meta.db"))
@@ -525,14 +644,30 @@ fn the_leader_resigns_when_its_command_exits_and_the_audit_table_is_queryable() 
     {
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         let rows = String::from_utf8_lossy(&o.stdout).into_owned();
-        assert!(rows.starts_with(&format!("elected|once|{epoch}\nresigned|once|{epoch}\n")), "{rows}");
+        assert!(
+            rows.starts_with(&format!("elected|once|{epoch}\nresigned|once|{epoch}\n")),
+            "{rows}"
+        );
     }
 
     // Bad use is one line and exit 2.
     let o = m.leasefs(&["elect", "/", "--id", "x"]);
     assert_eq!(o.status.code(), Some(2));
-    assert_eq!(String::from_utf8_lossy(&o.stderr).lines().count(), 1, "{o:?}");
-    let o = m.leasefs(&["elect", dir.to_str().expect("utf-8"), "--id", "x", "--lease-ms", "2000", "--renew-ms", "5000"]);
+    assert_eq!(
+        String::from_utf8_lossy(&o.stderr).lines().count(),
+        1,
+        "{o:?}"
+    );
+    let o = m.leasefs(&[
+        "elect",
+        dir.to_str().expect("utf-8"),
+        "--id",
+        "x",
+        "--lease-ms",
+        "2000",
+        "--renew-ms",
+        "5000",
+    ]);
     assert_eq!(o.status.code(), Some(2), "{o:?}");
 }
 
@@ -543,18 +678,31 @@ fn a_churn_of_a_hundred_leadership_changes_never_overlaps() {
     let ids = ["w", "x", "y", "z"];
     let mut cands: Vec<Candidate> = ids
         .iter()
-        .map(|id| Candidate::spawn(&m, "churn", id, &["--retry-ms", "50"], &["sh", "-c", script]))
+        .map(|id| {
+            Candidate::spawn(
+                &m,
+                "churn",
+                id,
+                &["--retry-ms", "50"],
+                &["sh", "-c", script],
+            )
+        })
         .collect();
     let started = Instant::now();
     let changes = |h: &[Value]| {
-        let who: Vec<&Value> = events(h, "elected").into_iter().map(|e| &e["who"]).collect();
+        let who: Vec<&Value> = events(h, "elected")
+            .into_iter()
+            .map(|e| &e["who"])
+            .collect();
         who.windows(2).filter(|w| w[0] != w[1]).count()
     };
     let mut last = 0;
     let enough = wait_until(Duration::from_secs(90), || {
         std::thread::sleep(Duration::from_millis(500));
         assert!(
-            cands.iter_mut().all(|c| matches!(c.child.try_wait(), Ok(None))),
+            cands
+                .iter_mut()
+                .all(|c| matches!(c.child.try_wait(), Ok(None))),
             "an elector exited\n{}",
             logs(&cands.iter().collect::<Vec<_>>())
         );
@@ -562,7 +710,12 @@ fn a_churn_of_a_hundred_leadership_changes_never_overlaps() {
         last >= 100
     });
     let refs: Vec<&Candidate> = cands.iter().collect();
-    assert!(enough, "only {last} leadership changes in {:?}\n{}", started.elapsed(), logs(&refs));
+    assert!(
+        enough,
+        "only {last} leadership changes in {:?}\n{}",
+        started.elapsed(),
+        logs(&refs)
+    );
     let mut all: Vec<&mut Candidate> = cands.iter_mut().collect();
     stop_all(&mut all);
     let h = history(&m, "churn");
@@ -571,7 +724,14 @@ fn a_churn_of_a_hundred_leadership_changes_never_overlaps() {
     check_terms(&h, &lines);
     // Everyone led at some point.
     for id in ids {
-        assert!(events(&h, "elected").iter().any(|e| e["who"] == id), "{id} never led");
+        assert!(
+            events(&h, "elected").iter().any(|e| e["who"] == id),
+            "{id} never led"
+        );
     }
-    eprintln!("{} leadership changes in {:?}", changes(&h), started.elapsed());
+    eprintln!(
+        "{} leadership changes in {:?}",
+        changes(&h),
+        started.elapsed()
+    );
 }

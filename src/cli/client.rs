@@ -13,10 +13,13 @@ use super::fail;
 /// The leasefs mount that contains `path`: (mountpoint, path inside it).
 pub(super) fn find_mount(path: &Path) -> Result<(PathBuf, String), String> {
     let abs = std::fs::canonicalize(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let info = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| format!("cannot read mounts: {e}"))?;
+    let info = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| format!("cannot read mounts: {e}"))?;
     let mut best: Option<PathBuf> = None;
     for line in info.lines() {
-        let Some((left, right)) = line.split_once(" - ") else { continue };
+        let Some((left, right)) = line.split_once(" - ") else {
+            continue;
+        };
         // Mounted by root, fuser gives type "fuse" and source
         // "leasefs:DATA"; through fusermount3 the type is "fuse.leasefs".
         let mut fields = right.split(' ');
@@ -25,9 +28,15 @@ pub(super) fn find_mount(path: &Path) -> Result<(PathBuf, String), String> {
         if fstype != "fuse.leasefs" && !(fstype == "fuse" && source.starts_with("leasefs:")) {
             continue;
         }
-        let Some(mp) = left.split(' ').nth(4) else { continue };
+        let Some(mp) = left.split(' ').nth(4) else {
+            continue;
+        };
         let mp = PathBuf::from(mp.replace("\\040", " "));
-        if abs.starts_with(&mp) && best.as_ref().is_none_or(|b| mp.as_os_str().len() > b.as_os_str().len()) {
+        if abs.starts_with(&mp)
+            && best
+                .as_ref()
+                .is_none_or(|b| mp.as_os_str().len() > b.as_os_str().len())
+        {
             best = Some(mp);
         }
     }
@@ -44,13 +53,15 @@ pub(super) fn ask(mountpoint: &Path, req: Value) -> Result<Value, String> {
     let data = xattr_get(mountpoint, "user.leasefs.data")
         .map_err(|e| format!("{} is not a leasefs mount ({e})", mountpoint.display()))?;
     let sock = PathBuf::from(data).join("control.sock");
-    let mut s = UnixStream::connect(&sock).map_err(|e| format!("cannot reach the daemon at {}: {e}", sock.display()))?;
+    let mut s = UnixStream::connect(&sock)
+        .map_err(|e| format!("cannot reach the daemon at {}: {e}", sock.display()))?;
     writeln!(s, "{req}").map_err(|e| format!("control socket: {e}"))?;
     let mut line = String::new();
     BufReader::new(s)
         .read_line(&mut line)
         .map_err(|e| format!("control socket: {e}"))?;
-    let v: Value = serde_json::from_str(&line).map_err(|e| format!("bad answer from daemon: {e}"))?;
+    let v: Value =
+        serde_json::from_str(&line).map_err(|e| format!("bad answer from daemon: {e}"))?;
     if let Some(e) = v["error"].as_str() {
         return Err(e.to_string());
     }
@@ -91,8 +102,15 @@ pub fn leases(mountpoint: &Path, as_json: bool) -> ExitCode {
         "PATH", "STATE", "HOLDER", "COMM", "EPOCH", "MODE", "RENEWED_AGO", "WAITERS"
     );
     for l in list {
-        let s = |k: &str| l[k].as_str().map(str::to_string).unwrap_or_else(|| "-".into());
-        let ago = l["renewed_ms_ago"].as_u64().map(|m| format!("{:.1}s", m as f64 / 1000.0)).unwrap_or_else(|| "-".into());
+        let s = |k: &str| {
+            l[k].as_str()
+                .map(str::to_string)
+                .unwrap_or_else(|| "-".into())
+        };
+        let ago = l["renewed_ms_ago"]
+            .as_u64()
+            .map(|m| format!("{:.1}s", m as f64 / 1000.0))
+            .unwrap_or_else(|| "-".into());
         println!(
             "{:<40} {:<10} {:<24} {:<16} {:>8} {:<6} {:>12} {:>7}",
             s("path"),
@@ -127,6 +145,9 @@ pub fn recover_lease(path: &Path, retries: u32) -> ExitCode {
             Err(e) => return fail(2, e),
         }
     }
-    println!("recover-lease: recovery of {} is still under way", path.display());
+    println!(
+        "recover-lease: recovery of {} is still under way",
+        path.display()
+    );
     ExitCode::from(1)
 }

@@ -76,7 +76,9 @@ pub fn run(a: ElectArgs) -> ExitCode {
     }
     if let Some(d) = a.renew_deadline_ms {
         timing.renew_deadline = ms(d);
-        timing.kill_grace = timing.kill_grace.min(timing.lease.saturating_sub(ms(d)) / 2);
+        timing.kill_grace = timing
+            .kill_grace
+            .min(timing.lease.saturating_sub(ms(d)) / 2);
     }
     if let Err(e) = timing.validate() {
         return fail(2, format!("elect: {e}"));
@@ -116,7 +118,11 @@ pub fn run(a: ElectArgs) -> ExitCode {
 /// milliseconds. No SA_RESTART is needed: every wait is a short sleep.
 fn install_stop_handlers() -> nix::Result<()> {
     use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
-    let act = SigAction::new(SigHandler::Handler(on_stop_signal), SaFlags::empty(), SigSet::empty());
+    let act = SigAction::new(
+        SigHandler::Handler(on_stop_signal),
+        SaFlags::empty(),
+        SigSet::empty(),
+    );
     for sig in [Signal::SIGINT, Signal::SIGTERM] {
         // SAFETY: the handler only stores to an atomic, which is
         // async-signal-safe.

@@ -13,7 +13,12 @@ use crate::fsck::{self, Check, Report};
 use crate::meta::MetaStore;
 use crate::pipeline::Datanodes;
 
-pub fn run(mountpoint: Option<&Path>, data: Option<&Path>, as_json: bool, repair: bool) -> ExitCode {
+pub fn run(
+    mountpoint: Option<&Path>,
+    data: Option<&Path>,
+    as_json: bool,
+    repair: bool,
+) -> ExitCode {
     let report = match (mountpoint, data) {
         (Some(m), None) => online(m, repair),
         (None, Some(d)) => offline(d, repair),
@@ -24,16 +29,25 @@ pub fn run(mountpoint: Option<&Path>, data: Option<&Path>, as_json: bool, repair
         Err(e) => return fail(2, e),
     };
     if as_json {
-        println!("{}", serde_json::to_string(&report).unwrap_or_else(|_| "{}".into()));
+        println!(
+            "{}",
+            serde_json::to_string(&report).unwrap_or_else(|_| "{}".into())
+        );
     } else {
         for f in &report.open_for_write {
             let what = if f.live { "OPENFORWRITE" } else { "LEFT OPEN" };
-            println!("{}: {what} by {} ({}), epoch {}", f.path, f.holder, f.comm, f.epoch);
+            println!(
+                "{}: {what} by {} ({}), epoch {}",
+                f.path, f.holder, f.comm, f.epoch
+            );
         }
         for p in &report.problems {
             let fixed = if p.repaired { " [repaired]" } else { "" };
             let block = p.block.map(|b| format!(" block {b}")).unwrap_or_default();
-            let dn = p.datanode.map(|d| format!(" datanode {d}")).unwrap_or_default();
+            let dn = p
+                .datanode
+                .map(|d| format!(" datanode {d}"))
+                .unwrap_or_default();
             println!("{}:{block}{dn} {:?}: {}{fixed}", p.path, p.kind, p.detail);
         }
         println!("{}", report.summary());
@@ -44,7 +58,8 @@ pub fn run(mountpoint: Option<&Path>, data: Option<&Path>, as_json: bool, repair
 fn online(m: &Path, repair: bool) -> Result<Report, String> {
     let (mp, _) = find_mount(m)?;
     let v = ask(&mp, json!({"op": "fsck", "repair": repair}))?;
-    serde_json::from_value(v["report"].clone()).map_err(|e| format!("bad fsck answer from the daemon: {e}"))
+    serde_json::from_value(v["report"].clone())
+        .map_err(|e| format!("bad fsck answer from the daemon: {e}"))
 }
 
 fn offline(data: &Path, repair: bool) -> Result<Report, String> {
@@ -59,7 +74,10 @@ fn offline(data: &Path, repair: bool) -> Result<Report, String> {
     if dirs.is_empty() {
         return Err(format!("{} records no datanodes", data.display()));
     }
-    let replication = meta.replication().map_err(|e| e.to_string())?.unwrap_or(dirs.len().min(3));
+    let replication = meta
+        .replication()
+        .map_err(|e| e.to_string())?
+        .unwrap_or(dirs.len().min(3));
     let dns = Datanodes::open(&dirs, replication, None).map_err(|e| e.to_string())?;
     dns.heartbeat();
     fsck::run(&Check {

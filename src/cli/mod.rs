@@ -13,7 +13,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser, Debug)]
-#[command(name = "leasefs", version, about = "A FUSE filesystem with HDFS write semantics: one writer per file by lease, replicated blocks, fsync on every replica")]
+#[command(
+    name = "leasefs",
+    version,
+    about = "A FUSE filesystem with HDFS write semantics: one writer per file by lease, replicated blocks, fsync on every replica"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub cmd: Cmd,

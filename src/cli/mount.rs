@@ -48,7 +48,8 @@ fn is_mountpoint(p: &Path) -> bool {
         return false;
     };
     let target = p.to_string_lossy().replace(' ', "\\040");
-    info.lines().any(|l| l.split(' ').nth(4) == Some(target.as_str()))
+    info.lines()
+        .any(|l| l.split(' ').nth(4) == Some(target.as_str()))
 }
 
 /// Checks the arguments and builds the mount specification.
@@ -58,7 +59,8 @@ pub fn spec(a: &MountArgs) -> Result<MountSpec, String> {
     if !meta.is_dir() {
         return Err(format!("mountpoint {} is not a directory", mp.display()));
     }
-    let mountpoint = std::fs::canonicalize(mp).map_err(|e| format!("mountpoint {}: {e}", mp.display()))?;
+    let mountpoint =
+        std::fs::canonicalize(mp).map_err(|e| format!("mountpoint {}: {e}", mp.display()))?;
     if is_mountpoint(&mountpoint) {
         return Err(format!("{} is already a mount point", mountpoint.display()));
     }
@@ -75,12 +77,17 @@ pub fn spec(a: &MountArgs) -> Result<MountSpec, String> {
     }
     let data = match &a.data {
         Some(d) => d.clone(),
-        None => default_data_dir().ok_or("no --data given and neither XDG_DATA_HOME nor HOME is set")?,
+        None => {
+            default_data_dir().ok_or("no --data given and neither XDG_DATA_HOME nor HOME is set")?
+        }
     };
-    std::fs::create_dir_all(&data).map_err(|e| format!("data directory {}: {e}", data.display()))?;
-    let data = std::fs::canonicalize(&data).map_err(|e| format!("data directory {}: {e}", data.display()))?;
+    std::fs::create_dir_all(&data)
+        .map_err(|e| format!("data directory {}: {e}", data.display()))?;
+    let data = std::fs::canonicalize(&data)
+        .map_err(|e| format!("data directory {}: {e}", data.display()))?;
     let probe = data.join(".probe");
-    std::fs::write(&probe, b"ok").map_err(|e| format!("data directory {} is not writable: {e}", data.display()))?;
+    std::fs::write(&probe, b"ok")
+        .map_err(|e| format!("data directory {} is not writable: {e}", data.display()))?;
     let _ = std::fs::remove_file(probe);
     if data.starts_with(&mountpoint) {
         return Err("the data directory may not lie inside the mountpoint".into());
@@ -140,7 +147,10 @@ fn foreground(spec: &MountSpec) -> ExitCode {
         .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) });
     if let Some(fd) = &ready_fd {
         // Helpers we exec (fusermount3) must not keep the parent waiting.
-        let _ = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC));
+        let _ = nix::fcntl::fcntl(
+            fd,
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+        );
     }
     let notify = move |r: Result<(), String>| {
         if let Some(fd) = ready_fd {
@@ -178,7 +188,11 @@ fn background(spec: &MountSpec, options: &[String]) -> ExitCode {
         Err(e) => return fail(1, format!("cannot find own executable: {e}")),
     };
     let log_path = spec.data.join("leasefs.log");
-    let log = match std::fs::OpenOptions::new().create(true).append(true).open(&log_path) {
+    let log = match std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+    {
         Ok(f) => f,
         Err(e) => return fail(1, format!("cannot open log {}: {e}", log_path.display())),
     };
@@ -218,7 +232,13 @@ fn background(spec: &MountSpec, options: &[String]) -> ExitCode {
     }
     let _ = child.try_wait();
     if msg.is_empty() {
-        fail(1, format!("the daemon exited before the mount was ready; see {}", log_path.display()))
+        fail(
+            1,
+            format!(
+                "the daemon exited before the mount was ready; see {}",
+                log_path.display()
+            ),
+        )
     } else {
         fail(1, msg)
     }

@@ -104,10 +104,12 @@ pub fn spawn(
     let Some(program) = argv.first() else {
         return Err(SpawnError::NotFound(String::new()));
     };
-    let path = resolve(program).ok_or_else(|| SpawnError::NotFound(program.to_string_lossy().into_owned()))?;
+    let path = resolve(program)
+        .ok_or_else(|| SpawnError::NotFound(program.to_string_lossy().into_owned()))?;
     // Everything the child needs is built before fork: after fork it may
     // only make async-signal-safe calls (no allocation).
-    let cstr = |s: &OsStr| CString::new(s.as_bytes()).map_err(|e| SpawnError::Os(io::Error::other(e)));
+    let cstr =
+        |s: &OsStr| CString::new(s.as_bytes()).map_err(|e| SpawnError::Os(io::Error::other(e)));
     let prog = cstr(path.as_os_str())?;
     let args: Vec<CString> = argv.iter().map(|a| cstr(a)).collect::<Result<_, _>>()?;
     let mut vars: Vec<CString> = Vec::new();
@@ -123,8 +125,16 @@ pub fn spawn(
     for (k, v) in env {
         vars.push(cstr(OsStr::new(&format!("{k}={v}")))?);
     }
-    let argp: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).chain([std::ptr::null()]).collect();
-    let envp: Vec<*const libc::c_char> = vars.iter().map(|a| a.as_ptr()).chain([std::ptr::null()]).collect();
+    let argp: Vec<*const libc::c_char> = args
+        .iter()
+        .map(|a| a.as_ptr())
+        .chain([std::ptr::null()])
+        .collect();
+    let envp: Vec<*const libc::c_char> = vars
+        .iter()
+        .map(|a| a.as_ptr())
+        .chain([std::ptr::null()])
+        .collect();
 
     let cloexec = nix::fcntl::OFlag::O_CLOEXEC;
     let (go_r, go_w) = nix::unistd::pipe2(cloexec).map_err(|e| SpawnError::Os(e.into()))?;
@@ -147,7 +157,10 @@ pub fn spawn(
     drop(err_w);
     // Set from both sides, so the group exists whichever runs first.
     let _ = nix::unistd::setpgid(child, child);
-    let mut running = Running { pid: child, exit: None };
+    let mut running = Running {
+        pid: child,
+        exit: None,
+    };
     if let Err(e) = before_exec(child.as_raw() as u32) {
         drop(go_w); // the child reads EOF and leaves without running anything
         running.reap_blocking();
@@ -172,7 +185,9 @@ pub fn spawn(
     }
     if got == 4 {
         running.reap_blocking();
-        return Err(SpawnError::Os(io::Error::from_raw_os_error(i32::from_ne_bytes(buf))));
+        return Err(SpawnError::Os(io::Error::from_raw_os_error(
+            i32::from_ne_bytes(buf),
+        )));
     }
     Ok(running)
 }
@@ -199,7 +214,13 @@ unsafe fn child_exec(
     // that were valid before fork; no allocation, no locks.
     unsafe {
         libc::setpgid(0, 0);
-        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
+        libc::prctl(
+            libc::PR_SET_PDEATHSIG,
+            libc::SIGKILL as libc::c_ulong,
+            0,
+            0,
+            0,
+        );
         if libc::getppid() != parent {
             libc::_exit(126);
         }
@@ -233,10 +254,12 @@ fn resolve(program: &OsStr) -> Option<PathBuf> {
         return None;
     }
     let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
-    std::env::split_paths(&path).map(|d| d.join(program)).find(|c| {
-        c.metadata().is_ok_and(|m| m.is_file())
-            && nix::unistd::access(c.as_path(), nix::unistd::AccessFlags::X_OK).is_ok()
-    })
+    std::env::split_paths(&path)
+        .map(|d| d.join(program))
+        .find(|c| {
+            c.metadata().is_ok_and(|m| m.is_file())
+                && nix::unistd::access(c.as_path(), nix::unistd::AccessFlags::X_OK).is_ok()
+        })
 }
 
 impl Running {
@@ -290,7 +313,10 @@ impl Running {
             self.kill_group(Signal::SIGTERM);
             self.kill_group(Signal::SIGCONT);
             if !wait_for(grace, || self.group_gone()) {
-                tracing::warn!(pgid = self.pgid(), "command did not stop on SIGTERM; killing its process group");
+                tracing::warn!(
+                    pgid = self.pgid(),
+                    "command did not stop on SIGTERM; killing its process group"
+                );
                 self.kill_group(Signal::SIGKILL);
                 wait_for(Duration::from_secs(5), || self.group_gone());
             }
@@ -337,15 +363,23 @@ mod tests {
     fn the_command_runs_only_after_its_fence_and_in_its_own_group() {
         let dir = tempfile::tempdir().expect("tempdir");
         let out = dir.path().join("out");
-        let script = format!("echo $$ $(cut -d' ' -f5 /proc/$$/stat) $EPOCH_T > {}", out.display());
+        let script = format!(
+            "echo $$ $(cut -d' ' -f5 /proc/$$/stat) $EPOCH_T > {}",
+            out.display()
+        );
         let mut seen = 0;
-        let mut r = spawn(&argv(&["sh", "-c", &script]), &[("EPOCH_T", "7".into())], -1, |pgid| {
-            seen = pgid;
-            // The child is waiting: nothing has been written yet.
-            std::thread::sleep(Duration::from_millis(50));
-            assert!(!out.exists(), "the command ran before its fence");
-            Ok(())
-        })
+        let mut r = spawn(
+            &argv(&["sh", "-c", &script]),
+            &[("EPOCH_T", "7".into())],
+            -1,
+            |pgid| {
+                seen = pgid;
+                // The child is waiting: nothing has been written yet.
+                std::thread::sleep(Duration::from_millis(50));
+                assert!(!out.exists(), "the command ran before its fence");
+                Ok(())
+            },
+        )
         .expect("spawn");
         assert!(wait_for(Duration::from_secs(10), || r.try_wait().is_some()));
         assert_eq!(r.try_wait(), Some(Exit::Code(0)));
@@ -359,7 +393,9 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let out = dir.path().join("out");
         let script = format!("touch {}", out.display());
-        let r = spawn(&argv(&["sh", "-c", &script]), &[], -1, |_| Err("no daemon".into()));
+        let r = spawn(&argv(&["sh", "-c", &script]), &[], -1, |_| {
+            Err("no daemon".into())
+        });
         assert!(matches!(r, Err(SpawnError::Fence(_))));
         std::thread::sleep(Duration::from_millis(100));
         assert!(!out.exists());
@@ -376,8 +412,13 @@ mod tests {
 
     #[test]
     fn stop_takes_down_the_whole_group() {
-        let mut r = spawn(&argv(&["sh", "-c", "trap '' TERM; sleep 30 & sleep 30"]), &[], -1, |_| Ok(()))
-            .expect("spawn");
+        let mut r = spawn(
+            &argv(&["sh", "-c", "trap '' TERM; sleep 30 & sleep 30"]),
+            &[],
+            -1,
+            |_| Ok(()),
+        )
+        .expect("spawn");
         std::thread::sleep(Duration::from_millis(100));
         let (exit, gone) = r.stop(Duration::from_millis(200));
         assert!(gone);

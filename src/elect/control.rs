@@ -61,14 +61,16 @@ impl EventKind {
 
 /// Appends one event to the audit table.
 pub fn audit(ctl: &dyn Control, event: &AuditEvent) -> Result<(), String> {
-    ctl.request(json!({"op": "audit", "event": event})).map(|_| ())
+    ctl.request(json!({"op": "audit", "event": event}))
+        .map(|_| ())
 }
 
 /// The events of the election `election` (its directory inside the mount),
 /// oldest first.
 pub fn history(ctl: &dyn Control, election: &str) -> Result<Vec<AuditEvent>, String> {
     let v = ctl.request(json!({"op": "history", "election": election}))?;
-    serde_json::from_value(v["events"].clone()).map_err(|e| format!("bad history from the daemon: {e}"))
+    serde_json::from_value(v["events"].clone())
+        .map_err(|e| format!("bad history from the daemon: {e}"))
 }
 
 /// Registers process group `pgid` as the command of term `epoch` of the
@@ -83,7 +85,8 @@ pub fn fence(ctl: &dyn Control, pgid: u32, leader: &str, epoch: u64) -> Result<(
 /// Forgets the registration of `pgid`; only for a group with no process
 /// left, or a later process that reuses the number would be fenced.
 pub fn unfence(ctl: &dyn Control, pgid: u32) -> Result<(), String> {
-    ctl.request(json!({"op": "unfence", "pgid": pgid})).map(|_| ())
+    ctl.request(json!({"op": "unfence", "pgid": pgid}))
+        .map(|_| ())
 }
 
 /// One line of `leasefs elect --history`: time (UTC), event, who,
@@ -167,7 +170,10 @@ mod tests {
         assert_eq!(h.len(), 1);
         assert_eq!(h[0].who, "a");
         let sent = sent.borrow();
-        assert_eq!(sent[0], json!({"op": "fence", "pgid": 42, "path": "/e/LEADER", "epoch": 7}));
+        assert_eq!(
+            sent[0],
+            json!({"op": "fence", "pgid": 42, "path": "/e/LEADER", "epoch": 7})
+        );
         assert_eq!(sent[1], json!({"op": "unfence", "pgid": 42}));
         assert!(format_event(&h[0]).contains("elected"));
     }

@@ -79,7 +79,13 @@ pub enum Outcome {
 }
 
 impl Elector {
-    pub fn new(dir: PathBuf, dir_in_mount: String, id: String, command: Vec<OsString>, timing: Timing) -> Self {
+    pub fn new(
+        dir: PathBuf,
+        dir_in_mount: String,
+        id: String,
+        command: Vec<OsString>,
+        timing: Timing,
+    ) -> Self {
         let host = nix::unistd::gethostname()
             .ok()
             .and_then(|h| h.into_string().ok())
@@ -127,7 +133,9 @@ impl Elector {
                     watch = Watch::default();
                 }
                 Err(OpenError::Busy) => {}
-                Err(OpenError::Transient(e)) => warn!("cannot open {} for now: {e}; retrying", path.display()),
+                Err(OpenError::Transient(e)) => {
+                    warn!("cannot open {} for now: {e}; retrying", path.display())
+                }
                 Err(OpenError::Fatal(source)) => return Err(ElectError::Open { path, source }),
             }
             self.sleep(jitter(self.timing.retry), stop);
@@ -148,7 +156,11 @@ impl Elector {
                 .filter(|r| r.epoch == v.epoch)
                 .map(|r| r.id)
                 .unwrap_or_else(|| "?".into());
-            info!(epoch = v.epoch, holder = v.holder.as_deref().unwrap_or("-"), "following leader {who}");
+            info!(
+                epoch = v.epoch,
+                holder = v.holder.as_deref().unwrap_or("-"),
+                "following leader {who}"
+            );
         }
         let lease_ms = self.timing.lease.as_millis() as u64;
         if !w.expiry_noted && v.looks_expired(lease_ms, 0) {
@@ -207,7 +219,14 @@ impl Elector {
                     running = Some(r);
                 }
                 Err(e) => {
-                    self.record(ctl, self.event(EventKind::Resigned, epoch, format!("command could not start: {e}")));
+                    self.record(
+                        ctl,
+                        self.event(
+                            EventKind::Resigned,
+                            epoch,
+                            format!("command could not start: {e}"),
+                        ),
+                    );
                     drop(file);
                     return Err(match e {
                         SpawnError::Fence(reason) => ElectError::Control {
@@ -240,7 +259,14 @@ impl Elector {
             } else {
                 format!("cannot write the election record: {e}")
             };
-            return Ok(Some(self.end_term(ctl, file, running, epoch, EventKind::Lost, why)));
+            return Ok(Some(self.end_term(
+                ctl,
+                file,
+                running,
+                epoch,
+                EventKind::Lost,
+                why,
+            )));
         }
 
         loop {
@@ -252,9 +278,20 @@ impl Elector {
                     age.as_millis(),
                     self.timing.renew_deadline.as_millis(),
                     self.timing.lease.as_millis(),
-                    if fenced { "; fenced: the lease was taken over" } else { "" }
+                    if fenced {
+                        "; fenced: the lease was taken over"
+                    } else {
+                        ""
+                    }
                 );
-                return Ok(Some(self.end_term(ctl, file, running, epoch, EventKind::Lost, why)));
+                return Ok(Some(self.end_term(
+                    ctl,
+                    file,
+                    running,
+                    epoch,
+                    EventKind::Lost,
+                    why,
+                )));
             }
             if stop.load(Ordering::Relaxed) {
                 let why = "the elector was asked to stop".to_string();
@@ -264,8 +301,16 @@ impl Elector {
             if let Some(exit) = running.as_mut().and_then(Running::try_wait) {
                 // A command that died of its fencing did not resign.
                 if file.epoch().is_err_and(|e| is_eio(&e)) {
-                    let why = format!("fenced: the lease was taken over; command ended with {exit}");
-                    return Ok(Some(self.end_term(ctl, file, running, epoch, EventKind::Lost, why)));
+                    let why =
+                        format!("fenced: the lease was taken over; command ended with {exit}");
+                    return Ok(Some(self.end_term(
+                        ctl,
+                        file,
+                        running,
+                        epoch,
+                        EventKind::Lost,
+                        why,
+                    )));
                 }
                 let why = format!("command ended with {exit}");
                 self.end_term(ctl, file, running, epoch, EventKind::Resigned, why);
@@ -276,8 +321,16 @@ impl Elector {
                 match file.renew() {
                     Ok(()) => tracker.renewed(sent),
                     Err(e) if is_eio(&e) => {
-                        let why = format!("fenced: renewal refused, the lease was taken over ({e})");
-                        return Ok(Some(self.end_term(ctl, file, running, epoch, EventKind::Lost, why)));
+                        let why =
+                            format!("fenced: renewal refused, the lease was taken over ({e})");
+                        return Ok(Some(self.end_term(
+                            ctl,
+                            file,
+                            running,
+                            epoch,
+                            EventKind::Lost,
+                            why,
+                        )));
                     }
                     Err(e) => {
                         warn!(epoch, "lease renewal failed: {e}; retrying");
@@ -314,9 +367,9 @@ impl Elector {
                 .ok(),
             None => None,
         };
-        let alive = prev
-            .as_ref()
-            .is_some_and(|p| p.host == self.host && p.pid != std::process::id() && pid_alive(p.pid));
+        let alive = prev.as_ref().is_some_and(|p| {
+            p.host == self.host && p.pid != std::process::id() && pid_alive(p.pid)
+        });
         let seen = seen.map(|(v, at)| (v, won_at.saturating_sub(at).as_millis() as u64));
         let verdict = judge_predecessor(
             prev.as_ref(),
@@ -351,7 +404,10 @@ impl Elector {
         {
             warn!(pgid, "cannot drop the previous command's fence: {e}");
         }
-        self.record(ctl, self.event(EventKind::Elected, epoch, verdict.elected_why));
+        self.record(
+            ctl,
+            self.event(EventKind::Elected, epoch, verdict.elected_why),
+        );
     }
 
     /// loseLeadership / resign: stop the command's group, record the event,
@@ -379,7 +435,10 @@ impl Elector {
                     warn!(pgid, "cannot drop the command's fence: {e}");
                 }
             } else {
-                warn!(pgid, "processes of the command's group are left; its fence stays");
+                warn!(
+                    pgid,
+                    "processes of the command's group are left; its fence stays"
+                );
             }
         }
         drop(file);
@@ -483,13 +542,19 @@ pub(crate) fn judge_predecessor(
     let (kind, why) = match expired {
         Some((v, since)) => {
             let age = v.renewed_ms_ago.unwrap_or(0) + since;
-            let kind = if alive { EventKind::Preempted } else { EventKind::Expired };
+            let kind = if alive {
+                EventKind::Preempted
+            } else {
+                EventKind::Expired
+            };
             let tail = if alive {
                 format!("; its elector (pid {}) still runs and is fenced", p.pid)
             } else {
                 String::new()
             };
-            let why = format!("lease not renewed for {age} ms (soft limit {lease_ms} ms); recovered and taken over by {me}{tail}");
+            let why = format!(
+                "lease not renewed for {age} ms (soft limit {lease_ms} ms); recovered and taken over by {me}{tail}"
+            );
             (kind, why)
         }
         None if alive => (
@@ -517,7 +582,9 @@ fn is_eio(e: &std::io::Error) -> bool {
 /// True while process `pid` exists and is not a zombie.
 fn pid_alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => !s.rsplit_once(')').is_some_and(|(_, r)| r.trim_start().starts_with('Z')),
+        Ok(s) => !s
+            .rsplit_once(')')
+            .is_some_and(|(_, r)| r.trim_start().starts_with('Z')),
         Err(_) => false,
     }
 }
@@ -590,7 +657,14 @@ mod tests {
     #[test]
     fn a_predecessor_that_recorded_its_end_gets_no_second_event() {
         let h = [ev("elected", 5), ev("resigned", 5)];
-        let v = judge_predecessor(Some(&rec("a", 5)), Some(&h), Some((&held(5, 10), 5)), 2000, true, "b");
+        let v = judge_predecessor(
+            Some(&rec("a", 5)),
+            Some(&h),
+            Some((&held(5, 10), 5)),
+            2000,
+            true,
+            "b",
+        );
         assert_eq!(v.event, None);
         assert_eq!(v.elected_why, "previous leader a (epoch 5) resigned");
     }
@@ -598,7 +672,14 @@ mod tests {
     #[test]
     fn a_killed_predecessor_expired() {
         let h = [ev("elected", 5)];
-        let v = judge_predecessor(Some(&rec("a", 5)), Some(&h), Some((&held(5, 10), 50)), 2000, false, "b");
+        let v = judge_predecessor(
+            Some(&rec("a", 5)),
+            Some(&h),
+            Some((&held(5, 10), 50)),
+            2000,
+            false,
+            "b",
+        );
         let (kind, why) = v.event.expect("event");
         assert_eq!(kind, EventKind::Expired);
         assert!(why.contains("is gone"), "{why}");
@@ -608,13 +689,27 @@ mod tests {
     fn a_stopped_predecessor_past_the_soft_limit_was_preempted() {
         let h = [ev("elected", 5)];
         // Read 1900 ms after its last renewal; the win came 150 ms later.
-        let v = judge_predecessor(Some(&rec("a", 5)), Some(&h), Some((&held(5, 1900), 150)), 2000, true, "b");
+        let v = judge_predecessor(
+            Some(&rec("a", 5)),
+            Some(&h),
+            Some((&held(5, 1900), 150)),
+            2000,
+            true,
+            "b",
+        );
         let (kind, why) = v.event.expect("event");
         assert_eq!(kind, EventKind::Preempted);
         assert!(why.contains("2050 ms"), "{why}");
         assert_eq!(v.elected_why, "previous leader a (epoch 5) preempted");
         // The same, but its elector is gone: the lease simply expired.
-        let v = judge_predecessor(Some(&rec("a", 5)), Some(&h), Some((&held(5, 1900), 150)), 2000, false, "b");
+        let v = judge_predecessor(
+            Some(&rec("a", 5)),
+            Some(&h),
+            Some((&held(5, 1900), 150)),
+            2000,
+            false,
+            "b",
+        );
         assert_eq!(v.event.expect("event").0, EventKind::Expired);
     }
 
@@ -628,7 +723,10 @@ mod tests {
     fn jitter_stays_within_a_fifth() {
         for _ in 0..100 {
             let j = jitter(Duration::from_millis(200));
-            assert!(j >= Duration::from_millis(200) && j <= Duration::from_millis(240), "{j:?}");
+            assert!(
+                j >= Duration::from_millis(200) && j <= Duration::from_millis(240),
+                "{j:?}"
+            );
         }
     }
 }

@@ -79,7 +79,9 @@ impl Timing {
     /// its deadline: short, so that a command's exit hands leadership over
     /// quickly.
     pub fn poll(&self) -> Duration {
-        self.retry.min(Duration::from_millis(25)).min(self.renew_interval)
+        self.retry
+            .min(Duration::from_millis(25))
+            .min(self.renew_interval)
     }
 }
 

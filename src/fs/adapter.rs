@@ -15,6 +15,7 @@ use fuser::{
 
 use super::attr::Attr;
 use super::core::{Caller, Core};
+use super::namespace::Node;
 use crate::error::FsError;
 use crate::meta::{AttrChange, Kind};
 use crate::sync::Arc;
@@ -87,7 +88,11 @@ fn fattr(a: &Attr) -> FileAttr {
 }
 
 fn ttl(a: &Attr) -> Duration {
-    if a.under_construction { Duration::ZERO } else { TTL }
+    if a.under_construction {
+        Duration::ZERO
+    } else {
+        TTL
+    }
 }
 
 fn caller(req: &Request) -> Caller {
@@ -184,8 +189,16 @@ impl Filesystem for Adapter {
             ctime: ctime.map(ns),
         };
         let finish = move |core: &Core, reply: ReplyAttr| {
-            let any = ch.mode.is_some() || ch.uid.is_some() || ch.gid.is_some() || ch.atime.is_some() || ch.mtime.is_some();
-            let r = if any { core.set_attrs(ino.0, ch, c) } else { core.getattr(ino.0) };
+            let any = ch.mode.is_some()
+                || ch.uid.is_some()
+                || ch.gid.is_some()
+                || ch.atime.is_some()
+                || ch.mtime.is_some();
+            let r = if any {
+                core.set_attrs(ino.0, ch, c)
+            } else {
+                core.getattr(ino.0)
+            };
             match r {
                 Ok(a) => reply.attr(&ttl(&a), &fattr(&a)),
                 Err(e) => reply.error(errno(&e)),
@@ -216,16 +229,53 @@ impl Filesystem for Adapter {
         }
     }
 
-    fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, rdev: u32, reply: ReplyEntry) {
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
         let Some(kind) = Kind::from_mode(mode) else {
             return reply.error(Errno::EINVAL);
         };
         let _ = umask; // the kernel applied it already
-        entry(reply, self.core.mknode(parent.0, name.as_bytes(), kind, mode, rdev, None, caller(req)))
+        let node = Node {
+            kind,
+            mode,
+            rdev,
+            target: None,
+        };
+        entry(
+            reply,
+            self.core
+                .mknode(parent.0, name.as_bytes(), node, caller(req)),
+        )
     }
 
-    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, reply: ReplyEntry) {
-        entry(reply, self.core.mknode(parent.0, name.as_bytes(), Kind::Dir, mode, 0, None, caller(req)))
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let node = Node {
+            kind: Kind::Dir,
+            mode,
+            rdev: 0,
+            target: None,
+        };
+        entry(
+            reply,
+            self.core
+                .mknode(parent.0, name.as_bytes(), node, caller(req)),
+        )
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -236,16 +286,25 @@ impl Filesystem for Adapter {
         empty(reply, self.core.rmdir(parent.0, name.as_bytes()))
     }
 
-    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
         entry(
             reply,
             self.core.mknode(
                 parent.0,
                 link_name.as_bytes(),
-                Kind::Symlink,
-                0o777,
-                0,
-                Some(target.as_os_str().as_bytes()),
+                Node {
+                    kind: Kind::Symlink,
+                    mode: 0o777,
+                    rdev: 0,
+                    target: Some(target.as_os_str().as_bytes()),
+                },
                 caller(req),
             ),
         )
@@ -263,13 +322,28 @@ impl Filesystem for Adapter {
     ) {
         empty(
             reply,
-            self.core
-                .rename(parent.0, name.as_bytes(), newparent.0, newname.as_bytes(), flags.bits()),
+            self.core.rename(
+                parent.0,
+                name.as_bytes(),
+                newparent.0,
+                newname.as_bytes(),
+                flags.bits(),
+            ),
         )
     }
 
-    fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
-        entry(reply, self.core.link(ino.0, newparent.0, newname.as_bytes()))
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        entry(
+            reply,
+            self.core.link(ino.0, newparent.0, newname.as_bytes()),
+        )
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
@@ -329,7 +403,14 @@ impl Filesystem for Adapter {
         )
     }
 
-    fn flush(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
         self.core.flush(fh.0, Box::new(move |r| empty(reply, r)))
     }
 
@@ -346,15 +427,34 @@ impl Filesystem for Adapter {
         self.core.release(fh.0, Box::new(move |r| empty(reply, r)))
     }
 
-    fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
         self.core.fsync(fh.0, Box::new(move |r| empty(reply, r)))
     }
 
-    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
         match self.core.readdir(ino.0) {
             Ok(entries) => {
                 for (i, (name, ino, kind)) in entries.iter().enumerate().skip(offset as usize) {
-                    if reply.add(INodeNo(*ino), (i + 1) as u64, file_type(*kind), OsStr::from_bytes(name)) {
+                    if reply.add(
+                        INodeNo(*ino),
+                        (i + 1) as u64,
+                        file_type(*kind),
+                        OsStr::from_bytes(name),
+                    ) {
                         break;
                     }
                 }
@@ -364,19 +464,47 @@ impl Filesystem for Adapter {
         }
     }
 
-    fn fsyncdir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
         empty(reply, self.core.meta.durable(|_| Ok(())))
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         match self.core.statfs() {
-            Ok((total, free, files)) => reply.statfs(total, free, free, files, u64::from(u32::MAX), 4096, 255, 4096),
+            Ok((total, free, files)) => reply.statfs(
+                total,
+                free,
+                free,
+                files,
+                u64::from(u32::MAX),
+                4096,
+                255,
+                4096,
+            ),
             Err(e) => reply.error(errno(&e)),
         }
     }
 
-    fn setxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, value: &[u8], flags: i32, _position: u32, reply: ReplyEmpty) {
-        empty(reply, self.core.setxattr(ino.0, name.as_bytes(), value, flags))
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        empty(
+            reply,
+            self.core.setxattr(ino.0, name.as_bytes(), value, flags),
+        )
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
@@ -404,13 +532,32 @@ impl Filesystem for Adapter {
         reply.ok()
     }
 
-    fn create(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, flags: i32, reply: ReplyCreate) {
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
         let c = caller(req);
         let core = &self.core;
         let attr = match core.lookup(parent.0, name.as_bytes()) {
             Ok(_) if flags & libc::O_EXCL != 0 => return reply.error(Errno::EEXIST),
             Ok(a) => a,
-            Err(FsError::NotFound) => match core.mknode(parent.0, name.as_bytes(), Kind::File, mode, 0, None, c) {
+            Err(FsError::NotFound) => match core.mknode(
+                parent.0,
+                name.as_bytes(),
+                Node {
+                    kind: Kind::File,
+                    mode,
+                    rdev: 0,
+                    target: None,
+                },
+                c,
+            ) {
                 Ok(a) => a,
                 Err(e) => return reply.error(errno(&e)),
             },
@@ -424,7 +571,13 @@ impl Filesystem for Adapter {
             Box::new(move |r| match r {
                 Ok(o) => {
                     let a = core2.getattr(attr.ino).unwrap_or(attr);
-                    reply.created(&Duration::ZERO, &fattr(&a), Generation(0), FileHandle(o.fh), open_flags(&o))
+                    reply.created(
+                        &Duration::ZERO,
+                        &fattr(&a),
+                        Generation(0),
+                        FileHandle(o.fh),
+                        open_flags(&o),
+                    )
                 }
                 Err(e) => reply.error(errno(&e)),
             }),
@@ -441,8 +594,14 @@ impl Filesystem for Adapter {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        self.core
-            .fallocate(fh.0, offset, length, mode, caller(req), Box::new(move |r| empty(reply, r)))
+        self.core.fallocate(
+            fh.0,
+            offset,
+            length,
+            mode,
+            caller(req),
+            Box::new(move |r| empty(reply, r)),
+        )
     }
 
     fn ioctl(

@@ -28,15 +28,17 @@ pub fn serve(core: Arc<Core>, data: &Path, mountpoint: &Path) {
         }
     };
     let mnt = mountpoint.to_path_buf();
-    let _ = std::thread::Builder::new().name("control".into()).spawn(move || {
-        for conn in listener.incoming().flatten() {
-            let core = core.clone();
-            let mnt = mnt.clone();
-            let _ = std::thread::Builder::new()
-                .name("control-conn".into())
-                .spawn(move || handle(&core, &mnt, conn));
-        }
-    });
+    let _ = std::thread::Builder::new()
+        .name("control".into())
+        .spawn(move || {
+            for conn in listener.incoming().flatten() {
+                let core = core.clone();
+                let mnt = mnt.clone();
+                let _ = std::thread::Builder::new()
+                    .name("control-conn".into())
+                    .spawn(move || handle(&core, &mnt, conn));
+            }
+        });
 }
 
 fn handle(core: &Arc<Core>, mnt: &Path, conn: UnixStream) {
@@ -102,7 +104,10 @@ fn answer(core: &Arc<Core>, mnt: &Path, req: &Value) -> Value {
             },
             Err(e) => json!({"error": format!("bad audit event: {e}")}),
         },
-        "history" => match core.meta.audit_history(req["election"].as_str().unwrap_or("")) {
+        "history" => match core
+            .meta
+            .audit_history(req["election"].as_str().unwrap_or(""))
+        {
             Ok(rows) => json!({"events": rows}),
             Err(e) => json!({"error": e.to_string()}),
         },

@@ -136,7 +136,12 @@ impl Core {
             next: 0,
             end: 0,
         };
-        let leases = Arc::new(LeaseManager::new(cfg, clock, Box::new(epochs), host.clone()));
+        let leases = Arc::new(LeaseManager::new(
+            cfg,
+            clock,
+            Box::new(epochs),
+            host.clone(),
+        ));
         let bad = Arc::new(BadReplicas::default());
         let ctx = Arc::new(StreamCtx {
             bad: bad.clone(),
@@ -154,7 +159,12 @@ impl Core {
             opts,
             bad,
             data_dir,
-            mount_id: format!("{}:{}:{}", host, std::process::id(), crate::clock::wall_ms()),
+            mount_id: format!(
+                "{}:{}:{}",
+                host,
+                std::process::id(),
+                crate::clock::wall_ms()
+            ),
             host,
             handles: DashMap::new(),
             files: DashMap::new(),
@@ -179,7 +189,10 @@ impl Core {
     }
 
     fn handle(&self, fh: u64) -> FsResult<Arc<Handle>> {
-        self.handles.get(&fh).map(|h| h.clone()).ok_or(FsError::BadHandle)
+        self.handles
+            .get(&fh)
+            .map(|h| h.clone())
+            .ok_or(FsError::BadHandle)
     }
 
     fn open_file(&self, ino: u64) -> Arc<OpenFile> {
@@ -377,7 +390,9 @@ impl Core {
         match h.stream.clone() {
             Some(s) if s.pos() > s.visible_len() && offset + size as u64 > s.visible_len() => {
                 let me = self.clone();
-                s.flush(Box::new(move |r| reply(r.and_then(|_| me.read(fh, offset, size)))));
+                s.flush(Box::new(move |r| {
+                    reply(r.and_then(|_| me.read(fh, offset, size)))
+                }));
             }
             _ => reply(self.read(fh, offset, size)),
         }
@@ -399,7 +414,15 @@ impl Core {
         } else {
             inode.block_size
         };
-        reader::read(&self.dns, &self.bad, &blocks, bs, len, offset, size as usize)
+        reader::read(
+            &self.dns,
+            &self.bad,
+            &blocks,
+            bs,
+            len,
+            offset,
+            size as usize,
+        )
     }
 
     /// Appends through the handle's stream; the reply may wait for acks
@@ -478,7 +501,9 @@ impl Core {
             if h.write {
                 let of = me.open_file(h.ino);
                 let mut s = lock(&of.stream);
-                if s.as_ref().is_some_and(|s| h.stream.as_ref().is_some_and(|m| Arc::ptr_eq(s, m))) {
+                if s.as_ref()
+                    .is_some_and(|s| h.stream.as_ref().is_some_and(|m| Arc::ptr_eq(s, m)))
+                {
                     *s = None;
                 }
                 drop(s);
@@ -494,7 +519,11 @@ impl Core {
         match stream_to_close {
             // The writer is gone with its stream failed (no replica left):
             // close the file now by recovery, before the lease moves on.
-            Some(_) if failed.as_ref().is_some_and(|e| !matches!(e, FsError::Lease(LeaseError::Fenced { .. }))) => {
+            Some(_)
+                if failed
+                    .as_ref()
+                    .is_some_and(|e| !matches!(e, FsError::Lease(LeaseError::Fenced { .. }))) =>
+            {
                 *lock(&self.pending_closes) += 1;
                 let me = self.clone();
                 self.ctx.rt.spawn_blocking(move || {
@@ -575,7 +604,14 @@ impl Core {
     /// Changes a file's size. Needs the lease: through the caller's own
     /// handle (`fh`, or any write handle of the same process), or taken
     /// implicitly when nobody holds it.
-    pub fn set_size(self: &Arc<Self>, ino: u64, size: u64, fh: Option<u64>, caller: Caller, reply: Reply<()>) {
+    pub fn set_size(
+        self: &Arc<Self>,
+        ino: u64,
+        size: u64,
+        fh: Option<u64>,
+        caller: Caller,
+        reply: Reply<()>,
+    ) {
         let own = fh
             .and_then(|f| self.handle(f).ok())
             .filter(|h| h.write)
@@ -589,7 +625,12 @@ impl Core {
         if let Some(h) = own
             && let Some(stream) = h.stream.clone()
         {
-            if let Err(e) = self.leases.check(ino, h.fh, h.epoch).map_err(FsError::from).and_then(|_| self.check_fence(h.pgid)) {
+            if let Err(e) = self
+                .leases
+                .check(ino, h.fh, h.epoch)
+                .map_err(FsError::from)
+                .and_then(|_| self.check_fence(h.pgid))
+            {
                 return reply(Err(e));
             }
             return stream.truncate(size, reply);
@@ -622,13 +663,23 @@ impl Core {
     /// fallocate: mode 0 grows the file with zeros (like truncate) when the
     /// range ends past it; KEEP_SIZE is accepted and does nothing (blocks
     /// are not preallocated); other modes would rewrite existing bytes.
-    pub fn fallocate(self: &Arc<Self>, fh: u64, offset: u64, length: u64, mode: i32, caller: Caller, reply: Reply<()>) {
+    pub fn fallocate(
+        self: &Arc<Self>,
+        fh: u64,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        caller: Caller,
+        reply: Reply<()>,
+    ) {
         let h = match self.handle(fh) {
             Ok(h) => h,
             Err(e) => return reply(Err(e)),
         };
         if mode & !libc::FALLOC_FL_KEEP_SIZE != 0 {
-            return reply(Err(FsError::Unsupported("fallocate mode other than 0 or KEEP_SIZE")));
+            return reply(Err(FsError::Unsupported(
+                "fallocate mode other than 0 or KEEP_SIZE",
+            )));
         }
         let end = offset.saturating_add(length);
         let size = match self.getattr(h.ino) {
@@ -714,7 +765,11 @@ impl Core {
         if info.state == crate::lease::LeaseState::Held && info.epoch == epoch {
             return Ok(());
         }
-        tracing::warn!(pgid, epoch, "write refused: the election term of this process group is over");
+        tracing::warn!(
+            pgid,
+            epoch,
+            "write refused: the election term of this process group is over"
+        );
         Err(FsError::Lease(LeaseError::Fenced { file: ino, epoch }))
     }
 
@@ -725,7 +780,8 @@ impl Core {
         let me = self.clone();
         self.ctx.rt.spawn_blocking(move || {
             let r = me.recover(ticket.file, ticket.reason);
-            me.leases.finish_recovery(ticket.file, r.map(|_| ()).map_err(|e| e.to_string()));
+            me.leases
+                .finish_recovery(ticket.file, r.map(|_| ()).map_err(|e| e.to_string()));
         });
     }
 
@@ -762,7 +818,8 @@ impl Core {
         match self.leases.recover_now(ino) {
             Some(_) => {
                 let r = self.recover(ino, RecoveryReason::Manual);
-                self.leases.finish_recovery(ino, r.as_ref().map(|_| ()).map_err(|e| e.to_string()));
+                self.leases
+                    .finish_recovery(ino, r.as_ref().map(|_| ()).map_err(|e| e.to_string()));
                 r.map(|_| true)
             }
             None => {
@@ -847,7 +904,10 @@ impl Core {
     }
 
     /// Block ids of files being written (never repaired under a writer).
-    pub fn busy_blocks(&self, live: &std::collections::HashSet<u64>) -> std::collections::HashSet<u64> {
+    pub fn busy_blocks(
+        &self,
+        live: &std::collections::HashSet<u64>,
+    ) -> std::collections::HashSet<u64> {
         live.iter()
             .filter_map(|ino| self.meta.blocks(*ino).ok())
             .flatten()
@@ -857,7 +917,8 @@ impl Core {
 
     /// An online fsck against the running daemon's view.
     pub fn fsck(&self, repair: bool) -> Result<crate::fsck::Report, String> {
-        let live: std::collections::HashSet<u64> = self.leases.list().into_iter().map(|l| l.file).collect();
+        let live: std::collections::HashSet<u64> =
+            self.leases.list().into_iter().map(|l| l.file).collect();
         let busy = self.busy_blocks(&live);
         crate::fsck::run(&crate::fsck::Check {
             meta: &self.meta,

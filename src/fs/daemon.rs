@@ -71,7 +71,10 @@ pub struct Daemon {
 impl Daemon {
     pub fn start(spec: &MountSpec) -> FsResult<Daemon> {
         let lock = lock_data_dir(&spec.data)?;
-        let (uid, gid) = (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw());
+        let (uid, gid) = (
+            nix::unistd::getuid().as_raw(),
+            nix::unistd::getgid().as_raw(),
+        );
         let meta = Arc::new(MetaStore::open(&spec.data.join("meta.db"), uid, gid)?);
         let dns = Arc::new(Datanodes::open(
             &spec.datanodes,
@@ -87,7 +90,13 @@ impl Daemon {
             .enable_time()
             .build()
             .map_err(|e| FsError::Io(format!("cannot start worker pool: {e}")))?;
-        let core = Core::with_system_clock(meta, dns, spec.opts.clone(), rt.handle().clone(), spec.data.clone());
+        let core = Core::with_system_clock(
+            meta,
+            dns,
+            spec.opts.clone(),
+            rt.handle().clone(),
+            spec.data.clone(),
+        );
         let n = core.startup_recovery()?;
         if n > 0 {
             tracing::info!("recovered {n} file(s) left under construction");
@@ -106,12 +115,14 @@ impl Daemon {
     fn every(&self, name: &str, period: Duration, f: impl Fn(&Arc<Core>) + Send + 'static) {
         let core = self.core.clone();
         let stop = self.stop.clone();
-        let r = std::thread::Builder::new().name(name.into()).spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                std::thread::sleep(period);
-                f(&core);
-            }
-        });
+        let r = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(period);
+                    f(&core);
+                }
+            });
         if let Err(e) = r {
             tracing::error!("cannot start {name}: {e}");
         }
@@ -136,7 +147,9 @@ impl Daemon {
         // Leader-only housekeeping; a lone daemon leads its namespace.
         let hk = Arc::new(crate::housekeeping::Housekeeper::new());
         hk.take("sole daemon of this data directory");
-        self.every("housekeeping", o.housekeeping_interval, move |core| hk.round(core));
+        self.every("housekeeping", o.housekeeping_interval, move |core| {
+            hk.round(core)
+        });
         // A waiting open whose process got a signal gets EINTR.
         // While opens wait: Ctrl-C gives EINTR, and a wait that runs out
         // (lease_wait) ends on time rather than at the next monitor tick.
@@ -200,14 +213,16 @@ impl Daemon {
 /// with the mount still attached.
 fn install_signal_unmount(mut unmounter: fuser::SessionUnmounter) {
     let set = unmount_signals();
-    let _ = std::thread::Builder::new().name("signals".into()).spawn(move || {
-        if let Ok(sig) = set.wait() {
-            tracing::info!("{sig:?}: unmounting");
-            if let Err(e) = unmounter.unmount() {
-                tracing::error!("unmount failed: {e}");
+    let _ = std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            if let Ok(sig) = set.wait() {
+                tracing::info!("{sig:?}: unmounting");
+                if let Err(e) = unmounter.unmount() {
+                    tracing::error!("unmount failed: {e}");
+                }
             }
-        }
-    });
+        });
 }
 
 fn unmount_signals() -> nix::sys::signal::SigSet {

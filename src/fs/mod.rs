@@ -7,7 +7,7 @@ pub mod control;
 pub mod core;
 pub mod daemon;
 mod handles;
-mod namespace;
+pub mod namespace;
 pub mod proc_info;
 
 pub use self::core::Core;

@@ -17,6 +17,15 @@ pub const XATTR_SOFT_LIMIT: &str = "user.leasefs.soft_limit_ms";
 
 const NAME_MAX: usize = 255;
 
+/// What `mknode` creates.
+pub struct Node<'a> {
+    pub kind: Kind,
+    pub mode: u32,
+    pub rdev: u32,
+    /// A symlink's target.
+    pub target: Option<&'a [u8]>,
+}
+
 fn check_name(name: &[u8]) -> FsResult<()> {
     if name.len() > NAME_MAX {
         return Err(FsError::NameTooLong);
@@ -37,12 +46,15 @@ impl Core {
         &self,
         parent: u64,
         name: &[u8],
-        kind: Kind,
-        mode: u32,
-        rdev: u32,
-        target: Option<&[u8]>,
+        node: Node<'_>,
         caller: Caller,
     ) -> FsResult<Attr> {
+        let Node {
+            kind,
+            mode,
+            rdev,
+            target,
+        } = node;
         check_name(name)?;
         let dir = self.meta.get(parent)?;
         let mut mode = mode & 0o7777;
@@ -136,7 +148,8 @@ impl Core {
     pub fn set_attrs(&self, ino: u64, mut ch: AttrChange, caller: Caller) -> FsResult<Attr> {
         if ch.uid.is_some() || ch.gid.is_some() {
             let cur = self.meta.get(ino)?;
-            let changes_owner = ch.uid.is_some_and(|u| u != cur.uid) || ch.gid.is_some_and(|g| g != cur.gid);
+            let changes_owner =
+                ch.uid.is_some_and(|u| u != cur.uid) || ch.gid.is_some_and(|g| g != cur.gid);
             if (changes_owner || caller.uid != 0) && cur.kind != Kind::Dir && ch.mode.is_none() {
                 let mut m = cur.mode;
                 if caller.uid != 0 || changes_owner {
@@ -175,8 +188,12 @@ impl Core {
                 .stream_stats_json(ino)
                 .map(String::into_bytes)
                 .ok_or(FsError::NoXattr),
-            XATTR_DATA if ino == ROOT_INO => Ok(self.data_dir.to_string_lossy().into_owned().into_bytes()),
-            XATTR_SOFT_LIMIT if ino == ROOT_INO => Ok(self.opts.soft_limit.as_millis().to_string().into_bytes()),
+            XATTR_DATA if ino == ROOT_INO => {
+                Ok(self.data_dir.to_string_lossy().into_owned().into_bytes())
+            }
+            XATTR_SOFT_LIMIT if ino == ROOT_INO => {
+                Ok(self.opts.soft_limit.as_millis().to_string().into_bytes())
+            }
             _ => self.meta.getxattr(ino, name),
         }
     }
@@ -187,7 +204,9 @@ impl Core {
 
     pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], flags: i32) -> FsResult<()> {
         if Self::is_virtual(name) {
-            return Err(FsError::NotPermitted("user.leasefs.* attributes are read-only"));
+            return Err(FsError::NotPermitted(
+                "user.leasefs.* attributes are read-only",
+            ));
         }
         if value.len() > 65536 {
             return Err(FsError::Range);
@@ -213,7 +232,9 @@ impl Core {
 
     pub fn removexattr(&self, ino: u64, name: &[u8]) -> FsResult<()> {
         if Self::is_virtual(name) {
-            return Err(FsError::NotPermitted("user.leasefs.* attributes are read-only"));
+            return Err(FsError::NotPermitted(
+                "user.leasefs.* attributes are read-only",
+            ));
         }
         self.meta.removexattr(ino, name)
     }
@@ -228,9 +249,9 @@ impl Core {
             if let Some(dn) = self.dns.get(i)
                 && let Ok(s) = nix::sys::statvfs::statvfs(&dn.root)
             {
-                let f = s.fragment_size() as u64;
-                total = total.min(s.blocks() as u64 * f / 4096);
-                free = free.min(s.blocks_available() as u64 * f / 4096);
+                let f = s.fragment_size();
+                total = total.min(s.blocks() * f / 4096);
+                free = free.min(s.blocks_available() * f / 4096);
             }
         }
         if total == u64::MAX {

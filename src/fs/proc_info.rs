@@ -26,7 +26,11 @@ pub fn identity(tid: u32) -> Ident {
             id.comm = v.trim().to_string();
         } else if let Some(v) = line.strip_prefix("NSpgid:") {
             // One value per pid namespace, ours (the outermost here) first.
-            id.pgid = v.split_whitespace().next().and_then(|p| p.parse().ok()).unwrap_or(0);
+            id.pgid = v
+                .split_whitespace()
+                .next()
+                .and_then(|p| p.parse().ok())
+                .unwrap_or(0);
         }
     }
     id

@@ -156,8 +156,7 @@ pub struct MetaStore {
 /// How many ids one reservation takes.
 const ID_BATCH: u64 = 1024;
 
-const INODE_COLS: &str =
-    "ino, kind, mode, uid, gid, nlink, size, rdev, atime, mtime, ctime, crtime, block_size, last_epoch";
+const INODE_COLS: &str = "ino, kind, mode, uid, gid, nlink, size, rdev, atime, mtime, ctime, crtime, block_size, last_epoch";
 
 fn row_to_inode(r: &rusqlite::Row<'_>) -> rusqlite::Result<Inode> {
     Ok(Inode {
@@ -192,7 +191,10 @@ fn row_to_block(r: &rusqlite::Row<'_>) -> rusqlite::Result<BlockRow> {
 }
 
 fn replicas_text(r: &[usize]) -> String {
-    r.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(",")
+    r.iter()
+        .map(|d| d.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 fn get_inode(tx: &Connection, ino: u64) -> FsResult<Inode> {
@@ -228,7 +230,9 @@ fn require_dir(tx: &Connection, ino: u64) -> FsResult<Inode> {
 
 fn next_counter(tx: &Connection, name: &str) -> FsResult<u64> {
     let v: i64 = tx
-        .prepare_cached("UPDATE counters SET value = value + 1 WHERE name = ?1 RETURNING value - 1")?
+        .prepare_cached(
+            "UPDATE counters SET value = value + 1 WHERE name = ?1 RETURNING value - 1",
+        )?
         .query_row([name], |r| r.get(0))?;
     Ok(v as u64)
 }
@@ -294,7 +298,10 @@ impl MetaStore {
         let r = (|| {
             let tx = c.transaction()?;
             // A write is needed for the commit to sync the WAL.
-            tx.execute("UPDATE counters SET value = value WHERE name = 'next_ino'", [])?;
+            tx.execute(
+                "UPDATE counters SET value = value WHERE name = 'next_ino'",
+                [],
+            )?;
             let v = f(&tx)?;
             tx.commit()?;
             Ok(v)
@@ -320,11 +327,13 @@ impl MetaStore {
             return Ok(ROOT_INO);
         }
         let c = lock(&self.conn);
-        Ok(c.prepare_cached("SELECT parent FROM dentries WHERE ino = ?1 LIMIT 1")?
-            .query_row([dir as i64], |r| r.get::<_, i64>(0))
-            .optional()?
-            .map(|v| v as u64)
-            .unwrap_or(ROOT_INO))
+        Ok(
+            c.prepare_cached("SELECT parent FROM dentries WHERE ino = ?1 LIMIT 1")?
+                .query_row([dir as i64], |r| r.get::<_, i64>(0))
+                .optional()?
+                .map(|v| v as u64)
+                .unwrap_or(ROOT_INO),
+        )
     }
 
     pub fn create(&self, parent: u64, name: &[u8], n: NewNode<'_>) -> FsResult<Inode> {
@@ -458,7 +467,9 @@ impl MetaStore {
                 let mut p = newparent;
                 while p != ROOT_INO {
                     if p == src {
-                        return Err(FsError::Invalid("cannot move a directory into itself".into()));
+                        return Err(FsError::Invalid(
+                            "cannot move a directory into itself".into(),
+                        ));
                     }
                     p = tx
                         .prepare_cached("SELECT parent FROM dentries WHERE ino = ?1 LIMIT 1")?
@@ -468,7 +479,9 @@ impl MetaStore {
                         .unwrap_or(ROOT_INO);
                 }
             } else if src == newparent {
-                return Err(FsError::Invalid("cannot move a directory into itself".into()));
+                return Err(FsError::Invalid(
+                    "cannot move a directory into itself".into(),
+                ));
             }
             let set_entry = |p: u64, n: &[u8], ino: u64| -> FsResult<()> {
                 tx.prepare_cached("INSERT OR REPLACE INTO dentries VALUES(?1, ?2, ?3)")?
@@ -596,7 +609,9 @@ impl MetaStore {
     pub fn set_size(tx: &Connection, ino: u64, size: u64, touch: Option<i64>) -> FsResult<()> {
         match touch {
             Some(t) => tx
-                .prepare_cached("UPDATE inodes SET size = ?2, mtime = ?3, ctime = ?3 WHERE ino = ?1")?
+                .prepare_cached(
+                    "UPDATE inodes SET size = ?2, mtime = ?3, ctime = ?3 WHERE ino = ?1",
+                )?
                 .execute(params![ino as i64, size as i64, t])?,
             None => tx
                 .prepare_cached("UPDATE inodes SET size = ?2 WHERE ino = ?1")?
@@ -712,16 +727,18 @@ impl MetaStore {
     }
 
     pub fn put_uc(tx: &Connection, uc: &UnderConstruction) -> FsResult<()> {
-        tx.prepare_cached("INSERT OR REPLACE INTO under_construction VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7)")?
-            .execute(params![
-                uc.ino as i64,
-                uc.holder,
-                uc.pid as i64,
-                uc.comm,
-                uc.epoch as i64,
-                uc.mount_id,
-                uc.since_ms as i64
-            ])?;
+        tx.prepare_cached(
+            "INSERT OR REPLACE INTO under_construction VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        )?
+        .execute(params![
+            uc.ino as i64,
+            uc.holder,
+            uc.pid as i64,
+            uc.comm,
+            uc.epoch as i64,
+            uc.mount_id,
+            uc.since_ms as i64
+        ])?;
         Self::set_last_epoch(tx, uc.ino, uc.epoch)
     }
 
@@ -733,7 +750,9 @@ impl MetaStore {
 
     pub fn list_uc(&self) -> FsResult<Vec<UnderConstruction>> {
         let c = lock(&self.conn);
-        let mut st = c.prepare("SELECT ino, holder, pid, comm, epoch, mount_id, since_ms FROM under_construction")?;
+        let mut st = c.prepare(
+            "SELECT ino, holder, pid, comm, epoch, mount_id, since_ms FROM under_construction",
+        )?;
         let rows = st.query_map([], |r| {
             Ok(UnderConstruction {
                 ino: r.get::<_, i64>(0)? as u64,
@@ -777,7 +796,10 @@ impl MetaStore {
         while ino != ROOT_INO && parts.len() < 256 {
             let r: Option<(i64, Vec<u8>)> = c
                 .prepare_cached("SELECT parent, name FROM dentries WHERE ino = ?1 LIMIT 1")
-                .and_then(|mut s| s.query_row([ino as i64], |r| Ok((r.get(0)?, r.get(1)?))).optional())
+                .and_then(|mut s| {
+                    s.query_row([ino as i64], |r| Ok((r.get(0)?, r.get(1)?)))
+                        .optional()
+                })
                 .unwrap_or(None);
             match r {
                 Some((p, n)) => {
@@ -800,7 +822,14 @@ impl MetaStore {
     }
 
     /// `flags`: XATTR_CREATE / XATTR_REPLACE semantics.
-    pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], create: bool, replace: bool) -> FsResult<()> {
+    pub fn setxattr(
+        &self,
+        ino: u64,
+        name: &[u8],
+        value: &[u8],
+        create: bool,
+        replace: bool,
+    ) -> FsResult<()> {
         let now = now_ns();
         self.with_tx(|tx| {
             let exists = tx
@@ -866,9 +895,13 @@ impl MetaStore {
     /// The replication factor of the last mount, if recorded.
     pub fn replication(&self) -> FsResult<Option<usize>> {
         let c = lock(&self.conn);
-        Ok(c.query_row("SELECT value FROM counters WHERE name = 'replication'", [], |r| r.get::<_, i64>(0))
-            .optional()?
-            .map(|v| v as usize))
+        Ok(c.query_row(
+            "SELECT value FROM counters WHERE name = 'replication'",
+            [],
+            |r| r.get::<_, i64>(0),
+        )
+        .optional()?
+        .map(|v| v as usize))
     }
 
     pub fn datanodes(&self) -> FsResult<Vec<std::path::PathBuf>> {
@@ -930,7 +963,15 @@ mod tests {
     use super::*;
 
     fn node(kind: Kind) -> NewNode<'static> {
-        NewNode { kind, mode: 0o644, uid: 0, gid: 0, rdev: 0, target: None, block_size: 1 << 20 }
+        NewNode {
+            kind,
+            mode: 0o644,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+            target: None,
+            block_size: 1 << 20,
+        }
     }
 
     #[test]
@@ -954,7 +995,9 @@ mod tests {
         let m = MetaStore::open(&d.path().join("m.db"), 0, 0).unwrap();
         let a = m.create(ROOT_INO, b"a", node(Kind::File)).unwrap();
         let b = m.create(ROOT_INO, b"b", node(Kind::File)).unwrap();
-        let gone = m.rename(ROOT_INO, b"a", ROOT_INO, b"b", false, false).unwrap();
+        let gone = m
+            .rename(ROOT_INO, b"a", ROOT_INO, b"b", false, false)
+            .unwrap();
         assert_eq!(gone.unwrap().ino, b.ino);
         assert_eq!(m.lookup(ROOT_INO, b"b").unwrap().ino, a.ino);
         let x = m.create(ROOT_INO, b"x", node(Kind::Dir)).unwrap();

@@ -60,7 +60,10 @@ impl Datanodes {
         if let Some(a) = self.alive.get(i)
             && a.swap(false, Ordering::Relaxed)
         {
-            tracing::warn!(datanode = i, "datanode marked dead; excluded from new pipelines");
+            tracing::warn!(
+                datanode = i,
+                "datanode marked dead; excluded from new pipelines"
+            );
         }
     }
 

@@ -103,6 +103,10 @@ fn read_block(
 }
 
 fn report(bad: &BadReplicas, b: &BlockRow, dn: usize, why: &str) {
-    tracing::warn!(block = b.block_id, datanode = dn, "bad replica skipped: {why}");
+    tracing::warn!(
+        block = b.block_id,
+        datanode = dn,
+        "bad replica skipped: {why}"
+    );
     bad.report(b.block_id, dn);
 }

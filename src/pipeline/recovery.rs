@@ -22,7 +22,8 @@ pub fn recover_file(meta: &MetaStore, dns: &Datanodes, ino: u64) -> FsResult<u64
             // readable replica: every replica found counts.
             let Some(node) = dns.get(dn) else { continue };
             match node.find(last.block_id) {
-                Some(info) if info.gs == last.gs => match node.valid_prefix(last.block_id, last.gs) {
+                Some(info) if info.gs == last.gs => match node.valid_prefix(last.block_id, last.gs)
+                {
                     Ok(n) => lens.push((dn, n)),
                     Err(e) => tracing::warn!(datanode = dn, "replica unusable in recovery: {e}"),
                 },
@@ -32,7 +33,11 @@ pub fn recover_file(meta: &MetaStore, dns: &Datanodes, ino: u64) -> FsResult<u64
                     wanted = last.gs,
                     "stale replica ignored in recovery"
                 ),
-                None => tracing::warn!(datanode = dn, block = last.block_id, "replica missing in recovery"),
+                None => tracing::warn!(
+                    datanode = dn,
+                    block = last.block_id,
+                    "replica missing in recovery"
+                ),
             }
         }
         let start = last.idx * bs;
@@ -43,7 +48,10 @@ pub fn recover_file(meta: &MetaStore, dns: &Datanodes, ino: u64) -> FsResult<u64
                 MetaStore::set_size(tx, ino, start, Some(now_ns()))?;
                 MetaStore::del_uc(tx, ino)
             })?;
-            tracing::warn!(ino, "recovery found no replica of the last block; length {start}");
+            tracing::warn!(
+                ino,
+                "recovery found no replica of the last block; length {start}"
+            );
             return Ok(start);
         }
         let len = lens.iter().map(|(_, n)| *n).min().unwrap_or(0);
@@ -60,7 +68,10 @@ pub fn recover_file(meta: &MetaStore, dns: &Datanodes, ino: u64) -> FsResult<u64
             }
         }
         if ok.is_empty() {
-            return Err(FsError::Io(format!("no replica of block {} recovered", last.block_id)));
+            return Err(FsError::Io(format!(
+                "no replica of block {} recovered",
+                last.block_id
+            )));
         }
         let mut row = last.clone();
         row.gs = new_gs;
@@ -74,7 +85,13 @@ pub fn recover_file(meta: &MetaStore, dns: &Datanodes, ino: u64) -> FsResult<u64
             MetaStore::set_size(tx, ino, size, None)?;
             MetaStore::del_uc(tx, ino)
         })?;
-        tracing::info!(ino, block = row.block_id, gs = new_gs, len = size, "lease recovery closed file");
+        tracing::info!(
+            ino,
+            block = row.block_id,
+            gs = new_gs,
+            len = size,
+            "lease recovery closed file"
+        );
     } else {
         meta.tx(|tx| MetaStore::del_uc(tx, ino))?;
     }

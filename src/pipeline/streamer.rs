@@ -169,10 +169,7 @@ impl OutputStream {
     /// Streams one packet through the pipeline, rebuilding it on failure.
     fn send(&self, pipe: &mut Pipe, p: &Packet) -> FsResult<()> {
         let bs = self.block_size;
-        let full = pipe
-            .block
-            .as_ref()
-            .is_some_and(|b| p.off >= b.start + bs);
+        let full = pipe.block.as_ref().is_some_and(|b| p.off >= b.start + bs);
         if full {
             let b = pipe.block.take().expect("checked above");
             let (row, size) = self.finalize(b, &mut pipe.unsynced)?;
@@ -188,8 +185,16 @@ impl OutputStream {
         b.acc.crcs_for(boff, &p.data, crcs);
         // A datanode that failed its heartbeat (directory gone, disk
         // unwritable) leaves the pipeline before the next packet.
-        while let Some(k) = b.writers.iter().position(|(dn, _)| !self.ctx.dns.is_alive(*dn)) {
-            tracing::warn!(ino = self.ino, datanode = b.writers[k].0, "dead datanode leaves the pipeline");
+        while let Some(k) = b
+            .writers
+            .iter()
+            .position(|(dn, _)| !self.ctx.dns.is_alive(*dn))
+        {
+            tracing::warn!(
+                ino = self.ino,
+                datanode = b.writers[k].0,
+                "dead datanode leaves the pipeline"
+            );
             self.rebuild_pipeline(b, k, boff)?;
         }
         loop {
@@ -231,7 +236,10 @@ impl OutputStream {
             match r {
                 Ok(w) => writers.push((dn, w)),
                 Err(e) => {
-                    tracing::warn!(datanode = dn, "dropping replica during pipeline recovery: {e}");
+                    tracing::warn!(
+                        datanode = dn,
+                        "dropping replica during pipeline recovery: {e}"
+                    );
                     dns.mark_dead(dn);
                 }
             }
@@ -296,7 +304,9 @@ impl OutputStream {
                 let gs = self.meta().alloc("next_gs")?;
                 let mut writers = Vec::new();
                 for dn in replicas {
-                    let Some(node) = self.ctx.dns.get(dn) else { continue };
+                    let Some(node) = self.ctx.dns.get(dn) else {
+                        continue;
+                    };
                     match node.create_rbw(block_id, gs) {
                         Ok(w) => writers.push((dn, w)),
                         Err(e) => {
@@ -333,8 +343,14 @@ impl OutputStream {
                 let mut have_tail = tail.is_empty();
                 let mut writers = Vec::new();
                 for &dn in &row.replicas {
-                    let Some(node) = self.ctx.dns.get(dn) else { continue };
-                    if !have_tail && node.read(row.block_id, row.gs, tail_start, &mut tail).is_ok() {
+                    let Some(node) = self.ctx.dns.get(dn) else {
+                        continue;
+                    };
+                    if !have_tail
+                        && node
+                            .read(row.block_id, row.gs, tail_start, &mut tail)
+                            .is_ok()
+                    {
                         have_tail = true;
                     }
                     let r = node
@@ -342,7 +358,9 @@ impl OutputStream {
                         .and_then(|_| node.reopen_rbw(row.block_id, new_gs, len));
                     match r {
                         Ok(w) => writers.push((dn, w)),
-                        Err(e) => tracing::warn!(datanode = dn, "replica not reopened for append: {e}"),
+                        Err(e) => {
+                            tracing::warn!(datanode = dn, "replica not reopened for append: {e}")
+                        }
                     }
                 }
                 if writers.is_empty() || !have_tail {
@@ -369,19 +387,28 @@ impl OutputStream {
     /// Closes the replicas of a block and moves them to `finalized/`;
     /// returns its row and the file length it ends at, for the caller to
     /// record (with whatever else it commits).
-    fn finalize(&self, mut b: OpenBlock, unsynced: &mut Vec<(u64, u64, Vec<usize>)>) -> FsResult<(BlockRow, u64)> {
+    fn finalize(
+        &self,
+        mut b: OpenBlock,
+        unsynced: &mut Vec<(u64, u64, Vec<usize>)>,
+    ) -> FsResult<(BlockRow, u64)> {
         let len = b.row.len;
         let mut ok = Vec::new();
         for (dn, w) in b.writers.drain(..) {
             drop(w);
-            let Some(node) = self.ctx.dns.get(dn) else { continue };
+            let Some(node) = self.ctx.dns.get(dn) else {
+                continue;
+            };
             match node.finalize(b.row.block_id, b.row.gs, len) {
                 Ok(()) => ok.push(dn),
                 Err(e) => tracing::warn!(datanode = dn, "finalize failed: {e}"),
             }
         }
         if ok.is_empty() {
-            return Err(FsError::Io(format!("no replica of block {} finalized", b.row.block_id)));
+            return Err(FsError::Io(format!(
+                "no replica of block {} finalized",
+                b.row.block_id
+            )));
         }
         b.row.finalized = true;
         unsynced.push((b.row.block_id, b.row.gs, ok.clone()));
@@ -408,13 +435,18 @@ impl OutputStream {
         if let Some(b) = pipe.block.as_ref() {
             for (dn, w) in &b.writers {
                 for t in w.sync_tasks()? {
-                    tasks.push((Some((b.row.block_id, *dn)), Box::new(move || t().map_err(FsError::from))));
+                    tasks.push((
+                        Some((b.row.block_id, *dn)),
+                        Box::new(move || t().map_err(FsError::from)),
+                    ));
                 }
             }
         }
         for (block, gs, reps) in std::mem::take(&mut pipe.unsynced) {
             for dn in reps {
-                let Some(node) = self.ctx.dns.get(dn).cloned() else { continue };
+                let Some(node) = self.ctx.dns.get(dn).cloned() else {
+                    continue;
+                };
                 tasks.push((
                     Some((block, dn)),
                     Box::new(move || node.sync_replica(block, gs).map_err(FsError::from)),
@@ -435,11 +467,18 @@ impl OutputStream {
             }
         }
         for (block, dn, e) in failed {
-            tracing::warn!(ino = self.ino, block, datanode = dn, "replica sync failed: {e}");
+            tracing::warn!(
+                ino = self.ino,
+                block,
+                datanode = dn,
+                "replica sync failed: {e}"
+            );
             self.ctx.bad.report(block, dn);
             self.ctx.dns.mark_dead(dn);
             if !ok_blocks.contains(&block) {
-                return Err(FsError::Io(format!("no replica of block {block} could be synced: {e}")));
+                return Err(FsError::Io(format!(
+                    "no replica of block {block} could be synced: {e}"
+                )));
             }
         }
         Ok(())
@@ -521,14 +560,21 @@ impl OutputStream {
                 }
             }
         }
-        if size % bs != 0 {
+        if !size.is_multiple_of(bs) {
             let idx = size / bs;
-            if let Some(mut row) = self.meta().blocks(self.ino)?.into_iter().find(|b| b.idx == idx) {
+            if let Some(mut row) = self
+                .meta()
+                .blocks(self.ino)?
+                .into_iter()
+                .find(|b| b.idx == idx)
+            {
                 let len = size - idx * bs;
                 let new_gs = self.meta().alloc("next_gs")?;
                 let mut ok = Vec::new();
                 for &dn in &row.replicas {
-                    let Some(node) = self.ctx.dns.get(dn) else { continue };
+                    let Some(node) = self.ctx.dns.get(dn) else {
+                        continue;
+                    };
                     match node.truncate(row.block_id, row.gs, new_gs, len) {
                         Ok(()) => ok.push(dn),
                         Err(e) => tracing::warn!(datanode = dn, "replica truncate failed: {e}"),
@@ -558,12 +604,17 @@ impl OutputStream {
 }
 
 /// A piece of an fsync and the replica (block, datanode) it is about.
-type SyncTask = (Option<(u64, usize)>, Box<dyn FnOnce() -> FsResult<()> + Send>);
+type SyncTask = (
+    Option<(u64, usize)>,
+    Box<dyn FnOnce() -> FsResult<()> + Send>,
+);
+/// A sync task's tag and result.
+type SyncResult = (Option<(u64, usize)>, FsResult<()>);
 
 /// Runs independent tasks on the blocking pool (reused threads, so an fsync
 /// costs no thread creation), the first one on the calling thread; returns
 /// each task's result with its tag.
-fn run_parallel(rt: &tokio::runtime::Handle, mut tasks: Vec<SyncTask>) -> Vec<(Option<(u64, usize)>, FsResult<()>)> {
+fn run_parallel(rt: &tokio::runtime::Handle, mut tasks: Vec<SyncTask>) -> Vec<SyncResult> {
     let Some((tag, first)) = tasks.pop() else {
         return Vec::new();
     };

@@ -368,7 +368,10 @@ impl Datanode {
     /// entries (for blocks finalised before an `fsync` of their file).
     pub fn sync_replica(&self, block: u64, gs: u64) -> Result<(), StorageError> {
         let loc = self.locate(block, gs)?;
-        for p in [self.data_path(loc.data_in, block), self.meta_path(loc.meta_in, block, gs)] {
+        for p in [
+            self.data_path(loc.data_in, block),
+            self.meta_path(loc.meta_in, block, gs),
+        ] {
             fs::File::open(&p)
                 .and_then(|f| f.sync_all())
                 .map_err(|e| StorageError::io(&p, e))?;
@@ -610,7 +613,11 @@ impl Datanode {
         // its layout again; a root that is gone stays dead rather than
         // being recreated on whatever filesystem lies below it.
         if self.root.is_dir() {
-            for d in [&self.tmp, self.dir(ReplicaState::Rbw), self.dir(ReplicaState::Finalized)] {
+            for d in [
+                &self.tmp,
+                self.dir(ReplicaState::Rbw),
+                self.dir(ReplicaState::Finalized),
+            ] {
                 fs::create_dir_all(d).map_err(|e| StorageError::io(d, e))?;
             }
         }
@@ -640,11 +647,12 @@ impl Datanode {
     /// error then says).
     pub fn stat_replica(&self, block: u64, gs: u64) -> Result<(ReplicaState, u64), StorageError> {
         let loc = self.locate(block, gs)?;
-        let state = if loc.data_in == ReplicaState::Finalized && loc.meta_in == ReplicaState::Finalized {
-            ReplicaState::Finalized
-        } else {
-            ReplicaState::Rbw
-        };
+        let state =
+            if loc.data_in == ReplicaState::Finalized && loc.meta_in == ReplicaState::Finalized {
+                ReplicaState::Finalized
+            } else {
+                ReplicaState::Rbw
+            };
         let len = stat_len(&self.data_path(loc.data_in, block))?;
         Ok((state, len))
     }
