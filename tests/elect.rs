@@ -234,9 +234,12 @@ fn wait_leader(m: &Mount, dir: &str, after: u64, max: Duration) -> Option<Value>
 
 /// The journal's lines as (epoch, id).
 fn journal(m: &Mount) -> Vec<(u64, String)> {
-    std::fs::read_to_string(m.path("journal"))
-        .unwrap_or_default()
-        .lines()
+    let text = match std::fs::read(m.path("journal")) {
+        Ok(b) => String::from_utf8_lossy(&b).into_owned(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => panic!("cannot read the journal: {e}"),
+    };
+    text.lines()
         .filter_map(|l| {
             let (e, id) = l.split_once(' ')?;
             Some((e.parse().ok()?, id.to_string()))

@@ -509,10 +509,9 @@ impl Core {
                 drop(s);
                 me.leases.release(h.ino, h.fh);
             }
+            // No cache invalidation here: the kernel's pages and size of this
+            // inode were updated by the writer's own writes through it.
             me.drop_open(h.ino);
-            if h.write && h.stream.as_ref().is_some_and(|s| s.is_dirty()) {
-                me.invalidate(h.ino);
-            }
             reply(r)
         };
         let failed = stream_to_close.as_ref().and_then(|s| s.is_failed());
