@@ -1,6 +1,6 @@
 //! `leasefs elect` (DESIGN.md §2 "Lease-based leader election") with real
-//! processes on a real mount (`soft_limit=2`, electors with `--lease-ms
-//! 2000`): three electors and kill -9 of the leader; SIGSTOP of the leader
+//! processes on a real mount (`soft_limit=2`, which the electors read from
+//! the mount as their lease duration): three electors and kill -9 of the leader; SIGSTOP of the leader
 //! and its command (preempted after the soft limit, fenced on waking, its
 //! command's writes refused); a leader that misses its renew deadline with
 //! nobody competing; resignation when the command exits, `--once`,
@@ -84,7 +84,7 @@ impl Candidate {
         let mut c = Command::new(bin());
         c.arg("elect")
             .arg(m.path(dir))
-            .args(["--id", id, "--lease-ms", "2000"])
+            .args(["--id", id])
             .args(opts);
         if !opts.contains(&"--retry-ms") {
             c.args(["--retry-ms", "100"]);
@@ -232,14 +232,28 @@ fn wait_leader(m: &Mount, dir: &str, after: u64, max: Duration) -> Option<Value>
     found
 }
 
-/// The journal's lines as (epoch, id).
+/// The journal's complete lines as (epoch, id). Read again on an error: a
+/// read that races with an append reopening the file can fail with EIO
+/// (a daemon bug, reported), and a line being written may show in part.
 fn journal(m: &Mount) -> Vec<(u64, String)> {
-    let text = match std::fs::read(m.path("journal")) {
-        Ok(b) => String::from_utf8_lossy(&b).into_owned(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
-        Err(e) => panic!("cannot read the journal: {e}"),
-    };
-    text.lines()
+    let mut text = String::new();
+    for attempt in 0.. {
+        match std::fs::read(m.path("journal")) {
+            Ok(b) => {
+                text = String::from_utf8_lossy(&b).into_owned();
+                break;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
+            Err(e) if attempt < 50 => {
+                eprintln!("journal read failed ({e}); reading again");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => panic!("cannot read the journal: {e}"),
+        }
+    }
+    let complete = text.rfind('\n').map_or("", |end| &text[..end]);
+    complete
+        .lines()
         .filter_map(|l| {
             let (e, id) = l.split_once(' ')?;
             Some((e.parse().ok()?, id.to_string()))
@@ -672,6 +686,20 @@ fn the_leader_resigns_when_its_command_exits_and_the_audit_table_is_queryable() 
         "5000",
     ]);
     assert_eq!(o.status.code(), Some(2), "{o:?}");
+    // A lease longer than the mount's soft limit would let a leader outlive it.
+    let o = m.leasefs(&[
+        "elect",
+        dir.to_str().expect("utf-8"),
+        "--id",
+        "x",
+        "--lease-ms",
+        "5000",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("soft limit"),
+        "{o:?}"
+    );
 }
 
 #[test]

@@ -12,13 +12,14 @@ use serde_json::Value;
 
 use super::client::{ask, find_mount};
 use super::fail;
-use crate::elect::{Elector, Outcome, TermEnd, Timing, control};
+use crate::elect::{Elector, Outcome, TermEnd, Timing, control, leader_file};
 use crate::sync::{AtomicBool, Ordering};
 
 #[derive(clap::Args, Debug)]
 pub struct ElectArgs {
     /// Election directory on a leasefs mount (created if missing); the
     /// lease is on its LEADER file.
+    #[arg(value_name = "ELECTION_DIR")]
     pub dir: PathBuf,
     /// This candidate's name in the election file and the audit table.
     #[arg(long, required_unless_present = "history")]
@@ -30,10 +31,11 @@ pub struct ElectArgs {
     /// With --history: a JSON array instead of a table.
     #[arg(long, requires = "history")]
     pub json: bool,
-    /// The mount's soft limit in milliseconds (-o soft_limit): leases
-    /// unrenewed this long are taken over. Must match the mount.
-    #[arg(long, default_value_t = 60_000, value_name = "MS")]
-    pub lease_ms: u64,
+    /// How long a lease lives unrenewed, in milliseconds: the mount's soft
+    /// limit (the default, read from the mount root). A smaller value only
+    /// makes the leader give up earlier; a larger one is refused.
+    #[arg(long, value_name = "MS")]
+    pub lease_ms: Option<u64>,
     /// How often the leader renews (default: lease/4).
     #[arg(long, value_name = "MS")]
     pub renew_ms: Option<u64>,
@@ -69,18 +71,13 @@ pub fn run(a: ElectArgs) -> ExitCode {
     let Some(id) = a.id.clone().filter(|i| !i.is_empty()) else {
         return fail(2, "elect: --id NAME is required");
     };
-    let ms = Duration::from_millis;
-    let mut timing = Timing::from_lease(ms(a.lease_ms), ms(a.retry_ms));
-    if let Some(r) = a.renew_ms {
-        timing.renew_interval = ms(r);
-    }
-    if let Some(d) = a.renew_deadline_ms {
-        timing.renew_deadline = ms(d);
-        timing.kill_grace = timing
-            .kill_grace
-            .min(timing.lease.saturating_sub(ms(d)) / 2);
-    }
-    if let Err(e) = timing.validate() {
+    // Refuse a path outside any leasefs mount before creating anything.
+    let existing = a
+        .dir
+        .ancestors()
+        .find(|p| p.exists())
+        .unwrap_or(Path::new("."));
+    if let Err(e) = find_mount(existing) {
         return fail(2, format!("elect: {e}"));
     }
     if let Err(e) = std::fs::create_dir_all(&a.dir) {
@@ -94,6 +91,41 @@ pub fn run(a: ElectArgs) -> ExitCode {
         Ok(d) => d,
         Err(e) => return fail(2, format!("elect: {}: {e}", a.dir.display())),
     };
+    let ms = Duration::from_millis;
+    let soft = leader_file::mount_soft_limit(&mountpoint);
+    let lease = match (a.lease_ms.map(ms), soft) {
+        (Some(l), Some(s)) if l > s => {
+            return fail(
+                2,
+                format!(
+                    "elect: --lease-ms {} exceeds the mount's soft limit ({} ms): a leader could outlive its lease",
+                    l.as_millis(),
+                    s.as_millis()
+                ),
+            );
+        }
+        (Some(l), _) => l,
+        (None, Some(s)) => s,
+        (None, None) => {
+            tracing::warn!(
+                "the mount does not show its soft limit; assuming 60000 ms (give --lease-ms)"
+            );
+            ms(60_000)
+        }
+    };
+    let mut timing = Timing::from_lease(lease, ms(a.retry_ms));
+    if let Some(r) = a.renew_ms {
+        timing.renew_interval = ms(r);
+    }
+    if let Some(d) = a.renew_deadline_ms {
+        timing.renew_deadline = ms(d);
+        timing.kill_grace = timing
+            .kill_grace
+            .min(timing.lease.saturating_sub(ms(d)) / 2);
+    }
+    if let Err(e) = timing.validate() {
+        return fail(2, format!("elect: {e}"));
+    }
     let ctl = move |req: Value| ask(&mountpoint, req);
     // Fail now, in one line, if the daemon cannot keep the audit table.
     if let Err(e) = control::history(&ctl, &dir_in_mount) {

@@ -155,7 +155,7 @@ impl Elector {
                 .flatten()
                 .filter(|r| r.epoch == v.epoch)
                 .map(|r| r.id)
-                .unwrap_or_else(|| "?".into());
+                .unwrap_or_else(|| v.holder.clone().unwrap_or_else(|| "?".into()));
             info!(
                 epoch = v.epoch,
                 holder = v.holder.as_deref().unwrap_or("-"),

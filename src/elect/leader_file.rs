@@ -202,6 +202,14 @@ impl LeaseView {
     }
 }
 
+/// The soft limit the mount at `mountpoint` enforces (its root's
+/// `user.leasefs.soft_limit_ms`); `None` from a daemon that does not show it.
+pub fn mount_soft_limit(mountpoint: &Path) -> Option<std::time::Duration> {
+    let raw = getxattr(mountpoint, "user.leasefs.soft_limit_ms").ok()?;
+    let ms: u64 = std::str::from_utf8(&raw).ok()?.trim().parse().ok()?;
+    Some(std::time::Duration::from_millis(ms))
+}
+
 fn getxattr(path: &Path, name: &str) -> io::Result<Vec<u8>> {
     use std::ffi::CString;
     use std::os::unix::ffi::OsStrExt;
