@@ -45,12 +45,18 @@ pub enum FsError {
     Poisoned(String),
     #[error("{0}")]
     Lease(#[from] LeaseError),
+    #[error("the election term (epoch {epoch}) of this process group is over")]
+    TermOver { epoch: u64 },
     #[error("{0}")]
     Storage(String, i32),
     #[error("metadata store: {0}")]
     Meta(String),
     #[error("i/o error: {0}")]
     Io(String),
+    /// A read found replicas under another generation stamp than its block
+    /// list said: the block changed under it; read again with a fresh list.
+    #[error("block changed while reading: {0}")]
+    Moved(String),
 }
 
 impl From<StorageError> for FsError {
@@ -94,9 +100,11 @@ impl FsError {
             FsError::NoSpace => ENOSPC,
             FsError::Poisoned(_) => EIO,
             FsError::Lease(e) => e.errno(),
+            FsError::TermOver { .. } => EIO,
             FsError::Storage(_, errno) => *errno,
             FsError::Meta(_) => EIO,
             FsError::Io(_) => EIO,
+            FsError::Moved(_) => EIO,
         }
     }
 }

@@ -405,13 +405,14 @@ impl Filesystem for Adapter {
 
     fn flush(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        self.core.flush(fh.0, Box::new(move |r| empty(reply, r)))
+        self.core
+            .flush(fh.0, caller(req), Box::new(move |r| empty(reply, r)))
     }
 
     fn release(

@@ -365,9 +365,11 @@ impl Core {
         self.register(h);
         self.epochs.insert(ino, grant.epoch);
         tracing::debug!(ino, fh, epoch = grant.epoch, "write lease granted");
+        // Writes bypass the page cache, so that other readers of the
+        // inode's pages never see bytes that are not yet acknowledged.
         let opened = Opened {
             fh,
-            direct_io: false,
+            direct_io: true,
             keep_cache: false,
         };
         if flags & libc::O_TRUNC != 0 && inode.size > 0 {
@@ -400,21 +402,38 @@ impl Core {
 
     pub fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<Vec<u8>> {
         let h = self.handle(fh)?;
-        let inode = self.meta.get(h.ino)?;
-        let len = match self.stream_of(h.ino) {
+        // A writer may reopen the last block for append (new generation
+        // stamp) between our reading the block list and the replicas.
+        let mut tries = 0;
+        loop {
+            match self.read_once(h.ino, offset, size) {
+                Err(FsError::Moved(why)) if tries < 20 => {
+                    tries += 1;
+                    tracing::debug!(ino = h.ino, "read again: {why}");
+                    std::thread::sleep(std::time::Duration::from_micros(200 * tries));
+                }
+                r => return r,
+            }
+        }
+    }
+
+    fn read_once(&self, ino: u64, offset: u64, size: u32) -> FsResult<Vec<u8>> {
+        let inode = self.meta.get(ino)?;
+        let len = match self.stream_of(ino) {
             Some(s) => s.visible_len(),
             None => inode.size,
         };
         if offset >= len {
             return Ok(Vec::new());
         }
-        let blocks = self.meta.blocks(h.ino)?;
+        let blocks = self.meta.blocks(ino)?;
         let bs = if inode.block_size == 0 {
             self.opts.block_size
         } else {
             inode.block_size
         };
-        reader::read(
+        let mut skipped = Vec::new();
+        let r = reader::read(
             &self.dns,
             &self.bad,
             &blocks,
@@ -422,7 +441,22 @@ impl Core {
             len,
             offset,
             size as usize,
-        )
+            &mut skipped,
+        );
+        if r.is_ok() && !skipped.is_empty() {
+            // Passed-over replicas the block list still names as they were
+            // read are really missing or stale; the others had moved on.
+            let now = self.meta.blocks(ino)?;
+            for sk in skipped {
+                let current = now.iter().any(|b| {
+                    b.block_id == sk.block && b.gs == sk.gs && b.replicas.contains(&sk.dn)
+                });
+                if current {
+                    reader::report_replica(&self.bad, sk.block, sk.dn, &sk.why);
+                }
+            }
+        }
+        r
     }
 
     /// Appends through the handle's stream; the reply may wait for acks
@@ -435,11 +469,8 @@ impl Core {
         let Some(stream) = h.stream.as_ref() else {
             return reply(Err(FsError::BadHandle));
         };
-        if let Err(e) = self.leases.check(h.ino, fh, h.epoch) {
+        if let Err(e) = self.writable(&h) {
             tracing::warn!(ino = h.ino, fh, "write refused: {e}");
-            return reply(Err(e.into()));
-        }
-        if let Err(e) = self.check_fence(h.pgid) {
             return reply(Err(e));
         }
         if h.flushed.swap(false, Ordering::Relaxed) {
@@ -451,7 +482,10 @@ impl Core {
     }
 
     /// close(): every byte of this writer acknowledged by all replicas.
-    pub fn flush(self: &Arc<Self>, fh: u64, reply: Reply<()>) {
+    /// Only a close by the process that opened the handle counts as the
+    /// holder closing (for the reopen grace): a child closing an inherited
+    /// copy (exec) does not.
+    pub fn flush(self: &Arc<Self>, fh: u64, caller: Caller, reply: Reply<()>) {
         let h = match self.handle(fh) {
             Ok(h) => h,
             Err(e) => return reply(Err(e)),
@@ -459,12 +493,13 @@ impl Core {
         let Some(stream) = h.stream.clone() else {
             return reply(Ok(()));
         };
-        if let Err(e) = self.leases.check(h.ino, fh, h.epoch) {
-            return reply(Err(e.into()));
+        if let Err(e) = self.writable(&h) {
+            return reply(Err(e));
         }
+        let by_holder = proc_info::identity(caller.pid).tgid == h.tgid;
         let me = self.clone();
         stream.flush(Box::new(move |r| {
-            if r.is_ok() {
+            if r.is_ok() && by_holder {
                 h.flushed.store(true, Ordering::Relaxed);
                 me.leases.note_flush(h.ino, h.fh);
             }
@@ -482,8 +517,8 @@ impl Core {
         let Some(stream) = h.stream.clone() else {
             return reply(Ok(()));
         };
-        if let Err(e) = self.leases.check(h.ino, fh, h.epoch) {
-            return reply(Err(e.into()));
+        if let Err(e) = self.writable(&h) {
+            return reply(Err(e));
         }
         stream.sync(reply);
     }
@@ -496,6 +531,11 @@ impl Core {
         };
         let stream_to_close = h.stream.clone();
         let ino = h.ino;
+        if h.write {
+            // A handle of an ended election term closes nothing: its
+            // unflushed bytes are dropped and the file is recovered.
+            let _ = self.writable(&h);
+        }
         let me = self.clone();
         let finish = move |r: FsResult<()>| {
             if h.write {
@@ -624,12 +664,7 @@ impl Core {
         if let Some(h) = own
             && let Some(stream) = h.stream.clone()
         {
-            if let Err(e) = self
-                .leases
-                .check(ino, h.fh, h.epoch)
-                .map_err(FsError::from)
-                .and_then(|_| self.check_fence(h.pgid))
-            {
+            if let Err(e) = self.writable(&h) {
                 return reply(Err(e));
             }
             return stream.truncate(size, reply);
@@ -738,6 +773,44 @@ impl Core {
         }
     }
 
+    /// May this write handle still change its file? Its lease must be the
+    /// one it was granted, and its process group's election term (if any)
+    /// must not be over. A handle fenced by its term loses what it has not
+    /// flushed: its stream is aborted, so a frozen old leader adds nothing.
+    fn writable(&self, h: &Handle) -> FsResult<()> {
+        self.leases.check(h.ino, h.fh, h.epoch)?;
+        if let Err(e) = self.check_fence(h.pgid) {
+            if let Some(s) = &h.stream {
+                s.abort(e.clone());
+            }
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Drops the fences of terms that are over once their process group is
+    /// empty (the elector died and its command with it).
+    pub fn sweep_fences(&self) {
+        let over: Vec<u32> = self
+            .fences
+            .iter()
+            .filter(|e| {
+                let (ino, epoch) = *e.value();
+                let info = self.leases.info(ino);
+                let ended = !(info.state == crate::lease::LeaseState::Held && info.epoch == epoch);
+                // kill(-pgid, 0) fails (ESRCH) once no process is left in it.
+                ended
+                    && nix::sys::signal::killpg(nix::unistd::Pid::from_raw(*e.key() as i32), None)
+                        .is_err()
+            })
+            .map(|e| *e.key())
+            .collect();
+        for pgid in over {
+            tracing::info!(pgid, "fence of an ended term with no process left removed");
+            self.fences.remove(&pgid);
+        }
+    }
+
     // ---- fencing of elected commands ------------------------------------
 
     /// Registers process group `pgid` as the command of the term `epoch` of
@@ -767,9 +840,10 @@ impl Core {
         tracing::warn!(
             pgid,
             epoch,
+            file = ino,
             "write refused: the election term of this process group is over"
         );
-        Err(FsError::Lease(LeaseError::Fenced { file: ino, epoch }))
+        Err(FsError::TermOver { epoch })
     }
 
     // ---- leases: recovery, renewal, ioctl ------------------------------

@@ -137,6 +137,7 @@ impl Daemon {
                 core.spawn_recovery(t);
             }
             core.persist_epochs();
+            core.sweep_fences();
         });
         // Lease renewal for ordinary programs, which cannot renew anything.
         self.every("lease-renewer", o.soft_limit / 2, |core| {

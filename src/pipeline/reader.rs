@@ -28,8 +28,20 @@ impl BadReplicas {
     }
 }
 
+/// A replica a read passed over because it was missing or had another
+/// generation stamp: bad only if the block list still names it afterwards.
+#[derive(Debug, Clone)]
+pub struct Skipped {
+    pub block: u64,
+    pub gs: u64,
+    pub dn: usize,
+    pub why: String,
+}
+
 /// Reads up to `size` bytes at `offset` of a file of `len` visible bytes
-/// made of `blocks` of `block_size`.
+/// made of `blocks` of `block_size`; replicas passed over as missing or
+/// stale are added to `skipped`.
+#[allow(clippy::too_many_arguments)]
 pub fn read(
     dns: &Datanodes,
     bad: &BadReplicas,
@@ -38,6 +50,7 @@ pub fn read(
     len: u64,
     offset: u64,
     size: usize,
+    skipped: &mut Vec<Skipped>,
 ) -> FsResult<Vec<u8>> {
     if offset >= len {
         return Ok(Vec::new());
@@ -53,7 +66,7 @@ pub fn read(
         match blocks.iter().find(|b| b.idx == idx) {
             // A hole (grown by truncate before any block existed) reads as zeros.
             None => dst.fill(0),
-            Some(b) => read_block(dns, bad, b, pos - bstart, dst)?,
+            Some(b) => read_block(dns, bad, b, pos - bstart, dst, skipped)?,
         }
         pos += n as u64;
     }
@@ -66,8 +79,10 @@ fn read_block(
     b: &BlockRow,
     off: u64,
     dst: &mut [u8],
+    skipped: &mut Vec<Skipped>,
 ) -> FsResult<()> {
     let mut last_err = None;
+    let mut moved = false;
     for &dn in &b.replicas {
         let Some(node) = dns.get(dn) else { continue };
         // An rbw replica may be appended to while we read it: its last
@@ -87,6 +102,21 @@ fn read_block(
                     last_err = Some(e.to_string());
                     std::thread::yield_now();
                 }
+                // The block moved on (a writer reopened it for append, or
+                // pipeline recovery bumped its generation stamp) since the
+                // caller read the block list: not a bad replica; the caller
+                // retries with a fresh list.
+                Err(e @ (StorageError::StaleGenStamp { .. } | StorageError::Missing { .. })) => {
+                    last_err = Some(e.to_string());
+                    skipped.push(Skipped {
+                        block: b.block_id,
+                        gs: b.gs,
+                        dn,
+                        why: e.to_string(),
+                    });
+                    moved = true;
+                    break;
+                }
                 Err(e) => {
                     last_err = Some(e.to_string());
                     report(bad, b, dn, &e.to_string());
@@ -95,18 +125,22 @@ fn read_block(
             }
         }
     }
-    Err(FsError::Io(format!(
+    let why = format!(
         "no good replica of block {}: {}",
         b.block_id,
         last_err.unwrap_or_else(|| "no replicas".into())
-    )))
+    );
+    if moved {
+        return Err(FsError::Moved(why));
+    }
+    Err(FsError::Io(why))
 }
 
 fn report(bad: &BadReplicas, b: &BlockRow, dn: usize, why: &str) {
-    tracing::warn!(
-        block = b.block_id,
-        datanode = dn,
-        "bad replica skipped: {why}"
-    );
-    bad.report(b.block_id, dn);
+    report_replica(bad, b.block_id, dn, why)
+}
+
+pub fn report_replica(bad: &BadReplicas, block: u64, dn: usize, why: &str) {
+    tracing::warn!(block, datanode = dn, "bad replica skipped: {why}");
+    bad.report(block, dn);
 }
