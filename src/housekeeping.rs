@@ -13,6 +13,7 @@ use std::collections::HashSet;
 
 use crate::fs::Core;
 use crate::fsck::{self, Check};
+use crate::meta::{AuditEvent, MetaStore};
 use crate::sync::{Arc, AtomicBool, Ordering};
 
 pub struct Housekeeper {
@@ -36,17 +37,20 @@ impl Housekeeper {
         self.leader.load(Ordering::Relaxed)
     }
 
-    /// takeLeadership: tasks run from the next round on.
-    pub fn take(&self, why: &str) {
+    /// takeLeadership: tasks run from the next round on. The event goes to
+    /// the election audit table (election `housekeeping`) with the log.
+    pub fn take(&self, meta: &MetaStore, why: &str) {
         if !self.leader.swap(true, Ordering::Relaxed) {
             tracing::info!(event = "take", "housekeeping leadership taken: {why}");
+            audit(meta, "elected", why);
         }
     }
 
     /// loseLeadership: tasks stop before the next round.
-    pub fn lose(&self, why: &str) {
+    pub fn lose(&self, meta: &MetaStore, why: &str) {
         if self.leader.swap(false, Ordering::Relaxed) {
             tracing::warn!(event = "lose", "housekeeping leadership lost: {why}");
+            audit(meta, "lost", why);
         }
     }
 
@@ -82,5 +86,28 @@ impl Housekeeper {
             }
             Err(e) => tracing::error!("housekeeping round failed: {e}"),
         }
+    }
+}
+
+/// The name housekeeping's leadership is recorded under in the audit table.
+pub const ELECTION: &str = "housekeeping";
+
+fn audit(meta: &MetaStore, event: &str, why: &str) {
+    let host = nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_default();
+    let e = AuditEvent {
+        election: ELECTION.into(),
+        event: event.into(),
+        who: format!("daemon {}", std::process::id()),
+        host,
+        pid: std::process::id(),
+        epoch: 0,
+        at_ms: crate::clock::wall_ms(),
+        why: why.into(),
+    };
+    if let Err(err) = meta.audit(&e) {
+        tracing::warn!("cannot record housekeeping {event}: {err}");
     }
 }

@@ -66,6 +66,7 @@ pub struct Daemon {
     pub rt: tokio::runtime::Runtime,
     _lock: DataLock,
     stop: Arc<AtomicBool>,
+    housekeeper: Arc<crate::housekeeping::Housekeeper>,
 }
 
 impl Daemon {
@@ -107,6 +108,7 @@ impl Daemon {
             rt,
             _lock: lock,
             stop,
+            housekeeper: Arc::new(crate::housekeeping::Housekeeper::new()),
         };
         d.spawn_background();
         Ok(d)
@@ -146,8 +148,8 @@ impl Daemon {
         // Datanode heartbeats: storage liveness only, never writer liveness.
         self.every("dn-heartbeat", HEARTBEAT, |core| core.dns.heartbeat());
         // Leader-only housekeeping; a lone daemon leads its namespace.
-        let hk = Arc::new(crate::housekeeping::Housekeeper::new());
-        hk.take("sole daemon of this data directory");
+        let hk = self.housekeeper.clone();
+        hk.take(&self.core.meta, "sole daemon of this data directory");
         self.every("housekeeping", o.housekeeping_interval, move |core| {
             hk.round(core)
         });
@@ -203,6 +205,7 @@ impl Daemon {
         tracing::info!(mountpoint = %spec.mountpoint.display(), "mounted");
         let r = session.run();
         self.stop.store(true, Ordering::Relaxed);
+        self.housekeeper.lose(&self.core.meta, "unmounted");
         self.core.wait_closes(Duration::from_secs(30));
         let _ = std::fs::remove_file(spec.data.join("control.sock"));
         tracing::info!("unmounted");
