@@ -175,11 +175,19 @@ impl Daemon {
             fuser::MountOption::FSName(format!("leasefs:{}", spec.data.display())),
             fuser::MountOption::Subtype("leasefs".into()),
             fuser::MountOption::DefaultPermissions,
-            fuser::MountOption::CUSTOM("allow_other".into()),
         ];
+        // Mounted by root, the mount serves every user (the kernel checks
+        // permissions); an unprivileged mount serves its owner only, since
+        // allow_other would need user_allow_other in /etc/fuse.conf.
+        if nix::unistd::geteuid().is_root() {
+            cfg.mount_options.push(fuser::MountOption::CUSTOM("allow_other".into()));
+        }
         cfg.n_threads = Some(4);
-        // Every user may use the mount; the kernel checks permissions.
-        cfg.acl = fuser::SessionACL::All;
+        cfg.acl = if nix::unistd::geteuid().is_root() {
+            fuser::SessionACL::All
+        } else {
+            fuser::SessionACL::Owner
+        };
         for f in &spec.opts.kernel_flags {
             cfg.mount_options.push(f.clone());
         }
