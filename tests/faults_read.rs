@@ -4,22 +4,11 @@
 //! serve the bytes from another one and report the bad one in the log.
 
 mod common;
+use common::faults::pattern;
 use common::*;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-
-fn pattern(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
-}
 
 /// Writes `data` as `rel` through the mount (cp from a scratch file).
 fn put(m: &Mount, rel: &str, data: &[u8]) {

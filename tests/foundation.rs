@@ -5,25 +5,13 @@
 //! unmounting with plain `umount`.
 
 mod common;
+use common::faults::pattern;
 use common::*;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// Reproducible bytes that differ at every offset (xorshift).
-fn pattern(n: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
-}
 
 /// Writes `data` to a scratch file outside the mount; returns its path.
 fn scratch_file(m: &Mount, name: &str, data: &[u8]) -> String {

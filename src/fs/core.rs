@@ -486,16 +486,11 @@ impl Core {
     /// holder closing (for the reopen grace): a child closing an inherited
     /// copy (exec) does not.
     pub fn flush(self: &Arc<Self>, fh: u64, caller: Caller, reply: Reply<()>) {
-        let h = match self.handle(fh) {
-            Ok(h) => h,
+        let (h, stream) = match self.writer(fh) {
+            Ok(Some(w)) => w,
+            Ok(None) => return reply(Ok(())),
             Err(e) => return reply(Err(e)),
         };
-        let Some(stream) = h.stream.clone() else {
-            return reply(Ok(()));
-        };
-        if let Err(e) = self.writable(&h) {
-            return reply(Err(e));
-        }
         let by_holder = proc_info::identity(caller.pid).tgid == h.tgid;
         let me = self.clone();
         stream.flush(Box::new(move |r| {
@@ -510,17 +505,22 @@ impl Core {
     /// fsync: acknowledged by all replicas, then data, checksums and
     /// metadata durable on every replica and in the metadata store.
     pub fn fsync(&self, fh: u64, reply: Reply<()>) {
-        let h = match self.handle(fh) {
-            Ok(h) => h,
-            Err(e) => return reply(Err(e)),
-        };
-        let Some(stream) = h.stream.clone() else {
-            return reply(Ok(()));
-        };
-        if let Err(e) = self.writable(&h) {
-            return reply(Err(e));
+        match self.writer(fh) {
+            Ok(Some((_, stream))) => stream.sync(reply),
+            Ok(None) => reply(Ok(())),
+            Err(e) => reply(Err(e)),
         }
-        stream.sync(reply);
+    }
+
+    /// The handle and stream of a descriptor that may still write, or
+    /// `None` for a read-only one.
+    fn writer(&self, fh: u64) -> FsResult<Option<(Arc<Handle>, Arc<OutputStream>)>> {
+        let h = self.handle(fh)?;
+        let Some(stream) = h.stream.clone() else {
+            return Ok(None);
+        };
+        self.writable(&h)?;
+        Ok(Some((h, stream)))
     }
 
     /// The open file description is gone: close the file (finalising its

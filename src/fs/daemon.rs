@@ -180,7 +180,8 @@ impl Daemon {
         // permissions); an unprivileged mount serves its owner only, since
         // allow_other would need user_allow_other in /etc/fuse.conf.
         if nix::unistd::geteuid().is_root() {
-            cfg.mount_options.push(fuser::MountOption::CUSTOM("allow_other".into()));
+            cfg.mount_options
+                .push(fuser::MountOption::CUSTOM("allow_other".into()));
         }
         cfg.n_threads = Some(4);
         cfg.acl = if nix::unistd::geteuid().is_root() {
