@@ -473,7 +473,7 @@ impl Filesystem for Adapter {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        empty(reply, self.core.meta.durable(|_| Ok(())))
+        self.core.fsync_dir(Box::new(move |r| empty(reply, r)))
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {

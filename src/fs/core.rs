@@ -384,20 +384,37 @@ impl Core {
     /// Reads through `fh`. Through the writer's own descriptor a read first
     /// flushes what it wrote (read-your-writes, as on a local filesystem);
     /// every other reader sees the visible length.
+    ///
+    /// The replicas are read on the blocking pool, never on a request
+    /// thread: a slow or failing datanode disk then stalls only its readers.
     pub fn read_any(self: &Arc<Self>, fh: u64, offset: u64, size: u32, reply: Reply<Vec<u8>>) {
         let h = match self.handle(fh) {
             Ok(h) => h,
             Err(e) => return reply(Err(e)),
         };
+        let me = self.clone();
         match h.stream.clone() {
             Some(s) if s.pos() > s.visible_len() && offset + size as u64 > s.visible_len() => {
-                let me = self.clone();
+                // The flush completes on the stream's worker, off the loop.
                 s.flush(Box::new(move |r| {
                     reply(r.and_then(|_| me.read(fh, offset, size)))
                 }));
             }
-            _ => reply(self.read(fh, offset, size)),
+            _ => {
+                self.ctx
+                    .rt
+                    .spawn_blocking(move || reply(me.read(fh, offset, size)));
+            }
         }
+    }
+
+    /// fsync of a directory: the metadata store's log made durable, on the
+    /// blocking pool.
+    pub fn fsync_dir(self: &Arc<Self>, reply: Reply<()>) {
+        let me = self.clone();
+        self.ctx
+            .rt
+            .spawn_blocking(move || reply(me.meta.sync_if_needed()));
     }
 
     pub fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<Vec<u8>> {
