@@ -440,6 +440,7 @@ impl Core {
             Some(s) => s.visible_len(),
             None => inode.size,
         };
+        tracing::trace!(ino, offset, size, len, "read");
         if offset >= len {
             return Ok(Vec::new());
         }
