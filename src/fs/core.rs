@@ -16,11 +16,11 @@ use crate::config::MountOptions;
 use crate::error::{FsError, FsResult};
 use crate::lease::{
     Acquire, AcquireOpts, EpochSource, Grant, Holder, LeaseConfig, LeaseError, LeaseManager,
-    RecoveryReason, RecoveryTicket, RenewalMode,
+    RecoveryReason,
 };
 use crate::meta::{Kind, MetaStore, UnderConstruction};
 use crate::pipeline::reader::{self, BadReplicas};
-use crate::pipeline::{Datanodes, OutputStream, StreamCtx, recovery};
+use crate::pipeline::{Datanodes, OutputStream, StreamCtx};
 use crate::sync::{Arc, AtomicU64, Mutex, Ordering, lock};
 
 /// ioctl: the caller takes over renewal of its lease (client renewal).
@@ -90,23 +90,23 @@ pub struct Core {
     pub data_dir: PathBuf,
     pub host: Arc<str>,
     pub mount_id: String,
-    handles: DashMap<u64, Arc<Handle>>,
-    files: DashMap<u64, Arc<OpenFile>>,
+    pub(super) handles: DashMap<u64, Arc<Handle>>,
+    pub(super) files: DashMap<u64, Arc<OpenFile>>,
     next_fh: AtomicU64,
     /// Process groups that `elect` registered under a term of an election
     /// file: pgid -> (election file, epoch). Once that term is over the
     /// daemon refuses every write and open for writing from the group.
-    fences: DashMap<u32, (u64, u64)>,
+    pub(super) fences: DashMap<u32, (u64, u64)>,
     /// Drops the kernel's cached pages and attributes of an inode (set by
     /// the daemon once the session exists).
-    invalidator: std::sync::OnceLock<Invalidator>,
+    pub(super) invalidator: std::sync::OnceLock<Invalidator>,
     /// The thread of each open waiting for a lease (fh -> tid): its
     /// signals decide whether the wait is interrupted.
-    waiter_tids: DashMap<u64, u32>,
+    pub(super) waiter_tids: DashMap<u64, u32>,
     /// Epochs of grants not yet recorded with their inode (ino -> epoch),
     /// written in batches by the monitor and at unmount: a grant costs no
     /// commit, and `user.leasefs.epoch` reads this first.
-    epochs: DashMap<u64, u64>,
+    pub(super) epochs: DashMap<u64, u64>,
     /// Closes still finishing, so unmount can wait for them.
     pending_closes: Mutex<usize>,
 }
@@ -188,7 +188,7 @@ impl Core {
         Self::new(meta, dns, opts, rt, data_dir, Arc::new(SystemClock::new()))
     }
 
-    fn handle(&self, fh: u64) -> FsResult<Arc<Handle>> {
+    pub(super) fn handle(&self, fh: u64) -> FsResult<Arc<Handle>> {
         self.handles
             .get(&fh)
             .map(|h| h.clone())
@@ -744,286 +744,12 @@ impl Core {
         self.set_size(h.ino, end, Some(fh), caller, reply)
     }
 
-    /// Waiting opens whose thread got an interrupting signal: cancelled
-    /// with EINTR.
-    pub fn interrupt_waiters(&self) {
-        for (file, handle, _) in self.leases.waiting() {
-            let Some(tid) = self.waiter_tids.get(&handle).map(|t| *t) else {
-                continue;
-            };
-            if proc_info::signal_pending(tid) && self.leases.cancel_waiter(file, handle) {
-                tracing::info!(file, tid, "waiting open interrupted");
-            }
-        }
-    }
-
-    /// The epoch of the current or last grant of `ino`.
-    pub fn last_epoch(&self, ino: u64) -> FsResult<u64> {
-        let e = self.leases.info(ino).epoch;
-        if e != 0 {
-            return Ok(e);
-        }
-        if let Some(e) = self.epochs.get(&ino) {
-            return Ok(*e);
-        }
-        Ok(self.meta.get(ino)?.last_epoch)
-    }
-
-    /// Records the epochs of recent grants with their inodes.
-    pub fn persist_epochs(&self) {
-        if self.epochs.is_empty() {
-            return;
-        }
-        let batch: Vec<(u64, u64)> = self.epochs.iter().map(|e| (*e.key(), *e.value())).collect();
-        let r = self.meta.tx(|tx| {
-            for (ino, e) in &batch {
-                MetaStore::set_last_epoch(tx, *ino, *e)?;
-            }
-            Ok(())
-        });
-        match r {
-            Ok(()) => {
-                for (ino, e) in batch {
-                    self.epochs.remove_if(&ino, |_, v| *v == e);
-                }
-            }
-            Err(e) => tracing::warn!("cannot record grant epochs: {e}"),
-        }
-    }
-
-    /// May this write handle still change its file? Its lease must be the
-    /// one it was granted, and its process group's election term (if any)
-    /// must not be over. A handle fenced by its term loses what it has not
-    /// flushed: its stream is aborted, so a frozen old leader adds nothing.
-    fn writable(&self, h: &Handle) -> FsResult<()> {
-        self.leases.check(h.ino, h.fh, h.epoch)?;
-        if let Err(e) = self.check_fence(h.pgid) {
-            if let Some(s) = &h.stream {
-                s.abort(e.clone());
-            }
-            return Err(e);
-        }
-        Ok(())
-    }
-
-    /// Drops the fences of terms that are over once their process group is
-    /// empty (the elector died and its command with it).
-    pub fn sweep_fences(&self) {
-        let over: Vec<u32> = self
-            .fences
-            .iter()
-            .filter(|e| {
-                let (ino, epoch) = *e.value();
-                let info = self.leases.info(ino);
-                let ended = !(info.state == crate::lease::LeaseState::Held && info.epoch == epoch);
-                // kill(-pgid, 0) fails (ESRCH) once no process is left in it.
-                ended
-                    && nix::sys::signal::killpg(nix::unistd::Pid::from_raw(*e.key() as i32), None)
-                        .is_err()
-            })
-            .map(|e| *e.key())
-            .collect();
-        for pgid in over {
-            tracing::info!(pgid, "fence of an ended term with no process left removed");
-            self.fences.remove(&pgid);
-        }
-    }
-
-    // ---- fencing of elected commands ------------------------------------
-
-    /// Registers process group `pgid` as the command of the term `epoch` of
-    /// election file `ino`.
-    pub fn register_fence(&self, pgid: u32, ino: u64, epoch: u64) {
-        tracing::info!(pgid, ino, epoch, "process group fenced by election term");
-        self.fences.insert(pgid, (ino, epoch));
-    }
-
-    pub fn unregister_fence(&self, pgid: u32) {
-        self.fences.remove(&pgid);
-    }
-
-    /// EIO when `pgid` belongs to an election term that is over: the lease
-    /// on its election file no longer carries the term's epoch.
-    fn check_fence(&self, pgid: u32) -> FsResult<()> {
-        if self.fences.is_empty() || pgid == 0 {
-            return Ok(());
-        }
-        let Some((ino, epoch)) = self.fences.get(&pgid).map(|e| *e) else {
-            return Ok(());
-        };
-        let info = self.leases.info(ino);
-        if info.state == crate::lease::LeaseState::Held && info.epoch == epoch {
-            return Ok(());
-        }
-        tracing::warn!(
-            pgid,
-            epoch,
-            file = ino,
-            "write refused: the election term of this process group is over"
-        );
-        Err(FsError::TermOver { epoch })
-    }
-
-    // ---- leases: recovery, renewal, ioctl ------------------------------
-
-    /// Runs lease recovery for a ticket off the caller's thread.
-    pub fn spawn_recovery(self: &Arc<Self>, ticket: RecoveryTicket) {
-        let me = self.clone();
-        self.ctx.rt.spawn_blocking(move || {
-            let r = me.recover(ticket.file, ticket.reason);
-            me.leases
-                .finish_recovery(ticket.file, r.map(|_| ()).map_err(|e| e.to_string()));
-        });
-    }
-
-    /// Fences the old writer's stream, then brings the file to a closed,
-    /// consistent state.
-    pub fn recover(&self, ino: u64, reason: RecoveryReason) -> FsResult<u64> {
-        if let Some(of) = self.files.get(&ino).map(|f| f.clone()) {
-            let old = lock(&of.stream).take();
-            if let Some(s) = old {
-                let epoch = self.leases.info(ino).epoch;
-                s.abort(FsError::Lease(LeaseError::Fenced { file: ino, epoch }));
-            }
-        }
-        tracing::info!(ino, ?reason, path = %self.meta.path_of(ino), "lease recovery");
-        let r = recovery::recover_file(&self.meta, &self.dns, ino);
-        self.invalidate(ino);
-        r
-    }
-
-    pub fn set_invalidator(&self, f: Invalidator) {
-        let _ = self.invalidator.set(f);
-    }
-
-    /// Drops the kernel's cache of `ino`, from a worker thread: never from
-    /// a thread a pending request of that inode may be waiting on.
-    fn invalidate(&self, ino: u64) {
-        if let Some(f) = self.invalidator.get().cloned() {
-            self.ctx.rt.spawn_blocking(move || f(ino));
-        }
-    }
-
-    /// `leasefs recover-lease`: recovers now; Ok(true) when the file is closed.
-    pub fn recover_now(self: &Arc<Self>, ino: u64) -> FsResult<bool> {
-        match self.leases.recover_now(ino) {
-            Some(_) => {
-                let r = self.recover(ino, RecoveryReason::Manual);
-                self.leases
-                    .finish_recovery(ino, r.as_ref().map(|_| ()).map_err(|e| e.to_string()));
-                r.map(|_| true)
-            }
-            None => {
-                let info = self.leases.info(ino);
-                if info.state == crate::lease::LeaseState::Recovering {
-                    return Ok(false);
-                }
-                // No live lease: a leftover under-construction record is closed now.
-                let uc = self.meta.list_uc()?.into_iter().any(|u| u.ino == ino);
-                if uc {
-                    self.recover(ino, RecoveryReason::HolderGone)?;
-                }
-                Ok(true)
-            }
-        }
-    }
-
-    pub fn ioctl(&self, fh: u64, cmd: u32) -> FsResult<Vec<u8>> {
-        let h = self.handle(fh)?;
-        if !h.write {
-            return Err(FsError::BadHandle);
-        }
-        match cmd {
-            IOC_CLIENT_RENEWAL => {
-                self.leases.set_mode(h.ino, fh, RenewalMode::Client)?;
-                Ok(Vec::new())
-            }
-            IOC_RENEW => {
-                self.leases.renew(h.ino, fh)?;
-                Ok(Vec::new())
-            }
-            IOC_EPOCH => {
-                self.leases.check(h.ino, fh, h.epoch)?;
-                Ok(h.epoch.to_le_bytes().to_vec())
-            }
-            _ => Err(FsError::Unsupported("unknown ioctl")),
-        }
-    }
-
     /// Waits until closes in progress have finished (unmount).
     pub fn wait_closes(&self, max: Duration) {
         let deadline = std::time::Instant::now() + max;
         while *lock(&self.pending_closes) > 0 && std::time::Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));
         }
-    }
-
-    /// At mount: files left under construction by a previous daemon have
-    /// provably gone holders, so they are recovered now; orphans removed.
-    pub fn startup_recovery(&self) -> FsResult<usize> {
-        let ucs = self.meta.list_uc()?;
-        let n = ucs.len();
-        for uc in ucs {
-            tracing::info!(ino = uc.ino, holder = %uc.holder, "recovering file left open by a previous daemon");
-            if let Err(e) = self.recover(uc.ino, RecoveryReason::HolderGone) {
-                tracing::error!(ino = uc.ino, "startup recovery failed: {e}");
-            }
-        }
-        for ino in self.meta.orphans()? {
-            self.delete_inode(ino);
-        }
-        // Replica files of blocks that were never recorded (a crash between
-        // creating a replica and committing its block) or were dropped.
-        let swept = crate::fsck::run(&crate::fsck::Check {
-            meta: &self.meta,
-            dns: &self.dns,
-            repair: true,
-            live_leases: Default::default(),
-            busy_blocks: Default::default(),
-            progress: false,
-            deep: false,
-            suspect: Default::default(),
-            orphans: true,
-            orphan_grace: Duration::ZERO,
-            grace_finalized: false,
-        })
-        .map_err(FsError::Io)?;
-        for p in swept.problems.iter().filter(|p| p.repaired) {
-            tracing::info!(kind = ?p.kind, path = %p.path, "repaired at mount: {}", p.detail);
-        }
-        Ok(n)
-    }
-
-    /// Block ids of files being written (never repaired under a writer).
-    pub fn busy_blocks(
-        &self,
-        live: &std::collections::HashSet<u64>,
-    ) -> std::collections::HashSet<u64> {
-        live.iter()
-            .filter_map(|ino| self.meta.blocks(*ino).ok())
-            .flatten()
-            .map(|b| b.block_id)
-            .collect()
-    }
-
-    /// An online fsck against the running daemon's view.
-    pub fn fsck(&self, repair: bool) -> Result<crate::fsck::Report, String> {
-        let live: std::collections::HashSet<u64> =
-            self.leases.list().into_iter().map(|l| l.file).collect();
-        let busy = self.busy_blocks(&live);
-        crate::fsck::run(&crate::fsck::Check {
-            meta: &self.meta,
-            dns: &self.dns,
-            repair,
-            live_leases: live,
-            busy_blocks: busy,
-            progress: false,
-            deep: true,
-            suspect: Default::default(),
-            orphans: true,
-            orphan_grace: crate::fsck::ORPHAN_GRACE,
-            grace_finalized: false,
-        })
     }
 
     pub fn stream_stats_json(&self, ino: u64) -> Option<String> {

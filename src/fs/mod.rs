@@ -7,6 +7,8 @@ pub mod control;
 pub mod core;
 pub mod daemon;
 mod handles;
+mod leasing;
+mod maintenance;
 pub mod namespace;
 pub mod proc_info;
 

@@ -1,0 +1,220 @@
+//! The lease side of [`Core`]: interrupted and expiring waits, epochs of
+//! grants, fencing of handles (by lease, and by election term through the
+//! process group), lease recovery, and the lease ioctls.
+
+use super::core::{Core, IOC_CLIENT_RENEWAL, IOC_EPOCH, IOC_RENEW, Invalidator};
+use super::handles::Handle;
+use super::proc_info;
+use crate::error::{FsError, FsResult};
+use crate::lease::{LeaseError, RecoveryReason, RecoveryTicket, RenewalMode};
+use crate::meta::MetaStore;
+use crate::pipeline::recovery;
+use crate::sync::{Arc, lock};
+
+impl Core {
+    /// Waiting opens whose thread got an interrupting signal: cancelled
+    /// with EINTR.
+    pub fn interrupt_waiters(&self) {
+        for (file, handle, _) in self.leases.waiting() {
+            let Some(tid) = self.waiter_tids.get(&handle).map(|t| *t) else {
+                continue;
+            };
+            if proc_info::signal_pending(tid) && self.leases.cancel_waiter(file, handle) {
+                tracing::info!(file, tid, "waiting open interrupted");
+            }
+        }
+    }
+
+    /// The epoch of the current or last grant of `ino`.
+    pub fn last_epoch(&self, ino: u64) -> FsResult<u64> {
+        let e = self.leases.info(ino).epoch;
+        if e != 0 {
+            return Ok(e);
+        }
+        if let Some(e) = self.epochs.get(&ino) {
+            return Ok(*e);
+        }
+        Ok(self.meta.get(ino)?.last_epoch)
+    }
+
+    /// Records the epochs of recent grants with their inodes.
+    pub fn persist_epochs(&self) {
+        if self.epochs.is_empty() {
+            return;
+        }
+        let batch: Vec<(u64, u64)> = self.epochs.iter().map(|e| (*e.key(), *e.value())).collect();
+        let r = self.meta.tx(|tx| {
+            for (ino, e) in &batch {
+                MetaStore::set_last_epoch(tx, *ino, *e)?;
+            }
+            Ok(())
+        });
+        match r {
+            Ok(()) => {
+                for (ino, e) in batch {
+                    self.epochs.remove_if(&ino, |_, v| *v == e);
+                }
+            }
+            Err(e) => tracing::warn!("cannot record grant epochs: {e}"),
+        }
+    }
+
+    /// May this write handle still change its file? Its lease must be the
+    /// one it was granted, and its process group's election term (if any)
+    /// must not be over. A handle fenced by its term loses what it has not
+    /// flushed: its stream is aborted, so a frozen old leader adds nothing.
+    pub(super) fn writable(&self, h: &Handle) -> FsResult<()> {
+        self.leases.check(h.ino, h.fh, h.epoch)?;
+        if let Err(e) = self.check_fence(h.pgid) {
+            if let Some(s) = &h.stream {
+                s.abort(e.clone());
+            }
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Drops the fences of terms that are over once their process group is
+    /// empty (the elector died and its command with it).
+    pub fn sweep_fences(&self) {
+        let over: Vec<u32> = self
+            .fences
+            .iter()
+            .filter(|e| {
+                let (ino, epoch) = *e.value();
+                let info = self.leases.info(ino);
+                let ended = !(info.state == crate::lease::LeaseState::Held && info.epoch == epoch);
+                // kill(-pgid, 0) fails (ESRCH) once no process is left in it.
+                ended
+                    && nix::sys::signal::killpg(nix::unistd::Pid::from_raw(*e.key() as i32), None)
+                        .is_err()
+            })
+            .map(|e| *e.key())
+            .collect();
+        for pgid in over {
+            tracing::info!(pgid, "fence of an ended term with no process left removed");
+            self.fences.remove(&pgid);
+        }
+    }
+
+    // ---- fencing of elected commands ------------------------------------
+
+    /// Registers process group `pgid` as the command of the term `epoch` of
+    /// election file `ino`.
+    pub fn register_fence(&self, pgid: u32, ino: u64, epoch: u64) {
+        tracing::info!(pgid, ino, epoch, "process group fenced by election term");
+        self.fences.insert(pgid, (ino, epoch));
+    }
+
+    pub fn unregister_fence(&self, pgid: u32) {
+        self.fences.remove(&pgid);
+    }
+
+    /// EIO when `pgid` belongs to an election term that is over: the lease
+    /// on its election file no longer carries the term's epoch.
+    pub(super) fn check_fence(&self, pgid: u32) -> FsResult<()> {
+        if self.fences.is_empty() || pgid == 0 {
+            return Ok(());
+        }
+        let Some((ino, epoch)) = self.fences.get(&pgid).map(|e| *e) else {
+            return Ok(());
+        };
+        let info = self.leases.info(ino);
+        if info.state == crate::lease::LeaseState::Held && info.epoch == epoch {
+            return Ok(());
+        }
+        tracing::warn!(
+            pgid,
+            epoch,
+            file = ino,
+            "write refused: the election term of this process group is over"
+        );
+        Err(FsError::TermOver { epoch })
+    }
+
+    // ---- leases: recovery, renewal, ioctl ------------------------------
+
+    /// Runs lease recovery for a ticket off the caller's thread.
+    pub fn spawn_recovery(self: &Arc<Self>, ticket: RecoveryTicket) {
+        let me = self.clone();
+        self.ctx.rt.spawn_blocking(move || {
+            let r = me.recover(ticket.file, ticket.reason);
+            me.leases
+                .finish_recovery(ticket.file, r.map(|_| ()).map_err(|e| e.to_string()));
+        });
+    }
+
+    /// Fences the old writer's stream, then brings the file to a closed,
+    /// consistent state.
+    pub fn recover(&self, ino: u64, reason: RecoveryReason) -> FsResult<u64> {
+        if let Some(of) = self.files.get(&ino).map(|f| f.clone()) {
+            let old = lock(&of.stream).take();
+            if let Some(s) = old {
+                let epoch = self.leases.info(ino).epoch;
+                s.abort(FsError::Lease(LeaseError::Fenced { file: ino, epoch }));
+            }
+        }
+        tracing::info!(ino, ?reason, path = %self.meta.path_of(ino), "lease recovery");
+        let r = recovery::recover_file(&self.meta, &self.dns, ino);
+        self.invalidate(ino);
+        r
+    }
+
+    pub fn set_invalidator(&self, f: Invalidator) {
+        let _ = self.invalidator.set(f);
+    }
+
+    /// Drops the kernel's cache of `ino`, from a worker thread: never from
+    /// a thread a pending request of that inode may be waiting on.
+    pub(super) fn invalidate(&self, ino: u64) {
+        if let Some(f) = self.invalidator.get().cloned() {
+            self.ctx.rt.spawn_blocking(move || f(ino));
+        }
+    }
+
+    /// `leasefs recover-lease`: recovers now; Ok(true) when the file is closed.
+    pub fn recover_now(self: &Arc<Self>, ino: u64) -> FsResult<bool> {
+        match self.leases.recover_now(ino) {
+            Some(_) => {
+                let r = self.recover(ino, RecoveryReason::Manual);
+                self.leases
+                    .finish_recovery(ino, r.as_ref().map(|_| ()).map_err(|e| e.to_string()));
+                r.map(|_| true)
+            }
+            None => {
+                let info = self.leases.info(ino);
+                if info.state == crate::lease::LeaseState::Recovering {
+                    return Ok(false);
+                }
+                // No live lease: a leftover under-construction record is closed now.
+                let uc = self.meta.list_uc()?.into_iter().any(|u| u.ino == ino);
+                if uc {
+                    self.recover(ino, RecoveryReason::HolderGone)?;
+                }
+                Ok(true)
+            }
+        }
+    }
+
+    pub fn ioctl(&self, fh: u64, cmd: u32) -> FsResult<Vec<u8>> {
+        let h = self.handle(fh)?;
+        if !h.write {
+            return Err(FsError::BadHandle);
+        }
+        match cmd {
+            IOC_CLIENT_RENEWAL => {
+                self.leases.set_mode(h.ino, fh, RenewalMode::Client)?;
+                Ok(Vec::new())
+            }
+            IOC_RENEW => {
+                self.leases.renew(h.ino, fh)?;
+                Ok(Vec::new())
+            }
+            IOC_EPOCH => {
+                self.leases.check(h.ino, fh, h.epoch)?;
+                Ok(h.epoch.to_le_bytes().to_vec())
+            }
+            _ => Err(FsError::Unsupported("unknown ioctl")),
+        }
+    }
+}

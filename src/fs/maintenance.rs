@@ -1,0 +1,78 @@
+//! Maintenance views of [`Core`]: recovery at mount, and fsck against the
+//! running daemon.
+
+use std::time::Duration;
+
+use super::core::Core;
+use crate::error::{FsError, FsResult};
+use crate::lease::RecoveryReason;
+
+impl Core {
+    /// At mount: files left under construction by a previous daemon have
+    /// provably gone holders, so they are recovered now; orphans removed.
+    pub fn startup_recovery(&self) -> FsResult<usize> {
+        let ucs = self.meta.list_uc()?;
+        let n = ucs.len();
+        for uc in ucs {
+            tracing::info!(ino = uc.ino, holder = %uc.holder, "recovering file left open by a previous daemon");
+            if let Err(e) = self.recover(uc.ino, RecoveryReason::HolderGone) {
+                tracing::error!(ino = uc.ino, "startup recovery failed: {e}");
+            }
+        }
+        for ino in self.meta.orphans()? {
+            self.delete_inode(ino);
+        }
+        // Replica files of blocks that were never recorded (a crash between
+        // creating a replica and committing its block) or were dropped.
+        let swept = crate::fsck::run(&crate::fsck::Check {
+            meta: &self.meta,
+            dns: &self.dns,
+            repair: true,
+            live_leases: Default::default(),
+            busy_blocks: Default::default(),
+            progress: false,
+            deep: false,
+            suspect: Default::default(),
+            orphans: true,
+            orphan_grace: Duration::ZERO,
+            grace_finalized: false,
+        })
+        .map_err(FsError::Io)?;
+        for p in swept.problems.iter().filter(|p| p.repaired) {
+            tracing::info!(kind = ?p.kind, path = %p.path, "repaired at mount: {}", p.detail);
+        }
+        Ok(n)
+    }
+
+    /// Block ids of files being written (never repaired under a writer).
+    pub fn busy_blocks(
+        &self,
+        live: &std::collections::HashSet<u64>,
+    ) -> std::collections::HashSet<u64> {
+        live.iter()
+            .filter_map(|ino| self.meta.blocks(*ino).ok())
+            .flatten()
+            .map(|b| b.block_id)
+            .collect()
+    }
+
+    /// An online fsck against the running daemon's view.
+    pub fn fsck(&self, repair: bool) -> Result<crate::fsck::Report, String> {
+        let live: std::collections::HashSet<u64> =
+            self.leases.list().into_iter().map(|l| l.file).collect();
+        let busy = self.busy_blocks(&live);
+        crate::fsck::run(&crate::fsck::Check {
+            meta: &self.meta,
+            dns: &self.dns,
+            repair,
+            live_leases: live,
+            busy_blocks: busy,
+            progress: false,
+            deep: true,
+            suspect: Default::default(),
+            orphans: true,
+            orphan_grace: crate::fsck::ORPHAN_GRACE,
+            grace_finalized: false,
+        })
+    }
+}
