@@ -122,9 +122,6 @@ fn open_flags(o: &super::core::Opened) -> FopenFlags {
     if o.direct_io {
         f |= FopenFlags::FOPEN_DIRECT_IO;
     }
-    if o.keep_cache {
-        f |= FopenFlags::FOPEN_KEEP_CACHE;
-    }
     f
 }
 
@@ -138,7 +135,9 @@ impl Filesystem for Adapter {
         let want = InitFlags::FUSE_ATOMIC_O_TRUNC
             | InitFlags::FUSE_HANDLE_KILLPRIV_V2
             | InitFlags::FUSE_BIG_WRITES
-            | InitFlags::FUSE_PARALLEL_DIROPS;
+            | InitFlags::FUSE_PARALLEL_DIROPS
+            // mmap (running a program from the mount) despite direct I/O.
+            | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP;
         let _ = config.add_capabilities(want & config.capabilities());
         Ok(())
     }

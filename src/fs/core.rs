@@ -49,9 +49,6 @@ pub struct Opened {
     pub fh: u64,
     /// Serve reads without the page cache (the file is being written).
     pub direct_io: bool,
-    /// Keep the kernel's cached pages of a closed file across opens: its
-    /// bytes only change through leasefs, which invalidates them then.
-    pub keep_cache: bool,
 }
 
 /// Epochs reserved from the metadata store in batches, so each grant does
@@ -207,9 +204,13 @@ impl Core {
     /// Attributes with the live view of a file under construction: its
     /// visible (acknowledged) length and latest write time.
     pub fn getattr(&self, ino: u64) -> FsResult<Attr> {
+        // The stream first: a closing stream records the final length in the
+        // store before it goes away, so either it is found here or the store
+        // read after this has its length.
+        let stream = self.stream_of(ino);
         let i = self.meta.get(ino)?;
         let mut a = Attr::from_inode(&i);
-        if let Some(s) = self.stream_of(ino) {
+        if let Some(s) = stream {
             a.size = s.visible_len();
             if let Some(m) = s.mtime() {
                 a.mtime = m;
@@ -217,6 +218,7 @@ impl Core {
             }
             a.under_construction = true;
         }
+        tracing::trace!(ino, size = a.size, uc = a.under_construction, "getattr");
         Ok(a)
     }
 
@@ -248,11 +250,14 @@ impl Core {
                 stream: None,
             };
             self.register(h);
-            let direct_io = self.stream_of(ino).is_some();
+            // Every read comes to the daemon (direct I/O): the kernel's page
+            // cache would otherwise show readers bytes a writer has written
+            // but not yet had acknowledged (buffered writes), or a stale,
+            // zero-filled last page once the file grows (direct writes).
+            // It also means every read verifies checksums.
             return reply(Ok(Opened {
                 fh,
-                direct_io,
-                keep_cache: !direct_io,
+                direct_io: true,
             }));
         }
         let who = proc_info::identity(caller.pid);
@@ -365,12 +370,10 @@ impl Core {
         self.register(h);
         self.epochs.insert(ino, grant.epoch);
         tracing::debug!(ino, fh, epoch = grant.epoch, "write lease granted");
-        // Writes bypass the page cache, so that other readers of the
-        // inode's pages never see bytes that are not yet acknowledged.
+        // No file data in the kernel's page cache (see `open`).
         let opened = Opened {
             fh,
             direct_io: true,
-            keep_cache: false,
         };
         if flags & libc::O_TRUNC != 0 && inode.size > 0 {
             stream.truncate(0, Box::new(move |r| reply(r.map(|_| opened))));
@@ -435,8 +438,10 @@ impl Core {
     }
 
     fn read_once(&self, ino: u64, offset: u64, size: u32) -> FsResult<Vec<u8>> {
+        // The stream before the store, as in `getattr`.
+        let stream = self.stream_of(ino);
         let inode = self.meta.get(ino)?;
-        let len = match self.stream_of(ino) {
+        let len = match stream {
             Some(s) => s.visible_len(),
             None => inode.size,
         };
