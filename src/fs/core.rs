@@ -644,17 +644,9 @@ impl Core {
             return;
         }
         let dns = self.dns.clone();
-        self.ctx.rt.spawn_blocking(move || {
-            for b in blocks {
-                for dn in b.replicas {
-                    if let Some(node) = dns.get(dn)
-                        && let Err(e) = node.delete(b.block_id)
-                    {
-                        tracing::warn!(datanode = dn, "replica delete failed: {e}");
-                    }
-                }
-            }
-        });
+        self.ctx
+            .rt
+            .spawn_blocking(move || dns.delete_blocks(&blocks));
     }
 
     pub(crate) fn is_open(&self, ino: u64) -> bool {

@@ -22,6 +22,14 @@ impl Core {
         for ino in self.meta.orphans()? {
             self.delete_inode(ino);
         }
+        // Copies (re-replication, pipeline spares) a crash interrupted.
+        for i in 0..self.dns.len() {
+            if let Some(dn) = self.dns.get(i)
+                && let Err(e) = dn.clean_tmp()
+            {
+                tracing::warn!(datanode = i, "cannot clean tmp/: {e}");
+            }
+        }
         // Replica files of blocks that were never recorded (a crash between
         // creating a replica and committing its block) or were dropped.
         let swept = crate::fsck::run(&crate::fsck::Check {

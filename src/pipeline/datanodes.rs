@@ -120,6 +120,20 @@ impl Datanodes {
         }
     }
 
+    /// Deletes every replica of `blocks` (files removed or truncated away);
+    /// a failure leaves an orphan that housekeeping removes later.
+    pub fn delete_blocks(&self, blocks: &[crate::meta::BlockRow]) {
+        for b in blocks {
+            for &dn in &b.replicas {
+                if let Some(node) = self.get(dn)
+                    && let Err(e) = node.delete(b.block_id)
+                {
+                    tracing::warn!(datanode = dn, "replica delete failed: {e}");
+                }
+            }
+        }
+    }
+
     pub fn free_bytes(&self) -> u64 {
         self.free
             .iter()

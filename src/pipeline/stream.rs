@@ -64,7 +64,6 @@ pub(crate) struct State {
     pub blocked: Option<BlockedWrite>,
     pub failed: Option<FsError>,
     pub mtime: Option<i64>,
-    pub closed: bool,
     /// Anything written or truncated through this stream yet: an untouched
     /// stream flushes and closes without any work.
     pub dirty: bool,
@@ -118,7 +117,6 @@ impl OutputStream {
                 blocked: None,
                 failed: None,
                 mtime: None,
-                closed: false,
                 dirty: false,
             }),
             idle: Condvar::new(),

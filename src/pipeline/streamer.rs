@@ -121,9 +121,6 @@ impl OutputStream {
                 }
                 Job::Close(d) => {
                     let r = self.finish(&mut pipe);
-                    if r.is_ok() {
-                        lock(&self.st).closed = true;
-                    }
                     d(r)
                 }
                 Job::Truncate(size, d) => {
@@ -551,15 +548,7 @@ impl OutputStream {
             MetaStore::set_size(tx, self.ino, size, Some(mtime))?;
             Ok(gone)
         })?;
-        for b in gone {
-            for dn in b.replicas {
-                if let Some(node) = self.ctx.dns.get(dn)
-                    && let Err(e) = node.delete(b.block_id)
-                {
-                    tracing::warn!(datanode = dn, "replica delete failed: {e}");
-                }
-            }
-        }
+        self.ctx.dns.delete_blocks(&gone);
         if !size.is_multiple_of(bs) {
             let idx = size / bs;
             if let Some(mut row) = self
