@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-use crate::meta::{BlockRow, MetaStore};
+use crate::meta::{BlockRow, Change, Meta};
 use crate::pipeline::Datanodes;
 use crate::storage::datanode::{ReplicaState, StorageError};
 
@@ -95,7 +95,7 @@ pub const ORPHAN_GRACE: Duration = Duration::from_secs(600);
 
 /// Options of one run.
 pub struct Check<'a> {
-    pub meta: &'a MetaStore,
+    pub meta: &'a dyn Meta,
     pub dns: &'a Datanodes,
     pub repair: bool,
     /// Files with a live lease (online); offline every open file is left open.
@@ -343,7 +343,7 @@ fn check_block(c: &Check<'_>, b: &BlockRow, path: &str, r: &mut Report) {
         r.problems.push(p);
     }
     if row.replicas != b.replicas
-        && let Err(e) = c.meta.tx(|tx| MetaStore::put_block(tx, &row))
+        && let Err(e) = c.meta.commit(&[Change::PutBlock(row.clone())], false)
     {
         tracing::error!(block = b.block_id, "cannot record repaired replicas: {e}");
     }

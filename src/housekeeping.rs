@@ -13,7 +13,7 @@ use std::collections::HashSet;
 
 use crate::fs::Core;
 use crate::fsck::{self, Check};
-use crate::meta::{AuditEvent, MetaStore};
+use crate::meta::{AuditEvent, Meta};
 use crate::sync::{Arc, AtomicBool, Ordering};
 
 pub struct Housekeeper {
@@ -39,7 +39,7 @@ impl Housekeeper {
 
     /// takeLeadership: tasks run from the next round on. The event goes to
     /// the election audit table (election `housekeeping`) with the log.
-    pub fn take(&self, meta: &MetaStore, why: &str) {
+    pub fn take(&self, meta: &dyn Meta, why: &str) {
         if !self.leader.swap(true, Ordering::Relaxed) {
             tracing::info!(event = "take", "housekeeping leadership taken: {why}");
             audit(meta, "elected", why);
@@ -47,7 +47,7 @@ impl Housekeeper {
     }
 
     /// loseLeadership: tasks stop before the next round.
-    pub fn lose(&self, meta: &MetaStore, why: &str) {
+    pub fn lose(&self, meta: &dyn Meta, why: &str) {
         if self.leader.swap(false, Ordering::Relaxed) {
             tracing::warn!(event = "lose", "housekeeping leadership lost: {why}");
             audit(meta, "lost", why);
@@ -63,7 +63,7 @@ impl Housekeeper {
         let busy = core.busy_blocks(&live);
         let suspect: HashSet<(u64, usize)> = core.bad.list().into_iter().collect();
         let c = Check {
-            meta: &core.meta,
+            meta: &*core.meta,
             dns: &core.dns,
             repair: true,
             live_leases: live,
@@ -92,7 +92,7 @@ impl Housekeeper {
 /// The name housekeeping's leadership is recorded under in the audit table.
 pub const ELECTION: &str = "housekeeping";
 
-fn audit(meta: &MetaStore, event: &str, why: &str) {
+fn audit(meta: &dyn Meta, event: &str, why: &str) {
     let host = nix::unistd::gethostname()
         .ok()
         .and_then(|h| h.into_string().ok())

@@ -18,7 +18,7 @@ use crate::lease::{
     Acquire, AcquireOpts, EpochSource, Grant, Holder, LeaseConfig, LeaseError, LeaseManager,
     RecoveryReason,
 };
-use crate::meta::{Kind, MetaStore, UnderConstruction};
+use crate::meta::{Kind, Meta, UnderConstruction};
 use crate::pipeline::reader::{self, BadReplicas};
 use crate::pipeline::{Datanodes, OutputStream, StreamCtx};
 use crate::sync::{Arc, AtomicU64, Mutex, Ordering, lock};
@@ -54,7 +54,7 @@ pub struct Opened {
 /// Epochs reserved from the metadata store in batches, so each grant does
 /// not need a commit and epochs still never repeat after a restart.
 struct StoreEpochs {
-    meta: Arc<MetaStore>,
+    meta: Arc<dyn Meta>,
     next: u64,
     end: u64,
 }
@@ -78,7 +78,7 @@ impl EpochSource for StoreEpochs {
 }
 
 pub struct Core {
-    pub meta: Arc<MetaStore>,
+    pub meta: Arc<dyn Meta>,
     pub dns: Arc<Datanodes>,
     pub leases: Arc<LeaseManager>,
     pub ctx: Arc<StreamCtx>,
@@ -110,7 +110,7 @@ pub struct Core {
 
 impl Core {
     pub fn new(
-        meta: Arc<MetaStore>,
+        meta: Arc<dyn Meta>,
         dns: Arc<Datanodes>,
         opts: MountOptions,
         rt: tokio::runtime::Handle,
@@ -176,7 +176,7 @@ impl Core {
 
     /// A core with the system clock (the daemon's).
     pub fn with_system_clock(
-        meta: Arc<MetaStore>,
+        meta: Arc<dyn Meta>,
         dns: Arc<Datanodes>,
         opts: MountOptions,
         rt: tokio::runtime::Handle,

@@ -12,7 +12,7 @@ use super::adapter::Adapter;
 use super::core::Core;
 use crate::config::MountOptions;
 use crate::error::{FsError, FsResult};
-use crate::meta::MetaStore;
+use crate::meta::{Meta, MetaStore};
 use crate::pipeline::Datanodes;
 use crate::sync::{Arc, AtomicBool, Ordering};
 
@@ -76,7 +76,7 @@ impl Daemon {
             nix::unistd::getuid().as_raw(),
             nix::unistd::getgid().as_raw(),
         );
-        let meta = Arc::new(MetaStore::open(&spec.data.join("meta.db"), uid, gid)?);
+        let meta: Arc<dyn Meta> = Arc::new(MetaStore::open(&spec.data.join("meta.db"), uid, gid)?);
         let dns = Arc::new(Datanodes::open(
             &spec.datanodes,
             spec.replication,
@@ -149,7 +149,7 @@ impl Daemon {
         self.every("dn-heartbeat", HEARTBEAT, |core| core.dns.heartbeat());
         // Leader-only housekeeping; a lone daemon leads its namespace.
         let hk = self.housekeeper.clone();
-        hk.take(&self.core.meta, "sole daemon of this data directory");
+        hk.take(&*self.core.meta, "sole daemon of this data directory");
         self.every("housekeeping", o.housekeeping_interval, move |core| {
             hk.round(core)
         });
@@ -214,7 +214,7 @@ impl Daemon {
         tracing::info!(mountpoint = %spec.mountpoint.display(), "mounted");
         let r = session.run();
         self.stop.store(true, Ordering::Relaxed);
-        self.housekeeper.lose(&self.core.meta, "unmounted");
+        self.housekeeper.lose(&*self.core.meta, "unmounted");
         self.core.wait_closes(Duration::from_secs(30));
         let _ = std::fs::remove_file(spec.data.join("control.sock"));
         tracing::info!("unmounted");

@@ -7,7 +7,7 @@ use super::handles::Handle;
 use super::proc_info;
 use crate::error::{FsError, FsResult};
 use crate::lease::{LeaseError, RecoveryReason, RecoveryTicket, RenewalMode};
-use crate::meta::MetaStore;
+use crate::meta::Change;
 use crate::pipeline::recovery;
 use crate::sync::{Arc, lock};
 
@@ -43,12 +43,11 @@ impl Core {
             return;
         }
         let batch: Vec<(u64, u64)> = self.epochs.iter().map(|e| (*e.key(), *e.value())).collect();
-        let r = self.meta.tx(|tx| {
-            for (ino, e) in &batch {
-                MetaStore::set_last_epoch(tx, *ino, *e)?;
-            }
-            Ok(())
-        });
+        let ch: Vec<Change> = batch
+            .iter()
+            .map(|&(ino, epoch)| Change::SetLastEpoch { ino, epoch })
+            .collect();
+        let r = self.meta.commit(&ch, false).map(drop);
         match r {
             Ok(()) => {
                 for (ino, e) in batch {
@@ -155,7 +154,7 @@ impl Core {
             }
         }
         tracing::info!(ino, ?reason, path = %self.meta.path_of(ino), "lease recovery");
-        let r = recovery::recover_file(&self.meta, &self.dns, ino);
+        let r = recovery::recover_file(&*self.meta, &self.dns, ino);
         self.invalidate(ino);
         r
     }

@@ -33,7 +33,7 @@ impl Core {
         // Replica files of blocks that were never recorded (a crash between
         // creating a replica and committing its block) or were dropped.
         let swept = crate::fsck::run(&crate::fsck::Check {
-            meta: &self.meta,
+            meta: &*self.meta,
             dns: &self.dns,
             repair: true,
             live_leases: Default::default(),
@@ -70,7 +70,7 @@ impl Core {
             self.leases.list().into_iter().map(|l| l.file).collect();
         let busy = self.busy_blocks(&live);
         crate::fsck::run(&crate::fsck::Check {
-            meta: &self.meta,
+            meta: &*self.meta,
             dns: &self.dns,
             repair,
             live_leases: live,

@@ -1,8 +1,15 @@
-//! Metadata persisted in SQLite: inodes, directory entries, xattrs, block
-//! lists and files under construction. Operators can inspect it with the
-//! `sqlite3` shell (`DATA/meta.db`).
+//! Metadata: inodes, directory entries, xattrs, block lists, files under
+//! construction, id counters and the election audit table.
+//!
+//! [`Meta`] is the one interface the filesystem uses; two backends implement
+//! it. [`MetaStore`] (SQLite, the default) serves one daemon; operators can
+//! inspect it with the `sqlite3` shell (`DATA/meta.db`). The etcd backend
+//! lets several daemons share one namespace.
 
-mod schema;
-pub mod store;
+mod backend;
+pub mod sqlite;
+mod types;
 
-pub use store::*;
+pub use backend::{Change, Meta};
+pub use sqlite::MetaStore;
+pub use types::*;

@@ -5,11 +5,11 @@
 //! holder died with the previous daemon.
 
 use crate::error::{FsError, FsResult};
-use crate::meta::{MetaStore, now_ns};
+use crate::meta::{Change, Meta, now_ns};
 use crate::pipeline::Datanodes;
 
 /// Recovers file `ino`; returns its final length.
-pub fn recover_file(meta: &MetaStore, dns: &Datanodes, ino: u64) -> FsResult<u64> {
+pub fn recover_file(meta: &dyn Meta, dns: &Datanodes, ino: u64) -> FsResult<u64> {
     let inode = meta.get(ino)?;
     let blocks = meta.blocks(ino)?;
     let bs = inode.block_size.max(1);
@@ -43,11 +43,14 @@ pub fn recover_file(meta: &MetaStore, dns: &Datanodes, ino: u64) -> FsResult<u64
         let start = last.idx * bs;
         if lens.is_empty() {
             // Nothing of the block survived: the file ends where it began.
-            meta.tx(|tx| {
-                MetaStore::drop_blocks_from(tx, ino, last.idx)?;
-                MetaStore::set_size(tx, ino, start, Some(now_ns()))?;
-                MetaStore::del_uc(tx, ino)
-            })?;
+            meta.commit(
+                &[
+                    Change::DropBlocksFrom { ino, from: last.idx },
+                    Change::SetSize { ino, size: start, touch: Some(now_ns()) },
+                    Change::DelUc(ino),
+                ],
+                false,
+            )?;
             tracing::warn!(
                 ino,
                 "recovery found no replica of the last block; length {start}"
@@ -79,12 +82,15 @@ pub fn recover_file(meta: &MetaStore, dns: &Datanodes, ino: u64) -> FsResult<u64
         row.finalized = true;
         row.replicas = ok;
         size = start + len;
-        meta.durable(|tx| {
-            MetaStore::drop_blocks_from(tx, ino, last.idx + 1)?;
-            MetaStore::put_block(tx, &row)?;
-            MetaStore::set_size(tx, ino, size, None)?;
-            MetaStore::del_uc(tx, ino)
-        })?;
+        meta.commit(
+            &[
+                Change::DropBlocksFrom { ino, from: last.idx + 1 },
+                Change::PutBlock(row.clone()),
+                Change::SetSize { ino, size, touch: None },
+                Change::DelUc(ino),
+            ],
+            true,
+        )?;
         tracing::info!(
             ino,
             block = row.block_id,
@@ -93,7 +99,7 @@ pub fn recover_file(meta: &MetaStore, dns: &Datanodes, ino: u64) -> FsResult<u64
             "lease recovery closed file"
         );
     } else {
-        meta.tx(|tx| MetaStore::del_uc(tx, ino))?;
+        meta.commit(&[Change::DelUc(ino)], false)?;
     }
     Ok(size)
 }

@@ -10,7 +10,7 @@
 use std::collections::VecDeque;
 
 use crate::error::{FsError, FsResult};
-use crate::meta::{MetaStore, UnderConstruction, now_ns};
+use crate::meta::{Meta, UnderConstruction, now_ns};
 use crate::pipeline::Datanodes;
 use crate::sync::{Arc, Condvar, Mutex, lock};
 
@@ -19,7 +19,7 @@ pub type Done = Box<dyn FnOnce(FsResult<()>) + Send>;
 
 /// What every stream of a mount shares.
 pub struct StreamCtx {
-    pub meta: Arc<MetaStore>,
+    pub meta: Arc<dyn Meta>,
     pub dns: Arc<Datanodes>,
     pub rt: tokio::runtime::Handle,
     pub packet_size: usize,

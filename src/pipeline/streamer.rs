@@ -11,7 +11,7 @@
 
 use super::stream::{Done, Job, OutputStream, Packet, State, StreamCtx};
 use crate::error::{FsError, FsResult};
-use crate::meta::{BlockRow, MetaStore, now_ns};
+use crate::meta::{BlockRow, Change, Meta, now_ns};
 use crate::storage::datanode::ReplicaWriter;
 use crate::storage::replica::ChunkAccumulator;
 use crate::sync::{Arc, lock};
@@ -137,30 +137,31 @@ impl OutputStream {
         }
     }
 
-    fn meta(&self) -> &MetaStore {
-        &self.ctx.meta
+    fn meta(&self) -> &dyn Meta {
+        &*self.ctx.meta
     }
 
     /// Records a block row, with the file's under-construction record the
     /// first time, in one commit.
     fn record_block(&self, pipe_uc: &mut bool, row: &BlockRow) -> FsResult<()> {
         let first = !*pipe_uc;
-        self.meta().tx(|tx| {
-            if first {
-                MetaStore::put_uc(tx, &self.uc)?;
-            }
-            MetaStore::put_block(tx, row)
-        })?;
+        let mut ch = Vec::with_capacity(2);
+        if first {
+            ch.push(Change::PutUc(self.uc.clone()));
+        }
+        ch.push(Change::PutBlock(row.clone()));
+        self.meta().commit(&ch, false)?;
         *pipe_uc = true;
         Ok(())
     }
 
     /// A finalised block's row and the file length it implies, in one commit.
     fn record_finalized(&self, row: &BlockRow, size: u64) -> FsResult<()> {
-        self.meta().tx(|tx| {
-            MetaStore::put_block(tx, row)?;
-            MetaStore::set_size(tx, self.ino, size, None)
-        })
+        let ch = [
+            Change::PutBlock(row.clone()),
+            Change::SetSize { ino: self.ino, size, touch: None },
+        ];
+        self.meta().commit(&ch, false).map(drop)
     }
 
     /// Streams one packet through the pipeline, rebuilding it on failure.
@@ -281,8 +282,9 @@ impl OutputStream {
             replicas = ?b.row.replicas,
             "pipeline rebuilt"
         );
-        let row = b.row.clone();
-        self.meta().tx(|tx| MetaStore::put_block(tx, &row))
+        self.meta()
+            .commit(&[Change::PutBlock(b.row.clone())], false)
+            .map(drop)
     }
 
     /// Opens the block that holds file offset `off`: a new one at a block
@@ -491,13 +493,10 @@ impl OutputStream {
         // Under the stream's lock: see `OutputStream::set_mtime`.
         let s = lock(&self.st);
         let (acked, mtime) = (s.acked, s.mtime);
-        let r = self.meta().tx(|tx| {
-            if let Some(row) = &last {
-                MetaStore::put_block(tx, row)?;
-            }
-            MetaStore::set_size(tx, self.ino, acked, mtime)?;
-            MetaStore::del_uc(tx, self.ino)
-        });
+        let mut ch: Vec<Change> = last.into_iter().map(Change::PutBlock).collect();
+        ch.push(Change::SetSize { ino: self.ino, size: acked, touch: mtime });
+        ch.push(Change::DelUc(self.ino));
+        let r = self.meta().commit(&ch, false).map(drop);
         drop(s);
         r
     }
@@ -507,7 +506,7 @@ impl OutputStream {
     /// the file by streaming zeros.
     fn apply_truncate(&self, pipe: &mut Pipe, size: u64) -> FsResult<()> {
         if !pipe.uc_recorded {
-            self.meta().tx(|tx| MetaStore::put_uc(tx, &self.uc))?;
+            self.meta().commit(&[Change::PutUc(self.uc.clone())], false)?;
             pipe.uc_recorded = true;
         }
         let cur = match pipe.block.take() {
@@ -543,11 +542,13 @@ impl OutputStream {
         let bs = self.block_size;
         let keep = size.div_ceil(bs);
         let mtime = self.mtime_now();
-        let gone = self.meta().tx(|tx| {
-            let gone = MetaStore::drop_blocks_from(tx, self.ino, keep)?;
-            MetaStore::set_size(tx, self.ino, size, Some(mtime))?;
-            Ok(gone)
-        })?;
+        let gone = self.meta().commit(
+            &[
+                Change::DropBlocksFrom { ino: self.ino, from: keep },
+                Change::SetSize { ino: self.ino, size, touch: Some(mtime) },
+            ],
+            false,
+        )?;
         self.ctx.dns.delete_blocks(&gone);
         if !size.is_multiple_of(bs) {
             let idx = size / bs;
@@ -575,20 +576,16 @@ impl OutputStream {
                 row.gs = new_gs;
                 row.len = len;
                 row.replicas = ok;
-                self.meta().tx(|tx| MetaStore::put_block(tx, &row))?;
+                self.meta().commit(&[Change::PutBlock(row)], false)?;
             }
         }
         Ok(())
     }
 
     fn persist_length_at(&self, pipe: &Pipe, size: u64, mtime: i64) -> FsResult<()> {
-        let row = pipe.block.as_ref().map(|b| b.row.clone());
-        self.meta().tx(|tx| {
-            if let Some(r) = &row {
-                MetaStore::put_block(tx, r)?;
-            }
-            MetaStore::set_size(tx, self.ino, size, Some(mtime))
-        })
+        let mut ch: Vec<Change> = pipe.block.iter().map(|b| Change::PutBlock(b.row.clone())).collect();
+        ch.push(Change::SetSize { ino: self.ino, size, touch: Some(mtime) });
+        self.meta().commit(&ch, false).map(drop)
     }
 }
 

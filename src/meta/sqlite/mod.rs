@@ -7,141 +7,15 @@
 //! on disk.
 
 use std::path::Path;
-use std::time::{SystemTime, UNIX_EPOCH};
+
+mod schema;
 
 use rusqlite::{Connection, OptionalExtension, Transaction, params};
-use serde::Serialize;
 
+use super::backend::{Change, Meta};
+use super::types::*;
 use crate::error::{FsError, FsResult};
 use crate::sync::{AtomicU64, Mutex, Ordering, lock};
-
-pub const ROOT_INO: u64 = 1;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub enum Kind {
-    File = 1,
-    Dir = 2,
-    Symlink = 3,
-    Fifo = 4,
-    Socket = 5,
-    CharDev = 6,
-    BlockDev = 7,
-}
-
-impl Kind {
-    fn from_i64(v: i64) -> Kind {
-        match v {
-            2 => Kind::Dir,
-            3 => Kind::Symlink,
-            4 => Kind::Fifo,
-            5 => Kind::Socket,
-            6 => Kind::CharDev,
-            7 => Kind::BlockDev,
-            _ => Kind::File,
-        }
-    }
-    /// The kind encoded in the `S_IFMT` bits of a mode.
-    pub fn from_mode(mode: u32) -> Option<Kind> {
-        Some(match mode & libc::S_IFMT {
-            libc::S_IFREG | 0 => Kind::File,
-            libc::S_IFDIR => Kind::Dir,
-            libc::S_IFLNK => Kind::Symlink,
-            libc::S_IFIFO => Kind::Fifo,
-            libc::S_IFSOCK => Kind::Socket,
-            libc::S_IFCHR => Kind::CharDev,
-            libc::S_IFBLK => Kind::BlockDev,
-            _ => return None,
-        })
-    }
-}
-
-/// One inode as stored. `mode` holds permission bits only (incl. setuid,
-/// setgid, sticky); the kind is separate.
-#[derive(Debug, Clone)]
-pub struct Inode {
-    pub ino: u64,
-    pub kind: Kind,
-    pub mode: u32,
-    pub uid: u32,
-    pub gid: u32,
-    pub nlink: u32,
-    pub size: u64,
-    pub rdev: u32,
-    pub atime: i64,
-    pub mtime: i64,
-    pub ctime: i64,
-    pub crtime: i64,
-    pub block_size: u64,
-    pub last_epoch: u64,
-}
-
-/// One block of a file and where its replicas are.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct BlockRow {
-    pub ino: u64,
-    pub idx: u64,
-    pub block_id: u64,
-    pub gs: u64,
-    pub len: u64,
-    pub finalized: bool,
-    pub replicas: Vec<usize>,
-}
-
-/// A file under construction, persisted with its holder as in HDFS.
-#[derive(Debug, Clone, Serialize)]
-pub struct UnderConstruction {
-    pub ino: u64,
-    pub holder: String,
-    pub pid: u32,
-    pub comm: String,
-    pub epoch: u64,
-    pub mount_id: String,
-    pub since_ms: u64,
-}
-
-/// One row of the election audit table.
-#[derive(Debug, Clone, Serialize, serde::Deserialize)]
-pub struct AuditEvent {
-    /// The election directory, as a path inside the mount.
-    pub election: String,
-    /// elected, lost, resigned, expired, preempted, ...
-    pub event: String,
-    pub who: String,
-    pub host: String,
-    pub pid: u32,
-    pub epoch: u64,
-    pub at_ms: u64,
-    pub why: String,
-}
-
-/// What a new node is.
-pub struct NewNode<'a> {
-    pub kind: Kind,
-    pub mode: u32,
-    pub uid: u32,
-    pub gid: u32,
-    pub rdev: u32,
-    pub target: Option<&'a [u8]>,
-    pub block_size: u64,
-}
-
-/// Attribute changes of `setattr` (size is handled by the write path).
-#[derive(Debug, Default, Clone)]
-pub struct AttrChange {
-    pub mode: Option<u32>,
-    pub uid: Option<u32>,
-    pub gid: Option<u32>,
-    pub atime: Option<i64>,
-    pub mtime: Option<i64>,
-    pub ctime: Option<i64>,
-}
-
-pub fn now_ns() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as i64)
-        .unwrap_or(0)
-}
 
 pub struct MetaStore {
     conn: Mutex<Connection>,
@@ -253,7 +127,7 @@ impl MetaStore {
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
-        conn.execute_batch(super::schema::SCHEMA)?;
+        conn.execute_batch(schema::SCHEMA)?;
         let now = now_ns();
         conn.execute(
             &format!(
@@ -278,21 +152,9 @@ impl MetaStore {
         Ok(v)
     }
 
-    /// Makes every commit so far durable, unless that is already so: an
-    /// fsync that changed no metadata since the last one costs nothing here.
-    pub fn sync_if_needed(&self) -> FsResult<()> {
-        let seen = self.commits.load(Ordering::Acquire);
-        if self.synced.load(Ordering::Acquire) >= seen {
-            return Ok(());
-        }
-        self.durable(|_| Ok(()))?;
-        self.synced.fetch_max(seen, Ordering::AcqRel);
-        Ok(())
-    }
-
     /// Runs `f` in a transaction whose commit is durable (fsync of the WAL),
     /// which also makes every earlier commit durable.
-    pub fn durable<T>(&self, f: impl FnOnce(&Transaction<'_>) -> FsResult<T>) -> FsResult<T> {
+    fn durable<T>(&self, f: impl FnOnce(&Transaction<'_>) -> FsResult<T>) -> FsResult<T> {
         let mut c = lock(&self.conn);
         c.pragma_update(None, "synchronous", "FULL")?;
         let r = (|| {
@@ -310,11 +172,106 @@ impl MetaStore {
         r
     }
 
-    pub fn get(&self, ino: u64) -> FsResult<Inode> {
+    /// Records a file's length (and mtime/ctime when `touch` is given).
+    fn set_size(tx: &Connection, ino: u64, size: u64, touch: Option<i64>) -> FsResult<()> {
+        match touch {
+            Some(t) => tx
+                .prepare_cached(
+                    "UPDATE inodes SET size = ?2, mtime = ?3, ctime = ?3 WHERE ino = ?1",
+                )?
+                .execute(params![ino as i64, size as i64, t])?,
+            None => tx
+                .prepare_cached("UPDATE inodes SET size = ?2 WHERE ino = ?1")?
+                .execute(params![ino as i64, size as i64])?,
+        };
+        Ok(())
+    }
+
+    fn blocks_in(c: &Connection, ino: u64) -> FsResult<Vec<BlockRow>> {
+        let mut st = c.prepare_cached(
+            "SELECT ino, idx, block_id, gs, len, finalized, replicas FROM blocks WHERE ino = ?1 ORDER BY idx",
+        )?;
+        let rows = st.query_map([ino as i64], row_to_block)?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    fn put_block(tx: &Connection, b: &BlockRow) -> FsResult<()> {
+        tx.prepare_cached("INSERT OR REPLACE INTO blocks VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7)")?
+            .execute(params![
+                b.ino as i64,
+                b.idx as i64,
+                b.block_id as i64,
+                b.gs as i64,
+                b.len as i64,
+                b.finalized as i64,
+                replicas_text(&b.replicas)
+            ])?;
+        Ok(())
+    }
+
+    /// Removes blocks with index >= `from`; returns them so their replicas
+    /// can be deleted.
+    fn drop_blocks_from(tx: &Connection, ino: u64, from: u64) -> FsResult<Vec<BlockRow>> {
+        let gone = Self::blocks_in(tx, ino)?
+            .into_iter()
+            .filter(|b| b.idx >= from)
+            .collect();
+        tx.prepare_cached("DELETE FROM blocks WHERE ino = ?1 AND idx >= ?2")?
+            .execute(params![ino as i64, from as i64])?;
+        Ok(gone)
+    }
+
+    fn set_last_epoch(tx: &Connection, ino: u64, epoch: u64) -> FsResult<()> {
+        tx.prepare_cached("UPDATE inodes SET last_epoch = ?2 WHERE ino = ?1 AND last_epoch < ?2")?
+            .execute(params![ino as i64, epoch as i64])?;
+        Ok(())
+    }
+
+    fn put_uc(tx: &Connection, uc: &UnderConstruction) -> FsResult<()> {
+        tx.prepare_cached(
+            "INSERT OR REPLACE INTO under_construction VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        )?
+        .execute(params![
+            uc.ino as i64,
+            uc.holder,
+            uc.pid as i64,
+            uc.comm,
+            uc.epoch as i64,
+            uc.mount_id,
+            uc.since_ms as i64
+        ])?;
+        Self::set_last_epoch(tx, uc.ino, uc.epoch)
+    }
+
+    fn del_uc(tx: &Connection, ino: u64) -> FsResult<()> {
+        tx.prepare_cached("DELETE FROM under_construction WHERE ino = ?1")?
+            .execute([ino as i64])?;
+        Ok(())
+    }
+}
+
+impl Meta for MetaStore {
+    fn backend(&self) -> &'static str {
+        "sqlite"
+    }
+
+    /// Makes every commit so far durable, unless that is already so: an
+    /// fsync that changed no metadata since the last one costs nothing here.
+    fn sync_if_needed(&self) -> FsResult<()> {
+        let seen = self.commits.load(Ordering::Acquire);
+        if self.synced.load(Ordering::Acquire) >= seen {
+            return Ok(());
+        }
+        self.durable(|_| Ok(()))?;
+        self.synced.fetch_max(seen, Ordering::AcqRel);
+        Ok(())
+    }
+
+    fn get(&self, ino: u64) -> FsResult<Inode> {
         get_inode(&lock(&self.conn), ino)
     }
 
-    pub fn lookup(&self, parent: u64, name: &[u8]) -> FsResult<Inode> {
+    fn lookup(&self, parent: u64, name: &[u8]) -> FsResult<Inode> {
         let c = lock(&self.conn);
         require_dir(&c, parent)?;
         let ino = lookup_in(&c, parent, name)?.ok_or(FsError::NotFound)?;
@@ -322,7 +279,7 @@ impl MetaStore {
     }
 
     /// The parent of a directory (`..`), found through its entry.
-    pub fn parent_of(&self, dir: u64) -> FsResult<u64> {
+    fn parent_of(&self, dir: u64) -> FsResult<u64> {
         if dir == ROOT_INO {
             return Ok(ROOT_INO);
         }
@@ -336,7 +293,7 @@ impl MetaStore {
         )
     }
 
-    pub fn create(&self, parent: u64, name: &[u8], n: NewNode<'_>) -> FsResult<Inode> {
+    fn create(&self, parent: u64, name: &[u8], n: NewNode<'_>) -> FsResult<Inode> {
         let now = now_ns();
         self.with_tx(|tx| {
             require_dir(tx, parent)?;
@@ -367,7 +324,7 @@ impl MetaStore {
         })
     }
 
-    pub fn readlink(&self, ino: u64) -> FsResult<Vec<u8>> {
+    fn readlink(&self, ino: u64) -> FsResult<Vec<u8>> {
         let c = lock(&self.conn);
         let t: Option<Vec<u8>> = c
             .prepare_cached("SELECT target FROM inodes WHERE ino = ?1")?
@@ -378,7 +335,7 @@ impl MetaStore {
     }
 
     /// A hard link: another name for `ino`.
-    pub fn link(&self, ino: u64, parent: u64, name: &[u8]) -> FsResult<Inode> {
+    fn link(&self, ino: u64, parent: u64, name: &[u8]) -> FsResult<Inode> {
         let now = now_ns();
         self.with_tx(|tx| {
             require_dir(tx, parent)?;
@@ -400,7 +357,7 @@ impl MetaStore {
 
     /// Removes a non-directory entry; returns the inode after the change
     /// (nlink 0 means the last name is gone).
-    pub fn unlink(&self, parent: u64, name: &[u8]) -> FsResult<Inode> {
+    fn unlink(&self, parent: u64, name: &[u8]) -> FsResult<Inode> {
         let now = now_ns();
         self.with_tx(|tx| {
             require_dir(tx, parent)?;
@@ -418,7 +375,7 @@ impl MetaStore {
         })
     }
 
-    pub fn rmdir(&self, parent: u64, name: &[u8]) -> FsResult<u64> {
+    fn rmdir(&self, parent: u64, name: &[u8]) -> FsResult<u64> {
         let now = now_ns();
         self.with_tx(|tx| {
             require_dir(tx, parent)?;
@@ -443,7 +400,7 @@ impl MetaStore {
 
     /// Renames; returns the replaced inode (after its nlink drop), if any.
     /// `exchange` swaps the two entries (RENAME_EXCHANGE).
-    pub fn rename(
+    fn rename(
         &self,
         parent: u64,
         name: &[u8],
@@ -554,7 +511,7 @@ impl MetaStore {
     }
 
     /// Every entry of a directory, sorted by name.
-    pub fn readdir(&self, dir: u64) -> FsResult<Vec<(Vec<u8>, u64, Kind)>> {
+    fn readdir(&self, dir: u64) -> FsResult<Vec<(Vec<u8>, u64, Kind)>> {
         let c = lock(&self.conn);
         require_dir(&c, dir)?;
         let mut st = c.prepare_cached(
@@ -570,7 +527,7 @@ impl MetaStore {
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
-    pub fn set_attrs(&self, ino: u64, ch: &AttrChange) -> FsResult<Inode> {
+    fn set_attrs(&self, ino: u64, ch: &AttrChange) -> FsResult<Inode> {
         self.with_tx(|tx| {
             let mut i = get_inode(tx, ino)?;
             if let Some(m) = ch.mode {
@@ -605,39 +562,11 @@ impl MetaStore {
         })
     }
 
-    /// Records a file's length (and mtime/ctime when `touch` is given).
-    pub fn set_size(tx: &Connection, ino: u64, size: u64, touch: Option<i64>) -> FsResult<()> {
-        match touch {
-            Some(t) => tx
-                .prepare_cached(
-                    "UPDATE inodes SET size = ?2, mtime = ?3, ctime = ?3 WHERE ino = ?1",
-                )?
-                .execute(params![ino as i64, size as i64, t])?,
-            None => tx
-                .prepare_cached("UPDATE inodes SET size = ?2 WHERE ino = ?1")?
-                .execute(params![ino as i64, size as i64])?,
-        };
-        Ok(())
-    }
-
-    /// Runs `f` in an ordinary (crash-safe, not fsynced) transaction.
-    pub fn tx<T>(&self, f: impl FnOnce(&Transaction<'_>) -> FsResult<T>) -> FsResult<T> {
-        self.with_tx(f)
-    }
-
-    pub fn blocks(&self, ino: u64) -> FsResult<Vec<BlockRow>> {
+    fn blocks(&self, ino: u64) -> FsResult<Vec<BlockRow>> {
         Self::blocks_in(&lock(&self.conn), ino)
     }
 
-    pub fn blocks_in(c: &Connection, ino: u64) -> FsResult<Vec<BlockRow>> {
-        let mut st = c.prepare_cached(
-            "SELECT ino, idx, block_id, gs, len, finalized, replicas FROM blocks WHERE ino = ?1 ORDER BY idx",
-        )?;
-        let rows = st.query_map([ino as i64], row_to_block)?;
-        Ok(rows.collect::<Result<_, _>>()?)
-    }
-
-    pub fn all_blocks(&self) -> FsResult<Vec<BlockRow>> {
+    fn all_blocks(&self) -> FsResult<Vec<BlockRow>> {
         let c = lock(&self.conn);
         let mut st = c.prepare(
             "SELECT ino, idx, block_id, gs, len, finalized, replicas FROM blocks ORDER BY ino, idx",
@@ -647,7 +576,7 @@ impl MetaStore {
     }
 
     /// Whether block `block_id` is recorded with a replica on datanode `dn`.
-    pub fn block_on(&self, block_id: u64, dn: usize) -> FsResult<bool> {
+    fn block_on(&self, block_id: u64, dn: usize) -> FsResult<bool> {
         let c = lock(&self.conn);
         let reps: Option<String> = c
             .prepare_cached("SELECT replicas FROM blocks WHERE block_id = ?1")?
@@ -656,39 +585,9 @@ impl MetaStore {
         Ok(reps.is_some_and(|r| r.split(',').any(|d| d.parse() == Ok(dn))))
     }
 
-    pub fn put_block(tx: &Connection, b: &BlockRow) -> FsResult<()> {
-        tx.prepare_cached("INSERT OR REPLACE INTO blocks VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7)")?
-            .execute(params![
-                b.ino as i64,
-                b.idx as i64,
-                b.block_id as i64,
-                b.gs as i64,
-                b.len as i64,
-                b.finalized as i64,
-                replicas_text(&b.replicas)
-            ])?;
-        Ok(())
-    }
-
-    /// Removes blocks with index >= `from`; returns them so their replicas
-    /// can be deleted.
-    pub fn drop_blocks_from(tx: &Connection, ino: u64, from: u64) -> FsResult<Vec<BlockRow>> {
-        let gone = Self::blocks_in(tx, ino)?
-            .into_iter()
-            .filter(|b| b.idx >= from)
-            .collect();
-        tx.prepare_cached("DELETE FROM blocks WHERE ino = ?1 AND idx >= ?2")?
-            .execute(params![ino as i64, from as i64])?;
-        Ok(gone)
-    }
-
-    pub fn next_id(tx: &Connection, counter: &str) -> FsResult<u64> {
-        next_counter(tx, counter)
-    }
-
     /// A fresh id of `counter` (`next_block`, `next_gs`): unique across
     /// restarts, since whole ranges are reserved durably before use.
-    pub fn alloc(&self, counter: &'static str) -> FsResult<u64> {
+    fn alloc(&self, counter: &'static str) -> FsResult<u64> {
         let mut pool = lock(&self.pool);
         let (next, end) = pool.entry(counter).or_insert((0, 0));
         if *next >= *end {
@@ -709,7 +608,7 @@ impl MetaStore {
 
     /// Reserves `n` epochs above the persisted high-water mark and returns
     /// the first; epochs stay strictly increasing across restarts.
-    pub fn reserve_epochs(&self, n: u64) -> FsResult<u64> {
+    fn reserve_epochs(&self, n: u64) -> FsResult<u64> {
         self.with_tx(|tx| {
             let v: i64 = tx.query_row(
                 "UPDATE counters SET value = value + ?1 WHERE name = 'epoch_reserved' RETURNING value - ?1",
@@ -720,35 +619,7 @@ impl MetaStore {
         })
     }
 
-    pub fn set_last_epoch(tx: &Connection, ino: u64, epoch: u64) -> FsResult<()> {
-        tx.prepare_cached("UPDATE inodes SET last_epoch = ?2 WHERE ino = ?1 AND last_epoch < ?2")?
-            .execute(params![ino as i64, epoch as i64])?;
-        Ok(())
-    }
-
-    pub fn put_uc(tx: &Connection, uc: &UnderConstruction) -> FsResult<()> {
-        tx.prepare_cached(
-            "INSERT OR REPLACE INTO under_construction VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-        )?
-        .execute(params![
-            uc.ino as i64,
-            uc.holder,
-            uc.pid as i64,
-            uc.comm,
-            uc.epoch as i64,
-            uc.mount_id,
-            uc.since_ms as i64
-        ])?;
-        Self::set_last_epoch(tx, uc.ino, uc.epoch)
-    }
-
-    pub fn del_uc(tx: &Connection, ino: u64) -> FsResult<()> {
-        tx.prepare_cached("DELETE FROM under_construction WHERE ino = ?1")?
-            .execute([ino as i64])?;
-        Ok(())
-    }
-
-    pub fn list_uc(&self) -> FsResult<Vec<UnderConstruction>> {
+    fn list_uc(&self) -> FsResult<Vec<UnderConstruction>> {
         let c = lock(&self.conn);
         let mut st = c.prepare(
             "SELECT ino, holder, pid, comm, epoch, mount_id, since_ms FROM under_construction",
@@ -769,7 +640,7 @@ impl MetaStore {
 
     /// Deletes an inode whose last name and last open handle are gone;
     /// returns its blocks for replica deletion.
-    pub fn delete_inode(&self, ino: u64) -> FsResult<Vec<BlockRow>> {
+    fn delete_inode(&self, ino: u64) -> FsResult<Vec<BlockRow>> {
         self.with_tx(|tx| {
             let blocks = Self::drop_blocks_from(tx, ino, 0)?;
             tx.prepare_cached("DELETE FROM inodes WHERE ino = ?1 AND nlink <= 0")?
@@ -782,7 +653,7 @@ impl MetaStore {
     }
 
     /// Inodes with no name left (unlinked while open when the daemon died).
-    pub fn orphans(&self) -> FsResult<Vec<u64>> {
+    fn orphans(&self) -> FsResult<Vec<u64>> {
         let c = lock(&self.conn);
         let mut st = c.prepare("SELECT ino FROM inodes WHERE nlink <= 0")?;
         let rows = st.query_map([], |r| Ok(r.get::<_, i64>(0)? as u64))?;
@@ -790,7 +661,7 @@ impl MetaStore {
     }
 
     /// Path of an inode, for logs and listings (first name found).
-    pub fn path_of(&self, mut ino: u64) -> String {
+    fn path_of(&self, mut ino: u64) -> String {
         let c = lock(&self.conn);
         let mut parts = Vec::new();
         while ino != ROOT_INO && parts.len() < 256 {
@@ -813,7 +684,7 @@ impl MetaStore {
         format!("/{}", parts.join("/"))
     }
 
-    pub fn getxattr(&self, ino: u64, name: &[u8]) -> FsResult<Vec<u8>> {
+    fn getxattr(&self, ino: u64, name: &[u8]) -> FsResult<Vec<u8>> {
         let c = lock(&self.conn);
         c.prepare_cached("SELECT value FROM xattrs WHERE ino = ?1 AND name = ?2")?
             .query_row(params![ino as i64, name], |r| r.get(0))
@@ -822,7 +693,7 @@ impl MetaStore {
     }
 
     /// `flags`: XATTR_CREATE / XATTR_REPLACE semantics.
-    pub fn setxattr(
+    fn setxattr(
         &self,
         ino: u64,
         name: &[u8],
@@ -851,14 +722,14 @@ impl MetaStore {
         })
     }
 
-    pub fn listxattr(&self, ino: u64) -> FsResult<Vec<Vec<u8>>> {
+    fn listxattr(&self, ino: u64) -> FsResult<Vec<Vec<u8>>> {
         let c = lock(&self.conn);
         let mut st = c.prepare_cached("SELECT name FROM xattrs WHERE ino = ?1 ORDER BY name")?;
         let rows = st.query_map([ino as i64], |r| r.get(0))?;
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
-    pub fn removexattr(&self, ino: u64, name: &[u8]) -> FsResult<()> {
+    fn removexattr(&self, ino: u64, name: &[u8]) -> FsResult<()> {
         let now = now_ns();
         self.with_tx(|tx| {
             let n = tx
@@ -875,7 +746,7 @@ impl MetaStore {
 
     /// Records the datanode directories of this mount, so that offline
     /// tools (`fsck --data`) find them.
-    pub fn set_datanodes(&self, dirs: &[std::path::PathBuf], replication: usize) -> FsResult<()> {
+    fn set_datanodes(&self, dirs: &[std::path::PathBuf], replication: usize) -> FsResult<()> {
         self.with_tx(|tx| {
             tx.execute(
                 "INSERT OR REPLACE INTO counters VALUES('replication', ?1)",
@@ -893,7 +764,7 @@ impl MetaStore {
     }
 
     /// The replication factor of the last mount, if recorded.
-    pub fn replication(&self) -> FsResult<Option<usize>> {
+    fn replication(&self) -> FsResult<Option<usize>> {
         let c = lock(&self.conn);
         Ok(c.query_row(
             "SELECT value FROM counters WHERE name = 'replication'",
@@ -904,7 +775,7 @@ impl MetaStore {
         .map(|v| v as usize))
     }
 
-    pub fn datanodes(&self) -> FsResult<Vec<std::path::PathBuf>> {
+    fn datanodes(&self) -> FsResult<Vec<std::path::PathBuf>> {
         let c = lock(&self.conn);
         let mut st = c.prepare("SELECT path FROM datanodes ORDER BY idx")?;
         let rows = st.query_map([], |r| r.get::<_, String>(0))?;
@@ -916,7 +787,7 @@ impl MetaStore {
     }
 
     /// Appends one election event (the audit table operators query).
-    pub fn audit(&self, e: &AuditEvent) -> FsResult<i64> {
+    fn audit(&self, e: &AuditEvent) -> FsResult<i64> {
         self.durable(|tx| {
             tx.execute(
                 "INSERT INTO election_audit(election, event, who, host, pid, epoch, at_ms, why) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
@@ -927,7 +798,7 @@ impl MetaStore {
     }
 
     /// The events of one election, oldest first.
-    pub fn audit_history(&self, election: &str) -> FsResult<Vec<AuditEvent>> {
+    fn audit_history(&self, election: &str) -> FsResult<Vec<AuditEvent>> {
         let c = lock(&self.conn);
         let mut st = c.prepare(
             "SELECT election, event, who, host, pid, epoch, at_ms, why FROM election_audit WHERE election = ?1 ORDER BY id",
@@ -948,13 +819,33 @@ impl MetaStore {
     }
 
     /// Totals for statfs: (files, bytes).
-    pub fn usage(&self) -> FsResult<(u64, u64)> {
+    fn usage(&self) -> FsResult<(u64, u64)> {
         let c = lock(&self.conn);
         Ok(c.query_row(
             "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM inodes",
             [],
             |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64)),
         )?)
+    }
+
+    fn commit(&self, changes: &[Change], durable: bool) -> FsResult<Vec<BlockRow>> {
+        let apply = |tx: &Transaction<'_>| {
+            let mut gone = Vec::new();
+            for c in changes {
+                match c {
+                    Change::PutBlock(b) => Self::put_block(tx, b)?,
+                    Change::DropBlocksFrom { ino, from } => {
+                        gone.extend(Self::drop_blocks_from(tx, *ino, *from)?)
+                    }
+                    Change::SetSize { ino, size, touch } => Self::set_size(tx, *ino, *size, *touch)?,
+                    Change::PutUc(uc) => Self::put_uc(tx, uc)?,
+                    Change::DelUc(ino) => Self::del_uc(tx, *ino)?,
+                    Change::SetLastEpoch { ino, epoch } => Self::set_last_epoch(tx, *ino, *epoch)?,
+                }
+            }
+            Ok(gone)
+        };
+        if durable { self.durable(apply) } else { self.with_tx(apply) }
     }
 }
 

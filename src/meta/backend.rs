@@ -1,0 +1,117 @@
+//! The interface between the filesystem and a metadata backend.
+//!
+//! Every method is one atomic step: a backend may run it as one SQLite
+//! transaction or as one etcd transaction (retried on conflict), and a
+//! concurrent step of another daemon sees all of it or nothing. The write
+//! path's multi-row updates are expressed as a list of [`Change`]s so they
+//! too commit as one unit on either backend.
+
+use std::path::PathBuf;
+
+use super::types::{AttrChange, AuditEvent, BlockRow, Inode, Kind, NewNode, UnderConstruction};
+use crate::error::FsResult;
+
+/// One change of a write-path commit; see [`Meta::commit`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// Inserts or replaces the block row (`ino`, `idx`).
+    PutBlock(BlockRow),
+    /// Removes the file's blocks with index >= `from`; they are returned by
+    /// `commit` so their replicas can be deleted.
+    DropBlocksFrom { ino: u64, from: u64 },
+    /// Records the file's length (and mtime = ctime = `touch` if given).
+    SetSize { ino: u64, size: u64, touch: Option<i64> },
+    /// Records (or replaces) the file's under-construction entry; also
+    /// raises the inode's last epoch to the entry's epoch.
+    PutUc(UnderConstruction),
+    DelUc(u64),
+    /// Raises the inode's last grant epoch (never lowers it).
+    SetLastEpoch { ino: u64, epoch: u64 },
+}
+
+/// The metadata operations of leasefs. Errors use the filesystem's own
+/// [`crate::error::FsError`] (NotFound, Exists, NotEmpty, ...), so both
+/// backends give the same errno for the same refusal.
+pub trait Meta: Send + Sync {
+    /// A short name for logs and `leases`: "sqlite" or "etcd".
+    fn backend(&self) -> &'static str;
+
+    // ---- namespace ---------------------------------------------------
+    fn get(&self, ino: u64) -> FsResult<Inode>;
+    fn lookup(&self, parent: u64, name: &[u8]) -> FsResult<Inode>;
+    /// The parent of a directory (`..`); the root is its own parent.
+    fn parent_of(&self, dir: u64) -> FsResult<u64>;
+    fn create(&self, parent: u64, name: &[u8], n: NewNode<'_>) -> FsResult<Inode>;
+    fn readlink(&self, ino: u64) -> FsResult<Vec<u8>>;
+    /// A hard link: another name for `ino`.
+    fn link(&self, ino: u64, parent: u64, name: &[u8]) -> FsResult<Inode>;
+    /// Removes a non-directory entry; returns the inode after the change
+    /// (nlink 0 means the last name is gone).
+    fn unlink(&self, parent: u64, name: &[u8]) -> FsResult<Inode>;
+    /// Removes an empty directory; returns its inode number.
+    fn rmdir(&self, parent: u64, name: &[u8]) -> FsResult<u64>;
+    /// Renames; returns the replaced inode (after its nlink drop), if any.
+    /// `exchange` swaps the two entries (RENAME_EXCHANGE).
+    fn rename(
+        &self,
+        parent: u64,
+        name: &[u8],
+        newparent: u64,
+        newname: &[u8],
+        noreplace: bool,
+        exchange: bool,
+    ) -> FsResult<Option<Inode>>;
+    /// Every entry of a directory, sorted by name.
+    fn readdir(&self, dir: u64) -> FsResult<Vec<(Vec<u8>, u64, Kind)>>;
+    fn set_attrs(&self, ino: u64, ch: &AttrChange) -> FsResult<Inode>;
+    /// Path of an inode, for logs and listings (first name found).
+    fn path_of(&self, ino: u64) -> String;
+    /// Inodes with no name left (unlinked while open when a daemon died).
+    fn orphans(&self) -> FsResult<Vec<u64>>;
+    /// Deletes an inode whose last name and last open handle are gone;
+    /// returns its blocks for replica deletion.
+    fn delete_inode(&self, ino: u64) -> FsResult<Vec<BlockRow>>;
+    /// Totals for statfs: (files, bytes).
+    fn usage(&self) -> FsResult<(u64, u64)>;
+
+    // ---- xattrs --------------------------------------------------------
+    fn getxattr(&self, ino: u64, name: &[u8]) -> FsResult<Vec<u8>>;
+    /// `create` / `replace`: XATTR_CREATE / XATTR_REPLACE semantics.
+    fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], create: bool, replace: bool)
+    -> FsResult<()>;
+    fn listxattr(&self, ino: u64) -> FsResult<Vec<Vec<u8>>>;
+    fn removexattr(&self, ino: u64, name: &[u8]) -> FsResult<()>;
+
+    // ---- blocks and files under construction ---------------------------
+    /// Applies `changes` atomically; with `durable`, the commit (and every
+    /// earlier one) is on stable storage when this returns. Returns the
+    /// blocks removed by `DropBlocksFrom`.
+    fn commit(&self, changes: &[Change], durable: bool) -> FsResult<Vec<BlockRow>>;
+    /// Makes every commit so far durable, cheaply when nothing changed.
+    fn sync_if_needed(&self) -> FsResult<()>;
+    fn blocks(&self, ino: u64) -> FsResult<Vec<BlockRow>>;
+    /// Every block of every file, ordered by (ino, idx).
+    fn all_blocks(&self) -> FsResult<Vec<BlockRow>>;
+    /// Whether block `block_id` is recorded with a replica on datanode `dn`.
+    fn block_on(&self, block_id: u64, dn: usize) -> FsResult<bool>;
+    fn list_uc(&self) -> FsResult<Vec<UnderConstruction>>;
+
+    // ---- counters --------------------------------------------------------
+    /// A fresh id of `counter` (`next_block`, `next_gs`), unique across
+    /// restarts and across every daemon sharing the backend.
+    fn alloc(&self, counter: &'static str) -> FsResult<u64>;
+    /// Reserves `n` epochs above the persisted high-water mark and returns
+    /// the first; epochs stay strictly increasing across restarts.
+    fn reserve_epochs(&self, n: u64) -> FsResult<u64>;
+
+    // ---- mount configuration and audit ---------------------------------
+    /// Records the datanode directories, so that offline tools find them.
+    fn set_datanodes(&self, dirs: &[PathBuf], replication: usize) -> FsResult<()>;
+    /// The replication factor of the last mount, if recorded.
+    fn replication(&self) -> FsResult<Option<usize>>;
+    fn datanodes(&self) -> FsResult<Vec<PathBuf>>;
+    /// Appends one election event durably; returns its sequence number.
+    fn audit(&self, e: &AuditEvent) -> FsResult<i64>;
+    /// The events of one election, oldest first.
+    fn audit_history(&self, election: &str) -> FsResult<Vec<AuditEvent>>;
+}

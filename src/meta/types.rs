@@ -1,0 +1,135 @@
+//! The records every metadata backend stores: inodes, blocks, files under
+//! construction and election audit events.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+pub const ROOT_INO: u64 = 1;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Kind {
+    File = 1,
+    Dir = 2,
+    Symlink = 3,
+    Fifo = 4,
+    Socket = 5,
+    CharDev = 6,
+    BlockDev = 7,
+}
+
+impl Kind {
+    pub fn from_i64(v: i64) -> Kind {
+        match v {
+            2 => Kind::Dir,
+            3 => Kind::Symlink,
+            4 => Kind::Fifo,
+            5 => Kind::Socket,
+            6 => Kind::CharDev,
+            7 => Kind::BlockDev,
+            _ => Kind::File,
+        }
+    }
+    /// The kind encoded in the `S_IFMT` bits of a mode.
+    pub fn from_mode(mode: u32) -> Option<Kind> {
+        Some(match mode & libc::S_IFMT {
+            libc::S_IFREG | 0 => Kind::File,
+            libc::S_IFDIR => Kind::Dir,
+            libc::S_IFLNK => Kind::Symlink,
+            libc::S_IFIFO => Kind::Fifo,
+            libc::S_IFSOCK => Kind::Socket,
+            libc::S_IFCHR => Kind::CharDev,
+            libc::S_IFBLK => Kind::BlockDev,
+            _ => return None,
+        })
+    }
+}
+
+/// One inode as stored. `mode` holds permission bits only (incl. setuid,
+/// setgid, sticky); the kind is separate.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Inode {
+    pub ino: u64,
+    pub kind: Kind,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub nlink: u32,
+    pub size: u64,
+    pub rdev: u32,
+    pub atime: i64,
+    pub mtime: i64,
+    pub ctime: i64,
+    pub crtime: i64,
+    pub block_size: u64,
+    pub last_epoch: u64,
+}
+
+/// One block of a file and where its replicas are.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlockRow {
+    pub ino: u64,
+    pub idx: u64,
+    pub block_id: u64,
+    pub gs: u64,
+    pub len: u64,
+    pub finalized: bool,
+    pub replicas: Vec<usize>,
+}
+
+/// A file under construction, persisted with its holder as in HDFS.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnderConstruction {
+    pub ino: u64,
+    pub holder: String,
+    pub pid: u32,
+    pub comm: String,
+    pub epoch: u64,
+    pub mount_id: String,
+    pub since_ms: u64,
+}
+
+/// One row of the election audit table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditEvent {
+    /// The election directory, as a path inside the mount.
+    pub election: String,
+    /// elected, lost, resigned, expired, preempted, ...
+    pub event: String,
+    pub who: String,
+    pub host: String,
+    pub pid: u32,
+    pub epoch: u64,
+    pub at_ms: u64,
+    pub why: String,
+}
+
+/// What a new node is.
+pub struct NewNode<'a> {
+    pub kind: Kind,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub rdev: u32,
+    pub target: Option<&'a [u8]>,
+    pub block_size: u64,
+}
+
+/// Attribute changes of `setattr` (size is handled by the write path).
+#[derive(Debug, Default, Clone)]
+pub struct AttrChange {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub atime: Option<i64>,
+    pub mtime: Option<i64>,
+    pub ctime: Option<i64>,
+}
+
+pub fn now_ns() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
+}
+
