@@ -15,6 +15,7 @@ pub mod clock;
 pub mod config;
 pub mod elect;
 pub mod error;
+pub mod etcd;
 pub mod fs;
 pub mod fsck;
 pub mod housekeeping;

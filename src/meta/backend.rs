@@ -18,15 +18,25 @@ pub enum Change {
     PutBlock(BlockRow),
     /// Removes the file's blocks with index >= `from`; they are returned by
     /// `commit` so their replicas can be deleted.
-    DropBlocksFrom { ino: u64, from: u64 },
+    DropBlocksFrom {
+        ino: u64,
+        from: u64,
+    },
     /// Records the file's length (and mtime = ctime = `touch` if given).
-    SetSize { ino: u64, size: u64, touch: Option<i64> },
+    SetSize {
+        ino: u64,
+        size: u64,
+        touch: Option<i64>,
+    },
     /// Records (or replaces) the file's under-construction entry; also
     /// raises the inode's last epoch to the entry's epoch.
     PutUc(UnderConstruction),
     DelUc(u64),
     /// Raises the inode's last grant epoch (never lowers it).
-    SetLastEpoch { ino: u64, epoch: u64 },
+    SetLastEpoch {
+        ino: u64,
+        epoch: u64,
+    },
 }
 
 /// The metadata operations of leasefs. Errors use the filesystem's own
@@ -77,8 +87,14 @@ pub trait Meta: Send + Sync {
     // ---- xattrs --------------------------------------------------------
     fn getxattr(&self, ino: u64, name: &[u8]) -> FsResult<Vec<u8>>;
     /// `create` / `replace`: XATTR_CREATE / XATTR_REPLACE semantics.
-    fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], create: bool, replace: bool)
-    -> FsResult<()>;
+    fn setxattr(
+        &self,
+        ino: u64,
+        name: &[u8],
+        value: &[u8],
+        create: bool,
+        replace: bool,
+    ) -> FsResult<()>;
     fn listxattr(&self, ino: u64) -> FsResult<Vec<Vec<u8>>>;
     fn removexattr(&self, ino: u64, name: &[u8]) -> FsResult<()>;
 

@@ -45,8 +45,15 @@ pub fn recover_file(meta: &dyn Meta, dns: &Datanodes, ino: u64) -> FsResult<u64>
             // Nothing of the block survived: the file ends where it began.
             meta.commit(
                 &[
-                    Change::DropBlocksFrom { ino, from: last.idx },
-                    Change::SetSize { ino, size: start, touch: Some(now_ns()) },
+                    Change::DropBlocksFrom {
+                        ino,
+                        from: last.idx,
+                    },
+                    Change::SetSize {
+                        ino,
+                        size: start,
+                        touch: Some(now_ns()),
+                    },
                     Change::DelUc(ino),
                 ],
                 false,
@@ -84,9 +91,16 @@ pub fn recover_file(meta: &dyn Meta, dns: &Datanodes, ino: u64) -> FsResult<u64>
         size = start + len;
         meta.commit(
             &[
-                Change::DropBlocksFrom { ino, from: last.idx + 1 },
+                Change::DropBlocksFrom {
+                    ino,
+                    from: last.idx + 1,
+                },
                 Change::PutBlock(row.clone()),
-                Change::SetSize { ino, size, touch: None },
+                Change::SetSize {
+                    ino,
+                    size,
+                    touch: None,
+                },
                 Change::DelUc(ino),
             ],
             true,

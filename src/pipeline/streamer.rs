@@ -159,7 +159,11 @@ impl OutputStream {
     fn record_finalized(&self, row: &BlockRow, size: u64) -> FsResult<()> {
         let ch = [
             Change::PutBlock(row.clone()),
-            Change::SetSize { ino: self.ino, size, touch: None },
+            Change::SetSize {
+                ino: self.ino,
+                size,
+                touch: None,
+            },
         ];
         self.meta().commit(&ch, false).map(drop)
     }
@@ -494,7 +498,11 @@ impl OutputStream {
         let s = lock(&self.st);
         let (acked, mtime) = (s.acked, s.mtime);
         let mut ch: Vec<Change> = last.into_iter().map(Change::PutBlock).collect();
-        ch.push(Change::SetSize { ino: self.ino, size: acked, touch: mtime });
+        ch.push(Change::SetSize {
+            ino: self.ino,
+            size: acked,
+            touch: mtime,
+        });
         ch.push(Change::DelUc(self.ino));
         let r = self.meta().commit(&ch, false).map(drop);
         drop(s);
@@ -506,7 +514,8 @@ impl OutputStream {
     /// the file by streaming zeros.
     fn apply_truncate(&self, pipe: &mut Pipe, size: u64) -> FsResult<()> {
         if !pipe.uc_recorded {
-            self.meta().commit(&[Change::PutUc(self.uc.clone())], false)?;
+            self.meta()
+                .commit(&[Change::PutUc(self.uc.clone())], false)?;
             pipe.uc_recorded = true;
         }
         let cur = match pipe.block.take() {
@@ -544,8 +553,15 @@ impl OutputStream {
         let mtime = self.mtime_now();
         let gone = self.meta().commit(
             &[
-                Change::DropBlocksFrom { ino: self.ino, from: keep },
-                Change::SetSize { ino: self.ino, size, touch: Some(mtime) },
+                Change::DropBlocksFrom {
+                    ino: self.ino,
+                    from: keep,
+                },
+                Change::SetSize {
+                    ino: self.ino,
+                    size,
+                    touch: Some(mtime),
+                },
             ],
             false,
         )?;
@@ -583,8 +599,16 @@ impl OutputStream {
     }
 
     fn persist_length_at(&self, pipe: &Pipe, size: u64, mtime: i64) -> FsResult<()> {
-        let mut ch: Vec<Change> = pipe.block.iter().map(|b| Change::PutBlock(b.row.clone())).collect();
-        ch.push(Change::SetSize { ino: self.ino, size, touch: Some(mtime) });
+        let mut ch: Vec<Change> = pipe
+            .block
+            .iter()
+            .map(|b| Change::PutBlock(b.row.clone()))
+            .collect();
+        ch.push(Change::SetSize {
+            ino: self.ino,
+            size,
+            touch: Some(mtime),
+        });
         self.meta().commit(&ch, false).map(drop)
     }
 }

@@ -837,7 +837,9 @@ impl Meta for MetaStore {
                     Change::DropBlocksFrom { ino, from } => {
                         gone.extend(Self::drop_blocks_from(tx, *ino, *from)?)
                     }
-                    Change::SetSize { ino, size, touch } => Self::set_size(tx, *ino, *size, *touch)?,
+                    Change::SetSize { ino, size, touch } => {
+                        Self::set_size(tx, *ino, *size, *touch)?
+                    }
                     Change::PutUc(uc) => Self::put_uc(tx, uc)?,
                     Change::DelUc(ino) => Self::del_uc(tx, *ino)?,
                     Change::SetLastEpoch { ino, epoch } => Self::set_last_epoch(tx, *ino, *epoch)?,
@@ -845,7 +847,11 @@ impl Meta for MetaStore {
             }
             Ok(gone)
         };
-        if durable { self.durable(apply) } else { self.with_tx(apply) }
+        if durable {
+            self.durable(apply)
+        } else {
+            self.with_tx(apply)
+        }
     }
 }
 

@@ -1,0 +1,110 @@
+//! The connection to an etcd cluster, shared by the etcd metadata backend,
+//! the cluster-wide file leases and the housekeeping election.
+//!
+//! etcd-client is async; leasefs's callers are plain threads (FUSE request
+//! threads, the blocking pool, the lease monitor). [`Etcd::run`] drives one
+//! request on this connection's own small runtime and waits for it, bounded
+//! by a timeout, so a lost etcd turns into an error instead of a hang.
+
+use std::future::Future;
+use std::time::Duration;
+
+use etcd_client::{Client, ConnectOptions};
+
+use crate::error::{FsError, FsResult};
+
+/// How long one etcd request may take before it counts as failed.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+pub struct Etcd {
+    rt: tokio::runtime::Runtime,
+    client: Client,
+    /// Every key of this filesystem starts with `/leasefs/<name>/`.
+    prefix: String,
+    endpoints: Vec<String>,
+}
+
+impl Etcd {
+    /// Connects to `endpoints` (`host:port`, or full `http://` URLs) and
+    /// keeps this filesystem's keys under `/leasefs/<name>/`.
+    pub fn connect(endpoints: &[String], name: &str) -> FsResult<Etcd> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("etcd")
+            .enable_all()
+            .build()
+            .map_err(|e| FsError::Meta(format!("cannot start the etcd runtime: {e}")))?;
+        let urls: Vec<String> = endpoints
+            .iter()
+            .map(|e| {
+                if e.contains("://") {
+                    e.clone()
+                } else {
+                    format!("http://{e}")
+                }
+            })
+            .collect();
+        let opts = ConnectOptions::new()
+            .with_connect_timeout(REQUEST_TIMEOUT)
+            .with_timeout(REQUEST_TIMEOUT)
+            .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2));
+        let client = rt
+            .block_on(async {
+                tokio::time::timeout(REQUEST_TIMEOUT, Client::connect(&urls, Some(opts))).await
+            })
+            .map_err(|_| FsError::Meta(format!("etcd at {} did not answer", urls.join(","))))?
+            .map_err(|e| {
+                FsError::Meta(format!("cannot connect to etcd at {}: {e}", urls.join(",")))
+            })?;
+        let c = Etcd {
+            rt,
+            client,
+            prefix: format!("/leasefs/{name}/"),
+            endpoints: urls,
+        };
+        // A connection is lazy: ask something so a dead endpoint fails now.
+        c.run(|mut cl| async move { cl.status().await })?;
+        Ok(c)
+    }
+
+    /// Runs one request (built from a clone of the client, which is cheap)
+    /// and waits for it for at most [`REQUEST_TIMEOUT`].
+    pub fn run<T, F, Fut>(&self, f: F) -> FsResult<T>
+    where
+        F: FnOnce(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let fut = f(self.client.clone());
+        self.rt
+            .block_on(async { tokio::time::timeout(REQUEST_TIMEOUT, fut).await })
+            .map_err(|_| FsError::Meta("etcd request timed out".into()))?
+            .map_err(|e| FsError::Meta(format!("etcd: {e}")))
+    }
+
+    /// Spawns a background task on this connection's runtime (keep-alive
+    /// streams, election campaigns).
+    pub fn spawn<Fut>(&self, fut: Fut) -> tokio::task::JoinHandle<Fut::Output>
+    where
+        Fut: Future + Send + 'static,
+        Fut::Output: Send + 'static,
+    {
+        self.rt.spawn(fut)
+    }
+
+    pub fn client(&self) -> Client {
+        self.client.clone()
+    }
+
+    /// The full key for `rest` (which must not start with '/').
+    pub fn key(&self, rest: &str) -> String {
+        format!("{}{rest}", self.prefix)
+    }
+
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    pub fn endpoints(&self) -> &[String] {
+        &self.endpoints
+    }
+}
