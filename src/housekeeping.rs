@@ -59,7 +59,9 @@ impl Housekeeper {
         if !self.is_leader() {
             return;
         }
-        let live: HashSet<u64> = core.leases.list().into_iter().map(|l| l.file).collect();
+        let Some(live) = core.live_files() else {
+            return;
+        };
         let busy = core.busy_blocks(&live);
         let suspect: HashSet<(u64, usize)> = core.bad.list().into_iter().collect();
         let c = Check {

@@ -14,8 +14,7 @@ fn mount() -> Mount {
     Mount::with(Opts {
         datanodes: 3,
         replication: Some(3),
-        o: vec![],
-    })
+        o: vec![], args: Vec::new() })
 }
 
 fn file(m: &Mount, rel: &str, len: usize, seed: u64) -> (Vec<u8>, Block) {
@@ -308,8 +307,7 @@ fn fsck_shows_a_progress_bar_on_a_terminal_only() {
     let mut m = Mount::with(Opts {
         datanodes: 2,
         replication: Some(2),
-        o: vec!["block_size=64K".into()],
-    });
+        o: vec!["block_size=64K".into()], args: Vec::new() });
     let src = pattern(130 * 65536, 5);
     m.put("many", &src);
     wait_closed(&m, "many");

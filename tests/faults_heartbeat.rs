@@ -17,8 +17,7 @@ fn four_datanodes() -> Mount {
     Mount::with(Opts {
         datanodes: 4,
         replication: Some(3),
-        o: vec![],
-    })
+        o: vec![], args: Vec::new() })
 }
 
 /// Polls fsck until `dn` is reported dead (true) or alive again (false);

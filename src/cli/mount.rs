@@ -32,6 +32,29 @@ pub struct MountArgs {
     /// Stay in the foreground.
     #[arg(short = 'f', long = "foreground")]
     pub foreground: bool,
+    /// Where the namespace and leases live: `sqlite` (default, in the data
+    /// directory) or `etcd://HOST:PORT[,HOST:PORT...]` (shared by several
+    /// daemons).
+    #[arg(long, default_value = "sqlite")]
+    pub meta: String,
+    /// The filesystem's name in etcd: its keys live under `/leasefs/NAME/`.
+    #[arg(long, default_value = "default")]
+    pub prefix: String,
+}
+
+/// Parses `--meta`: `None` for SQLite, else the etcd endpoints.
+fn meta_endpoints(meta: &str) -> Result<Option<Vec<String>>, String> {
+    if meta == "sqlite" {
+        return Ok(None);
+    }
+    let Some(rest) = meta.strip_prefix("etcd://") else {
+        return Err(format!("--meta {meta}: expected sqlite or etcd://HOST:PORT[,HOST:PORT...]"));
+    };
+    let eps: Vec<String> = rest.split(',').filter(|s| !s.is_empty()).map(String::from).collect();
+    if eps.is_empty() || eps.iter().any(|e| !e.contains(':')) {
+        return Err(format!("--meta {meta}: every etcd endpoint needs HOST:PORT"));
+    }
+    Ok(Some(eps))
 }
 
 const READY_FD_ENV: &str = "LEASEFS_READY_FD";
@@ -70,6 +93,10 @@ pub fn spec(a: &MountArgs) -> Result<MountSpec, String> {
         .is_some();
     if non_empty {
         return Err(format!("mountpoint {} is not empty", mountpoint.display()));
+    }
+    let etcd = meta_endpoints(&a.meta)?;
+    if a.prefix.is_empty() || a.prefix.contains('/') {
+        return Err(format!("--prefix {}: must be a non-empty name without '/'", a.prefix));
     }
     let mut opts = MountOptions::default();
     for o in &a.options {
@@ -122,6 +149,8 @@ pub fn spec(a: &MountArgs) -> Result<MountSpec, String> {
         datanodes,
         replication,
         opts,
+        etcd,
+        prefix: a.prefix.clone(),
     })
 }
 
@@ -207,6 +236,10 @@ fn background(spec: &MountSpec, options: &[String]) -> ExitCode {
         .arg(&spec.data)
         .arg("--replication")
         .arg(spec.replication.to_string())
+        .arg("--meta")
+        .arg(&a_meta(spec))
+        .arg("--prefix")
+        .arg(&spec.prefix)
         .arg("-f");
     for d in &spec.datanodes {
         cmd.arg("--datanode").arg(d);
@@ -241,5 +274,13 @@ fn background(spec: &MountSpec, options: &[String]) -> ExitCode {
         )
     } else {
         fail(1, msg)
+    }
+}
+
+/// `--meta` as given, rebuilt from the spec for the background daemon.
+fn a_meta(spec: &MountSpec) -> String {
+    match &spec.etcd {
+        Some(eps) => format!("etcd://{}", eps.join(",")),
+        None => "sqlite".into(),
     }
 }

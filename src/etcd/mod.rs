@@ -11,6 +11,9 @@ use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions};
 
+pub mod election;
+pub mod leases;
+
 use crate::error::{FsError, FsResult};
 
 /// How long one etcd request may take before it counts as failed.
@@ -74,9 +77,19 @@ impl Etcd {
         F: FnOnce(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
+        self.run_within(REQUEST_TIMEOUT, f)
+    }
+
+    /// As [`Etcd::run`] with a timeout of its own (keep-alives must fail
+    /// fast enough to fence before a TTL runs out).
+    pub fn run_within<T, F, Fut>(&self, limit: Duration, f: F) -> FsResult<T>
+    where
+        F: FnOnce(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
         let fut = f(self.client.clone());
         self.rt
-            .block_on(async { tokio::time::timeout(REQUEST_TIMEOUT, fut).await })
+            .block_on(async { tokio::time::timeout(limit, fut).await })
             .map_err(|_| FsError::Meta("etcd request timed out".into()))?
             .map_err(|e| FsError::Meta(format!("etcd: {e}")))
     }
@@ -89,6 +102,38 @@ impl Etcd {
         Fut::Output: Send + 'static,
     {
         self.rt.spawn(fut)
+    }
+
+    /// Waits for a task spawned with [`Etcd::spawn`] (no timeout).
+    pub fn wait<T>(&self, h: tokio::task::JoinHandle<T>) -> Option<T> {
+        self.rt.block_on(h).ok()
+    }
+
+    /// One keep-alive of etcd lease `id`; false when etcd did not confirm
+    /// it within `limit` (unreachable, or the lease already expired).
+    pub fn keep_alive_once(&self, id: i64, limit: Duration) -> bool {
+        self.run_within(limit, |mut c| async move {
+            let (mut k, mut s) = c.lease_keep_alive(id).await?;
+            k.keep_alive().await?;
+            Ok(s.message().await?.map(|r| r.ttl() > 0))
+        })
+        .ok()
+        .flatten()
+        .unwrap_or(false)
+    }
+
+    /// A new etcd lease of `ttl_secs`; returns its id.
+    pub fn grant(&self, ttl_secs: i64) -> FsResult<i64> {
+        Ok(self
+            .run(|mut c| async move { c.lease_grant(ttl_secs, None).await })?
+            .id())
+    }
+
+    /// Revokes etcd lease `id` (its keys go with it); best effort.
+    pub fn revoke(&self, id: i64) {
+        if let Err(e) = self.run(|mut c| async move { c.lease_revoke(id).await }) {
+            tracing::debug!(id, "etcd lease revoke: {e}");
+        }
     }
 
     pub fn client(&self) -> Client {

@@ -14,6 +14,7 @@ use super::proc_info;
 use crate::clock::{Clock, SystemClock};
 use crate::config::MountOptions;
 use crate::error::{FsError, FsResult};
+use crate::lease::cluster::Cluster;
 use crate::lease::{
     Acquire, AcquireOpts, EpochSource, Grant, Holder, LeaseConfig, LeaseError, LeaseManager,
     RecoveryReason,
@@ -60,7 +61,7 @@ struct StoreEpochs {
 }
 
 impl EpochSource for StoreEpochs {
-    fn next(&mut self) -> u64 {
+    fn next(&mut self, _file: u64) -> u64 {
         if self.next >= self.end {
             match self.meta.reserve_epochs(1024) {
                 Ok(first) => {
@@ -77,8 +78,30 @@ impl EpochSource for StoreEpochs {
     }
 }
 
+/// The cluster side of a daemon that shares its namespace (etcd): claims
+/// and the epochs derived from them.
+pub struct ClusterParts {
+    pub cluster: Arc<dyn Cluster>,
+    pub epochs: Box<dyn EpochSource>,
+}
+
+/// This host's name and a mount-instance id unique across daemons and
+/// restarts (`host:pid:start-ms`).
+pub fn mount_identity() -> (Arc<str>, String) {
+    let host: Arc<str> = nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "localhost".into())
+        .into();
+    let id = format!("{}:{}:{}", host, std::process::id(), crate::clock::wall_ms());
+    (host, id)
+}
+
 pub struct Core {
     pub meta: Arc<dyn Meta>,
+    /// Set when several daemons share the namespace: a write lease is then
+    /// claimed cluster-wide before it is granted here.
+    pub cluster: Option<Arc<dyn Cluster>>,
     pub dns: Arc<Datanodes>,
     pub leases: Arc<LeaseManager>,
     pub ctx: Arc<StreamCtx>,
@@ -116,29 +139,28 @@ impl Core {
         rt: tokio::runtime::Handle,
         data_dir: PathBuf,
         clock: Arc<dyn Clock>,
+        identity: (Arc<str>, String),
+        cluster: Option<ClusterParts>,
     ) -> Arc<Core> {
-        let host: Arc<str> = nix::unistd::gethostname()
-            .ok()
-            .and_then(|h| h.into_string().ok())
-            .unwrap_or_else(|| "localhost".into())
-            .into();
+        let (host, mount_id) = identity;
         let cfg = LeaseConfig {
             soft_limit: opts.soft_limit,
             hard_limit: opts.hard_limit,
             lease_wait: opts.lease_wait,
             release_grace: Duration::from_secs(2),
         };
-        let epochs = StoreEpochs {
-            meta: meta.clone(),
-            next: 0,
-            end: 0,
+        let (cluster, epochs): (_, Box<dyn EpochSource>) = match cluster {
+            Some(c) => (Some(c.cluster), c.epochs),
+            None => (
+                None,
+                Box::new(StoreEpochs {
+                    meta: meta.clone(),
+                    next: 0,
+                    end: 0,
+                }),
+            ),
         };
-        let leases = Arc::new(LeaseManager::new(
-            cfg,
-            clock,
-            Box::new(epochs),
-            host.clone(),
-        ));
+        let leases = Arc::new(LeaseManager::new(cfg, clock, epochs, host.clone()));
         let bad = Arc::new(BadReplicas::default());
         let ctx = Arc::new(StreamCtx {
             bad: bad.clone(),
@@ -147,21 +169,18 @@ impl Core {
             rt,
             packet_size: opts.packet_size as usize,
             max_in_flight: opts.max_packets_in_flight,
+            publish_lengths: cluster.is_some(),
         });
         Arc::new(Core {
             meta,
+            cluster,
             dns,
             leases,
             ctx,
             opts,
             bad,
             data_dir,
-            mount_id: format!(
-                "{}:{}:{}",
-                host,
-                std::process::id(),
-                crate::clock::wall_ms()
-            ),
+            mount_id,
             host,
             handles: DashMap::new(),
             files: DashMap::new(),
@@ -181,8 +200,11 @@ impl Core {
         opts: MountOptions,
         rt: tokio::runtime::Handle,
         data_dir: PathBuf,
+        identity: (Arc<str>, String),
+        cluster: Option<ClusterParts>,
     ) -> Arc<Core> {
-        Self::new(meta, dns, opts, rt, data_dir, Arc::new(SystemClock::new()))
+        let clock = Arc::new(SystemClock::new());
+        Self::new(meta, dns, opts, rt, data_dir, clock, identity, cluster)
     }
 
     pub(super) fn handle(&self, fh: u64) -> FsResult<Arc<Handle>> {
@@ -264,6 +286,31 @@ impl Core {
         if let Err(e) = self.check_fence(who.pgid) {
             return reply(Err(e));
         }
+        if let Some(cl) = self.cluster.clone() {
+            // Claiming waits on the network: not on a request thread.
+            let me = self.clone();
+            self.ctx.rt.spawn_blocking(move || {
+                if let Err(e) = me.claim(&*cl, ino, fh, flags, caller.pid, &who) {
+                    return reply(Err(e));
+                }
+                me.acquire_local(ino, fh, flags, caller, who, reply)
+            });
+            return;
+        }
+        self.acquire_local(ino, fh, flags, caller, who, reply)
+    }
+
+    /// Takes the file's lease among this daemon's handles (the whole
+    /// decision on a lone daemon).
+    fn acquire_local(
+        self: &Arc<Self>,
+        ino: u64,
+        fh: u64,
+        flags: i32,
+        caller: Caller,
+        who: proc_info::Ident,
+        reply: Reply<Opened>,
+    ) {
         let holder = Holder {
             host: self.host.clone(),
             pid: who.tgid,
@@ -276,7 +323,10 @@ impl Core {
             me.waiter_tids.remove(&fh);
             match g {
                 Ok(grant) => me.granted(ino, fh, flags, who, grant, reply),
-                Err(e) => reply(Err(e.into())),
+                Err(e) => {
+                    me.unclaim(ino, fh);
+                    reply(Err(e.into()))
+                }
             }
         });
         let opts = AcquireOpts {
@@ -571,6 +621,7 @@ impl Core {
                 }
                 drop(s);
                 me.leases.release(h.ino, h.fh);
+                me.unclaim(h.ino, h.fh);
             }
             // No cache invalidation here: the kernel's pages and size of this
             // inode were updated by the writer's own writes through it.

@@ -9,10 +9,12 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::adapter::Adapter;
-use super::core::Core;
+use super::core::{ClusterParts, Core};
+use crate::etcd::Etcd;
+use crate::etcd::leases::{EtcdLeases, keep_alive_loop};
 use crate::config::MountOptions;
 use crate::error::{FsError, FsResult};
-use crate::meta::{Meta, MetaStore};
+use crate::meta::{EtcdMeta, Meta, MetaStore};
 use crate::pipeline::Datanodes;
 use crate::sync::{Arc, AtomicBool, Ordering};
 
@@ -27,6 +29,10 @@ pub struct MountSpec {
     pub datanodes: Vec<PathBuf>,
     pub replication: usize,
     pub opts: MountOptions,
+    /// etcd endpoints when the namespace is shared (`--meta etcd://...`).
+    pub etcd: Option<Vec<String>>,
+    /// The filesystem's name in etcd.
+    pub prefix: String,
 }
 
 /// Holds the data directory's lock for the daemon's life.
@@ -61,12 +67,19 @@ pub fn lock_data_dir(data: &Path) -> FsResult<DataLock> {
 
 /// Everything a mount needs, built before the kernel is involved so that
 /// every error can still be reported to the user.
+/// What a daemon sharing its namespace over etcd holds.
+struct Shared {
+    etcd: Arc<Etcd>,
+    leases: Arc<EtcdLeases>,
+}
+
 pub struct Daemon {
     pub core: Arc<Core>,
     pub rt: tokio::runtime::Runtime,
     _lock: DataLock,
     stop: Arc<AtomicBool>,
     housekeeper: Arc<crate::housekeeping::Housekeeper>,
+    shared: Option<Shared>,
 }
 
 impl Daemon {
@@ -76,7 +89,29 @@ impl Daemon {
             nix::unistd::getuid().as_raw(),
             nix::unistd::getgid().as_raw(),
         );
-        let meta: Arc<dyn Meta> = Arc::new(MetaStore::open(&spec.data.join("meta.db"), uid, gid)?);
+        let identity = super::core::mount_identity();
+        let (meta, shared): (Arc<dyn Meta>, _) = match &spec.etcd {
+            None => (
+                Arc::new(MetaStore::open(&spec.data.join("meta.db"), uid, gid)?),
+                None,
+            ),
+            Some(eps) => {
+                let etcd = Arc::new(Etcd::connect(eps, &spec.prefix)?);
+                let meta = Arc::new(EtcdMeta::open(etcd.clone(), uid, gid)?);
+                let leases = EtcdLeases::new(etcd.clone(), identity.1.clone(), spec.opts.soft_limit)
+                    .map_err(FsError::Meta)?;
+                (meta as Arc<dyn Meta>, Some(Shared { etcd, leases }))
+            }
+        };
+        // Replicas name datanodes by index: every daemon of a shared
+        // namespace must list the same directories in the same order.
+        let recorded = meta.datanodes()?;
+        if shared.is_some() && !recorded.is_empty() && recorded != spec.datanodes {
+            return Err(FsError::Invalid(format!(
+                "the datanodes of this filesystem are {}; every daemon must give the same --datanode list",
+                recorded.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(" ")
+            )));
+        }
         let dns = Arc::new(Datanodes::open(
             &spec.datanodes,
             spec.replication,
@@ -97,6 +132,11 @@ impl Daemon {
             spec.opts.clone(),
             rt.handle().clone(),
             spec.data.clone(),
+            identity,
+            shared.as_ref().map(|s| ClusterParts {
+                cluster: s.leases.clone(),
+                epochs: Box::new(s.leases.epochs()),
+            }),
         );
         let n = core.startup_recovery()?;
         if n > 0 {
@@ -109,6 +149,7 @@ impl Daemon {
             _lock: lock,
             stop,
             housekeeper: Arc::new(crate::housekeeping::Housekeeper::new()),
+            shared,
         };
         d.spawn_background();
         Ok(d)
@@ -130,6 +171,33 @@ impl Daemon {
         }
     }
 
+    /// The threads of a daemon sharing its namespace: keep-alives of its
+    /// claims and liveness key, and the housekeeping campaign.
+    fn spawn_shared(&self, s: &Shared) {
+        let (leases, stop) = (s.leases.clone(), self.stop.clone());
+        let manager = Arc::downgrade(&self.core.leases);
+        let core = Arc::downgrade(&self.core);
+        let on_lost = Box::new(move |ino| {
+            if let Some(c) = core.upgrade() {
+                c.claim_lost(ino)
+            }
+        });
+        let r = std::thread::Builder::new()
+            .name("etcd-keepalive".into())
+            .spawn(move || keep_alive_loop(leases, manager, on_lost, stop));
+        if let Err(e) = r {
+            tracing::error!("cannot start etcd keep-alives: {e}");
+        }
+        let (etcd, meta, hk) = (s.etcd.clone(), self.core.meta.clone(), self.housekeeper.clone());
+        let (id, stop) = (self.core.mount_id.clone(), self.stop.clone());
+        let r = std::thread::Builder::new()
+            .name("hk-election".into())
+            .spawn(move || crate::etcd::election::run(etcd, meta, hk, id, stop));
+        if let Err(e) = r {
+            tracing::error!("cannot start the housekeeping election: {e}");
+        }
+    }
+
     fn spawn_background(&self) {
         let o = &self.core.opts;
         // Lease monitor (HDFS LeaseManager.Monitor): expired waits, hard
@@ -147,9 +215,13 @@ impl Daemon {
         });
         // Datanode heartbeats: storage liveness only, never writer liveness.
         self.every("dn-heartbeat", HEARTBEAT, |core| core.dns.heartbeat());
-        // Leader-only housekeeping; a lone daemon leads its namespace.
+        // Leader-only housekeeping; a lone daemon leads its namespace,
+        // daemons sharing one elect their leader through etcd.
         let hk = self.housekeeper.clone();
-        hk.take(&*self.core.meta, "sole daemon of this data directory");
+        match &self.shared {
+            None => hk.take(&*self.core.meta, "sole daemon of this data directory"),
+            Some(s) => self.spawn_shared(s),
+        }
         self.every("housekeeping", o.housekeeping_interval, move |core| {
             hk.round(core)
         });
@@ -216,6 +288,9 @@ impl Daemon {
         self.stop.store(true, Ordering::Relaxed);
         self.housekeeper.lose(&*self.core.meta, "unmounted");
         self.core.wait_closes(Duration::from_secs(30));
+        if let Some(s) = &self.shared {
+            s.leases.shutdown();
+        }
         let _ = std::fs::remove_file(spec.data.join("control.sock"));
         tracing::info!("unmounted");
         r.map_err(|e| FsError::Io(e.to_string()))

@@ -11,6 +11,13 @@ impl Core {
     /// At mount: files left under construction by a previous daemon have
     /// provably gone holders, so they are recovered now; orphans removed.
     pub fn startup_recovery(&self) -> FsResult<usize> {
+        if let Some(cl) = &self.cluster {
+            // Other daemons may be writing to the shared datanodes right
+            // now: their unrecorded replicas, tmp/ copies and open
+            // unlinked files are theirs. The housekeeping leader's sweeps
+            // (with their grace period) deal with true leftovers.
+            return self.startup_recovery_clustered(cl);
+        }
         let ucs = self.meta.list_uc()?;
         let n = ucs.len();
         for uc in ucs {
@@ -53,6 +60,24 @@ impl Core {
     }
 
     /// Block ids of files being written (never repaired under a writer).
+    /// Files being written: those this daemon leases, and over a shared
+    /// namespace those any daemon has claimed (`None` if that cannot be
+    /// known now: then nothing may be repaired).
+    pub fn live_files(&self) -> Option<std::collections::HashSet<u64>> {
+        let mut live: std::collections::HashSet<u64> =
+            self.leases.list().into_iter().map(|l| l.file).collect();
+        if let Some(cl) = &self.cluster {
+            match cl.claimed_files() {
+                Ok(f) => live.extend(f),
+                Err(e) => {
+                    tracing::warn!("cannot list the files other daemons write: {e}");
+                    return None;
+                }
+            }
+        }
+        Some(live)
+    }
+
     pub fn busy_blocks(
         &self,
         live: &std::collections::HashSet<u64>,
@@ -66,8 +91,9 @@ impl Core {
 
     /// An online fsck against the running daemon's view.
     pub fn fsck(&self, repair: bool) -> Result<crate::fsck::Report, String> {
-        let live: std::collections::HashSet<u64> =
-            self.leases.list().into_iter().map(|l| l.file).collect();
+        let live = self
+            .live_files()
+            .ok_or("cannot tell which files other daemons are writing")?;
         let busy = self.busy_blocks(&live);
         crate::fsck::run(&crate::fsck::Check {
             meta: &*self.meta,

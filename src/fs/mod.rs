@@ -7,6 +7,7 @@ pub mod control;
 pub mod core;
 pub mod daemon;
 mod handles;
+mod clustered;
 mod leasing;
 mod maintenance;
 pub mod namespace;

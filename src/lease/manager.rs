@@ -64,7 +64,6 @@ impl LeaseManager {
             daemon: TimeIndex::default(),
             daemon_renewed: nanos(clock.now()),
             epochs,
-            last_epoch: 0,
             shutting_down: false,
         };
         LeaseManager {
@@ -252,6 +251,30 @@ impl LeaseManager {
         self.locked(|inner, now, later| inner.finish_recovery(file, result, now, later))
     }
 
+    /// The lease was lost outside this manager (its cluster-wide claim ran
+    /// out, so another daemon may grant it): the holder is fenced, every
+    /// waiter gets `Busy`, and the file is forgotten here. Returns whether
+    /// the manager knew the file.
+    pub fn revoke(&self, file: FileId, why: &str) -> bool {
+        self.locked(|inner, _, later| {
+            let Some(lease) = inner.leases.get_mut(&file) else {
+                return false;
+            };
+            warn!(file, epoch = lease.epoch, why, "lease revoked");
+            let fence = lease.holder.as_ref().map(|h| (h.handle, lease.epoch));
+            for w in lease.take_all() {
+                let holder = why.to_string();
+                later.call(w.cb, Err(LeaseError::Busy { file, holder }));
+            }
+            if let Some((handle, epoch)) = fence {
+                inner.holders.remove(&handle);
+                inner.fenced.insert(handle, (file, epoch));
+            }
+            inner.remove(file);
+            true
+        })
+    }
+
     /// Ctrl-C of a waiting open: its callback gets `Interrupted`. Returns
     /// whether `handle` was waiting for `file`.
     pub fn cancel_waiter(&self, file: FileId, handle: HandleId) -> bool {
@@ -387,7 +410,6 @@ struct Inner {
     /// When `renew_daemon_leases` last ran; renews every daemon-mode lease.
     daemon_renewed: u64,
     epochs: Box<dyn EpochSource>,
-    last_epoch: u64,
     shutting_down: bool,
 }
 
@@ -576,9 +598,11 @@ impl Inner {
 
     /// Makes `holder` the holder of `file` with a fresh epoch.
     fn grant(&mut self, file: FileId, holder: Holder, now: u64) -> Grant {
-        let epoch = self.epochs.next();
-        debug_assert!(epoch > self.last_epoch, "epoch source went backwards");
-        self.last_epoch = epoch;
+        let epoch = self.epochs.next(file);
+        debug_assert!(
+            self.leases.get(&file).is_none_or(|l| epoch > l.epoch),
+            "epoch source went backwards"
+        );
         let handle = holder.handle;
         info!(
             file,

@@ -1,6 +1,7 @@
 //! Per-file write leases (HDFS `LeaseManager`): who may write which file,
 //! for how long, and what happens when a holder stops renewing.
 
+pub mod cluster;
 mod index;
 pub mod manager;
 mod record;

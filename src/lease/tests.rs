@@ -11,7 +11,7 @@ use crate::sync::Arc;
 struct Counter(u64);
 
 impl EpochSource for Counter {
-    fn next(&mut self) -> u64 {
+    fn next(&mut self, _file: FileId) -> u64 {
         self.0 += 1;
         self.0
     }

@@ -190,7 +190,8 @@ impl LeaseError {
 /// so it must be cheap: a persistent implementation should reserve epochs in
 /// blocks rather than write to disk on every call.
 pub trait EpochSource: Send {
-    /// A value greater than every value returned before, by this source or
-    /// by any earlier instance of the filesystem.
-    fn next(&mut self) -> u64;
+    /// An epoch for a new grant of `file`: greater than every value returned
+    /// before for that file, by this source or by any earlier instance of
+    /// the filesystem (or, over etcd, by any other daemon).
+    fn next(&mut self, file: FileId) -> u64;
 }

@@ -24,6 +24,9 @@ pub struct StreamCtx {
     pub rt: tokio::runtime::Handle,
     pub packet_size: usize,
     pub max_in_flight: usize,
+    /// Record the visible length in the store at every flush and fsync,
+    /// for readers on other daemons sharing the namespace.
+    pub publish_lengths: bool,
     /// Replicas found bad (reads, syncs), for housekeeping to repair.
     pub bad: Arc<crate::pipeline::reader::BadReplicas>,
 }

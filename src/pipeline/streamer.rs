@@ -112,11 +112,13 @@ impl OutputStream {
                         d(Ok(()));
                     }
                 }
-                // hflush needs no metadata: readers take the visible length
-                // from the stream, and recovery takes it from the replicas.
-                Job::Flush(d) => d(Ok(())),
+                // On a lone daemon hflush needs no metadata: readers take
+                // the visible length from the stream, and recovery takes
+                // it from the replicas. Readers on other daemons see only
+                // the store, so there the length is published.
+                Job::Flush(d) => d(self.publish_length()),
                 Job::Sync(d) => {
-                    let r = self.sync_replicas(&mut pipe);
+                    let r = self.publish_length().and_then(|_| self.sync_replicas(&mut pipe));
                     d(r)
                 }
                 Job::Close(d) => {
@@ -135,6 +137,20 @@ impl OutputStream {
                 }
             }
         }
+    }
+
+    /// Records the visible length for readers on other daemons (only
+    /// when the namespace is shared).
+    fn publish_length(&self) -> FsResult<()> {
+        if !self.ctx.publish_lengths {
+            return Ok(());
+        }
+        let (size, touch) = {
+            let s = lock(&self.st);
+            (s.acked, s.mtime)
+        };
+        let ch = [Change::SetSize { ino: self.ino, size, touch }];
+        self.meta().commit(&ch, false).map(drop)
     }
 
     fn meta(&self) -> &dyn Meta {

@@ -37,6 +37,8 @@ pub struct Opts {
     pub datanodes: usize,
     pub replication: Option<usize>,
     pub o: Vec<String>,
+    /// More `leasefs mount` arguments (e.g. `--meta etcd://...`).
+    pub args: Vec<String>,
 }
 
 impl Default for Opts {
@@ -45,6 +47,7 @@ impl Default for Opts {
             datanodes: 3,
             replication: None,
             o: Vec::new(),
+            args: Vec::new(),
         }
     }
 }
@@ -98,6 +101,7 @@ impl Mount {
             args.push("-o".into());
             args.push(x.clone());
         }
+        args.extend(o.args.iter().cloned());
         let mut m = Mount {
             dir,
             mnt,

@@ -1,0 +1,304 @@
+//! [`Cluster`] on etcd: a file's claim is the key `lease/<ino>`, created
+//! only if absent and bound to an etcd lease of the soft limit's TTL. The
+//! daemon keeps that etcd lease alive while the file's local lease is alive
+//! (any handle holds or waits; a client-renewed holder renewed within the
+//! soft limit). The revision that created the key is the claim's epoch
+//! base, so epochs of one file grow across daemons.
+//!
+//! Partitions: a claim whose keep-alives have not been acknowledged for two
+//! thirds of the TTL is given up locally (`on_lost`: the holder is fenced
+//! and its stream aborted) before etcd can let it expire for others.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
+
+use super::Etcd;
+use crate::lease::cluster::{Claim, ClaimInfo, Cluster, EPOCH_SEQ_BITS};
+use crate::lease::{EpochSource, FileId, HandleId, LeaseManager, LeaseState, RenewalMode};
+use std::sync::Weak;
+
+use crate::sync::{Arc, Mutex, lock};
+
+struct Held {
+    lease_id: i64,
+    base: u64,
+    handles: HashSet<HandleId>,
+    /// When etcd last acknowledged a keep-alive (or granted the lease).
+    last_ok: Instant,
+}
+
+pub struct EtcdLeases {
+    etcd: Arc<Etcd>,
+    mount_id: String,
+    ttl: Duration,
+    claims: Mutex<HashMap<FileId, Held>>,
+    /// Grants per file under its current claim, for [`ClaimEpochs`].
+    seqs: Arc<Mutex<HashMap<FileId, (u64, u64)>>>,
+    /// The etcd lease of this daemon's liveness key `mounts/<id>`.
+    mount_lease: i64,
+}
+
+/// Epochs `base << 24 | n` for the n-th grant under a file's claim.
+pub struct ClaimEpochs {
+    seqs: Arc<Mutex<HashMap<FileId, (u64, u64)>>>,
+}
+
+impl EpochSource for ClaimEpochs {
+    fn next(&mut self, file: FileId) -> u64 {
+        let mut m = lock(&self.seqs);
+        let e = m.entry(file).or_insert((0, 0));
+        e.1 += 1;
+        if e.1 >= 1 << EPOCH_SEQ_BITS {
+            tracing::error!(file, "2^24 grants under one claim; epochs no longer grow");
+            e.1 = (1 << EPOCH_SEQ_BITS) - 1;
+        }
+        (e.0 << EPOCH_SEQ_BITS) | e.1
+    }
+}
+
+fn claim_key(file: FileId) -> String {
+    format!("lease/{file:016x}")
+}
+
+fn mount_key(id: &str) -> String {
+    format!("mounts/{id}")
+}
+
+impl EtcdLeases {
+    /// Registers this daemon instance as alive (`mounts/<mount_id>`, bound
+    /// to an etcd lease of `ttl`, kept alive by [`EtcdLeases::keep_alive`]).
+    pub fn new(etcd: Arc<Etcd>, mount_id: String, ttl: Duration) -> Result<Arc<Self>, String> {
+        let secs = ttl.as_secs().max(2) as i64;
+        let id = etcd.grant(secs).map_err(|e| e.to_string())?;
+        let key = etcd.key(&mount_key(&mount_id));
+        let val = mount_id.clone();
+        etcd.run(|mut c| async move {
+            c.put(key, val, Some(PutOptions::new().with_lease(id))).await
+        })
+        .map_err(|e| e.to_string())?;
+        Ok(Arc::new(EtcdLeases {
+            etcd,
+            mount_id,
+            ttl: Duration::from_secs(secs as u64),
+            claims: Mutex::new(HashMap::new()),
+            seqs: Arc::new(Mutex::new(HashMap::new())),
+            mount_lease: id,
+        }))
+    }
+
+    pub fn epochs(&self) -> ClaimEpochs {
+        ClaimEpochs {
+            seqs: self.seqs.clone(),
+        }
+    }
+
+    /// The keep-alive period: three tries within one TTL.
+    pub fn period(&self) -> Duration {
+        (self.ttl / 3).max(Duration::from_millis(200))
+    }
+
+    fn renew(&self, lease_id: i64) -> bool {
+        self.etcd.keep_alive_once(lease_id, self.period())
+    }
+
+    /// One round of keep-alives (run every [`EtcdLeases::period`]). Claims
+    /// whose local lease stopped being renewed are left to run out; claims
+    /// not acknowledged for 2/3 of the TTL are dropped and passed to
+    /// `on_lost`. Returns false when this daemon's own liveness lease is
+    /// gone (it must stop writing).
+    pub fn keep_alive(&self, leases: &LeaseManager, on_lost: &dyn Fn(FileId)) -> bool {
+        let soft_ms = leases.config().soft_limit.as_millis() as u64;
+        let ids: Vec<(FileId, i64)> = lock(&self.claims)
+            .iter()
+            .map(|(f, h)| (*f, h.lease_id))
+            .collect();
+        for (file, lease_id) in ids {
+            let info = leases.info(file);
+            let stale = info.state == LeaseState::Held
+                && info.mode == Some(RenewalMode::Client)
+                && info.renewed_ms_ago.is_some_and(|ms| ms >= soft_ms);
+            if !stale && self.renew(lease_id) {
+                if let Some(h) = lock(&self.claims).get_mut(&file) {
+                    h.last_ok = Instant::now();
+                }
+                continue;
+            }
+            let lost = {
+                let mut claims = lock(&self.claims);
+                match claims.get(&file) {
+                    Some(h) if h.last_ok.elapsed() >= self.ttl * 2 / 3 => {
+                        claims.remove(&file);
+                        lock(&self.seqs).remove(&file);
+                        true
+                    }
+                    _ => false,
+                }
+            };
+            if lost {
+                tracing::warn!(file, "cluster claim not renewed in time; giving the file up");
+                on_lost(file);
+                self.revoke(lease_id);
+            }
+        }
+        self.renew(self.mount_lease)
+    }
+
+    fn revoke(&self, lease_id: i64) {
+        self.etcd.revoke(lease_id)
+    }
+
+    /// Gives up every claim and the liveness key (clean unmount).
+    pub fn shutdown(&self) {
+        let all: Vec<i64> = lock(&self.claims).drain().map(|(_, h)| h.lease_id).collect();
+        for id in all {
+            self.revoke(id);
+        }
+        self.revoke(self.mount_lease);
+    }
+
+    fn read_claim(&self, file: FileId) -> Option<ClaimInfo> {
+        let key = self.etcd.key(&claim_key(file));
+        let r = self.etcd.run(|mut c| async move { c.get(key, None).await }).ok()?;
+        let kv = r.kvs().first()?;
+        serde_json::from_slice(kv.value()).ok()
+    }
+}
+
+impl Cluster for EtcdLeases {
+    fn claim(&self, file: FileId, handle: HandleId, who: &ClaimInfo) -> Result<Claim, String> {
+        // One claim at a time per daemon keeps the bookkeeping simple; a
+        // claim is one or two round trips to etcd.
+        let mut claims = lock(&self.claims);
+        if let Some(h) = claims.get_mut(&file) {
+            h.handles.insert(handle);
+            return Ok(Claim::Mine { epoch_base: h.base });
+        }
+        if let Some(other) = self.read_claim(file) {
+            return Ok(Claim::Busy(other));
+        }
+        let secs = self.ttl.as_secs() as i64;
+        let lease_id = self.etcd.grant(secs).map_err(|e| e.to_string())?;
+        let key = self.etcd.key(&claim_key(file));
+        let val = serde_json::to_vec(who).map_err(|e| e.to_string())?;
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(
+                key.clone(),
+                val,
+                Some(PutOptions::new().with_lease(lease_id)),
+            )])
+            .or_else([TxnOp::get(key, None)]);
+        let r = self.etcd.run(|mut c| async move { c.txn(txn).await });
+        let r = match r {
+            Ok(r) => r,
+            Err(e) => {
+                self.revoke(lease_id);
+                return Err(e.to_string());
+            }
+        };
+        if !r.succeeded() {
+            self.revoke(lease_id);
+            let holder = r.op_responses().into_iter().find_map(|op| match op {
+                TxnOpResponse::Get(g) => g
+                    .kvs()
+                    .first()
+                    .and_then(|kv| serde_json::from_slice::<ClaimInfo>(kv.value()).ok()),
+                _ => None,
+            });
+            return Ok(Claim::Busy(holder.unwrap_or(ClaimInfo {
+                mount_id: "?".into(),
+                host: "another daemon".into(),
+                pid: 0,
+                comm: "?".into(),
+                since_ms: 0,
+            })));
+        }
+        let base = r.header().map(|h| h.revision()).unwrap_or(0).max(1) as u64;
+        lock(&self.seqs).insert(file, (base, 0));
+        claims.insert(
+            file,
+            Held {
+                lease_id,
+                base,
+                handles: HashSet::from([handle]),
+                last_ok: Instant::now(),
+            },
+        );
+        tracing::debug!(file, base, "cluster claim taken");
+        Ok(Claim::Mine { epoch_base: base })
+    }
+
+    fn unclaim(&self, file: FileId, handle: HandleId) {
+        let gone = {
+            let mut claims = lock(&self.claims);
+            let Some(h) = claims.get_mut(&file) else {
+                return;
+            };
+            h.handles.remove(&handle);
+            if !h.handles.is_empty() {
+                return;
+            }
+            lock(&self.seqs).remove(&file);
+            claims.remove(&file).map(|h| h.lease_id)
+        };
+        if let Some(id) = gone {
+            self.revoke(id);
+            tracing::debug!(file, "cluster claim released");
+        }
+    }
+
+    fn remote_holder(&self, file: FileId) -> Option<ClaimInfo> {
+        self.read_claim(file).filter(|c| c.mount_id != self.mount_id)
+    }
+
+    fn claimed_files(&self) -> Result<Vec<FileId>, String> {
+        let prefix = self.etcd.key("lease/");
+        let r = self
+            .etcd
+            .run(|mut c| async move {
+                c.get(prefix, Some(GetOptions::new().with_prefix().with_keys_only()))
+                    .await
+            })
+            .map_err(|e| e.to_string())?;
+        Ok(r.kvs()
+            .iter()
+            .filter_map(|kv| {
+                let k = std::str::from_utf8(kv.key()).ok()?;
+                u64::from_str_radix(k.rsplit('/').next()?, 16).ok()
+            })
+            .collect())
+    }
+
+    fn mount_alive(&self, mount_id: &str) -> bool {
+        if mount_id == self.mount_id {
+            return true;
+        }
+        let key = self.etcd.key(&mount_key(mount_id));
+        // An unanswered question counts as alive: never recover a file
+        // behind a live writer's back.
+        self.etcd
+            .run(|mut c| async move { c.get(key, None).await })
+            .map(|r| !r.kvs().is_empty())
+            .unwrap_or(true)
+    }
+}
+
+/// Keeps the claims alive until `stop` is set or the manager is dropped.
+pub fn keep_alive_loop(
+    leases: Arc<EtcdLeases>,
+    manager: Weak<LeaseManager>,
+    on_lost: Box<dyn Fn(FileId) + Send>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) {
+    let period = leases.period();
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let Some(m) = manager.upgrade() else { return };
+        if !leases.keep_alive(&m, &*on_lost) {
+            tracing::error!("this daemon's liveness key in etcd has expired");
+        }
+        drop(m);
+        std::thread::sleep(period);
+    }
+}

@@ -1,0 +1,66 @@
+//! Cluster-wide claims of write leases, for several daemons over one
+//! namespace (the etcd backend).
+//!
+//! The [`LeaseManager`](super::LeaseManager) arbitrates the open handles of
+//! one daemon. Across daemons, a file's lease is first *claimed* for the
+//! daemon: only the daemon holding the claim may grant the file's lease to
+//! one of its handles. A claim lives as long as some local handle holds or
+//! waits for the lease and the daemon keeps it alive; when the daemon dies
+//! (or its holder stops renewing) the claim runs out after the soft limit
+//! and another daemon may claim the file and recover it.
+
+use serde::{Deserialize, Serialize};
+
+use super::types::{FileId, HandleId};
+
+/// Who claimed a file: the value stored with the claim, shown to writers
+/// on other daemons that are refused.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimInfo {
+    pub mount_id: String,
+    pub host: String,
+    pub pid: u32,
+    pub comm: String,
+    pub since_ms: u64,
+}
+
+impl ClaimInfo {
+    /// `host:pid (comm)`, the holder as `EBUSY` logs and listings show it.
+    pub fn describe(&self) -> String {
+        format!("{}:{} ({})", self.host, self.pid, self.comm)
+    }
+}
+
+/// The answer to a claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// This daemon holds the file's claim; `epoch_base` orders every grant
+    /// under it after every grant under any earlier claim of the file.
+    Mine { epoch_base: u64 },
+    /// Another daemon holds it.
+    Busy(ClaimInfo),
+}
+
+/// The cluster side of leases. Calls may wait on the network: never make
+/// them on a FUSE request thread.
+pub trait Cluster: Send + Sync {
+    /// Claims `file` for local `handle` (which is about to hold or wait for
+    /// the lease). Several handles of this daemon share one claim.
+    fn claim(&self, file: FileId, handle: HandleId, who: &ClaimInfo) -> Result<Claim, String>;
+    /// `handle` no longer holds or waits for `file`'s lease; the last one
+    /// gives the claim up at once, so another daemon need not wait.
+    fn unclaim(&self, file: FileId, handle: HandleId);
+    /// The claim of `file` held by another daemon, if any.
+    fn remote_holder(&self, file: FileId) -> Option<ClaimInfo>;
+    /// Every file some daemon has claimed: housekeeping and fsck leave
+    /// their last blocks alone (they are being written).
+    fn claimed_files(&self) -> Result<Vec<FileId>, String>;
+    /// Whether the daemon instance `mount_id` is alive (its liveness key
+    /// has not run out).
+    fn mount_alive(&self, mount_id: &str) -> bool;
+}
+
+/// Bits of an epoch below the claim's base: grants of one file within one
+/// claim. A claim's base is an etcd revision, which fits the upper 40 bits
+/// for any cluster that lives less than 10^12 revisions.
+pub const EPOCH_SEQ_BITS: u32 = 24;
