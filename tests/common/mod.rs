@@ -5,6 +5,7 @@
 
 #![allow(dead_code)]
 
+pub mod etcd;
 pub mod faults;
 
 use std::path::{Path, PathBuf};

@@ -1,0 +1,372 @@
+//! [`EtcdMeta`]: the namespace and block lists in etcd, shared by every
+//! daemon that mounts the same filesystem name.
+//!
+//! Each [`Meta`] method is one optimistic transaction ([`stm`]): it reads at
+//! one snapshot revision, then commits all its writes in one etcd Txn that
+//! asserts nothing it read has changed, and runs again if another daemon
+//! changed it first. Every change of a directory entry also rewrites the
+//! directory's inode (mtime, ctime, nlink), so a step that read a directory
+//! conflicts with any concurrent change of its entries. The key layout is in
+//! [`records`].
+//!
+//! etcd commits are durable on a quorum when they return, so `durable`
+//! commits and `sync_if_needed` need nothing more.
+
+mod data;
+mod namespace;
+mod records;
+mod stm;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use records::*;
+use stm::prefix_end;
+
+use super::backend::{Change, Meta};
+use super::types::*;
+use crate::error::{FsError, FsResult};
+use crate::etcd::Etcd;
+use crate::sync::{Mutex, lock};
+
+/// How many ids one reservation on a counter takes.
+const ID_BATCH: u64 = 1024;
+
+/// The counters and their first values on a new filesystem (as in SQLite).
+const COUNTERS: [(&str, u64); 4] = [
+    ("next_ino", 2),
+    ("next_block", 1),
+    ("next_gs", 1000),
+    ("epoch_reserved", 0),
+];
+
+pub struct EtcdMeta {
+    etcd: Arc<Etcd>,
+    /// Ranges of ids this process reserved on each counter: (next, end).
+    /// Reservations are compare-and-swap on the counter, so ranges of
+    /// different daemons never overlap.
+    pool: Mutex<HashMap<&'static str, (u64, u64)>>,
+}
+
+impl EtcdMeta {
+    /// Opens the filesystem under `etcd`'s prefix, creating the root
+    /// directory (owned by `uid:gid`) and the counters unless another
+    /// daemon already did.
+    pub fn open(etcd: Arc<Etcd>, uid: u32, gid: u32) -> FsResult<EtcdMeta> {
+        let now = now_ns();
+        stm::run(&etcd, |s| {
+            if s.find_inode(ROOT_INO)?.is_none() {
+                s.put_inode(&InodeRec {
+                    inode: Inode {
+                        ino: ROOT_INO,
+                        kind: Kind::Dir,
+                        mode: 0o755,
+                        uid,
+                        gid,
+                        nlink: 2,
+                        size: 0,
+                        rdev: 0,
+                        atime: now,
+                        mtime: now,
+                        ctime: now,
+                        crtime: now,
+                        block_size: 0,
+                        last_epoch: 0,
+                    },
+                    target: None,
+                })?;
+            }
+            for (name, first) in COUNTERS {
+                if s.counter(name)?.is_none() {
+                    s.set_counter(name, first);
+                }
+            }
+            Ok(())
+        })?;
+        Ok(EtcdMeta {
+            etcd,
+            pool: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn run<T>(&self, f: impl FnMut(&mut stm::Stm<'_>) -> FsResult<T>) -> FsResult<T> {
+        stm::run(&self.etcd, f)
+    }
+
+    /// Adds `n` to a counter; returns its value before.
+    fn add_to_counter(&self, name: &str, n: u64) -> FsResult<u64> {
+        self.run(|s| {
+            let v = s
+                .counter(name)?
+                .ok_or_else(|| FsError::Meta(format!("etcd counter {name} is missing")))?;
+            s.set_counter(name, v + n);
+            Ok(v)
+        })
+    }
+
+    fn scan_blocks(&self, prefix: &str) -> FsResult<Vec<BlockRow>> {
+        self.run(|s| {
+            Ok(s.scan_json::<BlockRow>(prefix)?
+                .into_iter()
+                .map(|(_, b)| b)
+                .collect())
+        })
+    }
+
+    fn datanode_record(&self) -> FsResult<Datanodes> {
+        Ok(self
+            .run(|s| s.get_json::<Datanodes>(DATANODES))?
+            .unwrap_or_default())
+    }
+}
+
+impl Meta for EtcdMeta {
+    fn backend(&self) -> &'static str {
+        "etcd"
+    }
+
+    fn get(&self, ino: u64) -> FsResult<Inode> {
+        self.run(|s| Ok(s.inode(ino)?.inode))
+    }
+
+    fn lookup(&self, parent: u64, name: &[u8]) -> FsResult<Inode> {
+        self.run(|s| {
+            s.require_dir(parent)?;
+            let d = s.lookup_in(parent, name)?.ok_or(FsError::NotFound)?;
+            Ok(s.inode(d.ino)?.inode)
+        })
+    }
+
+    fn parent_of(&self, dir: u64) -> FsResult<u64> {
+        if dir == ROOT_INO {
+            return Ok(ROOT_INO);
+        }
+        self.run(|s| Ok(s.first_name(dir)?.map_or(ROOT_INO, |(p, _)| p)))
+    }
+
+    fn create(&self, parent: u64, name: &[u8], n: NewNode<'_>) -> FsResult<Inode> {
+        // Outside the retried step: an attempt that runs again keeps its id.
+        let ino = self.alloc("next_ino")?;
+        let now = now_ns();
+        self.run(|s| namespace::create(s, parent, name, &n, ino, now))
+    }
+
+    fn readlink(&self, ino: u64) -> FsResult<Vec<u8>> {
+        let r = self.run(|s| s.inode(ino))?;
+        unhex(
+            r.target
+                .as_deref()
+                .ok_or(FsError::Invalid("not a symlink".into()))?,
+        )
+    }
+
+    fn link(&self, ino: u64, parent: u64, name: &[u8]) -> FsResult<Inode> {
+        let now = now_ns();
+        self.run(|s| namespace::link(s, ino, parent, name, now))
+    }
+
+    fn unlink(&self, parent: u64, name: &[u8]) -> FsResult<Inode> {
+        let now = now_ns();
+        self.run(|s| namespace::unlink(s, parent, name, now))
+    }
+
+    fn rmdir(&self, parent: u64, name: &[u8]) -> FsResult<u64> {
+        let now = now_ns();
+        self.run(|s| namespace::rmdir(s, parent, name, now))
+    }
+
+    fn rename(
+        &self,
+        parent: u64,
+        name: &[u8],
+        newparent: u64,
+        newname: &[u8],
+        noreplace: bool,
+        exchange: bool,
+    ) -> FsResult<Option<Inode>> {
+        let now = now_ns();
+        let r = namespace::Rename {
+            parent,
+            name,
+            newparent,
+            newname,
+            noreplace,
+            exchange,
+        };
+        self.run(|s| namespace::rename(s, &r, now))
+    }
+
+    fn readdir(&self, dir: u64) -> FsResult<Vec<(Vec<u8>, u64, Kind)>> {
+        self.run(|s| {
+            s.require_dir(dir)?;
+            s.scan_json::<Dentry>(&dentries_of(dir))?
+                .into_iter()
+                .map(|(k, d)| Ok((name_in(&k)?, d.ino, d.kind)))
+                .collect()
+        })
+    }
+
+    fn set_attrs(&self, ino: u64, ch: &AttrChange) -> FsResult<Inode> {
+        let now = now_ns();
+        self.run(|s| namespace::set_attrs(s, ino, ch, now))
+    }
+
+    fn path_of(&self, ino: u64) -> String {
+        self.run(|s| namespace::path_of(s, ino))
+            .unwrap_or_else(|_| format!("<ino {ino}>"))
+    }
+
+    /// A scan of every inode: etcd has no secondary index on nlink.
+    fn orphans(&self) -> FsResult<Vec<u64>> {
+        self.run(|s| {
+            Ok(s.scan_json::<InodeRec>(INODES)?
+                .into_iter()
+                .filter(|(_, r)| r.inode.nlink == 0)
+                .map(|(_, r)| r.inode.ino)
+                .collect())
+        })
+    }
+
+    fn delete_inode(&self, ino: u64) -> FsResult<Vec<BlockRow>> {
+        self.run(|s| data::delete_inode(s, ino))
+    }
+
+    /// A scan of every inode (paged, at one revision): fine for statfs on
+    /// namespaces of up to a few hundred thousand files.
+    fn usage(&self) -> FsResult<(u64, u64)> {
+        self.run(|s| {
+            let all = s.scan_json::<InodeRec>(INODES)?;
+            Ok((
+                all.len() as u64,
+                all.iter().map(|(_, r)| r.inode.size).sum(),
+            ))
+        })
+    }
+
+    fn getxattr(&self, ino: u64, name: &[u8]) -> FsResult<Vec<u8>> {
+        self.run(|s| s.get(&xattr_key(ino, name)))?
+            .ok_or(FsError::NoXattr)
+    }
+
+    fn setxattr(
+        &self,
+        ino: u64,
+        name: &[u8],
+        value: &[u8],
+        create: bool,
+        replace: bool,
+    ) -> FsResult<()> {
+        let now = now_ns();
+        self.run(|s| namespace::setxattr(s, ino, name, value, (create, replace), now))
+    }
+
+    fn listxattr(&self, ino: u64) -> FsResult<Vec<Vec<u8>>> {
+        self.run(|s| {
+            let p = xattrs_of(ino);
+            s.scan(&p, &prefix_end(&p), None)?
+                .into_iter()
+                .map(|(k, _)| name_in(&k))
+                .collect()
+        })
+    }
+
+    fn removexattr(&self, ino: u64, name: &[u8]) -> FsResult<()> {
+        let now = now_ns();
+        self.run(|s| namespace::removexattr(s, ino, name, now))
+    }
+
+    /// One Txn; etcd has made it durable on a quorum when it returns, so
+    /// `durable` needs nothing more.
+    fn commit(&self, changes: &[Change], _durable: bool) -> FsResult<Vec<BlockRow>> {
+        self.run(|s| data::commit(s, changes))
+    }
+
+    fn sync_if_needed(&self) -> FsResult<()> {
+        Ok(())
+    }
+
+    fn blocks(&self, ino: u64) -> FsResult<Vec<BlockRow>> {
+        self.scan_blocks(&blocks_of(ino))
+    }
+
+    fn all_blocks(&self) -> FsResult<Vec<BlockRow>> {
+        self.scan_blocks(BLOCKS)
+    }
+
+    fn block_on(&self, block_id: u64, dn: usize) -> FsResult<bool> {
+        self.run(|s| data::block_on(s, block_id, dn))
+    }
+
+    fn list_uc(&self) -> FsResult<Vec<UnderConstruction>> {
+        self.run(|s| {
+            Ok(s.scan_json::<UnderConstruction>(UCS)?
+                .into_iter()
+                .map(|(_, u)| u)
+                .collect())
+        })
+    }
+
+    /// Hands out ids from a range reserved with one compare-and-swap per
+    /// [`ID_BATCH`] ids, so that allocation rarely costs a round trip.
+    fn alloc(&self, counter: &'static str) -> FsResult<u64> {
+        let mut pool = lock(&self.pool);
+        let (next, end) = pool.entry(counter).or_insert((0, 0));
+        if *next >= *end {
+            let first = self.add_to_counter(counter, ID_BATCH)?;
+            *next = first;
+            *end = first + ID_BATCH;
+        }
+        let id = *next;
+        *next += 1;
+        Ok(id)
+    }
+
+    fn reserve_epochs(&self, n: u64) -> FsResult<u64> {
+        Ok(self.add_to_counter("epoch_reserved", n)? + 1)
+    }
+
+    fn set_datanodes(&self, dirs: &[PathBuf], replication: usize) -> FsResult<()> {
+        let rec = Datanodes {
+            dirs: dirs
+                .iter()
+                .map(|d| d.to_string_lossy().into_owned())
+                .collect(),
+            replication: Some(replication),
+        };
+        self.run(|s| s.put_json(DATANODES, &rec))
+    }
+
+    fn replication(&self) -> FsResult<Option<usize>> {
+        Ok(self.datanode_record()?.replication)
+    }
+
+    fn datanodes(&self) -> FsResult<Vec<PathBuf>> {
+        Ok(self
+            .datanode_record()?
+            .dirs
+            .into_iter()
+            .map(PathBuf::from)
+            .collect())
+    }
+
+    /// Sequence numbers come from one counter, so they order the events of
+    /// all daemons as their commits did.
+    fn audit(&self, e: &AuditEvent) -> FsResult<i64> {
+        self.run(|s| {
+            let seq = s.counter("audit_seq")?.unwrap_or(0) + 1;
+            s.set_counter("audit_seq", seq);
+            s.put_json(&audit_key(&e.election, seq), e)?;
+            Ok(seq as i64)
+        })
+    }
+
+    fn audit_history(&self, election: &str) -> FsResult<Vec<AuditEvent>> {
+        self.run(|s| {
+            Ok(s.scan_json::<AuditEvent>(&audit_of(election))?
+                .into_iter()
+                .map(|(_, e)| e)
+                .collect())
+        })
+    }
+}

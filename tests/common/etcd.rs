@@ -1,0 +1,146 @@
+//! A throwaway single-member etcd on loopback, for the tests of the etcd
+//! backends. It runs /usr/bin/etcd (CI installs it; a missing binary fails
+//! the test rather than skipping it) with its data in a temporary directory
+//! (under /dev/shm when there is one, since etcd fsyncs every commit), and
+//! is killed, by its own pid, on drop.
+
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use leasefs::etcd::Etcd;
+
+pub const ETCD_BIN: &str = "/usr/bin/etcd";
+
+pub struct EtcdServer {
+    child: Child,
+    dir: tempfile::TempDir,
+    endpoint: String,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("no free loopback port")
+}
+
+impl EtcdServer {
+    /// Starts etcd and waits (at most ~10 s) until it answers.
+    pub fn start() -> EtcdServer {
+        assert!(
+            Path::new(ETCD_BIN).exists(),
+            "{ETCD_BIN} is missing: the etcd tests need etcd 3.4+ (apt-get install etcd-server)"
+        );
+        // A port picked free may be taken before etcd binds it: try anew.
+        let mut last = String::new();
+        for _ in 0..3 {
+            match Self::try_start() {
+                Ok(s) => return s,
+                Err(e) => last = e,
+            }
+        }
+        panic!("etcd did not start: {last}");
+    }
+
+    fn try_start() -> Result<EtcdServer, String> {
+        let dir = if Path::new("/dev/shm").is_dir() {
+            tempfile::Builder::new()
+                .prefix("leasefs-etcd")
+                .tempdir_in("/dev/shm")
+        } else {
+            tempfile::tempdir()
+        }
+        .map_err(|e| format!("cannot make a data directory: {e}"))?;
+        let (client, peer) = (free_port(), free_port());
+        let curl = format!("http://127.0.0.1:{client}");
+        let purl = format!("http://127.0.0.1:{peer}");
+        let log = std::fs::File::create(dir.path().join("etcd.log"))
+            .map_err(|e| format!("cannot create the etcd log: {e}"))?;
+        let log2 = log.try_clone().map_err(|e| e.to_string())?;
+        let child = Command::new(ETCD_BIN)
+            .arg("--name")
+            .arg("leasefs-test")
+            .arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .args(["--listen-client-urls", &curl])
+            .args(["--advertise-client-urls", &curl])
+            .args(["--listen-peer-urls", &purl])
+            .args(["--initial-advertise-peer-urls", &purl])
+            .args(["--initial-cluster", &format!("leasefs-test={purl}")])
+            .args(["--initial-cluster-state", "new"])
+            .args(["--logger", "zap", "--log-level", "warn"])
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log2)
+            .spawn()
+            .map_err(|e| format!("cannot run {ETCD_BIN}: {e}"))?;
+        let mut s = EtcdServer {
+            child,
+            dir,
+            endpoint: format!("127.0.0.1:{client}"),
+        };
+        let t0 = Instant::now();
+        loop {
+            if let Ok(Some(st)) = s.child.try_wait() {
+                return Err(format!("etcd exited ({st}): {}", s.log()));
+            }
+            if Etcd::connect(&[s.endpoint.clone()], "probe").is_ok() {
+                return Ok(s);
+            }
+            if t0.elapsed() > Duration::from_secs(10) {
+                return Err(format!("etcd did not answer in 10 s: {}", s.log()));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// One etcd per test process, shared by the tests running at the same
+    /// time and killed when the last of them drops it.
+    pub fn shared() -> Arc<EtcdServer> {
+        static SHARED: Mutex<Weak<EtcdServer>> = Mutex::new(Weak::new());
+        let mut g = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = g.upgrade() {
+            return s;
+        }
+        let s = Arc::new(EtcdServer::start());
+        *g = Arc::downgrade(&s);
+        s
+    }
+
+    /// `127.0.0.1:PORT` of the client URL.
+    pub fn endpoint(&self) -> String {
+        self.endpoint.clone()
+    }
+
+    /// A connection under a filesystem name no other test uses.
+    pub fn connect(&self, test: &str) -> (Arc<Etcd>, String) {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let name = format!(
+            "{test}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        );
+        (self.connect_to(&name), name)
+    }
+
+    /// Another connection to the filesystem `name`, as a second daemon has.
+    pub fn connect_to(&self, name: &str) -> Arc<Etcd> {
+        Arc::new(Etcd::connect(&[self.endpoint()], name).expect("cannot connect to the test etcd"))
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for EtcdServer {
+    fn drop(&mut self) {
+        // Child::kill signals exactly this child's pid.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

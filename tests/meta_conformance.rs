@@ -1,0 +1,1231 @@
+//! One suite for both metadata backends: every test function takes
+//! `&dyn Meta` and runs against `MetaStore` (SQLite in a temporary
+//! directory) and against `EtcdMeta` on a real etcd started on loopback, so
+//! the two give the same answers and the same refusals. Functions taking two
+//! handles get two daemons' views of one filesystem on etcd (two
+//! connections, one prefix) and the same store twice on SQLite. The
+//! `etcd_only` tests cover what only a shared store has: racing daemons.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier};
+
+use common::etcd::EtcdServer;
+use leasefs::error::FsError;
+use leasefs::etcd::Etcd;
+use leasefs::meta::*;
+
+// ---- fixtures ------------------------------------------------------------
+
+const UID: u32 = 1234;
+const GID: u32 = 5678;
+
+fn sqlite() -> (tempfile::TempDir, MetaStore) {
+    let d = tempfile::tempdir().unwrap();
+    let m = MetaStore::open(&d.path().join("meta.db"), UID, GID).unwrap();
+    (d, m)
+}
+
+/// Two daemons' handles on one fresh etcd filesystem; the server stays up
+/// while they live.
+struct EtcdPair {
+    a: EtcdMeta,
+    b: EtcdMeta,
+    etcd: Arc<Etcd>,
+    _server: Arc<EtcdServer>,
+}
+
+fn etcd(test: &str) -> EtcdPair {
+    let server = EtcdServer::shared();
+    let (conn, name) = server.connect(test);
+    let a = EtcdMeta::open(conn.clone(), UID, GID).unwrap();
+    let b = EtcdMeta::open(server.connect_to(&name), UID, GID).unwrap();
+    EtcdPair {
+        a,
+        b,
+        etcd: conn,
+        _server: server,
+    }
+}
+
+/// Declares each test once per backend: `sqlite::NAME` and `etcd::NAME`.
+macro_rules! conformance {
+    (one: [$($one:ident),* $(,)?], two: [$($two:ident),* $(,)?]) => {
+        mod sqlite {
+            $(#[test] fn $one() { let (_d, m) = super::sqlite(); super::$one(&m); })*
+            $(#[test] fn $two() { let (_d, m) = super::sqlite(); super::$two(&m, &m); })*
+        }
+        mod etcd {
+            $(#[test] fn $one() { let p = super::etcd(stringify!($one)); super::$one(&p.a); })*
+            $(#[test] fn $two() { let p = super::etcd(stringify!($two)); super::$two(&p.a, &p.b); })*
+        }
+    };
+}
+
+conformance! {
+    one: [
+        create_lookup_readdir_getattr,
+        nlink_accounting,
+        link_unlink_rmdir,
+        rename_plain,
+        rename_over_file,
+        rename_dirs_and_refusals,
+        rename_exchange,
+        symlink_readlink,
+        set_attrs,
+        xattrs,
+        commit_batches,
+        blocks_and_index,
+        delete_inode_and_orphans,
+        reserve_epochs_monotonic,
+        audit_order,
+        datanodes_and_replication,
+        usage,
+        path_of_and_parent_of,
+    ],
+    two: [
+        alloc_unique_across_daemons,
+        commit_is_atomic_to_readers,
+        racing_create_one_wins,
+        racing_renames_keep_tree_consistent,
+        racing_dir_swaps_make_no_cycle,
+    ]
+}
+
+// ---- helpers -------------------------------------------------------------
+
+fn node(kind: Kind) -> NewNode<'static> {
+    NewNode {
+        kind,
+        mode: if kind == Kind::Dir { 0o755 } else { 0o644 },
+        uid: 7,
+        gid: 8,
+        rdev: 0,
+        target: None,
+        block_size: 1 << 20,
+    }
+}
+
+fn mkfile(m: &dyn Meta, parent: u64, name: &str) -> Inode {
+    m.create(parent, name.as_bytes(), node(Kind::File)).unwrap()
+}
+
+fn mkdir(m: &dyn Meta, parent: u64, name: &str) -> Inode {
+    m.create(parent, name.as_bytes(), node(Kind::Dir)).unwrap()
+}
+
+fn nlink(m: &dyn Meta, ino: u64) -> u32 {
+    m.get(ino).unwrap().nlink
+}
+
+fn names(m: &dyn Meta, dir: u64) -> Vec<Vec<u8>> {
+    m.readdir(dir).unwrap().into_iter().map(|e| e.0).collect()
+}
+
+macro_rules! assert_err {
+    ($e:expr, $p:pat) => {
+        match $e {
+            Err($p) => {}
+            other => panic!(
+                "{}: expected {}, got {:?}",
+                stringify!($e),
+                stringify!($p),
+                other
+            ),
+        }
+    };
+}
+
+fn block(ino: u64, idx: u64, block_id: u64, replicas: Vec<usize>) -> BlockRow {
+    BlockRow {
+        ino,
+        idx,
+        block_id,
+        gs: 1000 + idx,
+        len: 4096,
+        finalized: true,
+        replicas,
+    }
+}
+
+fn uc(ino: u64, epoch: u64) -> UnderConstruction {
+    UnderConstruction {
+        ino,
+        holder: "host:42".into(),
+        pid: 42,
+        comm: "writer".into(),
+        epoch,
+        mount_id: "m1".into(),
+        since_ms: 17,
+    }
+}
+
+/// A small deterministic random sequence per thread.
+struct Rng(u64);
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// Walks the tree from the root and checks what every backend must keep
+/// true: no cycle, each directory's nlink is 2 + its subdirectories and its
+/// `..` is where it is listed, each other inode's nlink is its number of
+/// names, every entry points at a live inode of the listed kind.
+fn check_tree(m: &dyn Meta) {
+    let mut names_of: HashMap<u64, u32> = HashMap::new();
+    let mut seen = HashSet::new();
+    let mut stack = vec![ROOT_INO];
+    while let Some(d) = stack.pop() {
+        assert!(seen.insert(d), "directory {d} reached twice: a cycle");
+        let entries = m.readdir(d).unwrap();
+        let subdirs = entries.iter().filter(|e| e.2 == Kind::Dir).count() as u32;
+        assert_eq!(nlink(m, d), 2 + subdirs, "nlink of directory {d}");
+        for (name, ino, kind) in entries {
+            let i = m
+                .get(ino)
+                .unwrap_or_else(|e| panic!("entry {name:?} -> {ino}: {e}"));
+            assert_eq!(i.kind, kind, "kind of {name:?}");
+            if kind == Kind::Dir {
+                assert_eq!(m.parent_of(ino).unwrap(), d, "`..` of {ino}");
+                stack.push(ino);
+            } else {
+                *names_of.entry(ino).or_default() += 1;
+            }
+        }
+    }
+    for (ino, n) in names_of {
+        assert_eq!(nlink(m, ino), n, "nlink of {ino}");
+    }
+}
+
+// ---- namespace -----------------------------------------------------------
+
+fn create_lookup_readdir_getattr(m: &dyn Meta) {
+    let root = m.get(ROOT_INO).unwrap();
+    assert_eq!((root.kind, root.nlink, root.mode), (Kind::Dir, 2, 0o755));
+    assert_eq!((root.uid, root.gid), (UID, GID));
+    assert!(m.readdir(ROOT_INO).unwrap().is_empty());
+
+    let before = root.mtime;
+    let mut n = node(Kind::File);
+    n.mode = 0o100_4755; // kind bits are not stored
+    let f = m.create(ROOT_INO, b"f", n).unwrap();
+    assert_eq!(
+        (f.kind, f.mode, f.nlink, f.size),
+        (Kind::File, 0o4755, 1, 0)
+    );
+    assert_eq!(
+        (f.uid, f.gid, f.block_size, f.last_epoch),
+        (7, 8, 1 << 20, 0)
+    );
+    assert_eq!(f.mtime, f.ctime);
+    assert_eq!(m.get(f.ino).unwrap(), f);
+    assert_eq!(m.lookup(ROOT_INO, b"f").unwrap(), f);
+    let root = m.get(ROOT_INO).unwrap();
+    assert!(root.mtime >= before && root.ctime == root.mtime);
+
+    let d = mkdir(m, ROOT_INO, "d");
+    assert_eq!((d.kind, d.nlink), (Kind::Dir, 2));
+    let mut fifo = node(Kind::Fifo);
+    fifo.rdev = 9;
+    let p = m.create(d.ino, b"pipe", fifo).unwrap();
+    assert_eq!((p.kind, p.rdev), (Kind::Fifo, 9));
+    assert_ne!(f.ino, d.ino);
+
+    // Names are bytes, listed in byte order.
+    for n in [&b"\xff"[..], b"a\x00b", b"B", b"a", b"a b"] {
+        m.create(ROOT_INO, n, node(Kind::File)).unwrap();
+    }
+    let listed = names(m, ROOT_INO);
+    let mut sorted = listed.clone();
+    sorted.sort();
+    assert_eq!(listed, sorted);
+    assert_eq!(listed.len(), 7);
+    let e = m.readdir(ROOT_INO).unwrap();
+    assert!(e.contains(&(b"d".to_vec(), d.ino, Kind::Dir)));
+    assert!(e.contains(&(b"f".to_vec(), f.ino, Kind::File)));
+    assert_eq!(m.lookup(ROOT_INO, b"a\x00b").unwrap().kind, Kind::File);
+
+    assert_err!(m.create(ROOT_INO, b"f", node(Kind::File)), FsError::Exists);
+    assert_err!(m.create(ROOT_INO, b"d", node(Kind::Dir)), FsError::Exists);
+    assert_err!(m.create(f.ino, b"x", node(Kind::File)), FsError::NotDir);
+    assert_err!(m.create(999_999, b"x", node(Kind::File)), FsError::NotFound);
+    assert_err!(m.lookup(ROOT_INO, b"nope"), FsError::NotFound);
+    assert_err!(m.lookup(f.ino, b"x"), FsError::NotDir);
+    assert_err!(m.lookup(999_999, b"x"), FsError::NotFound);
+    assert_err!(m.readdir(f.ino), FsError::NotDir);
+    assert_err!(m.readdir(999_999), FsError::NotFound);
+    assert_err!(m.get(999_999), FsError::NotFound);
+}
+
+fn nlink_accounting(m: &dyn Meta) {
+    assert_eq!(nlink(m, ROOT_INO), 2);
+    let a = mkdir(m, ROOT_INO, "a");
+    assert_eq!(nlink(m, ROOT_INO), 3);
+    let b = mkdir(m, a.ino, "b");
+    assert_eq!(
+        (nlink(m, ROOT_INO), nlink(m, a.ino), nlink(m, b.ino)),
+        (3, 3, 2)
+    );
+    mkfile(m, a.ino, "f");
+    assert_eq!(nlink(m, a.ino), 3, "files do not count");
+    let c = mkdir(m, ROOT_INO, "c");
+    assert_eq!(nlink(m, ROOT_INO), 4);
+    m.rename(a.ino, b"b", c.ino, b"b", false, false).unwrap();
+    assert_eq!((nlink(m, a.ino), nlink(m, c.ino)), (2, 3));
+    m.rename(ROOT_INO, b"a", c.ino, b"a", false, false).unwrap();
+    assert_eq!((nlink(m, ROOT_INO), nlink(m, c.ino)), (3, 4));
+    m.rmdir(c.ino, b"b").unwrap();
+    assert_eq!(nlink(m, c.ino), 3);
+    check_tree(m);
+}
+
+fn link_unlink_rmdir(m: &dyn Meta) {
+    let d = mkdir(m, ROOT_INO, "d");
+    let f = mkfile(m, ROOT_INO, "f");
+    let before = m.get(f.ino).unwrap().ctime;
+    let l = m.link(f.ino, d.ino, b"l").unwrap();
+    assert_eq!((l.ino, l.nlink), (f.ino, 2));
+    assert!(l.ctime >= before);
+    assert_eq!(m.lookup(d.ino, b"l").unwrap().ino, f.ino);
+    assert_err!(m.link(d.ino, ROOT_INO, b"dl"), FsError::NotPermitted(_));
+    assert_err!(m.link(f.ino, ROOT_INO, b"d"), FsError::Exists);
+    assert_err!(m.link(999_999, ROOT_INO, b"x"), FsError::NotFound);
+    assert_err!(m.link(f.ino, f.ino, b"x"), FsError::NotDir);
+    assert_err!(m.link(f.ino, 999_999, b"x"), FsError::NotFound);
+    assert_eq!(nlink(m, d.ino), 2, "a link to a file is no subdirectory");
+
+    assert_eq!(m.unlink(ROOT_INO, b"f").unwrap().nlink, 1);
+    assert_err!(m.lookup(ROOT_INO, b"f"), FsError::NotFound);
+    let last = m.unlink(d.ino, b"l").unwrap();
+    assert_eq!((last.ino, last.nlink), (f.ino, 0));
+    assert_eq!(m.get(f.ino).unwrap().nlink, 0, "kept until delete_inode");
+    assert_eq!(m.orphans().unwrap(), vec![f.ino]);
+    assert_err!(m.unlink(ROOT_INO, b"f"), FsError::NotFound);
+    assert_err!(m.unlink(ROOT_INO, b"d"), FsError::IsDir);
+    assert_err!(m.unlink(999_999, b"x"), FsError::NotFound);
+
+    let g = mkfile(m, d.ino, "g");
+    assert_err!(m.rmdir(ROOT_INO, b"d"), FsError::NotEmpty);
+    assert_err!(m.rmdir(d.ino, b"g"), FsError::NotDir);
+    assert_err!(m.rmdir(ROOT_INO, b"nope"), FsError::NotFound);
+    assert_err!(m.rmdir(g.ino, b"x"), FsError::NotDir);
+    m.unlink(d.ino, b"g").unwrap();
+    m.setxattr(d.ino, b"user.k", b"v", false, false).unwrap();
+    assert_eq!(m.rmdir(ROOT_INO, b"d").unwrap(), d.ino);
+    assert_err!(m.get(d.ino), FsError::NotFound);
+    assert_err!(m.getxattr(d.ino, b"user.k"), FsError::NoXattr);
+    assert_eq!(nlink(m, ROOT_INO), 2);
+    assert!(m.readdir(ROOT_INO).unwrap().is_empty());
+}
+
+fn rename_plain(m: &dyn Meta) {
+    let a = mkfile(m, ROOT_INO, "a");
+    assert_eq!(
+        m.rename(ROOT_INO, b"a", ROOT_INO, b"b", false, false)
+            .unwrap(),
+        None
+    );
+    assert_err!(m.lookup(ROOT_INO, b"a"), FsError::NotFound);
+    assert_eq!(m.lookup(ROOT_INO, b"b").unwrap().ino, a.ino);
+    let d = mkdir(m, ROOT_INO, "d");
+    let before = m.get(d.ino).unwrap().mtime;
+    m.rename(ROOT_INO, b"b", d.ino, b"c", false, false).unwrap();
+    assert_eq!(names(m, ROOT_INO), vec![b"d".to_vec()]);
+    assert_eq!(m.lookup(d.ino, b"c").unwrap().ino, a.ino);
+    assert!(m.get(d.ino).unwrap().mtime >= before);
+    // Onto itself, or onto another name of the same inode: nothing happens.
+    assert_eq!(
+        m.rename(d.ino, b"c", d.ino, b"c", false, false).unwrap(),
+        None
+    );
+    m.link(a.ino, ROOT_INO, b"hard").unwrap();
+    assert_eq!(
+        m.rename(d.ino, b"c", ROOT_INO, b"hard", false, false)
+            .unwrap(),
+        None
+    );
+    assert_eq!(m.lookup(d.ino, b"c").unwrap().ino, a.ino);
+    assert_eq!(nlink(m, a.ino), 2);
+    assert_err!(
+        m.rename(ROOT_INO, b"nope", ROOT_INO, b"x", false, false),
+        FsError::NotFound
+    );
+    assert_err!(
+        m.rename(ROOT_INO, b"hard", a.ino, b"x", false, false),
+        FsError::NotDir
+    );
+    assert_err!(
+        m.rename(999_999, b"x", ROOT_INO, b"y", false, false),
+        FsError::NotFound
+    );
+    check_tree(m);
+}
+
+fn rename_over_file(m: &dyn Meta) {
+    let a = mkfile(m, ROOT_INO, "a");
+    let b = mkfile(m, ROOT_INO, "b");
+    let gone = m
+        .rename(ROOT_INO, b"a", ROOT_INO, b"b", false, false)
+        .unwrap()
+        .unwrap();
+    assert_eq!((gone.ino, gone.nlink), (b.ino, 0));
+    assert_eq!(m.lookup(ROOT_INO, b"b").unwrap().ino, a.ino);
+    assert_eq!(m.orphans().unwrap(), vec![b.ino]);
+    // A replaced file with another name keeps it.
+    let c = mkfile(m, ROOT_INO, "c");
+    m.link(c.ino, ROOT_INO, b"c2").unwrap();
+    let gone = m
+        .rename(ROOT_INO, b"b", ROOT_INO, b"c", false, false)
+        .unwrap()
+        .unwrap();
+    assert_eq!((gone.ino, gone.nlink), (c.ino, 1));
+    assert_eq!(m.path_of(c.ino), "/c2");
+    assert_err!(
+        m.rename(ROOT_INO, b"c", ROOT_INO, b"c2", true, false),
+        FsError::Exists
+    );
+    check_tree(m);
+}
+
+fn rename_dirs_and_refusals(m: &dyn Meta) {
+    let x = mkdir(m, ROOT_INO, "x");
+    let y = mkdir(m, x.ino, "y");
+    let e = mkdir(m, ROOT_INO, "empty");
+    let full = mkdir(m, ROOT_INO, "full");
+    mkfile(m, full.ino, "f");
+    let f = mkfile(m, ROOT_INO, "file");
+
+    assert_err!(
+        m.rename(ROOT_INO, b"x", y.ino, b"z", false, false),
+        FsError::Invalid(_)
+    );
+    assert_err!(
+        m.rename(ROOT_INO, b"x", x.ino, b"z", false, false),
+        FsError::Invalid(_)
+    );
+    assert_err!(
+        m.rename(ROOT_INO, b"x", ROOT_INO, b"full", false, false),
+        FsError::NotEmpty
+    );
+    assert_err!(
+        m.rename(ROOT_INO, b"x", ROOT_INO, b"empty", true, false),
+        FsError::Exists
+    );
+    assert_err!(
+        m.rename(ROOT_INO, b"x", ROOT_INO, b"file", false, false),
+        FsError::NotDir
+    );
+    assert_err!(
+        m.rename(ROOT_INO, b"file", ROOT_INO, b"empty", false, false),
+        FsError::IsDir
+    );
+    assert_eq!(
+        m.lookup(ROOT_INO, b"x").unwrap().ino,
+        x.ino,
+        "refusals change nothing"
+    );
+
+    // Over an empty directory: it is gone, and the parent lost a subdir.
+    m.setxattr(e.ino, b"user.a", b"1", false, false).unwrap();
+    assert_eq!(nlink(m, ROOT_INO), 5);
+    assert_eq!(
+        m.rename(ROOT_INO, b"x", ROOT_INO, b"empty", false, false)
+            .unwrap(),
+        None
+    );
+    assert_err!(m.get(e.ino), FsError::NotFound);
+    assert_err!(m.getxattr(e.ino, b"user.a"), FsError::NoXattr);
+    assert_eq!(m.lookup(ROOT_INO, b"empty").unwrap().ino, x.ino);
+    assert_eq!(nlink(m, ROOT_INO), 4);
+    assert_eq!(m.parent_of(y.ino).unwrap(), x.ino);
+    // Moving a directory down and back up: `..` follows.
+    m.rename(ROOT_INO, b"empty", full.ino, b"x", false, false)
+        .unwrap();
+    assert_eq!(m.parent_of(x.ino).unwrap(), full.ino);
+    assert_eq!(m.path_of(y.ino), "/full/x/y");
+    m.rename(full.ino, b"x", ROOT_INO, b"x", false, false)
+        .unwrap();
+    assert_eq!(m.parent_of(x.ino).unwrap(), ROOT_INO);
+    assert_eq!(m.lookup(ROOT_INO, b"file").unwrap().ino, f.ino);
+    check_tree(m);
+}
+
+fn rename_exchange(m: &dyn Meta) {
+    let a = mkdir(m, ROOT_INO, "a");
+    let b = mkdir(m, ROOT_INO, "b");
+    let f = mkfile(m, a.ino, "f");
+    let sub = mkdir(m, b.ino, "sub");
+    mkfile(m, sub.ino, "inside");
+    assert_eq!((nlink(m, a.ino), nlink(m, b.ino)), (2, 3));
+    let before = m.get(f.ino).unwrap().ctime;
+    assert_eq!(
+        m.rename(a.ino, b"f", b.ino, b"sub", false, true).unwrap(),
+        None
+    );
+    assert_eq!(m.lookup(a.ino, b"f").unwrap().ino, sub.ino);
+    assert_eq!(m.lookup(b.ino, b"sub").unwrap().ino, f.ino);
+    assert_eq!(
+        (nlink(m, a.ino), nlink(m, b.ino)),
+        (3, 2),
+        "the subdir moved"
+    );
+    assert_eq!(m.parent_of(sub.ino).unwrap(), a.ino);
+    assert_eq!(m.path_of(f.ino), "/b/sub");
+    assert!(m.get(f.ino).unwrap().ctime >= before);
+    assert_eq!(
+        nlink(m, sub.ino),
+        2,
+        "a non-empty directory may be exchanged"
+    );
+    // Within one directory.
+    mkfile(m, ROOT_INO, "g");
+    let g = m.lookup(ROOT_INO, b"g").unwrap();
+    m.rename(ROOT_INO, b"a", ROOT_INO, b"g", false, true)
+        .unwrap();
+    assert_eq!(m.lookup(ROOT_INO, b"a").unwrap().ino, g.ino);
+    assert_eq!(m.lookup(ROOT_INO, b"g").unwrap().ino, a.ino);
+    assert_err!(
+        m.rename(ROOT_INO, b"a", ROOT_INO, b"nope", false, true),
+        FsError::NotFound
+    );
+    assert_err!(
+        m.rename(ROOT_INO, b"b", b.ino, b"sub", false, true),
+        FsError::Invalid(_)
+    );
+    check_tree(m);
+}
+
+fn symlink_readlink(m: &dyn Meta) {
+    let mut n = node(Kind::Symlink);
+    n.target = Some(b"../some/where\xff");
+    let s = m.create(ROOT_INO, b"s", n).unwrap();
+    assert_eq!(s.kind, Kind::Symlink);
+    assert_eq!(m.readlink(s.ino).unwrap(), b"../some/where\xff");
+    assert_eq!(m.lookup(ROOT_INO, b"s").unwrap().kind, Kind::Symlink);
+    let f = mkfile(m, ROOT_INO, "f");
+    assert_err!(m.readlink(f.ino), FsError::Invalid(_));
+    assert_err!(m.readlink(999_999), FsError::NotFound);
+}
+
+fn set_attrs(m: &dyn Meta) {
+    let f = mkfile(m, ROOT_INO, "f");
+    let i = m
+        .set_attrs(
+            f.ino,
+            &AttrChange {
+                mode: Some(0o100_2711),
+                uid: Some(11),
+                gid: Some(12),
+                atime: Some(100),
+                mtime: Some(200),
+                ctime: Some(300),
+            },
+        )
+        .unwrap();
+    assert_eq!((i.mode, i.uid, i.gid), (0o2711, 11, 12));
+    assert_eq!((i.atime, i.mtime, i.ctime), (100, 200, 300));
+    assert_eq!(m.get(f.ino).unwrap(), i);
+    // Unset fields stay; ctime defaults to now.
+    let j = m
+        .set_attrs(
+            f.ino,
+            &AttrChange {
+                mode: Some(0o600),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert_eq!((j.mode, j.uid, j.atime, j.mtime), (0o600, 11, 100, 200));
+    assert!(j.ctime > 300);
+    assert_eq!(m.get(f.ino).unwrap(), j);
+    assert_err!(
+        m.set_attrs(999_999, &AttrChange::default()),
+        FsError::NotFound
+    );
+}
+
+fn xattrs(m: &dyn Meta) {
+    let f = mkfile(m, ROOT_INO, "f");
+    assert_err!(m.getxattr(f.ino, b"user.a"), FsError::NoXattr);
+    assert!(m.listxattr(f.ino).unwrap().is_empty());
+    m.setxattr(f.ino, b"user.b", b"1", true, false).unwrap();
+    assert_err!(
+        m.setxattr(f.ino, b"user.b", b"2", true, false),
+        FsError::Exists
+    );
+    assert_err!(
+        m.setxattr(f.ino, b"user.c", b"2", false, true),
+        FsError::NoXattr
+    );
+    m.setxattr(f.ino, b"user.b", b"3", false, true).unwrap();
+    assert_eq!(m.getxattr(f.ino, b"user.b").unwrap(), b"3");
+    m.setxattr(f.ino, b"user.a", b"", false, false).unwrap();
+    m.setxattr(f.ino, b"trusted.\xff\x00", b"\x00\x01\xff", false, false)
+        .unwrap();
+    m.setxattr(f.ino, b"user.a", b"overwritten", false, false)
+        .unwrap();
+    assert_eq!(m.getxattr(f.ino, b"user.a").unwrap(), b"overwritten");
+    assert_eq!(
+        m.getxattr(f.ino, b"trusted.\xff\x00").unwrap(),
+        b"\x00\x01\xff"
+    );
+    assert_eq!(
+        m.listxattr(f.ino).unwrap(),
+        vec![
+            b"trusted.\xff\x00".to_vec(),
+            b"user.a".to_vec(),
+            b"user.b".to_vec()
+        ]
+    );
+    let before = m.get(f.ino).unwrap().ctime;
+    m.removexattr(f.ino, b"user.a").unwrap();
+    assert!(m.get(f.ino).unwrap().ctime >= before);
+    assert_err!(m.getxattr(f.ino, b"user.a"), FsError::NoXattr);
+    assert_err!(m.removexattr(f.ino, b"user.a"), FsError::NoXattr);
+    assert_eq!(m.listxattr(f.ino).unwrap().len(), 2);
+    // Attributes are per inode.
+    let g = mkfile(m, ROOT_INO, "g");
+    assert!(m.listxattr(g.ino).unwrap().is_empty());
+    m.setxattr(g.ino, b"user.b", b"g", false, false).unwrap();
+    assert_eq!(m.getxattr(f.ino, b"user.b").unwrap(), b"3");
+}
+
+// ---- blocks and files under construction --------------------------------
+
+fn commit_batches(m: &dyn Meta) {
+    let f = mkfile(m, ROOT_INO, "f");
+    let b0 = block(f.ino, 0, 10, vec![0, 1]);
+    let b1 = block(f.ino, 1, 11, vec![1, 2]);
+    let gone = m
+        .commit(
+            &[
+                Change::PutUc(uc(f.ino, 7)),
+                Change::PutBlock(b0.clone()),
+                Change::PutBlock(b1.clone()),
+                Change::SetSize {
+                    ino: f.ino,
+                    size: 8192,
+                    touch: Some(5555),
+                },
+            ],
+            false,
+        )
+        .unwrap();
+    assert!(gone.is_empty());
+    let i = m.get(f.ino).unwrap();
+    assert_eq!(
+        (i.size, i.mtime, i.ctime, i.last_epoch),
+        (8192, 5555, 5555, 7)
+    );
+    assert_eq!(m.blocks(f.ino).unwrap(), vec![b0.clone(), b1.clone()]);
+    assert_eq!(m.list_uc().unwrap(), vec![uc(f.ino, 7)]);
+
+    // Truncate: the dropped rows come back; size without a touch.
+    let gone = m
+        .commit(
+            &[
+                Change::DropBlocksFrom {
+                    ino: f.ino,
+                    from: 1,
+                },
+                Change::SetSize {
+                    ino: f.ino,
+                    size: 4096,
+                    touch: None,
+                },
+            ],
+            true,
+        )
+        .unwrap();
+    assert_eq!(gone, vec![b1.clone()]);
+    let i = m.get(f.ino).unwrap();
+    assert_eq!((i.size, i.mtime), (4096, 5555));
+    assert_eq!(m.blocks(f.ino).unwrap(), vec![b0.clone()]);
+    assert!(
+        m.commit(
+            &[Change::DropBlocksFrom {
+                ino: f.ino,
+                from: 5
+            }],
+            false
+        )
+        .unwrap()
+        .is_empty()
+    );
+
+    // Epochs only rise.
+    m.commit(
+        &[Change::SetLastEpoch {
+            ino: f.ino,
+            epoch: 3,
+        }],
+        false,
+    )
+    .unwrap();
+    assert_eq!(m.get(f.ino).unwrap().last_epoch, 7);
+    m.commit(&[Change::PutUc(uc(f.ino, 5))], false).unwrap();
+    assert_eq!(m.get(f.ino).unwrap().last_epoch, 7);
+    assert_eq!(m.list_uc().unwrap(), vec![uc(f.ino, 5)], "replaced");
+    m.commit(
+        &[Change::SetLastEpoch {
+            ino: f.ino,
+            epoch: 9,
+        }],
+        false,
+    )
+    .unwrap();
+    assert_eq!(m.get(f.ino).unwrap().last_epoch, 9);
+
+    // Recovery's batch: drop the tail, rewrite the last block, close.
+    let b0b = BlockRow {
+        gs: 2000,
+        len: 100,
+        ..b0.clone()
+    };
+    m.commit(&[Change::PutBlock(b1.clone())], false).unwrap();
+    let gone = m
+        .commit(
+            &[
+                Change::DropBlocksFrom {
+                    ino: f.ino,
+                    from: 0,
+                },
+                Change::PutBlock(b0b.clone()),
+                Change::SetSize {
+                    ino: f.ino,
+                    size: 100,
+                    touch: None,
+                },
+                Change::DelUc(f.ino),
+            ],
+            true,
+        )
+        .unwrap();
+    assert_eq!(gone, vec![b0, b1]);
+    assert_eq!(m.blocks(f.ino).unwrap(), vec![b0b]);
+    assert!(m.list_uc().unwrap().is_empty());
+    assert_eq!(m.get(f.ino).unwrap().size, 100);
+    // Changes to a missing inode are no-ops, as SQL updates of no row.
+    m.commit(
+        &[
+            Change::SetSize {
+                ino: 999_999,
+                size: 1,
+                touch: Some(1),
+            },
+            Change::SetLastEpoch {
+                ino: 999_999,
+                epoch: 1,
+            },
+            Change::DelUc(999_999),
+        ],
+        false,
+    )
+    .unwrap();
+    assert_err!(m.get(999_999), FsError::NotFound);
+    m.sync_if_needed().unwrap();
+}
+
+fn blocks_and_index(m: &dyn Meta) {
+    let f = mkfile(m, ROOT_INO, "f");
+    let g = mkfile(m, ROOT_INO, "g");
+    let rows = [
+        block(g.ino, 1, 23, vec![2]),
+        block(f.ino, 1, 21, vec![1]),
+        block(g.ino, 0, 22, vec![0, 2]),
+        block(f.ino, 0, 20, vec![0]),
+    ];
+    let ch: Vec<Change> = rows.iter().cloned().map(Change::PutBlock).collect();
+    m.commit(&ch, false).unwrap();
+    let all = m.all_blocks().unwrap();
+    let order: Vec<(u64, u64)> = all.iter().map(|b| (b.ino, b.idx)).collect();
+    assert_eq!(order, vec![(f.ino, 0), (f.ino, 1), (g.ino, 0), (g.ino, 1)]);
+    assert_eq!(
+        m.blocks(g.ino).unwrap(),
+        vec![rows[2].clone(), rows[0].clone()]
+    );
+    assert!(m.blocks(999_999).unwrap().is_empty());
+    assert!(m.block_on(22, 0).unwrap());
+    assert!(m.block_on(22, 2).unwrap());
+    assert!(!m.block_on(22, 1).unwrap());
+    assert!(!m.block_on(99, 0).unwrap());
+    // A row rewritten under a new block id: the old id is no longer there.
+    m.commit(&[Change::PutBlock(block(f.ino, 0, 30, vec![1]))], false)
+        .unwrap();
+    assert!(!m.block_on(20, 0).unwrap());
+    assert!(m.block_on(30, 1).unwrap());
+    // Replicas updated under the same id.
+    m.commit(&[Change::PutBlock(block(f.ino, 0, 30, vec![2]))], false)
+        .unwrap();
+    assert!(!m.block_on(30, 1).unwrap());
+    assert!(m.block_on(30, 2).unwrap());
+    m.commit(
+        &[Change::DropBlocksFrom {
+            ino: g.ino,
+            from: 0,
+        }],
+        false,
+    )
+    .unwrap();
+    assert!(!m.block_on(22, 0).unwrap());
+    assert!(!m.block_on(23, 2).unwrap());
+    assert_eq!(m.all_blocks().unwrap().len(), 2);
+}
+
+fn delete_inode_and_orphans(m: &dyn Meta) {
+    let f = mkfile(m, ROOT_INO, "f");
+    let keep = mkfile(m, ROOT_INO, "keep");
+    let rows = vec![block(f.ino, 0, 40, vec![0]), block(f.ino, 1, 41, vec![0])];
+    let mut ch: Vec<Change> = rows.iter().cloned().map(Change::PutBlock).collect();
+    ch.push(Change::PutUc(uc(f.ino, 3)));
+    ch.push(Change::PutBlock(block(keep.ino, 0, 50, vec![1])));
+    m.commit(&ch, false).unwrap();
+    m.setxattr(f.ino, b"user.x", b"y", false, false).unwrap();
+    assert!(m.orphans().unwrap().is_empty());
+
+    // An inode with a name is not deleted.
+    m.delete_inode(keep.ino).unwrap();
+    assert_eq!(m.get(keep.ino).unwrap().nlink, 1);
+
+    assert_eq!(m.unlink(ROOT_INO, b"f").unwrap().nlink, 0);
+    assert_eq!(m.orphans().unwrap(), vec![f.ino]);
+    assert_eq!(m.delete_inode(f.ino).unwrap(), rows);
+    assert_err!(m.get(f.ino), FsError::NotFound);
+    assert!(m.orphans().unwrap().is_empty());
+    assert!(m.blocks(f.ino).unwrap().is_empty());
+    assert!(!m.block_on(40, 0).unwrap());
+    assert!(m.list_uc().unwrap().is_empty());
+    assert!(m.listxattr(f.ino).unwrap().is_empty());
+    assert!(
+        m.delete_inode(f.ino).unwrap().is_empty(),
+        "a second delete is a no-op"
+    );
+    assert_eq!(m.lookup(ROOT_INO, b"keep").unwrap().ino, keep.ino);
+}
+
+// ---- counters, configuration and audit -----------------------------------
+
+fn reserve_epochs_monotonic(m: &dyn Meta) {
+    let a = m.reserve_epochs(100).unwrap();
+    assert!(a >= 1);
+    let b = m.reserve_epochs(100).unwrap();
+    assert_eq!(b, a + 100);
+    let c = m.reserve_epochs(1).unwrap();
+    assert_eq!(c, b + 100);
+    assert_eq!(m.reserve_epochs(5).unwrap(), c + 1);
+}
+
+fn audit_order(m: &dyn Meta) {
+    let ev = |election: &str, event: &str, epoch: u64| AuditEvent {
+        election: election.into(),
+        event: event.into(),
+        who: "w".into(),
+        host: "h".into(),
+        pid: 1,
+        epoch,
+        at_ms: epoch * 10,
+        why: "because".into(),
+    };
+    let es = [
+        ev("/e1", "elected", 1),
+        ev("/e1/sub", "elected", 2),
+        ev("/e1", "resigned", 3),
+        ev("/e2", "elected", 4),
+        ev("/e1", "elected", 5),
+    ];
+    let mut last = 0;
+    for e in &es {
+        let seq = m.audit(e).unwrap();
+        assert!(seq > last, "sequence numbers rise");
+        last = seq;
+    }
+    assert_eq!(
+        m.audit_history("/e1").unwrap(),
+        vec![es[0].clone(), es[2].clone(), es[4].clone()]
+    );
+    assert_eq!(m.audit_history("/e1/sub").unwrap(), vec![es[1].clone()]);
+    assert_eq!(m.audit_history("/e2").unwrap(), vec![es[3].clone()]);
+    assert!(m.audit_history("/e").unwrap().is_empty());
+}
+
+fn datanodes_and_replication(m: &dyn Meta) {
+    assert_eq!(m.replication().unwrap(), None);
+    assert!(m.datanodes().unwrap().is_empty());
+    let dirs: Vec<PathBuf> = ["/d/a", "/d/b", "/d/c"].iter().map(PathBuf::from).collect();
+    m.set_datanodes(&dirs, 2).unwrap();
+    assert_eq!(m.replication().unwrap(), Some(2));
+    assert_eq!(m.datanodes().unwrap(), dirs);
+    m.set_datanodes(&dirs[..1], 1).unwrap();
+    assert_eq!(m.replication().unwrap(), Some(1));
+    assert_eq!(m.datanodes().unwrap(), dirs[..1].to_vec());
+}
+
+fn usage(m: &dyn Meta) {
+    assert_eq!(m.usage().unwrap(), (1, 0));
+    let f = mkfile(m, ROOT_INO, "f");
+    mkdir(m, ROOT_INO, "d");
+    m.commit(
+        &[Change::SetSize {
+            ino: f.ino,
+            size: 100,
+            touch: None,
+        }],
+        false,
+    )
+    .unwrap();
+    assert_eq!(m.usage().unwrap(), (3, 100));
+}
+
+fn path_of_and_parent_of(m: &dyn Meta) {
+    assert_eq!(m.path_of(ROOT_INO), "/");
+    assert_eq!(m.parent_of(ROOT_INO).unwrap(), ROOT_INO);
+    let a = mkdir(m, ROOT_INO, "a");
+    let b = mkdir(m, a.ino, "b");
+    let f = mkfile(m, b.ino, "f");
+    assert_eq!(m.path_of(f.ino), "/a/b/f");
+    assert_eq!(m.path_of(b.ino), "/a/b");
+    assert_eq!(m.parent_of(b.ino).unwrap(), a.ino);
+    assert_eq!(m.parent_of(a.ino).unwrap(), ROOT_INO);
+    m.rename(a.ino, b"b", ROOT_INO, b"c", false, false).unwrap();
+    assert_eq!(m.path_of(f.ino), "/c/f");
+    assert_eq!(m.parent_of(b.ino).unwrap(), ROOT_INO);
+    m.link(f.ino, a.ino, b"g").unwrap();
+    let p = m.path_of(f.ino);
+    assert!(p == "/c/f" || p == "/a/g", "{p}");
+    m.unlink(b.ino, b"f").unwrap();
+    assert_eq!(m.path_of(f.ino), "/a/g");
+    m.unlink(a.ino, b"g").unwrap();
+    assert_eq!(m.path_of(f.ino), format!("<ino {}>", f.ino));
+    assert_eq!(m.path_of(999_999), "<ino 999999>");
+}
+
+// ---- two daemons ---------------------------------------------------------
+
+fn alloc_unique_across_daemons(a: &dyn Meta, b: &dyn Meta) {
+    assert!(a.alloc("next_gs").unwrap() >= 1000);
+    assert!(a.alloc("next_block").unwrap() >= 1);
+    let per_thread = 1500;
+    let ids: Vec<Vec<u64>> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..4)
+            .map(|t| {
+                let m = if t % 2 == 0 { a } else { b };
+                sc.spawn(move || {
+                    (0..per_thread)
+                        .map(|_| m.alloc("next_block").unwrap())
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut all: Vec<u64> = ids.iter().flatten().copied().collect();
+    for per in &ids {
+        assert!(
+            per.windows(2).all(|w| w[0] < w[1]),
+            "ids rise within a thread"
+        );
+    }
+    let n = all.len();
+    all.sort_unstable();
+    all.dedup();
+    assert_eq!(all.len(), n, "duplicate ids");
+    assert!(all[0] >= 1);
+}
+
+fn commit_is_atomic_to_readers(a: &dyn Meta, b: &dyn Meta) {
+    let f = mkfile(a, ROOT_INO, "f");
+    let done = AtomicBool::new(false);
+    std::thread::scope(|sc| {
+        sc.spawn(|| {
+            for k in 0..40u64 {
+                a.commit(
+                    &[
+                        Change::PutBlock(block(f.ino, 2 * k, 100 + 2 * k, vec![0])),
+                        Change::PutBlock(block(f.ino, 2 * k + 1, 101 + 2 * k, vec![0])),
+                        Change::SetSize {
+                            ino: f.ino,
+                            size: (2 * k + 2) * 4096,
+                            touch: None,
+                        },
+                    ],
+                    false,
+                )
+                .unwrap();
+            }
+            done.store(true, Ordering::Release);
+        });
+        let mut reads = 0;
+        while !done.load(Ordering::Acquire) || reads < 5 {
+            let n = b.blocks(f.ino).unwrap().len();
+            assert_eq!(n % 2, 0, "half a batch visible");
+            reads += 1;
+        }
+    });
+    assert_eq!(b.blocks(f.ino).unwrap().len(), 80);
+    assert_eq!(b.get(f.ino).unwrap().size, 80 * 4096);
+}
+
+fn racing_create_one_wins(a: &dyn Meta, b: &dyn Meta) {
+    let names = 12;
+    let threads = 6;
+    let wins: Vec<AtomicUsize> = (0..names).map(|_| AtomicUsize::new(0)).collect();
+    let d = mkdir(a, ROOT_INO, "d");
+    let barrier = Barrier::new(threads);
+    std::thread::scope(|sc| {
+        for t in 0..threads {
+            let m = if t % 2 == 0 { a } else { b };
+            let (wins, barrier) = (&wins, &barrier);
+            sc.spawn(move || {
+                for (k, w) in wins.iter().enumerate() {
+                    barrier.wait();
+                    let kind = if k % 2 == 0 { Kind::File } else { Kind::Dir };
+                    match m.create(d.ino, format!("n{k}").as_bytes(), node(kind)) {
+                        Ok(_) => {
+                            w.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(FsError::Exists) => {}
+                        Err(e) => panic!("create: {e}"),
+                    }
+                }
+            });
+        }
+    });
+    for (k, w) in wins.iter().enumerate() {
+        assert_eq!(w.load(Ordering::Relaxed), 1, "winners of n{k}");
+    }
+    assert_eq!(a.readdir(d.ino).unwrap().len(), names);
+    assert_eq!(nlink(b, d.ino), 2 + names as u32 / 2);
+    check_tree(a);
+}
+
+fn racing_renames_keep_tree_consistent(a: &dyn Meta, b: &dyn Meta) {
+    let dirs = [
+        mkdir(a, ROOT_INO, "A").ino,
+        mkdir(a, ROOT_INO, "B").ino,
+        ROOT_INO,
+    ];
+    let sub = mkdir(a, dirs[0], "sub").ino;
+    let dirs = [dirs[0], dirs[1], dirs[2], sub];
+    for k in 0..6 {
+        mkfile(a, dirs[0], &format!("f{k}"));
+    }
+    std::thread::scope(|sc| {
+        for t in 0..4u64 {
+            let m = if t % 2 == 0 { a } else { b };
+            sc.spawn(move || {
+                let mut r = Rng(0x9e37_79b9_7f4a_7c15 ^ ((t + 1) * 0x1234_5678));
+                for _ in 0..60 {
+                    let from = dirs[r.below(4) as usize];
+                    let to = dirs[r.below(4) as usize];
+                    let name = format!("f{}", r.below(6));
+                    let other = format!("f{}", r.below(6));
+                    let res = match r.below(6) {
+                        0 | 1 => m
+                            .rename(from, name.as_bytes(), to, other.as_bytes(), false, false)
+                            .map(drop),
+                        2 => m
+                            .rename(from, name.as_bytes(), to, other.as_bytes(), false, true)
+                            .map(drop),
+                        3 => match m.lookup(from, name.as_bytes()) {
+                            Ok(i) => m.link(i.ino, to, other.as_bytes()).map(drop),
+                            Err(e) => Err(e),
+                        },
+                        4 => m.unlink(from, name.as_bytes()).map(drop),
+                        _ => m.create(to, name.as_bytes(), node(Kind::File)).map(drop),
+                    };
+                    match res {
+                        Ok(()) | Err(FsError::NotFound | FsError::Exists) => {}
+                        Err(e) => panic!("unexpected error: {e}"),
+                    }
+                }
+            });
+        }
+    });
+    check_tree(a);
+    check_tree(b);
+}
+
+fn racing_dir_swaps_make_no_cycle(a: &dyn Meta, b: &dyn Meta) {
+    let x = mkdir(a, ROOT_INO, "x").ino;
+    let y = mkdir(a, ROOT_INO, "y").ino;
+    for round in 0..8 {
+        let barrier = Barrier::new(2);
+        let results: Vec<Result<(), FsError>> = std::thread::scope(|sc| {
+            let h1 = sc.spawn(|| {
+                barrier.wait();
+                a.rename(ROOT_INO, b"x", y, b"x", false, false).map(drop)
+            });
+            let h2 = sc.spawn(|| {
+                barrier.wait();
+                b.rename(ROOT_INO, b"y", x, b"y", false, false).map(drop)
+            });
+            vec![h1.join().unwrap(), h2.join().unwrap()]
+        });
+        let ok = results.iter().filter(|r| r.is_ok()).count();
+        assert_eq!(ok, 1, "round {round}: {results:?}");
+        for r in &results {
+            assert!(matches!(r, Ok(()) | Err(FsError::Invalid(_))), "{r:?}");
+        }
+        check_tree(a);
+        // Back to both at the root.
+        if results[0].is_ok() {
+            a.rename(y, b"x", ROOT_INO, b"x", false, false).unwrap();
+        } else {
+            a.rename(x, b"y", ROOT_INO, b"y", false, false).unwrap();
+        }
+    }
+    // The same deeper down, where the two moves share no directory: p/x/z
+    // into q/y, and q into p/x/z. Only the ancestor walks see each other.
+    let p = mkdir(a, ROOT_INO, "p").ino;
+    let q = mkdir(a, ROOT_INO, "q").ino;
+    let x = mkdir(a, p, "x").ino;
+    let z = mkdir(a, x, "z").ino;
+    let y = mkdir(a, q, "y").ino;
+    for round in 0..8 {
+        let barrier = Barrier::new(2);
+        let results: Vec<Result<(), FsError>> = std::thread::scope(|sc| {
+            let h1 = sc.spawn(|| {
+                barrier.wait();
+                a.rename(p, b"x", y, b"x", false, false).map(drop)
+            });
+            let h2 = sc.spawn(|| {
+                barrier.wait();
+                b.rename(ROOT_INO, b"q", z, b"q", false, false).map(drop)
+            });
+            vec![h1.join().unwrap(), h2.join().unwrap()]
+        });
+        let ok = results.iter().filter(|r| r.is_ok()).count();
+        assert_eq!(ok, 1, "deep round {round}: {results:?}");
+        check_tree(a);
+        if results[0].is_ok() {
+            a.rename(y, b"x", p, b"x", false, false).unwrap();
+        } else {
+            a.rename(z, b"q", ROOT_INO, b"q", false, false).unwrap();
+        }
+    }
+}
+
+// ---- etcd only -----------------------------------------------------------
+
+mod etcd_only {
+    use super::*;
+
+    /// A second daemon opening the filesystem sees it as it is: the root
+    /// and counters are not initialised twice.
+    #[test]
+    fn second_daemon_sees_the_namespace() {
+        let p = etcd("second_daemon");
+        let d = mkdir(&p.a, ROOT_INO, "d");
+        let id = p.a.alloc("next_block").unwrap();
+        let e = p.a.reserve_epochs(10).unwrap();
+        let late = EtcdMeta::open(p.etcd.clone(), 1, 1).unwrap();
+        assert_eq!(late.backend(), "etcd");
+        assert_eq!(late.lookup(ROOT_INO, b"d").unwrap(), d);
+        assert_eq!(late.get(ROOT_INO).unwrap().uid, UID);
+        assert_eq!(nlink(&late, ROOT_INO), 3);
+        assert!(late.alloc("next_block").unwrap() > id);
+        assert_eq!(late.reserve_epochs(1).unwrap(), e + 10);
+        assert!(late.alloc("next_ino").unwrap() > d.ino);
+    }
+
+    /// A file of more blocks than one etcd Txn may touch keys: deleting it
+    /// still returns every block and leaves no `bid/` index key behind.
+    #[test]
+    fn large_file_deletes_in_one_step() {
+        let p = etcd("large_file");
+        let f = mkfile(&p.a, ROOT_INO, "big");
+        let n = 300u64;
+        let rows: Vec<BlockRow> = (0..n).map(|i| block(f.ino, i, 5000 + i, vec![0])).collect();
+        for chunk in rows.chunks(40) {
+            let ch: Vec<Change> = chunk.iter().cloned().map(Change::PutBlock).collect();
+            p.a.commit(&ch, false).unwrap();
+        }
+        assert!(p.b.block_on(5000 + n - 1, 0).unwrap());
+        let index_keys = || {
+            let key = p.etcd.key("bid/");
+            p.etcd
+                .run(|mut c| async move {
+                    let o = etcd_client::GetOptions::new()
+                        .with_prefix()
+                        .with_count_only();
+                    c.get(key, Some(o)).await
+                })
+                .unwrap()
+                .count()
+        };
+        assert_eq!(index_keys(), n as i64);
+        p.a.unlink(ROOT_INO, b"big").unwrap();
+        assert_eq!(p.b.delete_inode(f.ino).unwrap(), rows);
+        assert!(p.a.all_blocks().unwrap().is_empty());
+        assert!(!p.a.block_on(5000, 0).unwrap());
+        assert_eq!(index_keys(), 0, "stale block index keys");
+    }
+
+    /// A step too large for one Txn fails whole: nothing of it is applied.
+    #[test]
+    fn oversized_commit_applies_nothing() {
+        let p = etcd("oversized_commit");
+        let files: Vec<Inode> = (0..140)
+            .map(|k| mkfile(&p.a, ROOT_INO, &format!("f{k}")))
+            .collect();
+        let ch: Vec<Change> = files
+            .iter()
+            .map(|f| Change::SetLastEpoch {
+                ino: f.ino,
+                epoch: 77,
+            })
+            .collect();
+        assert_err!(p.a.commit(&ch, false), FsError::Meta(_));
+        assert!(
+            files
+                .iter()
+                .all(|f| p.b.get(f.ino).unwrap().last_epoch == 0)
+        );
+        // Within the limit it goes through.
+        p.a.commit(&ch[..100], false).unwrap();
+        assert!(
+            files[..100]
+                .iter()
+                .all(|f| p.b.get(f.ino).unwrap().last_epoch == 77)
+        );
+    }
+
+    /// Racing rmdir against creates inside the directory: either the
+    /// directory went away empty or it stays with every created entry.
+    #[test]
+    fn rmdir_races_create_inside() {
+        let p = etcd("rmdir_race");
+        for round in 0..10 {
+            let name = format!("d{round}");
+            let d = mkdir(&p.a, ROOT_INO, &name);
+            let barrier = Barrier::new(2);
+            let (gone, made) = std::thread::scope(|sc| {
+                let h1 = sc.spawn(|| {
+                    barrier.wait();
+                    p.a.rmdir(ROOT_INO, name.as_bytes())
+                });
+                let h2 = sc.spawn(|| {
+                    barrier.wait();
+                    p.b.create(d.ino, b"child", node(Kind::File))
+                });
+                (h1.join().unwrap(), h2.join().unwrap())
+            });
+            match (gone, made) {
+                (Ok(_), Err(FsError::NotFound)) => assert_err!(p.b.get(d.ino), FsError::NotFound),
+                (Err(FsError::NotEmpty), Ok(c)) => {
+                    assert_eq!(p.b.lookup(d.ino, b"child").unwrap().ino, c.ino)
+                }
+                other => panic!("round {round}: {other:?}"),
+            }
+        }
+        check_tree(&p.a);
+    }
+}
