@@ -237,7 +237,9 @@ fn every_fsynced_prefix_survives_kill_9_of_the_daemon_in_50_rounds_and_fsck_is_c
         replication: Some(3),
         // Small blocks: crashes also land around block boundaries
         // (finalize, opening the next block, reopening for append).
-        o: vec!["block_size=256K".into()], args: Vec::new() });
+        o: vec!["block_size=256K".into()],
+        args: Vec::new(),
+    });
     let mut run = Run {
         m,
         work: tempfile::tempdir().unwrap(),

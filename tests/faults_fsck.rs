@@ -14,7 +14,9 @@ fn mount() -> Mount {
     Mount::with(Opts {
         datanodes: 3,
         replication: Some(3),
-        o: vec![], args: Vec::new() })
+        o: vec![],
+        args: Vec::new(),
+    })
 }
 
 fn file(m: &Mount, rel: &str, len: usize, seed: u64) -> (Vec<u8>, Block) {
@@ -307,7 +309,9 @@ fn fsck_shows_a_progress_bar_on_a_terminal_only() {
     let mut m = Mount::with(Opts {
         datanodes: 2,
         replication: Some(2),
-        o: vec!["block_size=64K".into()], args: Vec::new() });
+        o: vec!["block_size=64K".into()],
+        args: Vec::new(),
+    });
     let src = pattern(130 * 65536, 5);
     m.put("many", &src);
     wait_closed(&m, "many");

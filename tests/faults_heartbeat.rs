@@ -17,7 +17,9 @@ fn four_datanodes() -> Mount {
     Mount::with(Opts {
         datanodes: 4,
         replication: Some(3),
-        o: vec![], args: Vec::new() })
+        o: vec![],
+        args: Vec::new(),
+    })
 }
 
 /// Polls fsck until `dn` is reported dead (true) or alive again (false);

@@ -68,7 +68,9 @@ fn a_datanode_filling_up_mid_write_is_dropped_and_the_writer_sees_no_error() {
         Opts {
             datanodes: 4,
             replication: Some(3),
-            o: vec![], args: Vec::new() },
+            o: vec![],
+            args: Vec::new(),
+        },
         dns,
     );
     let src = pattern(SIZE, 1);
@@ -135,7 +137,9 @@ fn a_datanode_directory_removed_mid_write_is_dropped_and_the_writer_sees_no_erro
     let m = Mount::with(Opts {
         datanodes: 4,
         replication: Some(3),
-        o: vec![], args: Vec::new() });
+        o: vec![],
+        args: Vec::new(),
+    });
     let src = pattern(SIZE, 2);
     let srcp = scratch(&m, "big.src", &src);
     // 40 pieces of 1 MiB, 150 ms apart: the write spans two heartbeats.
@@ -201,7 +205,9 @@ fn when_every_replica_fails_the_writer_gets_eio_and_the_fsynced_prefix_stays_rea
         Opts {
             datanodes: 2,
             replication: Some(2),
-            o: vec!["housekeeping_interval=1".into()], args: Vec::new() },
+            o: vec!["housekeeping_interval=1".into()],
+            args: Vec::new(),
+        },
         vec![t1.path.clone(), t2.path.clone()],
     );
     let src = pattern(SIZE, 3);
@@ -256,7 +262,9 @@ fn fsync_succeeds_when_a_datanode_holding_an_earlier_block_of_the_file_is_remove
     let m = Mount::with(Opts {
         datanodes: 4,
         replication: Some(3),
-        o: vec!["block_size=1M".into()], args: Vec::new() });
+        o: vec!["block_size=1M".into()],
+        args: Vec::new(),
+    });
     let mut a = Agent::spawn(&m.mnt);
     a.ok("open big wc");
     // Block 0 full and finalized (the first packet of block 1 closes it),

@@ -118,7 +118,9 @@ fn replication_factor_sets_the_number_of_replicas_per_block() {
     let m = Mount::with(Opts {
         datanodes: 3,
         replication: Some(2),
-        o: vec!["block_size=64K,packet_size=16K".into()], args: Vec::new() });
+        o: vec!["block_size=64K,packet_size=16K".into()],
+        args: Vec::new(),
+    });
     let src = pattern(6 * 65536, 12);
     put(&m, "f", &src);
     assert!(

@@ -20,7 +20,9 @@ fn mount(o: &str) -> Mount {
             vec![]
         } else {
             vec![o.to_string()]
-        }, args: Vec::new() })
+        },
+        args: Vec::new(),
+    })
 }
 
 /// Writes `rel` (one block) and returns its data and block once closed.

@@ -55,7 +55,9 @@ fn one_writer_across_daemons() {
     wa.ok("close");
     // A's claim goes with its last handle: B gets the file at once.
     assert!(
-        wait_until(Duration::from_secs(3), || wb.cmd("open f wa").starts_with("ok")),
+        wait_until(Duration::from_secs(3), || wb
+            .cmd("open f wa")
+            .starts_with("ok")),
         "B never got the lease after A closed"
     );
     wb.ok("write from-b");
@@ -118,7 +120,12 @@ fn reader_on_b_follows_writer_on_a() {
         // Within the documented bound (publish + 1 s attribute cache).
         let t0 = Instant::now();
         let seen = wait_until(Duration::from_secs(3), || b.read_string("log") == expect);
-        assert!(seen, "reader on B never saw {} bytes (has {:?})", expect.len(), b.read_string("log").len());
+        assert!(
+            seen,
+            "reader on B never saw {} bytes (has {:?})",
+            expect.len(),
+            b.read_string("log").len()
+        );
         assert!(t0.elapsed() < Duration::from_secs(3));
         // Never a byte that was not written: B's view is always a prefix.
         let now = b.read_string("log");
@@ -131,7 +138,10 @@ fn reader_on_b_follows_writer_on_a() {
     a.sh_ok("dd if=/dev/urandom of=big bs=64k count=40 status=none && sha256sum big > sum");
     let sum_a = a.read_string("sum");
     let out = b.sh_ok("sha256sum big");
-    assert_eq!(out.split_whitespace().next(), sum_a.split_whitespace().next());
+    assert_eq!(
+        out.split_whitespace().next(),
+        sum_a.split_whitespace().next()
+    );
 }
 
 #[test]
@@ -152,11 +162,20 @@ fn killed_daemon_file_passes_to_another_after_soft_limit() {
     let mut wb = Agent::spawn(&b.mnt);
     let t0 = Instant::now();
     let r = wb.cmd("open f wan");
-    assert_eq!(errno(&r), "EBUSY", "the dead daemon's lease still counts: {r}");
-    let got = wait_until(Duration::from_secs(15), || wb.cmd("open f wan").starts_with("ok"));
+    assert_eq!(
+        errno(&r),
+        "EBUSY",
+        "the dead daemon's lease still counts: {r}"
+    );
+    let got = wait_until(Duration::from_secs(15), || {
+        wb.cmd("open f wan").starts_with("ok")
+    });
     assert!(got, "writer on B never got the file: {}", b.log());
     let waited = t0.elapsed();
-    assert!(waited >= Duration::from_secs(2), "preempted before the soft limit: {waited:?}");
+    assert!(
+        waited >= Duration::from_secs(2),
+        "preempted before the soft limit: {waited:?}"
+    );
     wb.ok("write after-recovery");
     wb.ok("close");
     let content = b.read_string("f");
@@ -165,7 +184,10 @@ fn killed_daemon_file_passes_to_another_after_soft_limit() {
     // Everything between is whole lines of what A wrote.
     let mid = &content[acked.len()..content.len() - "after-recovery\n".len()];
     assert!(mid.lines().all(|l| l == "maybe-lost"), "torn data: {mid:?}");
-    assert!(b.log().contains("recovering a file another daemon left open"));
+    assert!(
+        b.log()
+            .contains("recovering a file another daemon left open")
+    );
 }
 
 #[test]
@@ -184,7 +206,10 @@ fn one_housekeeping_leader_among_daemons() {
     let i = ms.iter().position(|m| taken(m) == 1).expect("a leader");
     let mut gone = ms.remove(i);
     gone.unmount();
-    assert!(gone.log().contains("housekeeping leadership lost: unmounted"));
+    assert!(
+        gone.log()
+            .contains("housekeeping leadership lost: unmounted")
+    );
     assert!(
         wait_until(Duration::from_secs(15), || leaders(&ms) == 1),
         "no new leader after the old one left"
@@ -192,7 +217,12 @@ fn one_housekeeping_leader_among_daemons() {
     // A killed leader: the others wait for its etcd lease, then one leads.
     let i = ms.iter().position(|m| taken(m) == 1).expect("a leader");
     ms[i].crash();
-    let rest: Vec<Mount> = ms.into_iter().enumerate().filter(|(j, _)| *j != i).map(|(_, m)| m).collect();
+    let rest: Vec<Mount> = ms
+        .into_iter()
+        .enumerate()
+        .filter(|(j, _)| *j != i)
+        .map(|(_, m)| m)
+        .collect();
     assert!(
         wait_until(Duration::from_secs(20), || leaders(&rest) == 1),
         "no leader after the leader was killed"

@@ -48,11 +48,19 @@ fn meta_endpoints(meta: &str) -> Result<Option<Vec<String>>, String> {
         return Ok(None);
     }
     let Some(rest) = meta.strip_prefix("etcd://") else {
-        return Err(format!("--meta {meta}: expected sqlite or etcd://HOST:PORT[,HOST:PORT...]"));
+        return Err(format!(
+            "--meta {meta}: expected sqlite or etcd://HOST:PORT[,HOST:PORT...]"
+        ));
     };
-    let eps: Vec<String> = rest.split(',').filter(|s| !s.is_empty()).map(String::from).collect();
+    let eps: Vec<String> = rest
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect();
     if eps.is_empty() || eps.iter().any(|e| !e.contains(':')) {
-        return Err(format!("--meta {meta}: every etcd endpoint needs HOST:PORT"));
+        return Err(format!(
+            "--meta {meta}: every etcd endpoint needs HOST:PORT"
+        ));
     }
     Ok(Some(eps))
 }
@@ -96,7 +104,10 @@ pub fn spec(a: &MountArgs) -> Result<MountSpec, String> {
     }
     let etcd = meta_endpoints(&a.meta)?;
     if a.prefix.is_empty() || a.prefix.contains('/') {
-        return Err(format!("--prefix {}: must be a non-empty name without '/'", a.prefix));
+        return Err(format!(
+            "--prefix {}: must be a non-empty name without '/'",
+            a.prefix
+        ));
     }
     let mut opts = MountOptions::default();
     for o in &a.options {

@@ -75,7 +75,8 @@ impl EtcdLeases {
         let key = etcd.key(&mount_key(&mount_id));
         let val = mount_id.clone();
         etcd.run(|mut c| async move {
-            c.put(key, val, Some(PutOptions::new().with_lease(id))).await
+            c.put(key, val, Some(PutOptions::new().with_lease(id)))
+                .await
         })
         .map_err(|e| e.to_string())?;
         Ok(Arc::new(EtcdLeases {
@@ -137,7 +138,10 @@ impl EtcdLeases {
                 }
             };
             if lost {
-                tracing::warn!(file, "cluster claim not renewed in time; giving the file up");
+                tracing::warn!(
+                    file,
+                    "cluster claim not renewed in time; giving the file up"
+                );
                 on_lost(file);
                 self.revoke(lease_id);
             }
@@ -151,7 +155,10 @@ impl EtcdLeases {
 
     /// Gives up every claim and the liveness key (clean unmount).
     pub fn shutdown(&self) {
-        let all: Vec<i64> = lock(&self.claims).drain().map(|(_, h)| h.lease_id).collect();
+        let all: Vec<i64> = lock(&self.claims)
+            .drain()
+            .map(|(_, h)| h.lease_id)
+            .collect();
         for id in all {
             self.revoke(id);
         }
@@ -160,7 +167,10 @@ impl EtcdLeases {
 
     fn read_claim(&self, file: FileId) -> Option<ClaimInfo> {
         let key = self.etcd.key(&claim_key(file));
-        let r = self.etcd.run(|mut c| async move { c.get(key, None).await }).ok()?;
+        let r = self
+            .etcd
+            .run(|mut c| async move { c.get(key, None).await })
+            .ok()?;
         let kv = r.kvs().first()?;
         serde_json::from_slice(kv.value()).ok()
     }
@@ -250,7 +260,8 @@ impl Cluster for EtcdLeases {
     }
 
     fn remote_holder(&self, file: FileId) -> Option<ClaimInfo> {
-        self.read_claim(file).filter(|c| c.mount_id != self.mount_id)
+        self.read_claim(file)
+            .filter(|c| c.mount_id != self.mount_id)
     }
 
     fn claimed_files(&self) -> Result<Vec<FileId>, String> {
@@ -258,8 +269,11 @@ impl Cluster for EtcdLeases {
         let r = self
             .etcd
             .run(|mut c| async move {
-                c.get(prefix, Some(GetOptions::new().with_prefix().with_keys_only()))
-                    .await
+                c.get(
+                    prefix,
+                    Some(GetOptions::new().with_prefix().with_keys_only()),
+                )
+                .await
             })
             .map_err(|e| e.to_string())?;
         Ok(r.kvs()

@@ -102,7 +102,8 @@ impl Core {
                 }));
             }
         }
-        self.leases.revoke(ino, "another daemon (cluster claim lost)");
+        self.leases
+            .revoke(ino, "another daemon (cluster claim lost)");
     }
 
     /// At mount over a shared namespace: recover files left under

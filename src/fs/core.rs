@@ -93,7 +93,12 @@ pub fn mount_identity() -> (Arc<str>, String) {
         .and_then(|h| h.into_string().ok())
         .unwrap_or_else(|| "localhost".into())
         .into();
-    let id = format!("{}:{}:{}", host, std::process::id(), crate::clock::wall_ms());
+    let id = format!(
+        "{}:{}:{}",
+        host,
+        std::process::id(),
+        crate::clock::wall_ms()
+    );
     (host, id)
 }
 

@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use super::adapter::Adapter;
 use super::core::{ClusterParts, Core};
-use crate::etcd::Etcd;
-use crate::etcd::leases::{EtcdLeases, keep_alive_loop};
 use crate::config::MountOptions;
 use crate::error::{FsError, FsResult};
+use crate::etcd::Etcd;
+use crate::etcd::leases::{EtcdLeases, keep_alive_loop};
 use crate::meta::{EtcdMeta, Meta, MetaStore};
 use crate::pipeline::Datanodes;
 use crate::sync::{Arc, AtomicBool, Ordering};
@@ -98,8 +98,9 @@ impl Daemon {
             Some(eps) => {
                 let etcd = Arc::new(Etcd::connect(eps, &spec.prefix)?);
                 let meta = Arc::new(EtcdMeta::open(etcd.clone(), uid, gid)?);
-                let leases = EtcdLeases::new(etcd.clone(), identity.1.clone(), spec.opts.soft_limit)
-                    .map_err(FsError::Meta)?;
+                let leases =
+                    EtcdLeases::new(etcd.clone(), identity.1.clone(), spec.opts.soft_limit)
+                        .map_err(FsError::Meta)?;
                 (meta as Arc<dyn Meta>, Some(Shared { etcd, leases }))
             }
         };
@@ -109,7 +110,11 @@ impl Daemon {
         if shared.is_some() && !recorded.is_empty() && recorded != spec.datanodes {
             return Err(FsError::Invalid(format!(
                 "the datanodes of this filesystem are {}; every daemon must give the same --datanode list",
-                recorded.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(" ")
+                recorded
+                    .iter()
+                    .map(|d| d.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(" ")
             )));
         }
         let dns = Arc::new(Datanodes::open(
@@ -188,7 +193,11 @@ impl Daemon {
         if let Err(e) = r {
             tracing::error!("cannot start etcd keep-alives: {e}");
         }
-        let (etcd, meta, hk) = (s.etcd.clone(), self.core.meta.clone(), self.housekeeper.clone());
+        let (etcd, meta, hk) = (
+            s.etcd.clone(),
+            self.core.meta.clone(),
+            self.housekeeper.clone(),
+        );
         let (id, stop) = (self.core.mount_id.clone(), self.stop.clone());
         let r = std::thread::Builder::new()
             .name("hk-election".into())

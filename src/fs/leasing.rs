@@ -43,11 +43,15 @@ impl Core {
             return;
         }
         let batch: Vec<(u64, u64)> = self.epochs.iter().map(|e| (*e.key(), *e.value())).collect();
-        let ch: Vec<Change> = batch
-            .iter()
-            .map(|&(ino, epoch)| Change::SetLastEpoch { ino, epoch })
-            .collect();
-        let r = self.meta.commit(&ch, false).map(drop);
+        // In pieces: etcd caps the operations of one transaction, and
+        // epochs only ever rise, so a partly recorded batch is harmless.
+        let r = batch.chunks(64).try_for_each(|part| {
+            let ch: Vec<Change> = part
+                .iter()
+                .map(|&(ino, epoch)| Change::SetLastEpoch { ino, epoch })
+                .collect();
+            self.meta.commit(&ch, false).map(drop)
+        });
         match r {
             Ok(()) => {
                 for (ino, e) in batch {

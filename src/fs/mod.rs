@@ -3,11 +3,11 @@
 
 pub mod adapter;
 pub mod attr;
+mod clustered;
 pub mod control;
 pub mod core;
 pub mod daemon;
 mod handles;
-mod clustered;
 mod leasing;
 mod maintenance;
 pub mod namespace;

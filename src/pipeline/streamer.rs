@@ -118,7 +118,9 @@ impl OutputStream {
                 // the store, so there the length is published.
                 Job::Flush(d) => d(self.publish_length()),
                 Job::Sync(d) => {
-                    let r = self.publish_length().and_then(|_| self.sync_replicas(&mut pipe));
+                    let r = self
+                        .publish_length()
+                        .and_then(|_| self.sync_replicas(&mut pipe));
                     d(r)
                 }
                 Job::Close(d) => {
@@ -149,7 +151,11 @@ impl OutputStream {
             let s = lock(&self.st);
             (s.acked, s.mtime)
         };
-        let ch = [Change::SetSize { ino: self.ino, size, touch }];
+        let ch = [Change::SetSize {
+            ino: self.ino,
+            size,
+            touch,
+        }];
         self.meta().commit(&ch, false).map(drop)
     }
 
