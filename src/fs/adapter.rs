@@ -28,6 +28,26 @@ pub struct Adapter {
     pub core: Arc<Core>,
 }
 
+impl Adapter {
+    /// Runs one request's work where it may wait: inline when the metadata
+    /// is local (SQLite, microseconds), on the blocking pool when it is a
+    /// network round trip away (etcd), so that a slow or unreachable etcd
+    /// never holds up a request thread.
+    fn run(&self, f: impl FnOnce(&Arc<Core>) + Send + 'static) {
+        if self.core.cluster.is_some() {
+            let core = self.core.clone();
+            self.core.ctx.rt.spawn_blocking(move || f(&core));
+        } else {
+            f(&self.core)
+        }
+    }
+
+    fn mknode(&self, parent: INodeNo, name: &OsStr, node: Node, who: Caller, reply: ReplyEntry) {
+        let name = name.as_bytes().to_vec();
+        self.run(move |c| entry(reply, c.mknode(parent.0, &name, node, who)))
+    }
+}
+
 fn errno(e: &FsError) -> Errno {
     Errno::from_i32(e.errno())
 }
@@ -149,14 +169,15 @@ impl Filesystem for Adapter {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        entry(reply, self.core.lookup(parent.0, name.as_bytes()))
+        let name = name.as_bytes().to_vec();
+        self.run(move |c| entry(reply, c.lookup(parent.0, &name)))
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.core.getattr(ino.0) {
+        self.run(move |c| match c.getattr(ino.0) {
             Ok(a) => reply.attr(&ttl(&a), &fattr(&a)),
             Err(e) => reply.error(errno(&e)),
-        }
+        })
     }
 
     fn setattr(
@@ -177,7 +198,6 @@ impl Filesystem for Adapter {
         _flags: Option<BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let core = self.core.clone();
         let c = caller(req);
         let ch = AttrChange {
             mode,
@@ -203,8 +223,8 @@ impl Filesystem for Adapter {
                 Err(e) => reply.error(errno(&e)),
             }
         };
-        match size {
-            None => finish(&core, reply),
+        self.run(move |core| match size {
+            None => finish(core, reply),
             Some(size) => {
                 let core2 = core.clone();
                 core.set_size(
@@ -218,14 +238,14 @@ impl Filesystem for Adapter {
                     }),
                 );
             }
-        }
+        })
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.core.readlink(ino.0) {
+        self.run(move |c| match c.readlink(ino.0) {
             Ok(t) => reply.data(&t),
             Err(e) => reply.error(errno(&e)),
-        }
+        })
     }
 
     fn mknod(
@@ -248,11 +268,7 @@ impl Filesystem for Adapter {
             rdev,
             target: None,
         };
-        entry(
-            reply,
-            self.core
-                .mknode(parent.0, name.as_bytes(), node, caller(req)),
-        )
+        self.mknode(parent, name, node, caller(req), reply)
     }
 
     fn mkdir(
@@ -270,19 +286,17 @@ impl Filesystem for Adapter {
             rdev: 0,
             target: None,
         };
-        entry(
-            reply,
-            self.core
-                .mknode(parent.0, name.as_bytes(), node, caller(req)),
-        )
+        self.mknode(parent, name, node, caller(req), reply)
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        empty(reply, self.core.unlink(parent.0, name.as_bytes()))
+        let name = name.as_bytes().to_vec();
+        self.run(move |c| empty(reply, c.unlink(parent.0, &name)))
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        empty(reply, self.core.rmdir(parent.0, name.as_bytes()))
+        let name = name.as_bytes().to_vec();
+        self.run(move |c| empty(reply, c.rmdir(parent.0, &name)))
     }
 
     fn symlink(
@@ -293,20 +307,13 @@ impl Filesystem for Adapter {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        entry(
-            reply,
-            self.core.mknode(
-                parent.0,
-                link_name.as_bytes(),
-                Node {
-                    kind: Kind::Symlink,
-                    mode: 0o777,
-                    rdev: 0,
-                    target: Some(target.as_os_str().as_bytes()),
-                },
-                caller(req),
-            ),
-        )
+        let node = Node {
+            kind: Kind::Symlink,
+            mode: 0o777,
+            rdev: 0,
+            target: Some(target.as_os_str().as_bytes().to_vec()),
+        };
+        self.mknode(parent, link_name, node, caller(req), reply)
     }
 
     fn rename(
@@ -319,16 +326,11 @@ impl Filesystem for Adapter {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        empty(
-            reply,
-            self.core.rename(
-                parent.0,
-                name.as_bytes(),
-                newparent.0,
-                newname.as_bytes(),
-                flags.bits(),
-            ),
-        )
+        let (name, newname) = (name.as_bytes().to_vec(), newname.as_bytes().to_vec());
+        self.run(move |c| {
+            let r = c.rename(parent.0, &name, newparent.0, &newname, flags.bits());
+            empty(reply, r)
+        })
     }
 
     fn link(
@@ -339,22 +341,23 @@ impl Filesystem for Adapter {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        entry(
-            reply,
-            self.core.link(ino.0, newparent.0, newname.as_bytes()),
-        )
+        let newname = newname.as_bytes().to_vec();
+        self.run(move |c| entry(reply, c.link(ino.0, newparent.0, &newname)))
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        self.core.open(
-            ino.0,
-            flags.0,
-            caller(req),
-            Box::new(move |r| match r {
-                Ok(o) => reply.opened(FileHandle(o.fh), open_flags(&o)),
-                Err(e) => reply.error(errno(&e)),
-            }),
-        )
+        let who = caller(req);
+        self.run(move |c| {
+            c.open(
+                ino.0,
+                flags.0,
+                who,
+                Box::new(move |r| match r {
+                    Ok(o) => reply.opened(FileHandle(o.fh), open_flags(&o)),
+                    Err(e) => reply.error(errno(&e)),
+                }),
+            )
+        })
     }
 
     fn read(
@@ -446,7 +449,7 @@ impl Filesystem for Adapter {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        match self.core.readdir(ino.0) {
+        self.run(move |c| match c.readdir(ino.0) {
             Ok(entries) => {
                 for (i, (name, ino, kind)) in entries.iter().enumerate().skip(offset as usize) {
                     if reply.add(
@@ -461,7 +464,7 @@ impl Filesystem for Adapter {
                 reply.ok()
             }
             Err(e) => reply.error(errno(&e)),
-        }
+        })
     }
 
     fn fsyncdir(
@@ -476,7 +479,7 @@ impl Filesystem for Adapter {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        match self.core.statfs() {
+        self.run(move |c| match c.statfs() {
             Ok((total, free, files)) => reply.statfs(
                 total,
                 free,
@@ -488,7 +491,7 @@ impl Filesystem for Adapter {
                 4096,
             ),
             Err(e) => reply.error(errno(&e)),
-        }
+        })
     }
 
     fn setxattr(
@@ -501,30 +504,32 @@ impl Filesystem for Adapter {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        empty(
-            reply,
-            self.core.setxattr(ino.0, name.as_bytes(), value, flags),
-        )
+        let (name, value) = (name.as_bytes().to_vec(), value.to_vec());
+        self.run(move |c| empty(reply, c.setxattr(ino.0, &name, &value, flags)))
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        xattr_reply(reply, size, self.core.getxattr(ino.0, name.as_bytes()))
+        let name = name.as_bytes().to_vec();
+        self.run(move |c| xattr_reply(reply, size, c.getxattr(ino.0, &name)))
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        let r = self.core.listxattr(ino.0).map(|names| {
-            let mut out = Vec::new();
-            for n in names {
-                out.extend_from_slice(&n);
-                out.push(0);
-            }
-            out
-        });
-        xattr_reply(reply, size, r)
+        self.run(move |c| {
+            let r = c.listxattr(ino.0).map(|names| {
+                let mut out = Vec::new();
+                for n in names {
+                    out.extend_from_slice(&n);
+                    out.push(0);
+                }
+                out
+            });
+            xattr_reply(reply, size, r)
+        })
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        empty(reply, self.core.removexattr(ino.0, name.as_bytes()))
+        let name = name.as_bytes().to_vec();
+        self.run(move |c| empty(reply, c.removexattr(ino.0, &name)))
     }
 
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
@@ -543,45 +548,8 @@ impl Filesystem for Adapter {
         reply: ReplyCreate,
     ) {
         let c = caller(req);
-        let core = &self.core;
-        let attr = match core.lookup(parent.0, name.as_bytes()) {
-            Ok(_) if flags & libc::O_EXCL != 0 => return reply.error(Errno::EEXIST),
-            Ok(a) => a,
-            Err(FsError::NotFound) => match core.mknode(
-                parent.0,
-                name.as_bytes(),
-                Node {
-                    kind: Kind::File,
-                    mode,
-                    rdev: 0,
-                    target: None,
-                },
-                c,
-            ) {
-                Ok(a) => a,
-                Err(e) => return reply.error(errno(&e)),
-            },
-            Err(e) => return reply.error(errno(&e)),
-        };
-        let core2 = core.clone();
-        core.open(
-            attr.ino,
-            flags,
-            c,
-            Box::new(move |r| match r {
-                Ok(o) => {
-                    let a = core2.getattr(attr.ino).unwrap_or(attr);
-                    reply.created(
-                        &Duration::ZERO,
-                        &fattr(&a),
-                        Generation(0),
-                        FileHandle(o.fh),
-                        open_flags(&o),
-                    )
-                }
-                Err(e) => reply.error(errno(&e)),
-            }),
-        )
+        let name = name.as_bytes().to_vec();
+        self.run(move |core| create(core, parent, &name, mode, flags, c, reply))
     }
 
     fn fallocate(
@@ -615,10 +583,10 @@ impl Filesystem for Adapter {
         _out_size: u32,
         reply: ReplyIoctl,
     ) {
-        match self.core.ioctl(fh.0, cmd) {
+        self.run(move |c| match c.ioctl(fh.0, cmd) {
             Ok(d) => reply.ioctl(0, &d),
             Err(e) => reply.error(errno(&e)),
-        }
+        })
     }
 }
 
@@ -629,4 +597,54 @@ fn xattr_reply(reply: ReplyXattr, size: u32, r: Result<Vec<u8>, FsError>) {
         Ok(v) => reply.data(&v),
         Err(e) => reply.error(errno(&e)),
     }
+}
+
+/// Creates (unless it exists) and opens a file.
+fn create(
+    core: &Arc<Core>,
+    parent: INodeNo,
+    name: &[u8],
+    mode: u32,
+    flags: i32,
+    c: Caller,
+    reply: ReplyCreate,
+) {
+    let attr = match core.lookup(parent.0, name) {
+        Ok(_) if flags & libc::O_EXCL != 0 => return reply.error(Errno::EEXIST),
+        Ok(a) => a,
+        Err(FsError::NotFound) => match core.mknode(
+            parent.0,
+            name,
+            Node {
+                kind: Kind::File,
+                mode,
+                rdev: 0,
+                target: None,
+            },
+            c,
+        ) {
+            Ok(a) => a,
+            Err(e) => return reply.error(errno(&e)),
+        },
+        Err(e) => return reply.error(errno(&e)),
+    };
+    let core2 = core.clone();
+    core.open(
+        attr.ino,
+        flags,
+        c,
+        Box::new(move |r| match r {
+            Ok(o) => {
+                let a = core2.getattr(attr.ino).unwrap_or(attr);
+                reply.created(
+                    &Duration::ZERO,
+                    &fattr(&a),
+                    Generation(0),
+                    FileHandle(o.fh),
+                    open_flags(&o),
+                )
+            }
+            Err(e) => reply.error(errno(&e)),
+        }),
+    )
 }

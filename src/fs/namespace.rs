@@ -18,12 +18,12 @@ pub const XATTR_SOFT_LIMIT: &str = "user.leasefs.soft_limit_ms";
 const NAME_MAX: usize = 255;
 
 /// What `mknode` creates.
-pub struct Node<'a> {
+pub struct Node {
     pub kind: Kind,
     pub mode: u32,
     pub rdev: u32,
     /// A symlink's target.
-    pub target: Option<&'a [u8]>,
+    pub target: Option<Vec<u8>>,
 }
 
 fn check_name(name: &[u8]) -> FsResult<()> {
@@ -42,13 +42,7 @@ impl Core {
 
     /// Creates a node owned by the caller; in a setgid directory it takes
     /// the directory's group (and a new directory keeps the setgid bit).
-    pub fn mknode(
-        &self,
-        parent: u64,
-        name: &[u8],
-        node: Node<'_>,
-        caller: Caller,
-    ) -> FsResult<Attr> {
+    pub fn mknode(&self, parent: u64, name: &[u8], node: Node, caller: Caller) -> FsResult<Attr> {
         let Node {
             kind,
             mode,
@@ -75,7 +69,7 @@ impl Core {
                 uid: caller.uid,
                 gid,
                 rdev,
-                target,
+                target: target.as_deref(),
                 block_size: self.opts.block_size,
             },
         )?;
