@@ -73,7 +73,7 @@ impl EtcdLeases {
         let secs = ttl.as_secs().max(2) as i64;
         let id = etcd.grant(secs).map_err(|e| e.to_string())?;
         let key = etcd.key(&mount_key(&mount_id));
-        let val = mount_id.clone();
+        let val = id.to_string();
         etcd.run(|mut c| async move {
             c.put(key, val, Some(PutOptions::new().with_lease(id)))
                 .await
@@ -117,8 +117,13 @@ impl EtcdLeases {
             .collect();
         for (file, lease_id) in ids {
             let info = leases.info(file);
+            // A client-renewed holder that stopped renewing: its claim is
+            // left to run out, unless writers here wait for the file (the
+            // local monitor then preempts it and hands the lease over
+            // under this claim).
             let stale = info.state == LeaseState::Held
                 && info.mode == Some(RenewalMode::Client)
+                && info.waiters == 0
                 && info.renewed_ms_ago.is_some_and(|ms| ms >= soft_ms);
             if !stale && self.renew(lease_id) {
                 if let Some(h) = lock(&self.claims).get_mut(&file) {
@@ -165,6 +170,40 @@ impl EtcdLeases {
         self.revoke(self.mount_lease);
     }
 
+    /// Ends what daemon instance `mount_id` left behind: its liveness key
+    /// and its claims. Only for an instance that is provably gone: the
+    /// previous daemon of the data directory this daemon has locked.
+    pub fn reap(&self, mount_id: &str) -> Result<usize, String> {
+        let key = self.etcd.key(&mount_key(mount_id));
+        let r = self
+            .etcd
+            .run(|mut c| async move { c.get(key, None).await })
+            .map_err(|e| e.to_string())?;
+        if let Some(id) = r
+            .kvs()
+            .first()
+            .and_then(|kv| std::str::from_utf8(kv.value()).ok()?.parse::<i64>().ok())
+        {
+            self.revoke(id);
+        }
+        let prefix = self.etcd.key("lease/");
+        let r = self
+            .etcd
+            .run(|mut c| async move { c.get(prefix, Some(GetOptions::new().with_prefix())).await })
+            .map_err(|e| e.to_string())?;
+        let mut n = 0;
+        for kv in r.kvs() {
+            if let Ok(c) = serde_json::from_slice::<ClaimInfo>(kv.value())
+                && c.mount_id == mount_id
+                && c.lease_id != 0
+            {
+                self.revoke(c.lease_id);
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
     fn read_claim(&self, file: FileId) -> Option<ClaimInfo> {
         let key = self.etcd.key(&claim_key(file));
         let r = self
@@ -191,7 +230,11 @@ impl Cluster for EtcdLeases {
         let secs = self.ttl.as_secs() as i64;
         let lease_id = self.etcd.grant(secs).map_err(|e| e.to_string())?;
         let key = self.etcd.key(&claim_key(file));
-        let val = serde_json::to_vec(who).map_err(|e| e.to_string())?;
+        let who = ClaimInfo {
+            lease_id,
+            ..who.clone()
+        };
+        let val = serde_json::to_vec(&who).map_err(|e| e.to_string())?;
         let txn = Txn::new()
             .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
             .and_then([TxnOp::put(
@@ -223,6 +266,7 @@ impl Cluster for EtcdLeases {
                 pid: 0,
                 comm: "?".into(),
                 since_ms: 0,
+                lease_id: 0,
             })));
         }
         let base = r.header().map(|h| h.revision()).unwrap_or(0).max(1) as u64;
@@ -241,20 +285,19 @@ impl Cluster for EtcdLeases {
     }
 
     fn unclaim(&self, file: FileId, handle: HandleId) {
-        let gone = {
-            let mut claims = lock(&self.claims);
-            let Some(h) = claims.get_mut(&file) else {
-                return;
-            };
-            h.handles.remove(&handle);
-            if !h.handles.is_empty() {
-                return;
-            }
-            lock(&self.seqs).remove(&file);
-            claims.remove(&file).map(|h| h.lease_id)
+        // The key is deleted before the lock is let go: a claim of this
+        // daemon right after (close, then reopen) must not find it.
+        let mut claims = lock(&self.claims);
+        let Some(h) = claims.get_mut(&file) else {
+            return;
         };
-        if let Some(id) = gone {
-            self.revoke(id);
+        h.handles.remove(&handle);
+        if !h.handles.is_empty() {
+            return;
+        }
+        lock(&self.seqs).remove(&file);
+        if let Some(h) = claims.remove(&file) {
+            self.revoke(h.lease_id);
             tracing::debug!(file, "cluster claim released");
         }
     }

@@ -35,6 +35,7 @@ impl Core {
             pid: who.tgid,
             comm: who.comm.clone(),
             since_ms: crate::clock::wall_ms(),
+            lease_id: 0,
         };
         let wait = match self.opts.lease_wait {
             Some(w) if flags & libc::O_NONBLOCK == 0 => w,
@@ -116,6 +117,7 @@ impl Core {
             pid: std::process::id(),
             comm: "leasefs-recovery".into(),
             since_ms: crate::clock::wall_ms(),
+            lease_id: 0,
         };
         let mut n = 0;
         for uc in self.meta.list_uc()? {

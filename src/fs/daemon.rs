@@ -82,6 +82,27 @@ pub struct Daemon {
     shared: Option<Shared>,
 }
 
+/// The daemon instance that last served this data directory is gone (we
+/// hold the directory's lock): end its claims and liveness key in etcd at
+/// once, so its files are recovered now rather than after the soft limit.
+fn reap_predecessor(data: &Path, leases: &EtcdLeases, me: &str) -> FsResult<()> {
+    let path = data.join("instance");
+    if let Ok(prev) = std::fs::read_to_string(&path) {
+        let prev = prev.trim();
+        if !prev.is_empty() && prev != me {
+            match leases.reap(prev) {
+                Ok(n) => tracing::info!(
+                    instance = prev,
+                    claims = n,
+                    "ended the claims of this data directory's previous daemon"
+                ),
+                Err(e) => tracing::warn!("cannot end the previous daemon's claims: {e}"),
+            }
+        }
+    }
+    std::fs::write(&path, me).map_err(|e| FsError::Io(format!("{}: {e}", path.display())))
+}
+
 impl Daemon {
     pub fn start(spec: &MountSpec) -> FsResult<Daemon> {
         let lock = lock_data_dir(&spec.data)?;
@@ -101,6 +122,8 @@ impl Daemon {
                 let leases =
                     EtcdLeases::new(etcd.clone(), identity.1.clone(), spec.opts.soft_limit)
                         .map_err(FsError::Meta)?;
+                reap_predecessor(&spec.data, &leases, &identity.1)?;
+                tracing::info!(etcd = %eps.join(","), prefix = %spec.prefix, "namespace and leases in etcd");
                 (meta as Arc<dyn Meta>, Some(Shared { etcd, leases }))
             }
         };

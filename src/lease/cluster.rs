@@ -22,6 +22,10 @@ pub struct ClaimInfo {
     pub pid: u32,
     pub comm: String,
     pub since_ms: u64,
+    /// The etcd lease the claim is bound to, so that a successor of a
+    /// crashed daemon on the same data directory can end its claims.
+    #[serde(default)]
+    pub lease_id: i64,
 }
 
 impl ClaimInfo {

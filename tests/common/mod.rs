@@ -31,6 +31,16 @@ pub struct Mount {
     pub datanodes: Vec<PathBuf>,
     pub pid: Option<u32>,
     args: Vec<String>,
+    /// The etcd this mount keeps its namespace in, when the suite runs on
+    /// the etcd backend (`LEASEFS_TEST_META=etcd`).
+    _etcd: Option<std::sync::Arc<etcd::EtcdServer>>,
+}
+
+/// Whether the suites run on the etcd backend: `LEASEFS_TEST_META=etcd`
+/// mounts every fixture over a loopback etcd (one per test process), under
+/// a prefix of its own.
+pub fn etcd_backend() -> bool {
+    std::env::var("LEASEFS_TEST_META").is_ok_and(|v| v == "etcd")
 }
 
 /// How to mount.
@@ -103,6 +113,17 @@ impl Mount {
             args.push(x.clone());
         }
         args.extend(o.args.iter().cloned());
+        let etcd = (etcd_backend() && !o.args.iter().any(|a| a == "--meta")).then(|| {
+            let e = etcd::EtcdServer::shared();
+            let name = dir
+                .path()
+                .file_name()
+                .map(|n| n.to_string_lossy().replace('/', "_"))
+                .unwrap_or_default();
+            args.extend(["--meta".into(), format!("etcd://{}", e.endpoint())]);
+            args.extend(["--prefix".into(), name]);
+            e
+        });
         let mut m = Mount {
             dir,
             mnt,
@@ -110,6 +131,7 @@ impl Mount {
             datanodes,
             pid: None,
             args,
+            _etcd: etcd,
         };
         m.mount();
         m

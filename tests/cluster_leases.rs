@@ -1,0 +1,213 @@
+//! The cluster lease interface ([`Cluster`]) on a real etcd: two
+//! `EtcdLeases` on one prefix stand for two daemons. Claims are exclusive,
+//! shared by a daemon's handles, given up with the last one, run out when
+//! not kept alive, are ended by a successor of a crashed daemon, and give
+//! epochs that grow across daemons.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::etcd::EtcdServer;
+use leasefs::clock::SystemClock;
+use leasefs::etcd::leases::EtcdLeases;
+use leasefs::lease::cluster::{Claim, ClaimInfo, Cluster, EPOCH_SEQ_BITS};
+use leasefs::lease::{AcquireOpts, EpochSource, Holder, LeaseConfig, LeaseManager, RenewalMode};
+
+const TTL: Duration = Duration::from_secs(2);
+
+fn who(mount: &str) -> ClaimInfo {
+    ClaimInfo {
+        mount_id: mount.into(),
+        host: "h".into(),
+        pid: 1,
+        comm: "test".into(),
+        since_ms: 0,
+        lease_id: 0,
+    }
+}
+
+fn two_daemons(etcd: &EtcdServer, test: &str) -> (Arc<EtcdLeases>, Arc<EtcdLeases>) {
+    let (c1, name) = etcd.connect(test);
+    let c2 = etcd.connect_to(&name);
+    let a = EtcdLeases::new(c1, "A".into(), TTL).expect("daemon A");
+    let b = EtcdLeases::new(c2, "B".into(), TTL).expect("daemon B");
+    (a, b)
+}
+
+fn mine(c: Claim) -> u64 {
+    match c {
+        Claim::Mine { epoch_base } => epoch_base,
+        Claim::Busy(h) => panic!("expected the claim, held by {h:?}"),
+    }
+}
+
+fn manager() -> Arc<LeaseManager> {
+    let cfg = LeaseConfig {
+        soft_limit: TTL,
+        hard_limit: Duration::from_secs(3600),
+        lease_wait: None,
+        release_grace: Duration::from_secs(2),
+    };
+    struct E(u64);
+    impl EpochSource for E {
+        fn next(&mut self, _f: u64) -> u64 {
+            self.0 += 1;
+            self.0
+        }
+    }
+    Arc::new(LeaseManager::new(
+        cfg,
+        Arc::new(SystemClock::new()),
+        Box::new(E(0)),
+        "h".into(),
+    ))
+}
+
+#[test]
+fn a_claim_is_exclusive_shared_by_handles_and_given_up_with_the_last() {
+    let etcd = EtcdServer::start();
+    let (a, b) = two_daemons(&etcd, "exclusive");
+    mine(a.claim(7, 1, &who("A")).expect("claim"));
+    // A second handle of A shares the claim; B is refused and told who.
+    mine(a.claim(7, 2, &who("A")).expect("claim"));
+    match b.claim(7, 1, &who("B")).expect("claim") {
+        Claim::Busy(h) => assert_eq!(h.mount_id, "A"),
+        Claim::Mine { .. } => panic!("two daemons hold file 7"),
+    }
+    assert_eq!(b.remote_holder(7).map(|h| h.mount_id), Some("A".into()));
+    assert_eq!(a.remote_holder(7), None, "its own claim is not remote");
+    assert_eq!(a.claimed_files().expect("list"), vec![7]);
+    a.unclaim(7, 1);
+    assert!(matches!(b.claim(7, 1, &who("B")), Ok(Claim::Busy(_))));
+    a.unclaim(7, 2);
+    // Given up at once: no waiting for a TTL.
+    mine(b.claim(7, 1, &who("B")).expect("claim"));
+    assert!(b.claimed_files().expect("list").contains(&7));
+}
+
+#[test]
+fn racing_claims_give_one_holder() {
+    let etcd = EtcdServer::start();
+    let (a, b) = two_daemons(&etcd, "race");
+    for file in 0..40u64 {
+        let (a2, b2) = (a.clone(), b.clone());
+        let ta = std::thread::spawn(move || a2.claim(file, 1, &who("A")).expect("claim"));
+        let tb = std::thread::spawn(move || b2.claim(file, 1, &who("B")).expect("claim"));
+        let (ra, rb) = (ta.join().expect("A"), tb.join().expect("B"));
+        let won = [&ra, &rb]
+            .iter()
+            .filter(|c| matches!(c, Claim::Mine { .. }))
+            .count();
+        assert_eq!(won, 1, "file {file}: {ra:?} / {rb:?}");
+    }
+}
+
+#[test]
+fn epochs_grow_across_daemons() {
+    let etcd = EtcdServer::start();
+    let (a, b) = two_daemons(&etcd, "epochs");
+    let mut ea = a.epochs();
+    let mut eb = b.epochs();
+    let mut last = 0;
+    for round in 0..5 {
+        let (d, e) = if round % 2 == 0 {
+            (&a, &mut ea)
+        } else {
+            (&b, &mut eb)
+        };
+        let base = mine(d.claim(3, 1, &who("x")).expect("claim"));
+        for _ in 0..3 {
+            let epoch = e.next(3);
+            assert!(epoch > last, "epoch {epoch} after {last}");
+            assert_eq!(epoch >> EPOCH_SEQ_BITS, base);
+            last = epoch;
+        }
+        d.unclaim(3, 1);
+    }
+}
+
+#[test]
+fn a_claim_not_kept_alive_runs_out_and_one_kept_alive_does_not() {
+    let etcd = EtcdServer::start();
+    let (a, b) = two_daemons(&etcd, "expiry");
+    let m = manager();
+    mine(a.claim(1, 10, &who("A")).expect("claim"));
+    mine(a.claim(2, 11, &who("A")).expect("claim"));
+    // File 1 has a daemon-renewed holder: its claim is kept alive.
+    let h = Holder {
+        host: "h".into(),
+        pid: 1,
+        comm: "t".into(),
+        handle: 10,
+        opened_wall_ms: 0,
+    };
+    m.acquire(1, h, AcquireOpts::default(), Box::new(|_| {}))
+        .expect("local grant");
+    // File 2's holder renews itself (client mode) and then stops.
+    let h2 = Holder {
+        handle: 11,
+        ..Holder {
+            host: "h".into(),
+            pid: 1,
+            comm: "t".into(),
+            handle: 0,
+            opened_wall_ms: 0,
+        }
+    };
+    m.acquire(2, h2, AcquireOpts::default(), Box::new(|_| {}))
+        .expect("local grant");
+    m.set_mode(2, 11, RenewalMode::Client).expect("client mode");
+    let lost = Arc::new(Mutex::new(Vec::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let t = {
+        let (a, m, lost, stop) = (a.clone(), m.clone(), lost.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                m.renew_daemon_leases();
+                let l = lost.clone();
+                a.keep_alive(&m, &move |f| l.lock().unwrap().push(f));
+                std::thread::sleep(a.period());
+            }
+        })
+    };
+    let t0 = Instant::now();
+    let freed = common::wait_until(Duration::from_secs(10), || {
+        matches!(b.claim(2, 1, &who("B")), Ok(Claim::Mine { .. }))
+    });
+    let after = t0.elapsed();
+    assert!(freed, "the stale client's claim never ran out");
+    assert!(
+        after >= TTL,
+        "ran out after {after:?}, before the soft limit"
+    );
+    // A gave it up itself, and fenced its holder, before B could take it.
+    assert_eq!(*lost.lock().unwrap(), vec![2]);
+    // File 1 stays A's for several TTLs.
+    std::thread::sleep(TTL * 2);
+    assert!(matches!(b.claim(1, 1, &who("B")), Ok(Claim::Busy(_))));
+    stop.store(true, Ordering::Relaxed);
+    t.join().expect("keep-alive thread");
+}
+
+#[test]
+fn a_successor_ends_a_crashed_daemons_claims_at_once() {
+    let etcd = EtcdServer::start();
+    let (c1, name) = etcd.connect("reap");
+    let a = EtcdLeases::new(c1, "A".into(), Duration::from_secs(60)).expect("A");
+    mine(a.claim(5, 1, &who("A")).expect("claim"));
+    mine(a.claim(6, 1, &who("A")).expect("claim"));
+    // A "crashes": nothing keeps its claims alive, but they have 60 s.
+    drop(a);
+    let b = EtcdLeases::new(etcd.connect_to(&name), "B".into(), TTL).expect("B");
+    assert!(b.mount_alive("A"));
+    assert!(matches!(b.claim(5, 1, &who("B")), Ok(Claim::Busy(_))));
+    // Its successor on the same data directory knows A is gone.
+    let a2 = EtcdLeases::new(etcd.connect_to(&name), "A2".into(), TTL).expect("A2");
+    assert_eq!(a2.reap("A").expect("reap"), 2);
+    assert!(!b.mount_alive("A"));
+    mine(b.claim(5, 1, &who("B")).expect("claim"));
+    mine(a2.claim(6, 1, &who("A2")).expect("claim"));
+}
