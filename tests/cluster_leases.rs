@@ -11,10 +11,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::etcd::EtcdServer;
-use leasefs::clock::SystemClock;
 use leasefs::etcd::leases::EtcdLeases;
+use leasefs::lease::EpochSource;
 use leasefs::lease::cluster::{Claim, ClaimInfo, Cluster, EPOCH_SEQ_BITS};
-use leasefs::lease::{AcquireOpts, EpochSource, Holder, LeaseConfig, LeaseManager, RenewalMode};
 
 const TTL: Duration = Duration::from_secs(2);
 
@@ -42,28 +41,6 @@ fn mine(c: Claim) -> u64 {
         Claim::Mine { epoch_base } => epoch_base,
         Claim::Busy(h) => panic!("expected the claim, held by {h:?}"),
     }
-}
-
-fn manager() -> Arc<LeaseManager> {
-    let cfg = LeaseConfig {
-        soft_limit: TTL,
-        hard_limit: Duration::from_secs(3600),
-        lease_wait: None,
-        release_grace: Duration::from_secs(2),
-    };
-    struct E(u64);
-    impl EpochSource for E {
-        fn next(&mut self, _f: u64) -> u64 {
-            self.0 += 1;
-            self.0
-        }
-    }
-    Arc::new(LeaseManager::new(
-        cfg,
-        Arc::new(SystemClock::new()),
-        Box::new(E(0)),
-        "h".into(),
-    ))
 }
 
 #[test]
@@ -130,66 +107,51 @@ fn epochs_grow_across_daemons() {
 }
 
 #[test]
-fn a_claim_not_kept_alive_runs_out_and_one_kept_alive_does_not() {
+fn kept_alive_claims_last_wanted_ones_are_offered_and_abandoned_ones_run_out() {
     let etcd = EtcdServer::start();
     let (a, b) = two_daemons(&etcd, "expiry");
-    let m = manager();
     mine(a.claim(1, 10, &who("A")).expect("claim"));
     mine(a.claim(2, 11, &who("A")).expect("claim"));
-    // File 1 has a daemon-renewed holder: its claim is kept alive.
-    let h = Holder {
-        host: "h".into(),
-        pid: 1,
-        comm: "t".into(),
-        handle: 10,
-        opened_wall_ms: 0,
-    };
-    m.acquire(1, h, AcquireOpts::default(), Box::new(|_| {}))
-        .expect("local grant");
-    // File 2's holder renews itself (client mode) and then stops.
-    let h2 = Holder {
-        handle: 11,
-        ..Holder {
-            host: "h".into(),
-            pid: 1,
-            comm: "t".into(),
-            handle: 0,
-            opened_wall_ms: 0,
-        }
-    };
-    m.acquire(2, h2, AcquireOpts::default(), Box::new(|_| {}))
-        .expect("local grant");
-    m.set_mode(2, 11, RenewalMode::Client).expect("client mode");
+    let wanted = Arc::new(Mutex::new(Vec::new()));
     let lost = Arc::new(Mutex::new(Vec::new()));
     let stop = Arc::new(AtomicBool::new(false));
     let t = {
-        let (a, m, lost, stop) = (a.clone(), m.clone(), lost.clone(), stop.clone());
+        let (a, b) = (a.clone(), b.clone());
+        let (wanted, lost, stop) = (wanted.clone(), lost.clone(), stop.clone());
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
-                m.renew_daemon_leases();
-                let l = lost.clone();
-                a.keep_alive(&m, &move |f| l.lock().unwrap().push(f));
+                // B's liveness lease, which its wanted-file records live by.
+                b.keep_alive(&|_| {}, &|_| {});
+                let (w, l) = (wanted.clone(), lost.clone());
+                a.keep_alive(&move |f| w.lock().unwrap().push(f), &move |f| {
+                    l.lock().unwrap().push(f)
+                });
                 std::thread::sleep(a.period());
             }
         })
     };
-    let t0 = Instant::now();
-    let freed = common::wait_until(Duration::from_secs(10), || {
-        matches!(b.claim(2, 1, &who("B")), Ok(Claim::Mine { .. }))
-    });
-    let after = t0.elapsed();
-    assert!(freed, "the stale client's claim never ran out");
-    assert!(
-        after >= TTL,
-        "ran out after {after:?}, before the soft limit"
-    );
-    // A gave it up itself, and fenced its holder, before B could take it.
-    assert_eq!(*lost.lock().unwrap(), vec![2]);
-    // File 1 stays A's for several TTLs.
+    // Kept alive: still A's after several TTLs.
     std::thread::sleep(TTL * 2);
     assert!(matches!(b.claim(1, 1, &who("B")), Ok(Claim::Busy(_))));
+    // B was refused file 1: A's next rounds offer it for preemption (A
+    // preempts only an expired client holder; the daemon decides that).
+    assert!(common::wait_until(Duration::from_secs(3), || {
+        wanted.lock().unwrap().contains(&1)
+    }));
+    assert!(!wanted.lock().unwrap().contains(&2), "nobody wants file 2");
+    // A stops keeping its claims alive (a hung or dead daemon): after the
+    // TTL, and not before, they run out and B gets them.
     stop.store(true, Ordering::Relaxed);
     t.join().expect("keep-alive thread");
+    let t0 = Instant::now();
+    assert!(common::wait_until(Duration::from_secs(10), || {
+        matches!(b.claim(2, 1, &who("B")), Ok(Claim::Mine { .. }))
+    }));
+    assert!(t0.elapsed() >= TTL / 2, "ran out after {:?}", t0.elapsed());
+    assert!(
+        lost.lock().unwrap().is_empty(),
+        "etcd answered every keep-alive"
+    );
 }
 
 #[test]

@@ -1,9 +1,14 @@
 //! [`Cluster`] on etcd: a file's claim is the key `lease/<ino>`, created
-//! only if absent and bound to an etcd lease of the soft limit's TTL. The
-//! daemon keeps that etcd lease alive while the file's local lease is alive
-//! (any handle holds or waits; a client-renewed holder renewed within the
-//! soft limit). The revision that created the key is the claim's epoch
-//! base, so epochs of one file grow across daemons.
+//! only if absent and bound to an etcd lease of the soft limit's TTL, kept
+//! alive by the daemon while any of its handles holds or waits for the
+//! file. The revision that created the key is the claim's epoch base, so
+//! epochs of one file grow across daemons.
+//!
+//! A writer refused on another daemon leaves `want/<ino>` (bound to its
+//! daemon's liveness lease); the holding daemon then treats it as a local
+//! contender would: a client-renewed holder silent for the soft limit is
+//! preempted and recovered, and the claim goes with it (HDFS: a create
+//! that meets an expired lease triggers its recovery, and a retry wins).
 //!
 //! Partitions: a claim whose keep-alives have not been acknowledged for two
 //! thirds of the TTL is given up locally (`on_lost`: the holder is fenced
@@ -16,9 +21,7 @@ use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpR
 
 use super::Etcd;
 use crate::lease::cluster::{Claim, ClaimInfo, Cluster, EPOCH_SEQ_BITS};
-use crate::lease::{EpochSource, FileId, HandleId, LeaseManager, LeaseState, RenewalMode};
-use std::sync::Weak;
-
+use crate::lease::{EpochSource, FileId, HandleId};
 use crate::sync::{Arc, Mutex, lock};
 
 struct Held {
@@ -60,6 +63,10 @@ impl EpochSource for ClaimEpochs {
 
 fn claim_key(file: FileId) -> String {
     format!("lease/{file:016x}")
+}
+
+fn want_key(file: FileId) -> String {
+    format!("want/{file:016x}")
 }
 
 fn mount_key(id: &str) -> String {
@@ -104,30 +111,28 @@ impl EtcdLeases {
         self.etcd.keep_alive_once(lease_id, self.period())
     }
 
-    /// One round of keep-alives (run every [`EtcdLeases::period`]). Claims
-    /// whose local lease stopped being renewed are left to run out; claims
-    /// not acknowledged for 2/3 of the TTL are dropped and passed to
-    /// `on_lost`. Returns false when this daemon's own liveness lease is
-    /// gone (it must stop writing).
-    pub fn keep_alive(&self, leases: &LeaseManager, on_lost: &dyn Fn(FileId)) -> bool {
-        let soft_ms = leases.config().soft_limit.as_millis() as u64;
+    /// One round of keep-alives (run every [`EtcdLeases::period`]): every
+    /// claim is renewed; claims not acknowledged for 2/3 of the TTL are
+    /// dropped and passed to `on_lost`; claimed files a writer elsewhere
+    /// wants are passed to `preempt`. Returns false when this daemon's own
+    /// liveness lease is gone.
+    pub fn keep_alive(&self, preempt: &dyn Fn(FileId), on_lost: &dyn Fn(FileId)) -> bool {
         let ids: Vec<(FileId, i64)> = lock(&self.claims)
             .iter()
             .map(|(f, h)| (*f, h.lease_id))
             .collect();
+        let wanted = if ids.is_empty() {
+            HashSet::new()
+        } else {
+            self.wanted()
+        };
         for (file, lease_id) in ids {
-            let info = leases.info(file);
-            // A client-renewed holder that stopped renewing: its claim is
-            // left to run out, unless writers here wait for the file (the
-            // local monitor then preempts it and hands the lease over
-            // under this claim).
-            let stale = info.state == LeaseState::Held
-                && info.mode == Some(RenewalMode::Client)
-                && info.waiters == 0
-                && info.renewed_ms_ago.is_some_and(|ms| ms >= soft_ms);
-            if !stale && self.renew(lease_id) {
+            if self.renew(lease_id) {
                 if let Some(h) = lock(&self.claims).get_mut(&file) {
                     h.last_ok = Instant::now();
+                }
+                if wanted.contains(&file) {
+                    preempt(file);
                 }
                 continue;
             }
@@ -152,6 +157,53 @@ impl EtcdLeases {
             }
         }
         self.renew(self.mount_lease)
+    }
+
+    /// Files a writer on another daemon was refused and still wants.
+    fn wanted(&self) -> HashSet<FileId> {
+        let prefix = self.etcd.key("want/");
+        let r = self.etcd.run(|mut c| async move {
+            c.get(
+                prefix,
+                Some(GetOptions::new().with_prefix().with_keys_only()),
+            )
+            .await
+        });
+        match r {
+            Ok(r) => r
+                .kvs()
+                .iter()
+                .filter_map(|kv| {
+                    let k = std::str::from_utf8(kv.key()).ok()?;
+                    u64::from_str_radix(k.rsplit('/').next()?, 16).ok()
+                })
+                .collect(),
+            Err(_) => HashSet::new(),
+        }
+    }
+
+    /// Records that a writer here was refused `file` (until this daemon
+    /// goes, or gets the file).
+    fn want(&self, file: FileId) {
+        let key = self.etcd.key(&want_key(file));
+        let (val, lease) = (self.mount_id.clone(), self.mount_lease);
+        let r = self.etcd.run(|mut c| async move {
+            c.put(key, val, Some(PutOptions::new().with_lease(lease)))
+                .await
+        });
+        if let Err(e) = r {
+            tracing::debug!(file, "cannot record a wanted file: {e}");
+        }
+    }
+
+    fn unwant(&self, file: FileId) {
+        let key = self.etcd.key(&want_key(file));
+        if let Err(e) = self
+            .etcd
+            .run(|mut c| async move { c.delete(key, None).await })
+        {
+            tracing::debug!(file, "cannot clear a wanted file: {e}");
+        }
     }
 
     fn revoke(&self, lease_id: i64) {
@@ -225,6 +277,7 @@ impl Cluster for EtcdLeases {
             return Ok(Claim::Mine { epoch_base: h.base });
         }
         if let Some(other) = self.read_claim(file) {
+            self.want(file);
             return Ok(Claim::Busy(other));
         }
         let secs = self.ttl.as_secs() as i64;
@@ -253,6 +306,7 @@ impl Cluster for EtcdLeases {
         };
         if !r.succeeded() {
             self.revoke(lease_id);
+            self.want(file);
             let holder = r.op_responses().into_iter().find_map(|op| match op {
                 TxnOpResponse::Get(g) => g
                     .kvs()
@@ -281,6 +335,7 @@ impl Cluster for EtcdLeases {
             },
         );
         tracing::debug!(file, base, "cluster claim taken");
+        self.unwant(file);
         Ok(Claim::Mine { epoch_base: base })
     }
 
@@ -342,20 +397,18 @@ impl Cluster for EtcdLeases {
     }
 }
 
-/// Keeps the claims alive until `stop` is set or the manager is dropped.
+/// Keeps the claims alive until `stop` is set.
 pub fn keep_alive_loop(
     leases: Arc<EtcdLeases>,
-    manager: Weak<LeaseManager>,
+    preempt: Box<dyn Fn(FileId) + Send>,
     on_lost: Box<dyn Fn(FileId) + Send>,
     stop: Arc<std::sync::atomic::AtomicBool>,
 ) {
     let period = leases.period();
     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-        let Some(m) = manager.upgrade() else { return };
-        if !leases.keep_alive(&m, &*on_lost) {
+        if !leases.keep_alive(&*preempt, &*on_lost) {
             tracing::error!("this daemon's liveness key in etcd has expired");
         }
-        drop(m);
         std::thread::sleep(period);
     }
 }

@@ -90,6 +90,15 @@ impl Core {
         }
     }
 
+    /// A writer on another daemon wants `ino`: preempt a holder here that
+    /// stopped renewing for the soft limit (recovery, then the claim goes).
+    pub fn preempt_for_remote(self: &Arc<Self>, ino: u64) {
+        if let Some(t) = self.leases.preempt_expired(ino) {
+            tracing::warn!(ino, "a writer on another daemon preempts an expired holder");
+            self.spawn_recovery(t);
+        }
+    }
+
     /// This daemon's claim of `ino` ran out (etcd did not acknowledge its
     /// keep-alives in time, or the holder stopped renewing): the holder
     /// is fenced and whatever it has not had acknowledged is dropped, before

@@ -203,7 +203,12 @@ impl Daemon {
     /// claims and liveness key, and the housekeeping campaign.
     fn spawn_shared(&self, s: &Shared) {
         let (leases, stop) = (s.leases.clone(), self.stop.clone());
-        let manager = Arc::downgrade(&self.core.leases);
+        let core = Arc::downgrade(&self.core);
+        let preempt = Box::new(move |ino| {
+            if let Some(c) = core.upgrade() {
+                c.preempt_for_remote(ino)
+            }
+        });
         let core = Arc::downgrade(&self.core);
         let on_lost = Box::new(move |ino| {
             if let Some(c) = core.upgrade() {
@@ -212,7 +217,7 @@ impl Daemon {
         });
         let r = std::thread::Builder::new()
             .name("etcd-keepalive".into())
-            .spawn(move || keep_alive_loop(leases, manager, on_lost, stop));
+            .spawn(move || keep_alive_loop(leases, preempt, on_lost, stop));
         if let Err(e) = r {
             tracing::error!("cannot start etcd keep-alives: {e}");
         }

@@ -144,6 +144,10 @@ impl Core {
             let r = me.recover(ticket.file, ticket.reason);
             me.leases
                 .finish_recovery(ticket.file, r.map(|_| ()).map_err(|e| e.to_string()));
+            // The preempted holder no longer keeps the file's claim.
+            if let Some(h) = ticket.stale.handle {
+                me.unclaim(ticket.file, h);
+            }
         });
     }
 
@@ -178,10 +182,13 @@ impl Core {
     /// `leasefs recover-lease`: recovers now; Ok(true) when the file is closed.
     pub fn recover_now(self: &Arc<Self>, ino: u64) -> FsResult<bool> {
         match self.leases.recover_now(ino) {
-            Some(_) => {
+            Some(t) => {
                 let r = self.recover(ino, RecoveryReason::Manual);
                 self.leases
                     .finish_recovery(ino, r.as_ref().map(|_| ()).map_err(|e| e.to_string()));
+                if let Some(h) = t.stale.handle {
+                    self.unclaim(ino, h);
+                }
                 r.map(|_| true)
             }
             None => {

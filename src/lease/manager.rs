@@ -215,6 +215,19 @@ impl LeaseManager {
         })
     }
 
+    /// A writer elsewhere (on another daemon) wants `file`: as a local
+    /// contender would, it preempts a client-renewed holder that has not
+    /// renewed for the soft limit. `None` when there is nothing to preempt.
+    pub fn preempt_expired(&self, file: FileId) -> Option<RecoveryTicket> {
+        self.locked(|inner, now, _| {
+            let lease = inner.leases.get(&file)?;
+            let expired = lease.state == LeaseState::Held
+                && lease.mode == RenewalMode::Client
+                && now.saturating_sub(lease.renewed) >= inner.lim.soft;
+            expired.then(|| inner.start_recovery(file, RecoveryReason::SoftLimit, now))
+        })
+    }
+
     /// Starts recovery of a file left under construction by a holder that is
     /// provably gone (a previous mount instance, after a crash). Writers
     /// queue or get `EBUSY` until `finish_recovery`. `None` when the manager
