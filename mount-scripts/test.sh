@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # test.sh — the project's test command (README; .ci/run calls it).
 #
-#   mount-scripts/test.sh [--no-pjdfstest] [--no-bench] [-- CARGO_TEST_ARGS...]
+#   mount-scripts/test.sh [--no-pjdfstest] [--no-etcd] [--no-bench] [-- CARGO_TEST_ARGS...]
 #
 # 1. cargo build --release (once)
 # 2. cargo test --release          unit + integration tests; the integration
 #                                  tests find the binary through LEASEFS_BIN
+# 2b. the same suites again on the etcd backend (LEASEFS_TEST_META=etcd: every
+#     mount keeps its namespace and leases in an etcd the tests start on
+#     loopback); the multi-daemon, etcd conformance and cluster lease tests
+#     already ran in step 2
 # 3. tests/pjdfstest.sh            POSIX suite against a real mount; passes when
 #                                  every failure is in tests/pjdfstest-expected-failures.txt
 # 4. benches/run.sh --quick        report only: never fails the run
@@ -21,11 +25,13 @@ cd "$root" || exit 1
 
 run_pjdfstest=1
 run_bench=1
+run_etcd=1
 cargo_test_args=()
 while [[ $# -gt 0 ]]; do
     case $1 in
         --no-pjdfstest) run_pjdfstest=0; shift ;;
         --no-bench) run_bench=0; shift ;;
+        --no-etcd) run_etcd=0; shift ;;
         --) shift; cargo_test_args=("$@"); break ;;
         -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
         *) echo "test.sh: unknown argument '$1'" >&2; exit 2 ;;
@@ -65,6 +71,22 @@ else
     status[cargo-test]=FAILED
 fi
 
+# The suites that mount through the common fixture, minus the 50 crash
+# rounds (SQLite recovery at mount; too long to run twice).
+etcd_suites=(foundation tools mount_cli smoke lease_open lease_wait lease_expiry lease_state
+    elect spout housekeeping faults_pipeline faults_read faults_repair faults_heartbeat faults_fsck)
+if [[ $run_etcd -eq 1 && ${#cargo_test_args[@]} -eq 0 ]]; then
+    section "the same suites on the etcd backend"
+    args=()
+    for t in "${etcd_suites[@]}"; do args+=(--test "$t"); done
+    if LEASEFS_TEST_META=etcd timeout --kill-after=30 "${CARGO_TEST_TIMEOUT:-1200}" \
+        cargo test --release --no-fail-fast "${args[@]}"; then
+        status[cargo-test-etcd]=ok
+    else
+        status[cargo-test-etcd]=FAILED
+    fi
+fi
+
 if [[ $run_pjdfstest -eq 1 ]]; then
     section "pjdfstest"
     if "$root/tests/pjdfstest.sh"; then
@@ -85,7 +107,7 @@ fi
 
 section "summary ($((SECONDS - started)) s)"
 rc=0
-for step in cargo-test pjdfstest bench; do
+for step in cargo-test cargo-test-etcd pjdfstest bench; do
     [[ -n ${status[$step]:-} ]] || continue
     printf '%-12s %s\n' "$step" "${status[$step]}"
     [[ ${status[$step]} != FAILED ]] || rc=1

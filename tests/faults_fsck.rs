@@ -222,6 +222,10 @@ fn fsck_exits_2_when_it_cannot_run() {
 
 #[test]
 fn fsck_data_is_refused_with_exit_2_while_the_data_directory_is_mounted() {
+    if etcd_backend() {
+        // `fsck --data` reads DATA/meta.db: the SQLite backend only.
+        return;
+    }
     let m = mount();
     file(&m, "a", 1000, 3);
     let f = fsck(&["--data", &m.data.display().to_string()]);
@@ -236,6 +240,10 @@ fn fsck_data_is_refused_with_exit_2_while_the_data_directory_is_mounted() {
 
 #[test]
 fn fsck_data_checks_and_repairs_an_unmounted_data_directory_offline() {
+    if etcd_backend() {
+        // `fsck --data` reads DATA/meta.db: the SQLite backend only.
+        return;
+    }
     let mut m = mount();
     let (src, b) = file(&m, "a", 200_000, 4);
     m.unmount();
@@ -285,6 +293,10 @@ fn fsck_lists_files_open_for_writing_and_a_file_left_open_by_a_dead_daemon() {
     assert!(text.stdout.contains("/w.log: OPENFORWRITE"), "{text:?}");
 
     // The daemon dies with the file open: offline, it is left open.
+    if etcd_backend() {
+        // `fsck --data` reads DATA/meta.db: the SQLite backend only.
+        return;
+    }
     m.crash();
     drop(a);
     let data = m.data.display().to_string();
@@ -306,6 +318,10 @@ fn fsck_lists_files_open_for_writing_and_a_file_left_open_by_a_dead_daemon() {
 
 #[test]
 fn fsck_shows_a_progress_bar_on_a_terminal_only() {
+    if etcd_backend() {
+        // `fsck --data` reads DATA/meta.db: the SQLite backend only.
+        return;
+    }
     let mut m = Mount::with(Opts {
         datanodes: 2,
         replication: Some(2),

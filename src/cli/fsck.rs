@@ -65,6 +65,12 @@ fn online(m: &Path, repair: bool) -> Result<Report, String> {
 fn offline(data: &Path, repair: bool) -> Result<Report, String> {
     let db = data.join("meta.db");
     if !db.exists() {
+        if data.join("instance").exists() {
+            return Err(format!(
+                "{} is the data directory of a daemon over etcd; run fsck on a mountpoint of that filesystem",
+                data.display()
+            ));
+        }
         return Err(format!("{} holds no leasefs metadata", data.display()));
     }
     let _lock = crate::fs::daemon::lock_data_dir(data)

@@ -22,7 +22,7 @@ use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpR
 use super::Etcd;
 use crate::lease::cluster::{Claim, ClaimInfo, Cluster, EPOCH_SEQ_BITS};
 use crate::lease::{EpochSource, FileId, HandleId};
-use crate::sync::{Arc, Mutex, lock};
+use crate::sync::{Arc, Condvar, Mutex, lock};
 
 struct Held {
     lease_id: i64,
@@ -37,6 +37,9 @@ pub struct EtcdLeases {
     mount_id: String,
     ttl: Duration,
     claims: Mutex<HashMap<FileId, Held>>,
+    /// Files whose claim or release is in flight to etcd.
+    moving: Mutex<HashSet<FileId>>,
+    moved: Condvar,
     /// Grants per file under its current claim, for [`ClaimEpochs`].
     seqs: Arc<Mutex<HashMap<FileId, (u64, u64)>>>,
     /// The etcd lease of this daemon's liveness key `mounts/<id>`.
@@ -91,6 +94,8 @@ impl EtcdLeases {
             mount_id,
             ttl: Duration::from_secs(secs as u64),
             claims: Mutex::new(HashMap::new()),
+            moving: Mutex::new(HashSet::new()),
+            moved: Condvar::new(),
             seqs: Arc::new(Mutex::new(HashMap::new())),
             mount_lease: id,
         }))
@@ -267,15 +272,14 @@ impl EtcdLeases {
     }
 }
 
-impl Cluster for EtcdLeases {
-    fn claim(&self, file: FileId, handle: HandleId, who: &ClaimInfo) -> Result<Claim, String> {
-        // One claim at a time per daemon keeps the bookkeeping simple; a
-        // claim is one or two round trips to etcd.
-        let mut claims = lock(&self.claims);
-        if let Some(h) = claims.get_mut(&file) {
-            h.handles.insert(handle);
-            return Ok(Claim::Mine { epoch_base: h.base });
-        }
+impl EtcdLeases {
+    /// Claims `file` in etcd (the caller has marked it moving).
+    fn claim_in_etcd(
+        &self,
+        file: FileId,
+        handle: HandleId,
+        who: &ClaimInfo,
+    ) -> Result<Claim, String> {
         if let Some(other) = self.read_claim(file) {
             self.want(file);
             return Ok(Claim::Busy(other));
@@ -325,7 +329,7 @@ impl Cluster for EtcdLeases {
         }
         let base = r.header().map(|h| h.revision()).unwrap_or(0).max(1) as u64;
         lock(&self.seqs).insert(file, (base, 0));
-        claims.insert(
+        lock(&self.claims).insert(
             file,
             Held {
                 lease_id,
@@ -338,23 +342,56 @@ impl Cluster for EtcdLeases {
         self.unwant(file);
         Ok(Claim::Mine { epoch_base: base })
     }
+}
+
+impl Cluster for EtcdLeases {
+    fn claim(&self, file: FileId, handle: HandleId, who: &ClaimInfo) -> Result<Claim, String> {
+        // Claims of different files go to etcd in parallel; one file's
+        // claim or release is in flight at most once (`moving`), and the
+        // lock order is `moving`, then `claims`.
+        let mut moving = lock(&self.moving);
+        loop {
+            if let Some(h) = lock(&self.claims).get_mut(&file) {
+                h.handles.insert(handle);
+                return Ok(Claim::Mine { epoch_base: h.base });
+            }
+            if !moving.contains(&file) {
+                break;
+            }
+            moving = self.moved.wait(moving).unwrap_or_else(|e| e.into_inner());
+        }
+        moving.insert(file);
+        drop(moving);
+        let r = self.claim_in_etcd(file, handle, who);
+        lock(&self.moving).remove(&file);
+        self.moved.notify_all();
+        r
+    }
 
     fn unclaim(&self, file: FileId, handle: HandleId) {
-        // The key is deleted before the lock is let go: a claim of this
-        // daemon right after (close, then reopen) must not find it.
-        let mut claims = lock(&self.claims);
-        let Some(h) = claims.get_mut(&file) else {
-            return;
+        // The file stays `moving` until its key is deleted: a claim of
+        // this daemon right after (close, then reopen) waits for that
+        // rather than finding the old key and taking it for another's.
+        let mut moving = lock(&self.moving);
+        let gone = {
+            let mut claims = lock(&self.claims);
+            let Some(h) = claims.get_mut(&file) else {
+                return;
+            };
+            h.handles.remove(&handle);
+            if !h.handles.is_empty() {
+                return;
+            }
+            lock(&self.seqs).remove(&file);
+            claims.remove(&file)
         };
-        h.handles.remove(&handle);
-        if !h.handles.is_empty() {
-            return;
-        }
-        lock(&self.seqs).remove(&file);
-        if let Some(h) = claims.remove(&file) {
-            self.revoke(h.lease_id);
-            tracing::debug!(file, "cluster claim released");
-        }
+        let Some(h) = gone else { return };
+        moving.insert(file);
+        drop(moving);
+        self.revoke(h.lease_id);
+        tracing::debug!(file, "cluster claim released");
+        lock(&self.moving).remove(&file);
+        self.moved.notify_all();
     }
 
     fn remote_holder(&self, file: FileId) -> Option<ClaimInfo> {

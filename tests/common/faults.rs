@@ -153,7 +153,33 @@ pub struct Block {
 }
 
 /// Every block of the data directory (read-only; the daemon may run).
+/// On the etcd backend, from etcd: the fixture names the filesystem after
+/// the test's directory, the data directory's parent.
 pub fn all_blocks(data: &Path) -> Vec<Block> {
+    if super::etcd_backend() {
+        use leasefs::meta::Meta;
+        let name = data
+            .parent()
+            .and_then(|p| p.file_name())
+            .map(|n| n.to_string_lossy().into_owned())
+            .expect("test directory name");
+        let etcd = super::etcd::EtcdServer::shared().connect_to(&name);
+        let meta = leasefs::meta::EtcdMeta::open(etcd, 0, 0).expect("open the etcd namespace");
+        return meta
+            .all_blocks()
+            .expect("read blocks from etcd")
+            .into_iter()
+            .map(|b| Block {
+                ino: b.ino,
+                idx: b.idx,
+                id: b.block_id,
+                gs: b.gs,
+                len: b.len,
+                finalized: b.finalized,
+                replicas: b.replicas,
+            })
+            .collect();
+    }
     let db = rusqlite::Connection::open_with_flags(
         data.join("meta.db"),
         rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
