@@ -248,7 +248,7 @@ fn background(spec: &MountSpec, options: &[String]) -> ExitCode {
         .arg("--replication")
         .arg(spec.replication.to_string())
         .arg("--meta")
-        .arg(&a_meta(spec))
+        .arg(a_meta(spec))
         .arg("--prefix")
         .arg(&spec.prefix)
         .arg("-f");

@@ -85,21 +85,41 @@ pub struct ClusterParts {
     pub epochs: Box<dyn EpochSource>,
 }
 
-/// This host's name and a mount-instance id unique across daemons and
-/// restarts (`host:pid:start-ms`).
-pub fn mount_identity() -> (Arc<str>, String) {
-    let host: Arc<str> = nix::unistd::gethostname()
-        .ok()
-        .and_then(|h| h.into_string().ok())
-        .unwrap_or_else(|| "localhost".into())
-        .into();
-    let id = format!(
-        "{}:{}:{}",
-        host,
-        std::process::id(),
-        crate::clock::wall_ms()
-    );
-    (host, id)
+/// Who this daemon is among the daemons of a namespace.
+pub struct Instance {
+    pub host: Arc<str>,
+    /// Unique across daemons and restarts (`host:pid:start-ms`).
+    pub mount_id: String,
+    /// Set when the namespace is shared (etcd).
+    pub cluster: Option<ClusterParts>,
+}
+
+impl Instance {
+    /// This host and a fresh mount id; not (yet) part of a cluster.
+    pub fn new() -> Instance {
+        let host: Arc<str> = nix::unistd::gethostname()
+            .ok()
+            .and_then(|h| h.into_string().ok())
+            .unwrap_or_else(|| "localhost".into())
+            .into();
+        let mount_id = format!(
+            "{}:{}:{}",
+            host,
+            std::process::id(),
+            crate::clock::wall_ms()
+        );
+        Instance {
+            host,
+            mount_id,
+            cluster: None,
+        }
+    }
+}
+
+impl Default for Instance {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 pub struct Core {
@@ -144,10 +164,13 @@ impl Core {
         rt: tokio::runtime::Handle,
         data_dir: PathBuf,
         clock: Arc<dyn Clock>,
-        identity: (Arc<str>, String),
-        cluster: Option<ClusterParts>,
+        instance: Instance,
     ) -> Arc<Core> {
-        let (host, mount_id) = identity;
+        let Instance {
+            host,
+            mount_id,
+            cluster,
+        } = instance;
         let cfg = LeaseConfig {
             soft_limit: opts.soft_limit,
             hard_limit: opts.hard_limit,
@@ -205,11 +228,10 @@ impl Core {
         opts: MountOptions,
         rt: tokio::runtime::Handle,
         data_dir: PathBuf,
-        identity: (Arc<str>, String),
-        cluster: Option<ClusterParts>,
+        instance: Instance,
     ) -> Arc<Core> {
         let clock = Arc::new(SystemClock::new());
-        Self::new(meta, dns, opts, rt, data_dir, clock, identity, cluster)
+        Self::new(meta, dns, opts, rt, data_dir, clock, instance)
     }
 
     pub(super) fn handle(&self, fh: u64) -> FsResult<Arc<Handle>> {

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::adapter::Adapter;
-use super::core::{ClusterParts, Core};
+use super::core::{ClusterParts, Core, Instance};
 use crate::config::MountOptions;
 use crate::error::{FsError, FsResult};
 use crate::etcd::Etcd;
@@ -110,7 +110,7 @@ impl Daemon {
             nix::unistd::getuid().as_raw(),
             nix::unistd::getgid().as_raw(),
         );
-        let identity = super::core::mount_identity();
+        let mut instance = Instance::new();
         let (meta, shared): (Arc<dyn Meta>, _) = match &spec.etcd {
             None => (
                 Arc::new(MetaStore::open(&spec.data.join("meta.db"), uid, gid)?),
@@ -119,10 +119,13 @@ impl Daemon {
             Some(eps) => {
                 let etcd = Arc::new(Etcd::connect(eps, &spec.prefix)?);
                 let meta = Arc::new(EtcdMeta::open(etcd.clone(), uid, gid)?);
-                let leases =
-                    EtcdLeases::new(etcd.clone(), identity.1.clone(), spec.opts.soft_limit)
-                        .map_err(FsError::Meta)?;
-                reap_predecessor(&spec.data, &leases, &identity.1)?;
+                let leases = EtcdLeases::new(
+                    etcd.clone(),
+                    instance.mount_id.clone(),
+                    spec.opts.soft_limit,
+                )
+                .map_err(FsError::Meta)?;
+                reap_predecessor(&spec.data, &leases, &instance.mount_id)?;
                 tracing::info!(etcd = %eps.join(","), prefix = %spec.prefix, "namespace and leases in etcd");
                 (meta as Arc<dyn Meta>, Some(Shared { etcd, leases }))
             }
@@ -154,17 +157,17 @@ impl Daemon {
             .enable_time()
             .build()
             .map_err(|e| FsError::Io(format!("cannot start worker pool: {e}")))?;
+        instance.cluster = shared.as_ref().map(|s| ClusterParts {
+            cluster: s.leases.clone(),
+            epochs: Box::new(s.leases.epochs()),
+        });
         let core = Core::with_system_clock(
             meta,
             dns,
             spec.opts.clone(),
             rt.handle().clone(),
             spec.data.clone(),
-            identity,
-            shared.as_ref().map(|s| ClusterParts {
-                cluster: s.leases.clone(),
-                epochs: Box::new(s.leases.epochs()),
-            }),
+            instance,
         );
         let n = core.startup_recovery()?;
         if n > 0 {
