@@ -100,36 +100,50 @@ impl EtcdLeases {
         (self.ttl / 3).max(Duration::from_millis(200))
     }
 
-    fn renew(&self, lease_id: i64) -> bool {
-        self.etcd.keep_alive_once(lease_id, self.period())
-    }
-
     /// One round of keep-alives (run every [`EtcdLeases::period`]). Claims
     /// whose local lease stopped being renewed are left to run out; claims
     /// not acknowledged for 2/3 of the TTL are dropped and passed to
-    /// `on_lost`. Returns false when this daemon's own liveness lease is
-    /// gone (it must stop writing).
-    pub fn keep_alive(&self, leases: &LeaseManager, on_lost: &dyn Fn(FileId)) -> bool {
+    /// `on_lost`. The keep-alives of a round run at once, each bounded by
+    /// its claim's deadline, and lost claims are revoked in the background:
+    /// an unreachable etcd makes no claim wait for another's timeout.
+    pub fn keep_alive(&self, leases: &LeaseManager, on_lost: &dyn Fn(FileId)) -> Round {
         let soft_ms = leases.config().soft_limit.as_millis() as u64;
-        let ids: Vec<(FileId, i64)> = lock(&self.claims)
+        let limit = self.ttl * 2 / 3;
+        let sent = Instant::now();
+        let held: Vec<(FileId, i64, Instant)> = lock(&self.claims)
             .iter()
-            .map(|(f, h)| (*f, h.lease_id))
+            .map(|(f, h)| (*f, h.lease_id, h.last_ok + limit))
             .collect();
-        for (file, lease_id) in ids {
+        let mut pending = Vec::with_capacity(held.len());
+        for (file, lease_id, deadline) in held {
             let info = leases.info(file);
             let stale = info.state == LeaseState::Held
                 && info.mode == Some(RenewalMode::Client)
                 && info.renewed_ms_ago.is_some_and(|ms| ms >= soft_ms);
-            if !stale && self.renew(lease_id) {
-                if let Some(h) = lock(&self.claims).get_mut(&file) {
-                    h.last_ok = Instant::now();
+            let left = deadline.saturating_duration_since(sent).min(self.period());
+            let task =
+                (!stale && !left.is_zero()).then(|| self.etcd.keep_alive_task(lease_id, left));
+            pending.push((deadline, file, lease_id, task));
+        }
+        let mount = self.etcd.keep_alive_task(self.mount_lease, self.period());
+        // Earliest deadline first: each answer is in by its own deadline.
+        pending.sort_by_key(|p| p.0);
+        let mut next_deadline: Option<Instant> = None;
+        for (deadline, file, lease_id, task) in pending {
+            if task.and_then(|t| self.etcd.wait(t)).unwrap_or(false) {
+                // etcd restarted the TTL after `sent`: counting from then
+                // errs on the safe side.
+                if let Some(h) = lock(&self.claims).get_mut(&file)
+                    && h.lease_id == lease_id
+                {
+                    h.last_ok = h.last_ok.max(sent);
                 }
                 continue;
             }
             let lost = {
                 let mut claims = lock(&self.claims);
                 match claims.get(&file) {
-                    Some(h) if h.last_ok.elapsed() >= self.ttl * 2 / 3 => {
+                    Some(h) if h.lease_id == lease_id && h.last_ok.elapsed() >= limit => {
                         claims.remove(&file);
                         lock(&self.seqs).remove(&file);
                         true
@@ -143,10 +157,15 @@ impl EtcdLeases {
                     "cluster claim not renewed in time; giving the file up"
                 );
                 on_lost(file);
-                self.revoke(lease_id);
+                self.etcd.revoke_later(lease_id);
+            } else {
+                next_deadline = Some(next_deadline.map_or(deadline, |d| d.min(deadline)));
             }
         }
-        self.renew(self.mount_lease)
+        Round {
+            alive: self.etcd.wait(mount).unwrap_or(false),
+            next_deadline,
+        }
     }
 
     fn revoke(&self, lease_id: i64) {
@@ -299,7 +318,19 @@ impl Cluster for EtcdLeases {
     }
 }
 
-/// Keeps the claims alive until `stop` is set or the manager is dropped.
+/// What a round of [`EtcdLeases::keep_alive`] found.
+pub struct Round {
+    /// This daemon's own liveness lease was renewed (false: it must stop
+    /// writing).
+    pub alive: bool,
+    /// The earliest deadline of a claim this round could not renew: the
+    /// next round must come no later.
+    pub next_deadline: Option<Instant>,
+}
+
+/// Keeps the claims alive until `stop` is set or the manager is dropped:
+/// a round every keep-alive period (counted from the start of the last
+/// one), or sooner when an unrenewed claim's deadline comes first.
 pub fn keep_alive_loop(
     leases: Arc<EtcdLeases>,
     manager: Weak<LeaseManager>,
@@ -309,10 +340,15 @@ pub fn keep_alive_loop(
     let period = leases.period();
     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
         let Some(m) = manager.upgrade() else { return };
-        if !leases.keep_alive(&m, &*on_lost) {
+        let started = Instant::now();
+        let round = leases.keep_alive(&m, &*on_lost);
+        if !round.alive {
             tracing::error!("this daemon's liveness key in etcd has expired");
         }
         drop(m);
-        std::thread::sleep(period);
+        let next = round
+            .next_deadline
+            .map_or(started + period, |d| d.min(started + period));
+        std::thread::sleep(next.saturating_duration_since(Instant::now()));
     }
 }
