@@ -559,6 +559,14 @@ impl Filesystem for Adapter {
                 c,
             ) {
                 Ok(a) => a,
+                // Another daemon sharing the namespace created the name
+                // since the lookup: without O_EXCL, open(O_CREAT) opens it.
+                Err(FsError::Exists) if flags & libc::O_EXCL == 0 => {
+                    match core.lookup(parent.0, name.as_bytes()) {
+                        Ok(a) => a,
+                        Err(e) => return reply.error(errno(&e)),
+                    }
+                }
                 Err(e) => return reply.error(errno(&e)),
             },
             Err(e) => return reply.error(errno(&e)),
