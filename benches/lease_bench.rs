@@ -20,7 +20,7 @@ const TICKS: usize = 2_001;
 struct Counter(u64);
 
 impl EpochSource for Counter {
-    fn next(&mut self) -> u64 {
+    fn next(&mut self, _file: u64) -> u64 {
         self.0 += 1;
         self.0
     }
