@@ -112,39 +112,47 @@ impl EtcdLeases {
         (self.ttl / 3).max(Duration::from_millis(200))
     }
 
-    fn renew(&self, lease_id: i64) -> bool {
-        self.etcd.keep_alive_once(lease_id, self.period())
-    }
-
     /// One round of keep-alives (run every [`EtcdLeases::period`]): every
     /// claim is renewed; claims not acknowledged for 2/3 of the TTL are
-    /// dropped and passed to `on_lost`; claimed files a writer elsewhere
-    /// wants are passed to `preempt`. Returns false when this daemon's own
-    /// liveness lease is gone.
-    pub fn keep_alive(&self, preempt: &dyn Fn(FileId), on_lost: &dyn Fn(FileId)) -> bool {
-        let ids: Vec<(FileId, i64)> = lock(&self.claims)
+    /// dropped and passed to `on_lost`; renewed claims of files a writer
+    /// elsewhere wants are passed to `preempt`. The keep-alives of a round
+    /// run at once, each bounded by its claim's deadline, and lost claims
+    /// are revoked in the background: an unreachable etcd makes no claim
+    /// wait for another's timeout.
+    pub fn keep_alive(&self, preempt: &dyn Fn(FileId), on_lost: &dyn Fn(FileId)) -> Round {
+        let limit = self.ttl * 2 / 3;
+        let sent = Instant::now();
+        let held: Vec<(FileId, i64, Instant)> = lock(&self.claims)
             .iter()
-            .map(|(f, h)| (*f, h.lease_id))
+            .map(|(f, h)| (*f, h.lease_id, h.last_ok + limit))
             .collect();
-        let wanted = if ids.is_empty() {
-            HashSet::new()
-        } else {
-            self.wanted()
-        };
-        for (file, lease_id) in ids {
-            if self.renew(lease_id) {
-                if let Some(h) = lock(&self.claims).get_mut(&file) {
-                    h.last_ok = Instant::now();
+        let mut pending = Vec::with_capacity(held.len());
+        for (file, lease_id, deadline) in held {
+            let left = deadline.saturating_duration_since(sent).min(self.period());
+            let task = (!left.is_zero()).then(|| self.etcd.keep_alive_task(lease_id, left));
+            pending.push((deadline, file, lease_id, task));
+        }
+        let mount = self.etcd.keep_alive_task(self.mount_lease, self.period());
+        // Earliest deadline first: each answer is in by its own deadline.
+        pending.sort_by_key(|p| p.0);
+        let mut next_deadline: Option<Instant> = None;
+        let mut renewed = Vec::new();
+        for (deadline, file, lease_id, task) in pending {
+            if task.and_then(|t| self.etcd.wait(t)).unwrap_or(false) {
+                // etcd restarted the TTL after `sent`: counting from then
+                // errs on the safe side.
+                if let Some(h) = lock(&self.claims).get_mut(&file)
+                    && h.lease_id == lease_id
+                {
+                    h.last_ok = h.last_ok.max(sent);
                 }
-                if wanted.contains(&file) {
-                    preempt(file);
-                }
+                renewed.push(file);
                 continue;
             }
             let lost = {
                 let mut claims = lock(&self.claims);
                 match claims.get(&file) {
-                    Some(h) if h.last_ok.elapsed() >= self.ttl * 2 / 3 => {
+                    Some(h) if h.lease_id == lease_id && h.last_ok.elapsed() >= limit => {
                         claims.remove(&file);
                         lock(&self.seqs).remove(&file);
                         true
@@ -158,16 +166,29 @@ impl EtcdLeases {
                     "cluster claim not renewed in time; giving the file up"
                 );
                 on_lost(file);
-                self.revoke(lease_id);
+                self.etcd.revoke_later(lease_id);
+            } else {
+                next_deadline = Some(next_deadline.map_or(deadline, |d| d.min(deadline)));
             }
         }
-        self.renew(self.mount_lease)
+        let alive = self.etcd.wait(mount).unwrap_or(false);
+        // Fencing first; only then the (bounded) look at wanted files.
+        if !renewed.is_empty() {
+            let wanted = self.wanted();
+            for f in renewed.into_iter().filter(|f| wanted.contains(f)) {
+                preempt(f);
+            }
+        }
+        Round {
+            alive,
+            next_deadline,
+        }
     }
 
     /// Files a writer on another daemon was refused and still wants.
     fn wanted(&self) -> HashSet<FileId> {
         let prefix = self.etcd.key("want/");
-        let r = self.etcd.run(|mut c| async move {
+        let r = self.etcd.run_within(self.period(), |mut c| async move {
             c.get(
                 prefix,
                 Some(GetOptions::new().with_prefix().with_keys_only()),
@@ -434,7 +455,19 @@ impl Cluster for EtcdLeases {
     }
 }
 
-/// Keeps the claims alive until `stop` is set.
+/// What a round of [`EtcdLeases::keep_alive`] found.
+pub struct Round {
+    /// This daemon's own liveness lease was renewed (false: it must stop
+    /// writing).
+    pub alive: bool,
+    /// The earliest deadline of a claim this round could not renew: the
+    /// next round must come no later.
+    pub next_deadline: Option<Instant>,
+}
+
+/// Keeps the claims alive until `stop` is set: a round every keep-alive
+/// period (counted from the start of the last one), or sooner when an
+/// unrenewed claim's deadline comes first.
 pub fn keep_alive_loop(
     leases: Arc<EtcdLeases>,
     preempt: Box<dyn Fn(FileId) + Send>,
@@ -443,9 +476,14 @@ pub fn keep_alive_loop(
 ) {
     let period = leases.period();
     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-        if !leases.keep_alive(&*preempt, &*on_lost) {
+        let started = Instant::now();
+        let round = leases.keep_alive(&*preempt, &*on_lost);
+        if !round.alive {
             tracing::error!("this daemon's liveness key in etcd has expired");
         }
-        std::thread::sleep(period);
+        let next = round
+            .next_deadline
+            .map_or(started + period, |d| d.min(started + period));
+        std::thread::sleep(next.saturating_duration_since(Instant::now()));
     }
 }

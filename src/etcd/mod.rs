@@ -112,14 +112,21 @@ impl Etcd {
     /// One keep-alive of etcd lease `id`; false when etcd did not confirm
     /// it within `limit` (unreachable, or the lease already expired).
     pub fn keep_alive_once(&self, id: i64, limit: Duration) -> bool {
-        self.run_within(limit, |mut c| async move {
-            let (mut k, mut s) = c.lease_keep_alive(id).await?;
-            k.keep_alive().await?;
-            Ok(s.message().await?.map(|r| r.ttl() > 0))
+        self.wait(self.keep_alive_task(id, limit)).unwrap_or(false)
+    }
+
+    /// [`Etcd::keep_alive_once`] started in the background, so that several
+    /// keep-alives run at once; its answer is there within `limit`.
+    pub fn keep_alive_task(&self, id: i64, limit: Duration) -> tokio::task::JoinHandle<bool> {
+        let mut c = self.client.clone();
+        self.spawn(async move {
+            let once = async move {
+                let (mut k, mut s) = c.lease_keep_alive(id).await?;
+                k.keep_alive().await?;
+                Ok::<_, etcd_client::Error>(s.message().await?.map(|r| r.ttl() > 0))
+            };
+            matches!(tokio::time::timeout(limit, once).await, Ok(Ok(Some(true))))
         })
-        .ok()
-        .flatten()
-        .unwrap_or(false)
     }
 
     /// A new etcd lease of `ttl_secs`; returns its id.
@@ -134,6 +141,19 @@ impl Etcd {
         if let Err(e) = self.run(|mut c| async move { c.lease_revoke(id).await }) {
             tracing::debug!(id, "etcd lease revoke: {e}");
         }
+    }
+
+    /// [`Etcd::revoke`] in the background: the caller does not wait for an
+    /// etcd that may be unreachable.
+    pub fn revoke_later(&self, id: i64) {
+        let mut c = self.client.clone();
+        self.spawn(async move {
+            match tokio::time::timeout(REQUEST_TIMEOUT, c.lease_revoke(id)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => tracing::debug!(id, "etcd lease revoke: {e}"),
+                Err(_) => tracing::debug!(id, "etcd lease revoke timed out"),
+            }
+        });
     }
 
     pub fn client(&self) -> Client {

@@ -624,6 +624,14 @@ fn create(
             c,
         ) {
             Ok(a) => a,
+            // Another daemon sharing the namespace created the name since
+            // the lookup: without O_EXCL, open(O_CREAT) opens it.
+            Err(FsError::Exists) if flags & libc::O_EXCL == 0 => {
+                match core.lookup(parent.0, name) {
+                    Ok(a) => a,
+                    Err(e) => return reply.error(errno(&e)),
+                }
+            }
             Err(e) => return reply.error(errno(&e)),
         },
         Err(e) => return reply.error(errno(&e)),

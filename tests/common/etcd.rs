@@ -132,6 +132,12 @@ impl EtcdServer {
         Arc::new(Etcd::connect(&[self.endpoint()], name).expect("cannot connect to the test etcd"))
     }
 
+    /// The etcd process's pid: a test may SIGSTOP it to cut every daemon
+    /// off (and must SIGCONT it again, whatever happens).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default()
     }
