@@ -1348,6 +1348,15 @@ fn partitioned_daemon_fences_its_writers_before_their_claims_can_expire() {
     std::thread::sleep((TTL + Duration::from_millis(500)).saturating_sub(t0.elapsed()));
     drop(frozen);
     let stopped_for = t0.elapsed();
+    // A's liveness key ran out with the partition: A registers again, so
+    // nobody takes A for a dead daemon.
+    assert!(
+        wait_until(Duration::from_secs(10), || a
+            .log()
+            .contains("registered this daemon in etcd again")),
+        "A did not register again after the partition\n{}",
+        a.log()
+    );
 
     // etcd is back: B gets each file (A gave its claims up; B recovers the
     // files A left under construction) and writes.

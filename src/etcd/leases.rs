@@ -22,6 +22,8 @@ use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpR
 use super::Etcd;
 use crate::lease::cluster::{Claim, ClaimInfo, Cluster, EPOCH_SEQ_BITS};
 use crate::lease::{EpochSource, FileId, HandleId};
+use std::sync::atomic::{AtomicI64, Ordering};
+
 use crate::sync::{Arc, Condvar, Mutex, lock};
 
 struct Held {
@@ -43,7 +45,7 @@ pub struct EtcdLeases {
     /// Grants per file under its current claim, for [`ClaimEpochs`].
     seqs: Arc<Mutex<HashMap<FileId, (u64, u64)>>>,
     /// The etcd lease of this daemon's liveness key `mounts/<id>`.
-    mount_lease: i64,
+    mount_lease: AtomicI64,
 }
 
 /// Epochs `base << 24 | n` for the n-th grant under a file's claim.
@@ -81,14 +83,7 @@ impl EtcdLeases {
     /// to an etcd lease of `ttl`, kept alive by [`EtcdLeases::keep_alive`]).
     pub fn new(etcd: Arc<Etcd>, mount_id: String, ttl: Duration) -> Result<Arc<Self>, String> {
         let secs = ttl.as_secs().max(2) as i64;
-        let id = etcd.grant(secs).map_err(|e| e.to_string())?;
-        let key = etcd.key(&mount_key(&mount_id));
-        let val = id.to_string();
-        etcd.run(|mut c| async move {
-            c.put(key, val, Some(PutOptions::new().with_lease(id)))
-                .await
-        })
-        .map_err(|e| e.to_string())?;
+        let id = register(&etcd, &mount_id, secs)?;
         Ok(Arc::new(EtcdLeases {
             etcd,
             mount_id,
@@ -97,8 +92,22 @@ impl EtcdLeases {
             moving: Mutex::new(HashSet::new()),
             moved: Condvar::new(),
             seqs: Arc::new(Mutex::new(HashMap::new())),
-            mount_lease: id,
+            mount_lease: AtomicI64::new(id),
         }))
+    }
+
+    /// After this daemon's liveness lease ran out (etcd unreachable for a
+    /// TTL), registers it anew, so that other daemons do not take its
+    /// files for those of a dead daemon. Its claims were fenced meanwhile.
+    fn reregister(&self) {
+        match register(&self.etcd, &self.mount_id, self.ttl.as_secs() as i64) {
+            Ok(id) => {
+                let old = self.mount_lease.swap(id, Ordering::Relaxed);
+                self.etcd.revoke_later(old);
+                tracing::warn!("registered this daemon in etcd again");
+            }
+            Err(e) => tracing::error!("cannot register this daemon in etcd again: {e}"),
+        }
     }
 
     pub fn epochs(&self) -> ClaimEpochs {
@@ -132,7 +141,8 @@ impl EtcdLeases {
             let task = (!left.is_zero()).then(|| self.etcd.keep_alive_task(lease_id, left));
             pending.push((deadline, file, lease_id, task));
         }
-        let mount = self.etcd.keep_alive_task(self.mount_lease, self.period());
+        let mount_lease = self.mount_lease.load(Ordering::Relaxed);
+        let mount = self.etcd.keep_alive_task(mount_lease, self.period());
         // Earliest deadline first: each answer is in by its own deadline.
         pending.sort_by_key(|p| p.0);
         let mut next_deadline: Option<Instant> = None;
@@ -172,6 +182,11 @@ impl EtcdLeases {
             }
         }
         let alive = self.etcd.wait(mount).unwrap_or(false);
+        // Only once etcd answers again (every claim renewed): a register
+        // that waits on an unreachable etcd must not delay any fencing.
+        if !alive && next_deadline.is_none() {
+            self.reregister();
+        }
         // Fencing first; only then the (bounded) look at wanted files.
         if !renewed.is_empty() {
             let wanted = self.wanted();
@@ -212,7 +227,10 @@ impl EtcdLeases {
     /// goes, or gets the file).
     fn want(&self, file: FileId) {
         let key = self.etcd.key(&want_key(file));
-        let (val, lease) = (self.mount_id.clone(), self.mount_lease);
+        let (val, lease) = (
+            self.mount_id.clone(),
+            self.mount_lease.load(Ordering::Relaxed),
+        );
         let r = self.etcd.run(|mut c| async move {
             c.put(key, val, Some(PutOptions::new().with_lease(lease)))
                 .await
@@ -245,7 +263,7 @@ impl EtcdLeases {
         for id in all {
             self.revoke(id);
         }
-        self.revoke(self.mount_lease);
+        self.revoke(self.mount_lease.load(Ordering::Relaxed));
     }
 
     /// Ends what daemon instance `mount_id` left behind: its liveness key
@@ -463,6 +481,20 @@ pub struct Round {
     /// The earliest deadline of a claim this round could not renew: the
     /// next round must come no later.
     pub next_deadline: Option<Instant>,
+}
+
+/// Puts `mounts/<mount_id>` under a new etcd lease of `secs`; returns the
+/// lease (its id is the key's value, for a successor to end it).
+fn register(etcd: &Etcd, mount_id: &str, secs: i64) -> Result<i64, String> {
+    let id = etcd.grant(secs).map_err(|e| e.to_string())?;
+    let key = etcd.key(&mount_key(mount_id));
+    let val = id.to_string();
+    etcd.run(|mut c| async move {
+        c.put(key, val, Some(PutOptions::new().with_lease(id)))
+            .await
+    })
+    .map_err(|e| e.to_string())?;
+    Ok(id)
 }
 
 /// Keeps the claims alive until `stop` is set: a round every keep-alive
