@@ -52,6 +52,12 @@ fn one_writer_across_daemons() {
     assert!(wait_until(Duration::from_secs(3), || b.path("f").exists()));
     let r = wb.cmd("open f wa");
     assert_eq!(errno(&r), "EBUSY", "second writer on another daemon: {r}");
+    // B shows the lease A holds, and which daemon holds it.
+    let l = b.lease("f");
+    assert_eq!(l["state"], "held", "{l}");
+    assert_eq!(l["holder"], format!("{}:{}", hostname(), wa.pid), "{l}");
+    assert!(l["daemon"].as_str().is_some_and(|d| !d.is_empty()), "{l}");
+    assert_eq!(a.lease("f")["state"], "held");
     wa.ok("close");
     // A's claim goes with its last handle: B gets the file at once.
     assert!(

@@ -171,9 +171,23 @@ impl Core {
             XATTR_LEASE => {
                 let mut info = self.leases.info(ino);
                 info.epoch = self.last_epoch(ino)?;
+                let free = info.state == crate::lease::LeaseState::Free;
                 let mut v = serde_json::to_value(&info).map_err(|e| FsError::Io(e.to_string()))?;
+                // Free here, but maybe held on another daemon of the
+                // namespace: shown with the daemon that holds it.
+                let remote = match &self.cluster {
+                    Some(cl) if free => cl.remote_holder(ino),
+                    _ => None,
+                };
                 if let Some(o) = v.as_object_mut() {
                     o.remove("file");
+                    if let Some(c) = remote {
+                        o.insert("state".into(), "held".into());
+                        o.insert("holder".into(), format!("{}:{}", c.host, c.pid).into());
+                        o.insert("comm".into(), c.comm.into());
+                        o.insert("opened_wall_ms".into(), c.since_ms.into());
+                        o.insert("daemon".into(), c.mount_id.into());
+                    }
                 }
                 Ok(v.to_string().into_bytes())
             }
