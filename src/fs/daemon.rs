@@ -205,9 +205,9 @@ impl Daemon {
             }
         };
         let notifier = session.notifier();
-        self.core.set_invalidator(Arc::new(move |ino| {
+        self.core.set_invalidator(Arc::new(move |ino, offset, len| {
             // ENOENT: the kernel holds nothing of this inode; fine.
-            let _ = notifier.inval_inode(fuser::INodeNo(ino), 0, 0);
+            let _ = notifier.inval_inode(fuser::INodeNo(ino), offset, len);
         }));
         install_signal_unmount(session.unmount_callable());
         ready(Ok(()));

@@ -3,6 +3,7 @@
 
 pub mod adapter;
 pub mod attr;
+pub mod cache;
 pub mod control;
 pub mod core;
 pub mod daemon;
