@@ -4,6 +4,9 @@
 //! by a smaller run does not hide the cost of a larger one.
 //!
 //! `cargo bench --bench lease_bench` (a plain `main`, no harness).
+//! `-- --sizes 1000,1000000` picks the sizes; `-- --tsv` prints one
+//! tab-separated line per size (leases, acquire/s, renew/s, idle tick ns,
+//! release/s, bytes/lease) for `benches/run.sh`.
 
 use std::process::Command;
 use std::sync::Arc;
@@ -28,26 +31,38 @@ impl EpochSource for Counter {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    let tsv = args.iter().any(|a| a == "--tsv");
     if let Some(i) = args.iter().position(|a| a == "--child") {
         let n = args[i + 1].parse().expect("--child N");
-        run(n);
+        run(n, tsv);
         return;
     }
-    println!(
-        "{:>9} {:>14} {:>14} {:>14} {:>14} {:>13}",
-        "leases", "acquire/s", "renew/s", "idle tick", "release/s", "bytes/lease"
-    );
+    let sizes: Vec<u64> = match args.iter().position(|a| a == "--sizes") {
+        Some(i) => args[i + 1]
+            .split(',')
+            .map(|s| s.parse().expect("--sizes N,N,..."))
+            .collect(),
+        None => SIZES.to_vec(),
+    };
+    if !tsv {
+        println!(
+            "{:>9} {:>14} {:>14} {:>14} {:>14} {:>13}",
+            "leases", "acquire/s", "renew/s", "idle tick", "release/s", "bytes/lease"
+        );
+    }
     let exe = std::env::current_exe().expect("own executable");
-    for n in SIZES {
-        let status = Command::new(&exe)
-            .args(["--child", &n.to_string()])
-            .status()
-            .expect("run child");
+    for n in sizes {
+        let mut cmd = Command::new(&exe);
+        cmd.args(["--child", &n.to_string()]);
+        if tsv {
+            cmd.arg("--tsv");
+        }
+        let status = cmd.status().expect("run child");
         assert!(status.success(), "run with {n} leases failed");
     }
 }
 
-fn run(n: u64) {
+fn run(n: u64, tsv: bool) {
     let host: Arc<str> = "bench-host".into();
     let mgr = LeaseManager::new(
         LeaseConfig::default(),
@@ -107,6 +122,16 @@ fn run(n: u64) {
     assert!(mgr.is_empty());
 
     let per_lease = rss_daemon.max(rss_client).saturating_sub(rss_before) / n;
+    if tsv {
+        println!(
+            "{n}\t{}\t{}\t{}\t{}\t{per_lease}",
+            rate(n, acquire),
+            rate(n, renew),
+            ticks[TICKS / 2].as_nanos(),
+            rate(n, release),
+        );
+        return;
+    }
     println!(
         "{:>9} {:>14} {:>14} {:>11} ns {:>14} {:>13}",
         n,

@@ -5,13 +5,17 @@
 #   benches/run.sh                # full: 1 GiB, 10,000 files, 2000 fsyncs, 3 runs
 #   benches/run.sh --quick        # CI: 64 MiB, 1000 files, 200 fsyncs, 1 run
 #   benches/run.sh --runs 5 --targets native,leasefs-r1
+#   benches/run.sh --no-extra     # without the lease-manager and memory rows
 #
 # Targets: native, fuse-ceiling (../shared/tools/fuse-ceiling, `file` mode),
 # bindfs (-o big_writes), leasefs-r1 (one datanode), leasefs-r3 (three datanodes).
 # A target that cannot be set up or mounted shows n/a; the script carries on.
-# Prints one table (medians of the runs) and keeps raw figures, fio JSON and
-# logs in target/bench/<time>/. Benchmarks are reports, not tests: exit status
-# is 0 unless the script itself is misused.
+# After the runs, once: the lease manager at 10^3..10^6 leases (cargo bench
+# --bench lease_bench) and daemon memory with 100 writers (writers_memory.sh).
+# Prints one table with every figure of issue 7 (medians of the runs, the
+# goal and whether it is met) and keeps raw figures, fio JSON and logs in
+# target/bench/<time>/. Benchmarks are reports, not tests: exit status is 0
+# unless the script itself is misused.
 #
 # Environment: LEASEFS_BIN (default target/release/leasefs), BENCH_DIR (parent
 # of the scratch directory, default /var/tmp: must be a real disk, not tmpfs),
@@ -24,12 +28,14 @@ usage() {
 
 runs=
 quick=0
+extra=1
 targets_arg=native,fuse-ceiling,bindfs,leasefs-r1,leasefs-r3
 while [[ $# -gt 0 ]]; do
     case $1 in
         --runs) runs=${2:?--runs needs a number}; shift 2 ;;
         --runs=*) runs=${1#--runs=}; shift ;;
         --quick) quick=1; shift ;;
+        --no-extra) extra=0; shift ;;
         --targets) targets_arg=${2:?--targets needs a list}; shift 2 ;;
         --targets=*) targets_arg=${1#--targets=}; shift ;;
         -h | --help) usage; exit 0 ;;
@@ -48,6 +54,7 @@ else
     runs=${runs:-3}
     seq_mib=1024; nfiles=10000; nfsync=2000; nopen=2000
 fi
+nwriters=100
 
 IFS=, read -r -a targets <<<"$targets_arg"
 for t in "${targets[@]}"; do
@@ -420,6 +427,54 @@ PY
     rm -f "$f"
 }
 
+# Figures of leasefs alone, measured once after the runs: the lease
+# manager at scale, and daemon memory with many concurrent writers.
+fig_lease() {
+    local sizes=1000,1000000 n acq renew tick rel bytes
+    [[ $quick -eq 1 ]] || sizes=1000,100000,1000000
+    if ! command -v cargo >/dev/null 2>&1; then
+        note "lease manager: cargo not found: n/a"
+        return
+    fi
+    log "lease manager: $sizes leases (cargo bench --bench lease_bench)"
+    if (cd "$root" && timeout 900 cargo bench -q --bench lease_bench -- --tsv --sizes "$sizes") \
+        >"$out/logs/lease_bench.tsv" 2>"$out/logs/lease_bench.log"; then
+        while IFS=$'\t' read -r n acq renew tick rel bytes; do
+            [[ $n =~ ^[0-9]+$ ]] || continue
+            record 1 lease "lease_acquire_$n" "$acq"
+            record 1 lease "lease_renew_$n" "$renew"
+            record 1 lease "lease_tick_$n" "$tick"
+            record 1 lease "lease_release_$n" "$rel"
+            record 1 lease "lease_bytes_$n" "$bytes"
+        done <"$out/logs/lease_bench.tsv"
+    else
+        note "lease manager: cargo bench failed (see logs/lease_bench.log): n/a"
+    fi
+}
+
+fig_memory() {
+    local secs=5 line kv
+    [[ $quick -eq 1 ]] && secs=3
+    if [[ ! -x $bin ]]; then
+        note "daemon memory: no binary at $bin: n/a"
+        return
+    fi
+    log "daemon memory: $nwriters writers for $secs s (benches/writers_memory.sh)"
+    if LEASEFS_BIN=$bin BENCH_DIR=$work timeout 600 "$here/writers_memory.sh" "$nwriters" "$secs" \
+        >"$out/logs/writers_memory.log" 2>&1 &&
+        line=$(grep '^result ' "$out/logs/writers_memory.log"); then
+        for kv in $line; do
+            case $kv in
+                base_kib=*) record 1 leasefs-r3 mem_base "${kv#*=}" ;;
+                peak_kib=*) record 1 leasefs-r3 mem_peak "${kv#*=}" ;;
+                bound_kib=*) record 1 leasefs-r3 mem_bound "${kv#*=}" ;;
+            esac
+        done
+    else
+        note "daemon memory: writers_memory.sh failed (see logs/writers_memory.log): n/a"
+    fi
+}
+
 all_figures=(seq_write seq_read_cold seq_read_warm create_4k fsync_p50 fsync_p99 open_w open_r open_ratio)
 
 run_target() { # RUN TARGET
@@ -450,7 +505,7 @@ fstype=$(findmnt -rn -T "$work" -o FSTYPE | tail -n1)
     echo "leasefs benchmark $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo "host: $(uname -srm), $(nproc) CPUs, scratch $work ($fstype)"
     echo "leasefs: $bin"
-    echo "mode: $([[ $quick -eq 1 ]] && echo quick || echo full), runs $runs, seq ${seq_mib} MiB, $nfiles files, $nfsync fsyncs, $nopen opens"
+    echo "mode: $([[ $quick -eq 1 ]] && echo quick || echo full), runs $runs, seq ${seq_mib} MiB, $nfiles files, $nfsync fsyncs, $nopen opens$([[ $extra -eq 1 ]] && echo ", lease manager, $nwriters writers' memory")"
 } | tee "$out/header.txt" >&2
 [[ $fstype != tmpfs ]] || note "warning: scratch directory is on tmpfs; set BENCH_DIR to a disk"
 
@@ -464,23 +519,16 @@ for ((run = 1; run <= runs; run++)); do
     done
 done
 
-python3 - "$results" "$seq_mib" "$targets_arg" <<'PY' | tee "$out/table.txt"
+if [[ $extra -eq 1 ]]; then
+    fig_lease
+    fig_memory
+fi
+
+python3 - "$results" "$seq_mib" "$nwriters" <<'PY' | tee "$out/table.txt"
 import csv, statistics, sys
-path, seq_mib, targets = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(",")
+path, seq_mib, nwriters = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 size = f"{seq_mib // 1024} GiB" if seq_mib >= 1024 else f"{seq_mib} MiB"
-rows = [
-    ("seq_write", f"seq write {size} 1M+fsync MB/s", "higher"),
-    ("seq_read_cold", "seq read cold MB/s", "higher"),
-    ("seq_read_warm", "seq read warm MB/s", "higher"),
-    ("create_4k", "create+4K write+close files/s", "higher"),
-    ("fsync_p50", "4K append+fsync p50 us", "lower"),
-    ("fsync_p99", "4K append+fsync p99 us", "lower"),
-    ("open_w", "open(O_WRONLY)+close us", "lower"),
-    ("open_r", "open(O_RDONLY)+close us", "lower"),
-    ("open_ratio", "open write/read ratio", "lower"),
-]
-cols = [("native", "native"), ("fuse-ceiling", "fuse-ceil"), ("bindfs", "bindfs"),
-        ("leasefs-r1", "lfs R=1"), ("leasefs-r3", "lfs R=3")]
+NAT, FC, BF, R1, R3 = "native", "fuse-ceiling", "bindfs", "leasefs-r1", "leasefs-r3"
 vals = {}
 for run, target, fig, v in csv.reader(open(path), delimiter="\t"):
     if v not in ("", "NA"):
@@ -490,6 +538,61 @@ for run, target, fig, v in csv.reader(open(path), delimiter="\t"):
             pass
 med = {k: statistics.median(v) for k, v in vals.items()}
 
+def rel(fig, t, base, k, op):
+    """t's figure against k x base's (base None: against k itself)."""
+    a = med.get((fig, t))
+    b = 1.0 if base is None else med.get((fig, base))
+    if a is None or b is None:
+        return None
+    return a >= k * b if op == ">=" else a <= k * b
+
+def ge(fig, t, base, k):
+    return lambda: rel(fig, t, base, k, ">=")
+
+def le(fig, t, base, k):
+    return lambda: rel(fig, t, base, k, "<=")
+
+def tick_flat():
+    a, b = med.get(("lease_tick_1000000", "lease")), med.get(("lease_tick_1000", "lease"))
+    return None if a is None or b is None else a <= 2 * b
+
+def mem_bounded():
+    a, b = med.get(("mem_peak", R3)), med.get(("mem_bound", R3))
+    return None if a is None or b is None else a <= b
+
+bound = med.get(("mem_bound", R3))
+# (figure, name, better, goal of issue 7, checks, where the value shows)
+rows = [
+    ("seq_write", f"seq write {size} 1M+fsync MB/s", "higher",
+     "R1>=0.9xfc,>=1.3xbindfs; R3>=0.3xfc",
+     [ge("seq_write", R1, FC, 0.9), ge("seq_write", R1, BF, 1.3), ge("seq_write", R3, FC, 0.3)], None),
+    ("seq_read_cold", "seq read cold MB/s", "higher", ">=0.9xfc",
+     [ge("seq_read_cold", R1, FC, 0.9), ge("seq_read_cold", R3, FC, 0.9)], None),
+    ("seq_read_warm", "seq read warm MB/s", "higher", ">=0.9xnative",
+     [ge("seq_read_warm", R1, NAT, 0.9), ge("seq_read_warm", R3, NAT, 0.9)], None),
+    ("create_4k", "create+4K write+close files/s", "higher",
+     "R1>=0.8xfc,>=1.2xbindfs; R3>=1xbindfs",
+     [ge("create_4k", R1, FC, 0.8), ge("create_4k", R1, BF, 1.2), ge("create_4k", R3, BF, 1.0)], None),
+    ("fsync_p50", "4K append+fsync p50 us", "lower", "R3<=1.5xnative",
+     [le("fsync_p50", R3, NAT, 1.5)], None),
+    ("fsync_p99", "4K append+fsync p99 us", "lower", "-", [], None),
+    ("open_w", "open(O_WRONLY)+close us", "lower", "-", [], None),
+    ("open_r", "open(O_RDONLY)+close us", "lower", "-", [], None),
+    ("open_ratio", "open write/read ratio", "lower", "<=1.2",
+     [le("open_ratio", R1, None, 1.2), le("open_ratio", R3, None, 1.2)], None),
+    ("lease_renew_1000000", "lease renew/s, 10^6 leases [1]", "higher", ">=1000000",
+     [ge("lease_renew_1000000", "lease", None, 1e6)], ("lease", R1)),
+    ("lease_tick_1000", "lease idle tick ns, 10^3 leases [1]", "lower", "-", [], ("lease", R1)),
+    ("lease_tick_1000000", "lease idle tick ns, 10^6 leases [1]", "lower", "<=2x the 10^3 tick",
+     [tick_flat], ("lease", R1)),
+    ("lease_bytes_1000000", "lease bytes/lease, 10^6 leases [1]", "lower", "<=256",
+     [le("lease_bytes_1000000", "lease", None, 256)], ("lease", R1)),
+    ("mem_peak", f"daemon RSS peak KiB, {nwriters} writers [2]", "lower",
+     "bounded: <=" + (f"{bound:.0f}" if bound is not None else "bound"),
+     [mem_bounded], (R3, R3)),
+]
+cols = [(NAT, "native"), (FC, "fuse-ceil"), (BF, "bindfs"), (R1, "lfs R=1"), (R3, "lfs R=3")]
+
 def fmt(x):
     if x is None:
         return "n/a"
@@ -498,28 +601,41 @@ def fmt(x):
 def ratio(a, b):
     return None if a is None or b is None or b == 0 else a / b
 
-head = ["figure", "better"] + [c[1] for c in cols] + ["R1/nat", "R1/fc", "R3/nat", "R3/fc"]
+head = ["figure", "better"] + [c[1] for c in cols] + ["R1/nat", "R1/fc", "R3/nat", "R3/fc", "goal (issue 7)", "met"]
 lines = []
-for key, name, better in rows:
-    m = {t: med.get((key, t)) for t, _ in cols}
-    line = [name, better] + [fmt(m[t]) for t, _ in cols]
-    for lt in ("leasefs-r1", "leasefs-r3"):
-        for base in ("native", "fuse-ceiling"):
+for key, name, better, goal, checks, shown in rows:
+    if shown is None:
+        m = {t: med.get((key, t)) for t, _ in cols}
+    else:
+        src, col = shown
+        m = {t: (med.get((key, src)) if t == col else None) for t, _ in cols}
+    line = [name, better] + [fmt(m[t]) if shown is None or t == shown[1] else "-" for t, _ in cols]
+    for lt in (R1, R3):
+        for base in (NAT, FC):
             r = ratio(m[lt], m[base])
             line.append("n/a" if r is None else f"{r:.2f}")
-    lines.append(line)
+    res = [c() for c in checks]
+    known = [r for r in res if r is not None]
+    met = "-" if not checks else "n/a" if not known else "yes" if all(known) else "NO"
+    if known and len(known) < len(res) and met == "yes":
+        met = "yes*"
+    lines.append(line + [goal, met])
 w = [max(len(str(r[i])) for r in [head] + lines) for i in range(len(head))]
 def show(r):
-    return "  ".join(str(c).ljust(w[i]) if i < 2 else str(c).rjust(w[i]) for i, c in enumerate(r))
+    return "  ".join(str(c).ljust(w[i]) if i < 2 or i >= len(head) - 2 else str(c).rjust(w[i]) for i, c in enumerate(r))
 print()
 print(show(head))
 print("  ".join("-" * x for x in w))
 for l in lines:
     print(show(l))
-n = max((len(v) for v in vals.values()), default=0)
+n = max((len(v) for k, v in vals.items() if k[1] in dict(cols)), default=0)
 print()
 print(f"medians of up to {n} run(s); ratios are leasefs / column "
       "(for 'higher' rows > 1 is faster, for 'lower' rows < 1 is faster)")
+print("met: yes/NO against the goal, yes* = met where measured (some columns n/a), n/a = not measured")
+print("[1] the lease manager alone (benches/lease_bench.rs), no mount, one run")
+print("[2] benches/writers_memory.sh: leasefs R=3, each writer appends 1 MiB writes; "
+      "bound = idle RSS + N x (81 x 64 KiB packets + 1 MiB request); one run")
 PY
 if [[ -s $notes ]]; then
     echo

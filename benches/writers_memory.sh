@@ -8,12 +8,15 @@
 # samples the daemon's VmRSS every 100 ms, and prints the idle base, the peak,
 # and the bound the design promises: base + N x (max_packets_in_flight + 1) x
 # packet_size + N x 1 MiB (one blocked request per stream). Report only.
+# The last line, `result writers=N base_kib=B peak_kib=P bound_kib=X`, is
+# what benches/run.sh reads. BENCH_DIR: parent of the scratch directory
+# (default /var/tmp).
 set -euo pipefail
 n=${1:-100}
 secs=${2:-5}
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bin=${LEASEFS_BIN:-$root/target/release/leasefs}
-dir=$(mktemp -d /var/tmp/leasefs-mem.XXXXXX)
+dir=$(mktemp -d "${BENCH_DIR:-/var/tmp}/leasefs-mem.XXXXXX")
 mnt=$dir/mnt
 mkdir -p "$mnt"
 pids=()
@@ -58,3 +61,4 @@ printf 'daemon RSS idle base   %8d KiB\n' "$base"
 printf 'daemon RSS peak        %8d KiB\n' "$peak"
 printf 'bound (base + N x (81 x 64 KiB + 1 MiB)) %8d KiB\n' "$bound"
 printf 'peak per writer above base %d KiB\n' $(((peak - base) / n))
+printf 'result writers=%d base_kib=%d peak_kib=%d bound_kib=%d\n' "$n" "$base" "$peak" "$bound"

@@ -4,7 +4,7 @@
 //! serve the bytes from another one and report the bad one in the log.
 
 mod common;
-use common::faults::pattern;
+use common::faults::{drop_caches, pattern};
 use common::*;
 
 use std::path::{Path, PathBuf};
@@ -149,11 +149,17 @@ fn flip(data: &Path, at: usize) -> Vec<u8> {
     orig
 }
 
-// The replica files are changed under a live mount: every open of a file
-// nobody writes drops the kernel's page cache of it (no FOPEN_KEEP_CACHE),
-// so each read below reaches the daemon, which reads the replicas itself.
-// (A remount would do too, but the mount-time repair may then fix the
-// replica before the read path ever sees it.)
+// The replica files are changed under a live mount: the kernel keeps the
+// pages of a file nobody writes across opens (FOPEN_KEEP_CACHE), so each
+// read below first drops the page cache, and reaches the daemon, which
+// reads the replicas itself. (A remount would do too, but the mount-time
+// repair may then fix the replica before the read path ever sees it.)
+
+/// The whole file, read through the mount with cold caches.
+fn read_cold(m: &Mount, rel: &str) -> Vec<u8> {
+    drop_caches();
+    m.read(rel)
+}
 
 #[test]
 fn a_corrupt_replica_is_skipped_on_read_and_reported() {
@@ -167,7 +173,7 @@ fn a_corrupt_replica_is_skipped_on_read_and_reported() {
         let (data, _) = finalized(dn)[0].clone();
         let orig = flip(&data, 100_000);
         let before = bad_replica_lines(&m.log(), i);
-        let got = m.read("f");
+        let got = read_cold(&m, "f");
         assert_eq!(got.len(), src.len());
         assert!(
             got == src,
@@ -214,7 +220,7 @@ fn a_missing_replica_is_skipped_on_read() {
             .collect();
         let before = bad_replica_lines(&m.log(), i);
         assert!(
-            m.read("f") == src,
+            read_cold(&m, "f") == src,
             "read failed without the replica of datanode {i}"
         );
         if bad_replica_lines(&m.log(), i) > before {
@@ -237,7 +243,10 @@ fn a_missing_replica_is_skipped_on_read() {
             std::fs::remove_file(meta).unwrap();
         }
     }
-    assert!(m.read("f") == src, "read failed with one replica left");
+    assert!(
+        read_cold(&m, "f") == src,
+        "read failed with one replica left"
+    );
     remount(&mut m);
     assert!(
         m.read("f") == src,

@@ -142,6 +142,9 @@ fn open_flags(o: &super::core::Opened) -> FopenFlags {
     if o.direct_io {
         f |= FopenFlags::FOPEN_DIRECT_IO;
     }
+    if o.keep_cache {
+        f |= FopenFlags::FOPEN_KEEP_CACHE;
+    }
     f
 }
 
@@ -156,7 +159,8 @@ impl Filesystem for Adapter {
             | InitFlags::FUSE_HANDLE_KILLPRIV_V2
             | InitFlags::FUSE_BIG_WRITES
             | InitFlags::FUSE_PARALLEL_DIROPS
-            // mmap (running a program from the mount) despite direct I/O.
+            // mmap (running a program from the mount) of files opened
+            // with direct I/O (those being written).
             | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP;
         let _ = config.add_capabilities(want & config.capabilities());
         Ok(())
@@ -171,6 +175,11 @@ impl Filesystem for Adapter {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let name = name.as_bytes().to_vec();
         self.run(move |c| entry(reply, c.lookup(parent.0, &name)))
+    }
+
+    /// The kernel evicted the inode, and its cached pages with it.
+    fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
+        self.core.forget_pages(ino.0)
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {

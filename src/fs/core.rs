@@ -9,6 +9,7 @@ use std::time::Duration;
 use dashmap::DashMap;
 
 use super::attr::Attr;
+use super::cache::{PageCache, ReadMode};
 use super::handles::{Handle, OpenFile};
 use super::proc_info;
 use crate::clock::{Clock, SystemClock};
@@ -33,8 +34,11 @@ pub const IOC_EPOCH: u32 = 0x8008_4C03; // _IOR('L', 3, u64)
 
 pub type Reply<T> = Box<dyn FnOnce(FsResult<T>) + Send>;
 
-/// Tells the kernel to forget an inode's cached data and attributes.
-pub type Invalidator = Arc<dyn Fn(u64) + Send + Sync>;
+/// Tells the kernel to forget an inode's cached attributes and the cached
+/// data of bytes `offset..offset+len` (`len` 0: to the end of the file).
+/// Blocks while the kernel waits for a READ of those pages: never call it
+/// from a request thread.
+pub type Invalidator = Arc<dyn Fn(u64, i64, i64) + Send + Sync>;
 
 /// Who is asking.
 #[derive(Debug, Clone, Copy)]
@@ -48,8 +52,11 @@ pub struct Caller {
 #[derive(Debug, Clone, Copy)]
 pub struct Opened {
     pub fh: u64,
-    /// Serve reads without the page cache (the file is being written).
+    /// Serve reads without the page cache (write opens, and read opens of
+    /// a file that may change: see `cache`).
     pub direct_io: bool,
+    /// Keep the kernel's pages of earlier opens (they match the file).
+    pub keep_cache: bool,
 }
 
 /// Epochs reserved from the metadata store in batches, so each grant does
@@ -145,6 +152,8 @@ pub struct Core {
     /// Drops the kernel's cached pages and attributes of an inode (set by
     /// the daemon once the session exists).
     pub(super) invalidator: std::sync::OnceLock<Invalidator>,
+    /// What the kernel's page cache may hold of each inode (see `cache`).
+    pub(super) page_cache: DashMap<u64, PageCache>,
     /// The thread of each open waiting for a lease (fh -> tid): its
     /// signals decide whether the wait is interrupted.
     pub(super) waiter_tids: DashMap<u64, u32>,
@@ -215,6 +224,7 @@ impl Core {
             next_fh: AtomicU64::new(1),
             fences: DashMap::new(),
             invalidator: std::sync::OnceLock::new(),
+            page_cache: DashMap::new(),
             waiter_tids: DashMap::new(),
             epochs: DashMap::new(),
             pending_closes: Mutex::new(0),
@@ -287,11 +297,20 @@ impl Core {
         }
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         if !write || inode.kind != Kind::File {
+            // A file nobody changes is read through the page cache; one
+            // under construction directly, so that readers never see bytes
+            // not yet acknowledged nor a zero-filled last page (`cache`).
+            let mode = if inode.kind == Kind::File {
+                self.read_mode(ino)
+            } else {
+                ReadMode::Direct
+            };
             let h = Handle {
                 fh,
                 ino,
                 write: false,
                 append: false,
+                cached: mode != ReadMode::Direct,
                 epoch: 0,
                 tgid: 0,
                 pgid: 0,
@@ -299,14 +318,17 @@ impl Core {
                 stream: None,
             };
             self.register(h);
-            // Every read comes to the daemon (direct I/O): the kernel's page
-            // cache would otherwise show readers bytes a writer has written
-            // but not yet had acknowledged (buffered writes), or a stale,
-            // zero-filled last page once the file grows (direct writes).
-            // It also means every read verifies checksums.
-            return reply(Ok(Opened {
-                fh,
-                direct_io: true,
+            return reply(Ok(match mode {
+                ReadMode::Direct => Opened {
+                    fh,
+                    direct_io: true,
+                    keep_cache: false,
+                },
+                ReadMode::Cached { keep } => Opened {
+                    fh,
+                    direct_io: false,
+                    keep_cache: keep,
+                },
             }));
         }
         let who = proc_info::identity(caller.pid);
@@ -430,12 +452,16 @@ impl Core {
         } else {
             inode.block_size
         };
+        // From here until this handle's release the file may change: read
+        // opens go direct and no longer keep earlier pages.
+        self.cache_busy(ino);
         let stream = OutputStream::new(self.ctx.clone(), ino, inode.size, bs, uc);
         let h = Handle {
             fh,
             ino,
             write: true,
             append: flags & libc::O_APPEND != 0,
+            cached: false,
             epoch: grant.epoch,
             tgid: who.tgid,
             pgid: who.pgid,
@@ -447,13 +473,22 @@ impl Core {
         self.register(h);
         self.epochs.insert(ino, grant.epoch);
         tracing::debug!(ino, fh, epoch = grant.epoch, "write lease granted");
-        // No file data in the kernel's page cache (see `open`).
+        // Writers never use the page cache (see `open`).
         let opened = Opened {
             fh,
             direct_io: true,
+            keep_cache: false,
         };
         if flags & libc::O_TRUNC != 0 && inode.size > 0 {
-            stream.truncate(0, Box::new(move |r| reply(r.map(|_| opened))));
+            // The old bytes leave the page cache before the open returns.
+            let me = self.clone();
+            stream.truncate(
+                0,
+                Box::new(move |r| match r {
+                    Ok(()) => me.invalidate_all_then(ino, opened, reply),
+                    Err(e) => reply(Err(e)),
+                }),
+            );
         } else {
             reply(Ok(opened))
         }
@@ -561,7 +596,15 @@ impl Core {
 
     /// Appends through the handle's stream; the reply may wait for acks
     /// (backpressure). O_APPEND writes go to the real end of the file.
-    pub fn write(&self, fh: u64, offset: u64, data: &[u8], reply: Reply<u32>) {
+    ///
+    /// While handles that read through the page cache are open (opened
+    /// before this writer), the reply waits until the bytes are
+    /// acknowledged and the pages from the previous visible end to the new
+    /// one are invalidated: the kernel grows its file size when the reply
+    /// arrives, and a page it read while the end was there (zero-filled
+    /// past it) must not survive that, nor may the size pass unacknowledged
+    /// bytes.
+    pub fn write(self: &Arc<Self>, fh: u64, offset: u64, data: &[u8], reply: Reply<u32>) {
         let h = match self.handle(fh) {
             Ok(h) => h,
             Err(e) => return reply(Err(e)),
@@ -578,7 +621,28 @@ impl Core {
         }
         let n = data.len() as u32;
         let off = if h.append { None } else { Some(offset) };
-        stream.write(off, data, Box::new(move |r| reply(r.map(|_| n))));
+        if !self.cached_readers(h.ino) {
+            return stream.write(off, data, Box::new(move |r| reply(r.map(|_| n))));
+        }
+        let from = stream.visible_len();
+        let (s, me, ino) = (stream.clone(), self.clone(), h.ino);
+        stream.write(
+            off,
+            data,
+            Box::new(move |r| {
+                if let Err(e) = r {
+                    return reply(Err(e));
+                }
+                let s2 = s.clone();
+                s.flush(Box::new(move |r| match r {
+                    Err(e) => reply(Err(e)),
+                    Ok(()) => {
+                        let to = s2.visible_len();
+                        me.invalidate_range_then(ino, from, to, move || reply(Ok(n)));
+                    }
+                }));
+            }),
+        );
     }
 
     /// close(): every byte of this writer acknowledged by all replicas.
@@ -647,8 +711,12 @@ impl Core {
                     *s = None;
                 }
                 drop(s);
+                me.cache_idle(h.ino);
                 me.leases.release(h.ino, h.fh);
                 me.unclaim(h.ino, h.fh);
+            }
+            if h.cached {
+                me.cached_closed(h.ino);
             }
             // No cache invalidation here: the kernel's pages and size of this
             // inode were updated by the writer's own writes through it.
@@ -711,6 +779,7 @@ impl Core {
 
     /// Deletes an inode with no names and no opens, and its replicas.
     pub(crate) fn delete_inode(&self, ino: u64) {
+        self.drop_page_state(ino);
         match self.meta.delete_inode(ino) {
             Ok(blocks) => self.delete_replicas(blocks),
             Err(e) => tracing::error!(ino, "cannot delete inode: {e}"),
@@ -760,7 +829,14 @@ impl Core {
             if let Err(e) = self.writable(&h) {
                 return reply(Err(e));
             }
-            return stream.truncate(size, reply);
+            let me = self.clone();
+            return stream.truncate(
+                size,
+                Box::new(move |r| match r {
+                    Ok(()) => me.invalidate_all_then(ino, (), reply),
+                    Err(e) => reply(Err(e)),
+                }),
+            );
         }
         // Nobody of ours holds it: take the lease for the duration.
         let me = self.clone();
@@ -778,9 +854,17 @@ impl Core {
                         return reply(Err(FsError::BadHandle));
                     };
                     let me2 = me.clone();
+                    let release = move |r: FsResult<()>| {
+                        me2.release(o.fh, Box::new(move |r2| reply(r.and(r2))))
+                    };
+                    let me3 = me.clone();
                     stream.truncate(
                         size,
-                        Box::new(move |r| me2.release(o.fh, Box::new(move |r2| reply(r.and(r2))))),
+                        Box::new(move |r| match r {
+                            // Pages go while the file is still busy.
+                            Ok(()) => me3.invalidate_all_then(ino, (), Box::new(release)),
+                            Err(e) => release(Err(e)),
+                        }),
                     );
                 }
             }),

@@ -22,6 +22,8 @@ use crate::sync::{Arc, AtomicBool, Ordering};
 pub const HEARTBEAT: Duration = Duration::from_secs(3);
 /// How often waiting opens are checked for a pending signal (Ctrl-C).
 const INTERRUPT_POLL: Duration = Duration::from_millis(50);
+/// Readahead of the mount, as negotiated with the kernel (`max_readahead`).
+const READAHEAD_KB: u32 = 1024;
 
 pub struct MountSpec {
     pub mountpoint: PathBuf,
@@ -307,6 +309,10 @@ impl Daemon {
         let adapter = Adapter {
             core: self.core.clone(),
         };
+        // Resolved before mounting: once mounted, looking at the mountpoint
+        // would wait for this daemon, which does not serve yet.
+        let mountpoint =
+            std::fs::canonicalize(&spec.mountpoint).unwrap_or_else(|_| spec.mountpoint.clone());
         super::control::serve(self.core.clone(), &spec.data, &spec.mountpoint);
         let mut session = match fuser::Session::new(adapter, &spec.mountpoint, &cfg) {
             Ok(s) => s,
@@ -317,10 +323,11 @@ impl Daemon {
             }
         };
         let notifier = session.notifier();
-        self.core.set_invalidator(Arc::new(move |ino| {
+        self.core.set_invalidator(Arc::new(move |ino, offset, len| {
             // ENOENT: the kernel holds nothing of this inode; fine.
-            let _ = notifier.inval_inode(fuser::INodeNo(ino), 0, 0);
+            let _ = notifier.inval_inode(fuser::INodeNo(ino), offset, len);
         }));
+        raise_readahead(&mountpoint, READAHEAD_KB);
         install_signal_unmount(session.unmount_callable());
         ready(Ok(()));
         tracing::info!(mountpoint = %spec.mountpoint.display(), "mounted");
@@ -335,6 +342,58 @@ impl Daemon {
         tracing::info!("unmounted");
         r.map_err(|e| FsError::Io(e.to_string()))
     }
+}
+
+/// Sets the readahead of the mount at `mountpoint` to `kb`. The kernel
+/// starts a FUSE mount with the default 128 KiB, and `max_readahead` in the
+/// INIT reply can only lower it: cold sequential reads through the page
+/// cache would reach the daemon in 128 KiB requests. Needs root (sysfs);
+/// skipped otherwise. Reads /proc/self/mountinfo, never the mount itself.
+fn raise_readahead(mountpoint: &Path, kb: u32) {
+    let Some(dev) = std::fs::read_to_string("/proc/self/mountinfo")
+        .ok()
+        .and_then(|info| mount_device(&info, mountpoint))
+    else {
+        tracing::debug!("mount of {} not found in mountinfo", mountpoint.display());
+        return;
+    };
+    let knob = format!("/sys/class/bdi/{dev}/read_ahead_kb");
+    match std::fs::write(&knob, kb.to_string()) {
+        Ok(()) => tracing::debug!("{knob} = {kb}"),
+        Err(e) => tracing::debug!("cannot set {knob}: {e}"),
+    }
+}
+
+/// The `major:minor` of the last mount on `mountpoint` in a mountinfo text.
+fn mount_device(info: &str, mountpoint: &Path) -> Option<String> {
+    let want = mountpoint.to_str()?;
+    info.lines().rev().find_map(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        (f.len() > 4 && unescape_mountinfo(f[4]) == want).then(|| f[2].to_string())
+    })
+}
+
+/// mountinfo writes space, tab, newline and backslash as `\ooo`.
+fn unescape_mountinfo(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let oct = b
+            .get(i + 1..i + 4)
+            .filter(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match (b[i], oct) {
+            (b'\\', Some(d)) => {
+                out.push((d[0] - b'0') * 64 + (d[1] - b'0') * 8 + (d[2] - b'0'));
+                i += 4;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// SIGTERM/SIGINT/SIGHUP unmount cleanly instead of killing the daemon
@@ -368,5 +427,23 @@ fn unmount_signals() -> nix::sys::signal::SigSet {
 pub fn block_unmount_signals() {
     if let Err(e) = unmount_signals().thread_block() {
         tracing::warn!("cannot block signals: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_device_of_a_mount_is_found_in_mountinfo_with_escaped_names() {
+        let info = "36 35 98:0 / / rw - ext4 /dev/vda rw\n\
+                    90 36 0:52 / /tmp/a\\040b rw - fuse.leasefs leasefs:/d rw\n\
+                    91 36 0:53 / /tmp/a\\040b rw - fuse.leasefs leasefs:/d rw\n";
+        assert_eq!(
+            mount_device(info, Path::new("/tmp/a b")).as_deref(),
+            Some("0:53")
+        );
+        assert_eq!(mount_device(info, Path::new("/tmp/a")), None);
+        assert_eq!(unescape_mountinfo("a\\134b\\011"), "a\\b\t");
     }
 }

@@ -10,6 +10,8 @@ pub struct Handle {
     pub ino: u64,
     pub write: bool,
     pub append: bool,
+    /// Reads go through the kernel's page cache (see `cache`).
+    pub cached: bool,
     pub epoch: u64,
     pub tgid: u32,
     pub pgid: u32,

@@ -152,8 +152,18 @@ impl Core {
     }
 
     /// Fences the old writer's stream, then brings the file to a closed,
-    /// consistent state.
+    /// consistent state. Runs off the request threads: it waits for the
+    /// kernel to drop the file's pages before it returns (and before the
+    /// lease can move on to another writer).
     pub fn recover(&self, ino: u64, reason: RecoveryReason) -> FsResult<u64> {
+        self.cache_busy(ino);
+        let r = self.recover_file(ino, reason);
+        self.invalidate_all_now(ino);
+        self.cache_idle(ino);
+        r
+    }
+
+    fn recover_file(&self, ino: u64, reason: RecoveryReason) -> FsResult<u64> {
         if let Some(of) = self.files.get(&ino).map(|f| f.clone()) {
             let old = lock(&of.stream).take();
             if let Some(s) = old {
@@ -162,21 +172,11 @@ impl Core {
             }
         }
         tracing::info!(ino, ?reason, path = %self.meta.path_of(ino), "lease recovery");
-        let r = recovery::recover_file(&*self.meta, &self.dns, ino);
-        self.invalidate(ino);
-        r
+        recovery::recover_file(&*self.meta, &self.dns, ino)
     }
 
     pub fn set_invalidator(&self, f: Invalidator) {
         let _ = self.invalidator.set(f);
-    }
-
-    /// Drops the kernel's cache of `ino`, from a worker thread: never from
-    /// a thread a pending request of that inode may be waiting on.
-    pub(super) fn invalidate(&self, ino: u64) {
-        if let Some(f) = self.invalidator.get().cloned() {
-            self.ctx.rt.spawn_blocking(move || f(ino));
-        }
     }
 
     /// `leasefs recover-lease`: recovers now; Ok(true) when the file is closed.

@@ -3,6 +3,7 @@
 
 pub mod adapter;
 pub mod attr;
+pub mod cache;
 mod clustered;
 pub mod control;
 pub mod core;

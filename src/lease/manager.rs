@@ -323,6 +323,14 @@ impl LeaseManager {
         out
     }
 
+    /// The state of `file`'s lease alone (cheaper than `info`).
+    pub fn state(&self, file: FileId) -> LeaseState {
+        lock(&self.inner)
+            .leases
+            .get(&file)
+            .map_or(LeaseState::Free, |l| l.state)
+    }
+
     /// `file`'s lease as users see it; `Free` with epoch 0 when unknown.
     pub fn info(&self, file: FileId) -> LeaseInfo {
         self.locked(|inner, now, _| match inner.leases.get(&file) {

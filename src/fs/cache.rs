@@ -1,0 +1,222 @@
+//! The kernel's page cache of file data: which opens may use it, and the
+//! invalidations that keep it from ever showing a reader stale bytes.
+//!
+//! The rule (docs/SEMANTICS.md, "Page cache"):
+//! - A read-only open of a regular file that nobody is changing (no write
+//!   handle, no truncation, no recovery, lease free) is served through the
+//!   page cache. It keeps the pages of earlier opens (`FOPEN_KEEP_CACHE`)
+//!   only while they are known to match the file; otherwise the kernel drops
+//!   them at that open. Every other open is `direct_io`.
+//! - Once anything may change the file, cached opens are no longer kept.
+//! - While cached handles opened before a writer are still open, each of
+//!   the writer's writes is answered only once its bytes are acknowledged
+//!   and the pages from the previous visible end to the new one have been
+//!   invalidated. So the kernel's file size never runs ahead of the visible
+//!   length, and no page read while the end was elsewhere (zero-filled past
+//!   it) survives the growth.
+//! - Truncation and recovery invalidate the whole file before they report.
+//!
+//! Notifications are sent from the blocking pool, never from a request
+//! thread: the kernel may hold a page lock while waiting for a READ reply,
+//! and the invalidation waits for that lock.
+
+use super::core::{Core, Reply};
+use crate::sync::Arc;
+
+/// What the kernel may cache of one inode's data.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct PageCache {
+    /// Open handles reading through the page cache.
+    pub cached: u32,
+    /// Write handles, truncations and recoveries under way.
+    pub busy: u32,
+    /// The kernel's pages of this inode (if any) match the file: the next
+    /// cached open may keep them.
+    pub keep: bool,
+    /// A cached open happened since the last invalidation of the whole
+    /// file, so the kernel may hold pages.
+    pub maybe_pages: bool,
+}
+
+impl PageCache {
+    fn unused(&self) -> bool {
+        self.cached == 0 && self.busy == 0 && !self.keep && !self.maybe_pages
+    }
+}
+
+/// How a read-only open is served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadMode {
+    Direct,
+    /// Through the page cache; `keep`: the kernel keeps earlier pages.
+    Cached {
+        keep: bool,
+    },
+}
+
+/// Whole pages: the range [from, to] rounded out to the page size.
+fn page_range(from: u64, to: u64) -> (i64, i64) {
+    // SAFETY: sysconf has no preconditions.
+    let page = match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+        p if p > 0 => p as u64,
+        _ => 4096,
+    };
+    let start = from - from % page;
+    let len = to.saturating_sub(start) + 1;
+    (start as i64, len.min(i64::MAX as u64) as i64)
+}
+
+impl Core {
+    /// The page-cache state of `ino` (a copy).
+    pub fn page_cache(&self, ino: u64) -> PageCache {
+        self.page_cache.get(&ino).map(|p| *p).unwrap_or_default()
+    }
+
+    /// Chooses the mode of a read-only open of a regular file and records
+    /// a cached one (never over etcd). Decided under the inode's entry lock, which writers
+    /// take to become busy: either the writer sees this reader, or this
+    /// open sees the writer.
+    pub(super) fn read_mode(&self, ino: u64) -> ReadMode {
+        // Over a shared namespace other daemons change files without this
+        // one knowing: never trust the kernel's pages there.
+        if self.cluster.is_some()
+            || self.stream_of(ino).is_some()
+            || self.leases.state(ino) != crate::lease::LeaseState::Free
+        {
+            return ReadMode::Direct;
+        }
+        let mut p = self.page_cache.entry(ino).or_default();
+        if p.busy > 0 {
+            return ReadMode::Direct;
+        }
+        let keep = p.keep;
+        p.keep = true;
+        p.maybe_pages = true;
+        p.cached += 1;
+        ReadMode::Cached { keep }
+    }
+
+    /// A cached handle was released.
+    pub(super) fn cached_closed(&self, ino: u64) {
+        self.update(ino, |p| p.cached = p.cached.saturating_sub(1));
+    }
+
+    /// Something may change `ino` from now on (a write handle, truncation,
+    /// recovery): opens are direct, earlier pages are no longer kept.
+    /// Returns the state as it was.
+    pub(super) fn cache_busy(&self, ino: u64) -> PageCache {
+        let mut p = self.page_cache.entry(ino).or_default();
+        let before = *p;
+        p.busy += 1;
+        p.keep = false;
+        before
+    }
+
+    /// The change that `cache_busy` announced is over.
+    pub(super) fn cache_idle(&self, ino: u64) {
+        self.update(ino, |p| p.busy = p.busy.saturating_sub(1));
+    }
+
+    /// Handles reading through the page cache are open on `ino`.
+    pub(super) fn cached_readers(&self, ino: u64) -> bool {
+        self.page_cache.get(&ino).is_some_and(|p| p.cached > 0)
+    }
+
+    /// The kernel forgot the inode, and its pages with it.
+    pub fn forget_pages(&self, ino: u64) {
+        self.page_cache
+            .remove_if(&ino, |_, p| p.cached == 0 && p.busy == 0);
+    }
+
+    /// The inode is deleted.
+    pub(super) fn drop_page_state(&self, ino: u64) {
+        self.page_cache.remove(&ino);
+    }
+
+    fn update(&self, ino: u64, f: impl FnOnce(&mut PageCache)) {
+        if let Some(mut p) = self.page_cache.get_mut(&ino) {
+            f(&mut p);
+        }
+        self.page_cache.remove_if(&ino, |_, p| p.unused());
+    }
+
+    /// Drops the kernel's pages of bytes `from..=to` of `ino` (whole
+    /// pages), then calls `then`; on the blocking pool.
+    pub(super) fn invalidate_range_then(
+        self: &Arc<Self>,
+        ino: u64,
+        from: u64,
+        to: u64,
+        then: impl FnOnce() + Send + 'static,
+    ) {
+        let (off, len) = page_range(from, to);
+        self.notify_then(ino, off, len, then)
+    }
+
+    fn notify_then(
+        self: &Arc<Self>,
+        ino: u64,
+        off: i64,
+        len: i64,
+        then: impl FnOnce() + Send + 'static,
+    ) {
+        let Some(f) = self.invalidator.get().cloned() else {
+            return then();
+        };
+        self.ctx.rt.spawn_blocking(move || {
+            f(ino, off, len);
+            then()
+        });
+    }
+
+    /// After a change of the whole file (truncation, O_TRUNC): drops all
+    /// its pages if the kernel may hold any, then replies `r`.
+    pub(super) fn invalidate_all_then<T: Send + 'static>(
+        self: &Arc<Self>,
+        ino: u64,
+        r: T,
+        reply: Reply<T>,
+    ) {
+        let p = self.page_cache(ino);
+        if !(p.maybe_pages || p.cached > 0) {
+            return reply(Ok(r));
+        }
+        let me = self.clone();
+        self.notify_then(ino, 0, 0, move || {
+            me.pages_dropped(ino);
+            reply(Ok(r))
+        });
+    }
+
+    /// Drops every page of `ino` now, on the calling thread, which must be
+    /// off the request threads (recovery runs on the blocking pool).
+    pub(super) fn invalidate_all_now(&self, ino: u64) {
+        if let Some(f) = self.invalidator.get() {
+            f(ino, 0, 0);
+            self.pages_dropped(ino);
+        }
+    }
+
+    /// The whole file was invalidated: without cached handles no pages are
+    /// left (new cached opens cannot come while the file is busy).
+    fn pages_dropped(&self, ino: u64) {
+        self.update(ino, |p| {
+            if p.cached == 0 {
+                p.maybe_pages = false;
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::page_range;
+
+    #[test]
+    fn page_range_covers_whole_pages_from_the_old_end_to_the_new_one() {
+        // 4 KiB pages on every machine these tests run on.
+        assert_eq!(page_range(10_000, 10_000), (8192, 1809));
+        assert_eq!(page_range(8192, 12_288), (8192, 4097));
+        assert_eq!(page_range(0, 0), (0, 1));
+    }
+}
