@@ -19,7 +19,8 @@
 #
 # Environment: LEASEFS_BIN (default target/release/leasefs), BENCH_DIR (parent
 # of the scratch directory, default /var/tmp: must be a real disk, not tmpfs),
-# BENCH_OUT (output directory), FUSE_CEILING_DIR (default ../shared/tools/fuse-ceiling).
+# BENCH_OUT (output directory), FUSE_CEILING_DIR (default ../shared/tools/fuse-ceiling,
+# else /work/shared/tools/fuse-ceiling).
 set -uo pipefail
 
 usage() {
@@ -163,7 +164,15 @@ prepare_target() { # TARGET: one-time checks/builds
     case $t in
         native) usable[$t]=1 ;;
         fuse-ceiling)
-            local fcdir=${FUSE_CEILING_DIR:-$root/../shared/tools/fuse-ceiling}
+            local fcdir=${FUSE_CEILING_DIR:-}
+            if [[ -z $fcdir ]]; then
+                # ../shared beside the checkout, else the workplace's copy
+                # (a fresh clone may live anywhere).
+                for d in "$root/../shared/tools/fuse-ceiling" /work/shared/tools/fuse-ceiling; do
+                    if [[ -x $d/build.sh ]]; then fcdir=$d; break; fi
+                done
+                fcdir=${fcdir:-$root/../shared/tools/fuse-ceiling}
+            fi
             if [[ ! -x $fcdir/build.sh ]]; then
                 note "fuse-ceiling: $fcdir/build.sh not found: n/a"
                 return
