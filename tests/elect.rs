@@ -14,11 +14,12 @@
 //! audit table before the next `elected`.
 
 mod common;
+use common::elect::Candidate;
 use common::*;
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -67,84 +68,6 @@ while lines == 0 or n < lines:
     n += 1
     time.sleep(0.05)
 "#;
-
-/// One `leasefs elect` process; its stderr goes to a file outside the
-/// mount. Killed (only this pid; its command dies with it) if the test
-/// fails before it exits.
-struct Candidate {
-    id: String,
-    child: Child,
-    log: PathBuf,
-    status: Option<ExitStatus>,
-}
-
-impl Candidate {
-    fn spawn(m: &Mount, dir: &str, id: &str, opts: &[&str], command: &[&str]) -> Candidate {
-        let log = m.dir.path().join(format!("elect-{id}.log"));
-        let mut c = Command::new(bin());
-        c.arg("elect")
-            .arg(m.path(dir))
-            .args(["--id", id])
-            .args(opts);
-        if !opts.contains(&"--retry-ms") {
-            c.args(["--retry-ms", "100"]);
-        }
-        if !command.is_empty() {
-            c.arg("--").args(command);
-        }
-        let child = c
-            .current_dir(&m.mnt)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("elector log"))
-            .spawn()
-            .expect("spawn leasefs elect");
-        Candidate {
-            id: id.to_string(),
-            child,
-            log,
-            status: None,
-        }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn signal(&self, sig: i32) {
-        kill(self.pid(), sig);
-    }
-
-    fn wait(&mut self, max: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + max;
-        while self.status.is_none() {
-            if let Ok(Some(st)) = self.child.try_wait() {
-                self.status = Some(st);
-                break;
-            }
-            if Instant::now() > deadline {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        self.status
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Candidate {
-    fn drop(&mut self) {
-        if self.status.is_none() && matches!(self.child.try_wait(), Ok(None)) {
-            kill(self.pid(), libc::SIGCONT);
-            kill(self.pid(), libc::SIGKILL);
-        }
-        let _ = self.child.wait();
-    }
-}
 
 /// A command's process group that the test stopped: continued and killed
 /// if the test fails before the group is gone.

@@ -627,6 +627,8 @@ fn commit_batches(m: &dyn Meta) {
     );
     assert_eq!(m.blocks(f.ino).unwrap(), vec![b0.clone(), b1.clone()]);
     assert_eq!(m.list_uc().unwrap(), vec![uc(f.ino, 7)]);
+    assert_eq!(m.uc(f.ino).unwrap(), Some(uc(f.ino, 7)));
+    assert_eq!(m.uc(f.ino + 1000).unwrap(), None);
 
     // Truncate: the dropped rows come back; size without a touch.
     let gone = m
@@ -712,6 +714,7 @@ fn commit_batches(m: &dyn Meta) {
     assert_eq!(gone, vec![b0, b1]);
     assert_eq!(m.blocks(f.ino).unwrap(), vec![b0b]);
     assert!(m.list_uc().unwrap().is_empty());
+    assert_eq!(m.uc(f.ino).unwrap(), None);
     assert_eq!(m.get(f.ino).unwrap().size, 100);
     // Changes to a missing inode are no-ops, as SQL updates of no row.
     m.commit(

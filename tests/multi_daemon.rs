@@ -6,32 +6,10 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use common::etcd::EtcdServer;
+use common::etcd::{EtcdServer, daemon, shared_datanodes};
 use common::*;
-
-/// A daemon of the shared filesystem `prefix`.
-fn daemon(etcd: &EtcdServer, prefix: &str, dns: &[PathBuf], o: &[&str]) -> Mount {
-    Mount::with_datanode_paths(
-        Opts {
-            o: o.iter().map(|s| s.to_string()).collect(),
-            args: vec![
-                "--meta".into(),
-                format!("etcd://{}", etcd.endpoint()),
-                "--prefix".into(),
-                prefix.into(),
-            ],
-            ..Opts::default()
-        },
-        dns.to_vec(),
-    )
-}
-
-fn shared_datanodes(dir: &tempfile::TempDir) -> Vec<PathBuf> {
-    (1..=3).map(|i| dir.path().join(format!("dn{i}"))).collect()
-}
 
 fn errno(reply: &str) -> &str {
     err_name(reply).unwrap_or("ok")

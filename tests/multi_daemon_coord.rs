@@ -23,12 +23,13 @@
 mod common;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::path::Path;
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
-use common::etcd::EtcdServer;
+use common::elect::Candidate;
+use common::etcd::{EtcdServer, daemon, shared_datanodes};
+use common::spout::*;
 use common::*;
 use serde_json::Value;
 
@@ -40,39 +41,6 @@ fn shared_slot() -> RwLockReadGuard<'static, ()> {
 
 fn exclusive_slot() -> RwLockWriteGuard<'static, ()> {
     SLOT.write().unwrap_or_else(|e| e.into_inner())
-}
-
-/// A daemon of the shared filesystem `prefix`.
-fn daemon(etcd: &EtcdServer, prefix: &str, dns: &[PathBuf], o: &[&str]) -> Mount {
-    Mount::with_datanode_paths(
-        Opts {
-            o: o.iter().map(|s| s.to_string()).collect(),
-            args: vec![
-                "--meta".into(),
-                format!("etcd://{}", etcd.endpoint()),
-                "--prefix".into(),
-                prefix.into(),
-            ],
-            ..Opts::default()
-        },
-        dns.to_vec(),
-    )
-}
-
-fn shared_datanodes(dir: &tempfile::TempDir) -> Vec<PathBuf> {
-    (1..=3).map(|i| dir.path().join(format!("dn{i}"))).collect()
-}
-
-fn names_in(m: &Mount, rel: &str) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(m.path(rel))
-        .map(|r| {
-            r.flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default();
-    v.sort();
-    v
 }
 
 fn logs_of(ms: &[&Mount]) -> String {
@@ -138,217 +106,6 @@ fn racing_creates_on_two_daemons_open_the_same_file() {
 // ---- spout -----------------------------------------------------------------
 
 const SPOUT_O: &str = "soft_limit=2,monitor_interval=0.2";
-
-/// One `leasefs spout` process working on mount `m`; its stdout and stderr
-/// go to files outside the mount. Killed (only this pid) if the test fails
-/// before it exits.
-struct Inst {
-    id: String,
-    child: Child,
-    out: PathBuf,
-    err: PathBuf,
-    status: Option<ExitStatus>,
-    /// Copies a throttled stdout pipe to `out`; ends at EOF.
-    pump: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Inst {
-    fn spawn(m: &Mount, id: &str, args: &[&str]) -> Inst {
-        Self::spawn_with(m, id, args, None)
-    }
-
-    /// With a stdout pipe read at about `kib_per_sec` KiB/s: a slow
-    /// consumer keeps the instance in the middle of a file. What it wrote
-    /// into the pipe before dying still reaches `out` (it was emitted).
-    fn spawn_slow(m: &Mount, id: &str, args: &[&str], kib_per_sec: u64) -> Inst {
-        Self::spawn_with(m, id, args, Some(kib_per_sec))
-    }
-
-    fn spawn_with(m: &Mount, id: &str, args: &[&str], slow: Option<u64>) -> Inst {
-        use std::io::{Read, Write};
-        let out = m.dir.path().join(format!("{id}.out"));
-        let err = m.dir.path().join(format!("{id}.err"));
-        let file = std::fs::File::create(&out).expect("create out");
-        let stdout = match slow {
-            Some(_) => Stdio::piped(),
-            None => Stdio::from(file.try_clone().expect("dup out")),
-        };
-        let mut child = Command::new(bin())
-            .arg("spout")
-            .arg("in")
-            .args(["--done", "done", "--id", id])
-            .args(args)
-            .current_dir(&m.mnt)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(stdout)
-            .stderr(std::fs::File::create(&err).expect("create err"))
-            .spawn()
-            .expect("spawn leasefs spout");
-        let pump = slow.map(|kib| {
-            let mut pipe = child.stdout.take().expect("stdout pipe");
-            let mut file = file;
-            std::thread::spawn(move || {
-                let mut buf = vec![0u8; 4096];
-                loop {
-                    match pipe.read(&mut buf) {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => file.write_all(&buf[..n]).expect("write out"),
-                    }
-                    std::thread::sleep(Duration::from_micros(4_000_000 / kib.max(1)));
-                }
-            })
-        });
-        Inst {
-            id: id.to_string(),
-            child,
-            out,
-            err,
-            status: None,
-            pump,
-        }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn signal(&self, sig: i32) {
-        kill(self.pid(), sig);
-    }
-
-    fn wait(&mut self, max: Duration) -> ExitStatus {
-        let deadline = Instant::now() + max;
-        loop {
-            if let Some(st) = self.child.try_wait().expect("try_wait") {
-                self.status = Some(st);
-                if let Some(p) = self.pump.take() {
-                    let _ = p.join();
-                }
-                return st;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "spout {} did not exit within {max:?}; stderr:\n{}",
-                self.id,
-                self.stderr()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn wait_ok(&mut self, max: Duration) {
-        let st = self.wait(max);
-        assert!(
-            st.success(),
-            "spout {} exited with {st}; stderr:\n{}",
-            self.id,
-            self.stderr()
-        );
-    }
-
-    /// (complete lines, a last line without its newline: only an instance
-    /// killed in the middle of a pipe write leaves one).
-    fn stdout_split(&self) -> (Vec<String>, Option<String>) {
-        let text = std::fs::read_to_string(&self.out).unwrap_or_default();
-        let (complete, torn) = match text.rfind('\n') {
-            Some(i) => (&text[..i + 1], &text[i + 1..]),
-            None => ("", text.as_str()),
-        };
-        let torn = (!torn.is_empty()).then(|| torn.to_string());
-        (complete.lines().map(str::to_string).collect(), torn)
-    }
-
-    fn stdout_lines(&self) -> Vec<String> {
-        self.stdout_split().0
-    }
-
-    fn stderr(&self) -> String {
-        std::fs::read_to_string(&self.err).unwrap_or_default()
-    }
-
-    /// The files this instance started consuming from their beginning.
-    fn consumed(&self) -> Vec<String> {
-        self.stderr()
-            .lines()
-            .filter_map(|l| l.split("consuming ").nth(1))
-            .map(|n| n.trim().to_string())
-            .collect()
-    }
-
-    /// (file name, resume offset) of every takeover this instance logged.
-    fn takeovers(&self) -> Vec<(String, u64)> {
-        self.stderr()
-            .lines()
-            .filter_map(|l| {
-                let rest = l.split("took over idle lock ").nth(1)?;
-                let path = rest.split_whitespace().next()?;
-                let name = Path::new(path).file_name()?.to_string_lossy().into_owned();
-                let off = l.split("resuming at offset ").nth(1)?.trim().parse().ok()?;
-                Some((name, off))
-            })
-            .collect()
-    }
-}
-
-impl Drop for Inst {
-    fn drop(&mut self) {
-        if self.status.is_none() && matches!(self.child.try_wait(), Ok(None)) {
-            kill(self.pid(), libc::SIGCONT);
-            kill(self.pid(), libc::SIGKILL);
-        }
-        let _ = self.child.wait();
-    }
-}
-
-/// `NAME 0000000`, `NAME 0000001`, ...: fixed width, so line `i` starts at
-/// byte `i * (NAME.len() + 9)`.
-fn lines_of(name: &str, n: usize) -> Vec<String> {
-    (0..n).map(|i| format!("{name} {i:07}")).collect()
-}
-
-fn line_offset(line: &str) -> (String, u64) {
-    let (name, i) = line.rsplit_once(' ').expect("test line");
-    let i: u64 = i.parse().expect("line number");
-    (name.to_string(), i * (name.len() as u64 + 9))
-}
-
-/// Written under `stage/`, then renamed into `in/` (complete when visible).
-fn publish(m: &Mount, name: &str, lines: &[String]) {
-    let staged = m.path(&format!("stage/{name}"));
-    let mut text = lines.join("\n");
-    text.push('\n');
-    std::fs::write(&staged, text).expect("write staged file");
-    std::fs::rename(&staged, m.path(&format!("in/{name}"))).expect("rename into in/");
-}
-
-fn setup(m: &Mount) {
-    for d in ["in", "done", "stage"] {
-        std::fs::create_dir_all(m.path(d)).expect("mkdir");
-    }
-}
-
-/// The last complete `time,id,offset` entry of a lock file.
-fn last_entry(m: &Mount, rel: &str) -> Option<(String, u64)> {
-    let text = std::fs::read_to_string(m.path(rel)).ok()?;
-    let complete = &text[..text.rfind('\n')?];
-    let line = complete.lines().last()?;
-    let mut f = line.split(',');
-    let _time = f.next()?;
-    let id = f.next()?.to_string();
-    Some((id, f.next()?.parse().ok()?))
-}
-
-/// Waits until `rel`'s lock shows a commit by `id` past offset 0.
-fn wait_committed(m: &Mount, rel: &str, id: &str) -> u64 {
-    let mut last = None;
-    let ok = wait_until(Duration::from_secs(20), || {
-        last = last_entry(m, rel);
-        matches!(&last, Some((who, off)) if who == id && *off > 0)
-    });
-    assert!(ok, "{rel}: no commit by {id}: last entry {last:?}");
-    last.map(|(_, o)| o).unwrap_or(0)
-}
 
 fn counts(lines: &[String]) -> HashMap<&str, usize> {
     let mut c = HashMap::new();
@@ -723,76 +480,6 @@ while True:
     time.sleep(0.05)
 "#;
 
-/// One `leasefs elect` process on mount `m`. Killed (only this pid; its
-/// command dies with it) if the test fails before it exits.
-struct Candidate {
-    id: String,
-    child: Child,
-    log: PathBuf,
-    status: Option<ExitStatus>,
-}
-
-impl Candidate {
-    fn spawn(m: &Mount, dir: &str, id: &str, command: &[String]) -> Candidate {
-        let log = m.dir.path().join(format!("elect-{id}.log"));
-        let child = Command::new(bin())
-            .arg("elect")
-            .arg(m.path(dir))
-            .args(["--id", id, "--retry-ms", "100", "--"])
-            .args(command)
-            .current_dir(&m.mnt)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("elector log"))
-            .spawn()
-            .expect("spawn leasefs elect");
-        Candidate {
-            id: id.to_string(),
-            child,
-            log,
-            status: None,
-        }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn signal(&self, sig: i32) {
-        kill(self.pid(), sig);
-    }
-
-    fn wait(&mut self, max: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + max;
-        while self.status.is_none() {
-            if let Ok(Some(st)) = self.child.try_wait() {
-                self.status = Some(st);
-                break;
-            }
-            if Instant::now() > deadline {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        self.status
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Candidate {
-    fn drop(&mut self) {
-        if self.status.is_none() && matches!(self.child.try_wait(), Ok(None)) {
-            kill(self.pid(), libc::SIGCONT);
-            kill(self.pid(), libc::SIGKILL);
-        }
-        let _ = self.child.wait();
-    }
-}
-
 /// A command's process group the test stopped: continued and killed if
 /// the test fails before the group is gone.
 struct Group(u32);
@@ -1045,7 +732,7 @@ fn electors_on_three_daemons_one_command_at_a_time() {
         .iter()
         .zip(&ms)
         .map(|(id, m)| {
-            let cmd = vec![
+            let cmd = [
                 python().display().to_string(),
                 "-c".into(),
                 TERM_PY.into(),
@@ -1053,7 +740,13 @@ fn electors_on_three_daemons_one_command_at_a_time() {
                 out.display().to_string(),
                 m.path("own").display().to_string(),
             ];
-            Candidate::spawn(m, "el", id, &cmd)
+            Candidate::spawn(
+                m,
+                "el",
+                id,
+                &[],
+                &cmd.iter().map(String::as_str).collect::<Vec<_>>(),
+            )
         })
         .collect();
     let m0 = &ms[0];

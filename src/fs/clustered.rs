@@ -71,11 +71,7 @@ impl Core {
     /// Recovers `ino` if the store says another daemon instance has it
     /// under construction. Only called while this daemon holds the claim.
     fn recover_foreign(&self, ino: u64) -> FsResult<()> {
-        let foreign = self
-            .meta
-            .list_uc()?
-            .into_iter()
-            .find(|u| u.ino == ino && u.mount_id != self.mount_id);
+        let foreign = self.meta.uc(ino)?.filter(|u| u.mount_id != self.mount_id);
         if let Some(uc) = foreign {
             tracing::warn!(ino, holder = %uc.holder, mount = %uc.mount_id, "recovering a file another daemon left open");
             self.recover(ino, RecoveryReason::HolderGone)?;

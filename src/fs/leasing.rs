@@ -197,8 +197,7 @@ impl Core {
                     return Ok(false);
                 }
                 // No live lease: a leftover under-construction record is closed now.
-                let uc = self.meta.list_uc()?.into_iter().any(|u| u.ino == ino);
-                if uc {
+                if self.meta.uc(ino)?.is_some() {
                     self.recover(ino, RecoveryReason::HolderGone)?;
                 }
                 Ok(true)

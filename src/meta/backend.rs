@@ -111,6 +111,9 @@ pub trait Meta: Send + Sync {
     /// Whether block `block_id` is recorded with a replica on datanode `dn`.
     fn block_on(&self, block_id: u64, dn: usize) -> FsResult<bool>;
     fn list_uc(&self) -> FsResult<Vec<UnderConstruction>>;
+    /// One file's under-construction entry (a point read: write-opens over
+    /// etcd ask this for every file they claim).
+    fn uc(&self, ino: u64) -> FsResult<Option<UnderConstruction>>;
 
     // ---- counters --------------------------------------------------------
     /// A fresh id of `counter` (`next_block`, `next_gs`), unique across

@@ -126,6 +126,28 @@ pub struct AttrChange {
     pub ctime: Option<i64>,
 }
 
+impl AttrChange {
+    /// Applies the change to `i`; ctime becomes the given one, else `now`.
+    pub fn apply(&self, i: &mut Inode, now: i64) {
+        if let Some(m) = self.mode {
+            i.mode = m & 0o7777;
+        }
+        if let Some(u) = self.uid {
+            i.uid = u;
+        }
+        if let Some(g) = self.gid {
+            i.gid = g;
+        }
+        if let Some(a) = self.atime {
+            i.atime = a;
+        }
+        if let Some(m) = self.mtime {
+            i.mtime = m;
+        }
+        i.ctime = self.ctime.unwrap_or(now);
+    }
+}
+
 pub fn now_ns() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

@@ -5,7 +5,7 @@
 //! is killed, by its own pid, on drop.
 
 use std::net::TcpListener;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -149,4 +149,27 @@ impl Drop for EtcdServer {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A daemon of the shared filesystem `prefix` over `etcd`, on the
+/// datanode directories `dns` (the same for every daemon of it).
+pub fn daemon(etcd: &EtcdServer, prefix: &str, dns: &[PathBuf], o: &[&str]) -> super::Mount {
+    super::Mount::with_datanode_paths(
+        super::Opts {
+            o: o.iter().map(|s| s.to_string()).collect(),
+            args: vec![
+                "--meta".into(),
+                format!("etcd://{}", etcd.endpoint()),
+                "--prefix".into(),
+                prefix.into(),
+            ],
+            ..super::Opts::default()
+        },
+        dns.to_vec(),
+    )
+}
+
+/// Three datanode directories in `dir`, for daemons to share.
+pub fn shared_datanodes(dir: &tempfile::TempDir) -> Vec<PathBuf> {
+    (1..=3).map(|i| dir.path().join(format!("dn{i}"))).collect()
 }

@@ -5,8 +5,10 @@
 
 #![allow(dead_code)]
 
+pub mod elect;
 pub mod etcd;
 pub mod faults;
+pub mod spout;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

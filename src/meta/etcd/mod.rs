@@ -298,6 +298,10 @@ impl Meta for EtcdMeta {
         self.run(|s| data::block_on(s, block_id, dn))
     }
 
+    fn uc(&self, ino: u64) -> FsResult<Option<UnderConstruction>> {
+        self.run(|s| s.get_json(&uc_key(ino)))
+    }
+
     fn list_uc(&self) -> FsResult<Vec<UnderConstruction>> {
         self.run(|s| {
             Ok(s.scan_json::<UnderConstruction>(UCS)?

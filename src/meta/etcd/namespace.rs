@@ -223,23 +223,7 @@ pub(super) fn rename(s: &mut Stm<'_>, r: &Rename<'_>, now: i64) -> FsResult<Opti
 
 pub(super) fn set_attrs(s: &mut Stm<'_>, ino: u64, ch: &AttrChange, now: i64) -> FsResult<Inode> {
     let mut r = s.inode(ino)?;
-    let i = &mut r.inode;
-    if let Some(m) = ch.mode {
-        i.mode = m & 0o7777;
-    }
-    if let Some(u) = ch.uid {
-        i.uid = u;
-    }
-    if let Some(g) = ch.gid {
-        i.gid = g;
-    }
-    if let Some(a) = ch.atime {
-        i.atime = a;
-    }
-    if let Some(m) = ch.mtime {
-        i.mtime = m;
-    }
-    i.ctime = ch.ctime.unwrap_or(now);
+    ch.apply(&mut r.inode, now);
     s.put_inode(&r)?;
     Ok(r.inode)
 }

@@ -51,6 +51,20 @@ fn row_to_inode(r: &rusqlite::Row<'_>) -> rusqlite::Result<Inode> {
     })
 }
 
+const UC_COLS: &str = "ino, holder, pid, comm, epoch, mount_id, since_ms";
+
+fn row_to_uc(r: &rusqlite::Row<'_>) -> rusqlite::Result<UnderConstruction> {
+    Ok(UnderConstruction {
+        ino: r.get::<_, i64>(0)? as u64,
+        holder: r.get(1)?,
+        pid: r.get::<_, i64>(2)? as u32,
+        comm: r.get(3)?,
+        epoch: r.get::<_, i64>(4)? as u64,
+        mount_id: r.get(5)?,
+        since_ms: r.get::<_, i64>(6)? as u64,
+    })
+}
+
 fn row_to_block(r: &rusqlite::Row<'_>) -> rusqlite::Result<BlockRow> {
     let reps: String = r.get(6)?;
     Ok(BlockRow {
@@ -530,22 +544,7 @@ impl Meta for MetaStore {
     fn set_attrs(&self, ino: u64, ch: &AttrChange) -> FsResult<Inode> {
         self.with_tx(|tx| {
             let mut i = get_inode(tx, ino)?;
-            if let Some(m) = ch.mode {
-                i.mode = m & 0o7777;
-            }
-            if let Some(u) = ch.uid {
-                i.uid = u;
-            }
-            if let Some(g) = ch.gid {
-                i.gid = g;
-            }
-            if let Some(a) = ch.atime {
-                i.atime = a;
-            }
-            if let Some(m) = ch.mtime {
-                i.mtime = m;
-            }
-            i.ctime = ch.ctime.unwrap_or_else(now_ns);
+            ch.apply(&mut i, now_ns());
             tx.prepare_cached(
                 "UPDATE inodes SET mode = ?2, uid = ?3, gid = ?4, atime = ?5, mtime = ?6, ctime = ?7 WHERE ino = ?1",
             )?
@@ -621,21 +620,18 @@ impl Meta for MetaStore {
 
     fn list_uc(&self) -> FsResult<Vec<UnderConstruction>> {
         let c = lock(&self.conn);
-        let mut st = c.prepare(
-            "SELECT ino, holder, pid, comm, epoch, mount_id, since_ms FROM under_construction",
-        )?;
-        let rows = st.query_map([], |r| {
-            Ok(UnderConstruction {
-                ino: r.get::<_, i64>(0)? as u64,
-                holder: r.get(1)?,
-                pid: r.get::<_, i64>(2)? as u32,
-                comm: r.get(3)?,
-                epoch: r.get::<_, i64>(4)? as u64,
-                mount_id: r.get(5)?,
-                since_ms: r.get::<_, i64>(6)? as u64,
-            })
-        })?;
+        let mut st = c.prepare(&format!("SELECT {UC_COLS} FROM under_construction"))?;
+        let rows = st.query_map([], row_to_uc)?;
         Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    fn uc(&self, ino: u64) -> FsResult<Option<UnderConstruction>> {
+        let c = lock(&self.conn);
+        Ok(c.prepare_cached(&format!(
+            "SELECT {UC_COLS} FROM under_construction WHERE ino = ?1"
+        ))?
+        .query_row([ino as i64], row_to_uc)
+        .optional()?)
     }
 
     /// Deletes an inode whose last name and last open handle are gone;
