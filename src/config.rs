@@ -15,6 +15,11 @@ pub struct MountOptions {
     pub max_packets_in_flight: usize,
     /// Period of leader-only housekeeping (re-replication, orphan cleanup).
     pub housekeeping_interval: Duration,
+    /// fsync makes replicas durable with one `syncfs` per filesystem
+    /// (`replica_sync=fs`, the default) or an `fdatasync` per replica file
+    /// (`replica_sync=file`, for datanodes on filesystems shared with
+    /// heavy unrelated writers, whose dirty data `syncfs` would also wait for).
+    pub sync_by_fs: bool,
     /// Test-only fault: (datanode index, delay per packet).
     pub test_slow_datanode: Option<(usize, Duration)>,
     /// Generic mount flags (`ro`, `noexec`, ...) passed to the kernel.
@@ -32,6 +37,7 @@ impl Default for MountOptions {
             packet_size: 64 << 10,
             max_packets_in_flight: 80,
             housekeeping_interval: Duration::from_secs(30),
+            sync_by_fs: true,
             test_slow_datanode: None,
             kernel_flags: Vec::new(),
         }
@@ -41,7 +47,7 @@ impl Default for MountOptions {
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum OptionError {
     #[error(
-        "unknown mount option '{0}' (known: soft_limit, hard_limit, monitor_interval, lease_wait, block_size, packet_size, max_packets_in_flight, housekeeping_interval)"
+        "unknown mount option '{0}' (known: soft_limit, hard_limit, monitor_interval, lease_wait, block_size, packet_size, max_packets_in_flight, housekeeping_interval, replica_sync)"
     )]
     Unknown(String),
     #[error("mount option '{key}' has a bad value '{value}': {why}")]
@@ -113,6 +119,13 @@ impl MountOptions {
                     self.max_packets_in_flight = value
                         .parse()
                         .map_err(|_| bad("expected a whole number".into()))?
+                }
+                "replica_sync" => {
+                    self.sync_by_fs = match value {
+                        "fs" => true,
+                        "file" => false,
+                        _ => return Err(bad("expected fs or file".into())),
+                    }
                 }
                 "test_slow_datanode" => {
                     let (dn, ms) = value
@@ -210,5 +223,10 @@ mod tests {
         assert!(matches!(o.apply("bogus=1"), Err(OptionError::Unknown(_))));
         assert!(o.apply("packet_size=1000").is_err());
         assert!(o.apply("max_packets_in_flight=x").is_err());
+        let mut o = MountOptions::default();
+        assert!(o.apply("replica_sync=disk").is_err());
+        assert!(o.sync_by_fs);
+        o.apply("replica_sync=file").unwrap();
+        assert!(!o.sync_by_fs);
     }
 }

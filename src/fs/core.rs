@@ -207,6 +207,7 @@ impl Core {
             packet_size: opts.packet_size as usize,
             max_in_flight: opts.max_packets_in_flight,
             publish_lengths: cluster.is_some(),
+            sync_by_fs: opts.sync_by_fs,
         });
         Arc::new(Core {
             meta,
@@ -655,7 +656,8 @@ impl Core {
             Ok(None) => return reply(Ok(())),
             Err(e) => return reply(Err(e)),
         };
-        let by_holder = proc_info::identity(caller.pid).tgid == h.tgid;
+        // The holder's main thread needs no /proc read to be recognised.
+        let by_holder = caller.pid == h.tgid || proc_info::identity(caller.pid).tgid == h.tgid;
         let me = self.clone();
         stream.flush(Box::new(move |r| {
             if r.is_ok() && by_holder {

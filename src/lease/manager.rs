@@ -625,7 +625,7 @@ impl Inner {
             "epoch source went backwards"
         );
         let handle = holder.handle;
-        info!(
+        debug!(
             file,
             epoch,
             handle,

@@ -27,6 +27,8 @@ pub struct StreamCtx {
     /// Record the visible length in the store at every flush and fsync,
     /// for readers on other daemons sharing the namespace.
     pub publish_lengths: bool,
+    /// One `syncfs` per filesystem at fsync (`replica_sync=fs`).
+    pub sync_by_fs: bool,
     /// Replicas found bad (reads, syncs), for housekeeping to repair.
     pub bad: Arc<crate::pipeline::reader::BadReplicas>,
 }

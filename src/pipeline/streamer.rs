@@ -12,7 +12,7 @@
 use super::stream::{Done, Job, OutputStream, Packet, State, StreamCtx};
 use crate::error::{FsError, FsResult};
 use crate::meta::{BlockRow, Change, Meta, now_ns};
-use crate::storage::datanode::ReplicaWriter;
+use crate::storage::datanode::{Datanode, ReplicaWriter};
 use crate::storage::replica::ChunkAccumulator;
 use crate::sync::{Arc, lock};
 
@@ -420,11 +420,10 @@ impl OutputStream {
         let len = b.row.len;
         let mut ok = Vec::new();
         for (dn, w) in b.writers.drain(..) {
-            drop(w);
             let Some(node) = self.ctx.dns.get(dn) else {
                 continue;
             };
-            match node.finalize(b.row.block_id, b.row.gs, len) {
+            match node.finalize_written(w, b.row.block_id, b.row.gs, len) {
                 Ok(()) => ok.push(dn),
                 Err(e) => tracing::warn!(datanode = dn, "finalize failed: {e}"),
             }
@@ -452,19 +451,20 @@ impl OutputStream {
     /// committed when it changed, and the length of a file under
     /// construction is settled from its replicas by recovery.
     fn sync_replicas(&self, pipe: &mut Pipe) -> FsResult<()> {
-        // Each task says which replica it syncs: a block is durable when at
-        // least one of its replicas synced; a replica that failed is
-        // reported (and left out of the live pipeline) rather than failing
-        // the fsync while others hold the bytes.
-        let mut tasks: Vec<SyncTask> = Vec::new();
+        // Each replica (block, datanode) with the per-file syncs that make it
+        // durable. A block is durable when at least one of its replicas
+        // synced; a replica that failed is reported (and left out of the
+        // live pipeline) rather than failing the fsync while others hold
+        // the bytes.
+        let mut per: Vec<(Replica, Vec<SyncTask>)> = Vec::new();
         if let Some(b) = pipe.block.as_ref() {
             for (dn, w) in &b.writers {
-                for t in w.sync_tasks()? {
-                    tasks.push((
-                        Some((b.row.block_id, *dn)),
-                        Box::new(move || t().map_err(FsError::from)),
-                    ));
-                }
+                let tasks = w
+                    .sync_tasks()?
+                    .into_iter()
+                    .map(|t| Box::new(move || t().map_err(FsError::from)) as SyncTask)
+                    .collect();
+                per.push(((b.row.block_id, *dn), tasks));
             }
         }
         for (block, gs, reps) in std::mem::take(&mut pipe.unsynced) {
@@ -472,17 +472,28 @@ impl OutputStream {
                 let Some(node) = self.ctx.dns.get(dn).cloned() else {
                     continue;
                 };
-                tasks.push((
-                    Some((block, dn)),
-                    Box::new(move || node.sync_replica(block, gs).map_err(FsError::from)),
-                ));
+                let task: SyncTask =
+                    Box::new(move || node.sync_replica(block, gs).map_err(FsError::from));
+                per.push(((block, dn), vec![task]));
             }
         }
         let meta = self.ctx.meta.clone();
-        tasks.push((None, Box::new(move || meta.sync_if_needed())));
+        // The store's sync is first: `run_parallel` runs the last job on this
+        // thread, and that should be a replica's (the store's is usually a
+        // no-op).
+        let mut jobs: Vec<SyncJob> = vec![Box::new(move || vec![(None, meta.sync_if_needed())])];
+        if self.ctx.sync_by_fs {
+            jobs.extend(self.sync_by_fs(per));
+        } else {
+            for (who, tasks) in per {
+                for t in tasks {
+                    jobs.push(Box::new(move || vec![(Some(who), t())]));
+                }
+            }
+        }
         let mut ok_blocks = std::collections::HashSet::new();
         let mut failed = Vec::new();
-        for (who, r) in run_parallel(&self.ctx.rt, tasks) {
+        for (who, r) in run_parallel(&self.ctx.rt, jobs) {
             match (who, r) {
                 (None, r) => r?,
                 (Some((block, _)), Ok(())) => {
@@ -507,6 +518,41 @@ impl OutputStream {
             }
         }
         Ok(())
+    }
+
+    /// One job per filesystem holding replicas to sync: a single `syncfs`
+    /// there covers all of them (data, checksums, directory entries). If it
+    /// reports an error, which may be anyone's on that filesystem, the
+    /// replicas' own syncs tell which of them failed.
+    fn sync_by_fs(&self, per: Vec<(Replica, Vec<SyncTask>)>) -> Vec<SyncJob> {
+        type Group = (Arc<Datanode>, Vec<(Replica, Vec<SyncTask>)>);
+        let mut groups: Vec<Group> = Vec::new();
+        let mut jobs: Vec<SyncJob> = Vec::new();
+        for (who, tasks) in per {
+            let Some(node) = self.ctx.dns.get(who.1).cloned() else {
+                jobs.extend(tasks.into_iter().map(|t| -> SyncJob {
+                    Box::new(move || vec![(Some(who), t())])
+                }));
+                continue;
+            };
+            match groups.iter_mut().find(|g| g.0.fs_id() == node.fs_id()) {
+                Some(g) => g.1.push((who, tasks)),
+                None => groups.push((node, vec![(who, tasks)])),
+            }
+        }
+        for (node, members) in groups {
+            jobs.push(Box::new(move || match node.sync_fs() {
+                Ok(()) => members.into_iter().map(|(w, _)| (Some(w), Ok(()))).collect(),
+                Err(e) => {
+                    tracing::warn!(datanode = node.index, "syncfs failed, syncing file by file: {e}");
+                    members
+                        .into_iter()
+                        .flat_map(|(w, tasks)| tasks.into_iter().map(move |t| (Some(w), t())))
+                        .collect()
+                }
+            }));
+        }
+        jobs
     }
 
     /// Close: finalise the last block, record the length, and end the
@@ -635,34 +681,35 @@ impl OutputStream {
     }
 }
 
-/// A piece of an fsync and the replica (block, datanode) it is about.
-type SyncTask = (
-    Option<(u64, usize)>,
-    Box<dyn FnOnce() -> FsResult<()> + Send>,
-);
-/// A sync task's tag and result.
-type SyncResult = (Option<(u64, usize)>, FsResult<()>);
+/// A replica: (block id, datanode index).
+type Replica = (u64, usize);
+/// One file's (or one replica's) part of an fsync.
+type SyncTask = Box<dyn FnOnce() -> FsResult<()> + Send>;
+/// A job's result for each replica it covers (`None`: the metadata store).
+type SyncResult = (Option<Replica>, FsResult<()>);
+/// Independent work of an fsync, run in parallel with the others.
+type SyncJob = Box<dyn FnOnce() -> Vec<SyncResult> + Send>;
 
-/// Runs independent tasks on the blocking pool (reused threads, so an fsync
-/// costs no thread creation), the first one on the calling thread; returns
-/// each task's result with its tag.
-fn run_parallel(rt: &tokio::runtime::Handle, mut tasks: Vec<SyncTask>) -> Vec<SyncResult> {
-    let Some((tag, first)) = tasks.pop() else {
+/// Runs independent jobs on the blocking pool (reused threads, so an fsync
+/// costs no thread creation), the last one on the calling thread; returns
+/// every result.
+fn run_parallel(rt: &tokio::runtime::Handle, mut jobs: Vec<SyncJob>) -> Vec<SyncResult> {
+    let Some(last) = jobs.pop() else {
         return Vec::new();
     };
     let (tx, rx) = std::sync::mpsc::channel();
-    let n = tasks.len();
-    for (tag, t) in tasks {
+    let n = jobs.len();
+    for job in jobs {
         let tx = tx.clone();
         rt.spawn_blocking(move || {
-            let _ = tx.send((tag, t()));
+            let _ = tx.send(job());
         });
     }
     drop(tx);
-    let mut out = vec![(tag, first())];
+    let mut out = last();
     for _ in 0..n {
         match rx.recv() {
-            Ok(r) => out.push(r),
+            Ok(r) => out.extend(r),
             Err(_) => out.push((None, Err(FsError::Io("sync task lost".into())))),
         }
     }

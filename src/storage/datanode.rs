@@ -14,7 +14,7 @@
 use std::collections::BTreeMap;
 use std::fs::{self, File, OpenOptions};
 use std::io;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use super::checksum::{CHUNK_SIZE, chunk_crcs, crc_offset, encode_header, meta_len_for};
@@ -195,22 +195,51 @@ pub struct Datanode {
     /// `rbw/` and `finalized/`, indexed by [`ReplicaState::idx`].
     dirs: [PathBuf; 2],
     tmp: PathBuf,
+    /// The root, held open for `syncfs`: its error cursor starts when the
+    /// datanode is opened, so each writeback error there is reported once.
+    root_fd: File,
+    /// Device of the root: datanodes that share it share one `syncfs`.
+    dev: u64,
 }
 
 impl Datanode {
     /// Opens the datanode at `root`, creating `rbw/`, `finalized/` and
     /// `tmp/` as needed.
     pub fn open(index: usize, root: &Path) -> Result<Self, StorageError> {
-        let dn = Datanode {
-            index,
-            root: root.to_path_buf(),
-            dirs: ReplicaState::ALL.map(|s| root.join(s.dir_name())),
-            tmp: root.join("tmp"),
-        };
-        for d in dn.dirs.iter().chain([&dn.tmp]) {
+        let dirs = ReplicaState::ALL.map(|s| root.join(s.dir_name()));
+        let tmp = root.join("tmp");
+        for d in dirs.iter().chain([&tmp]) {
             fs::create_dir_all(d).map_err(|e| StorageError::io(d, e))?;
         }
-        Ok(dn)
+        let root_fd = File::open(root).map_err(|e| StorageError::io(root, e))?;
+        let dev = root_fd
+            .metadata()
+            .map_err(|e| StorageError::io(root, e))?
+            .dev();
+        Ok(Datanode {
+            index,
+            root: root.to_path_buf(),
+            dirs,
+            tmp,
+            root_fd,
+            dev,
+        })
+    }
+
+    /// The filesystem this datanode lives on (its device number).
+    pub fn fs_id(&self) -> u64 {
+        self.dev
+    }
+
+    /// Makes everything written on this datanode's filesystem durable with
+    /// one `syncfs(2)`: data, inodes and directory entries of every replica
+    /// there, for one cache flush (and journal commit) where `fdatasync`
+    /// per file pays one each. An error means some writeback on that
+    /// filesystem failed since the last call, not necessarily ours: the
+    /// caller finds out which file with per-file syncs.
+    pub fn sync_fs(&self) -> Result<(), StorageError> {
+        nix::unistd::syncfs(&self.root_fd)
+            .map_err(|e| StorageError::io(&self.root, io::Error::from(e)))
     }
 
     /// The directory of replicas in `state`.
@@ -362,6 +391,36 @@ impl Datanode {
             )?;
         }
         Ok(())
+    }
+
+    /// Finalizes the replica that `w` has just written, when it holds
+    /// exactly `len` bytes: the writer knows where its files are, so this is
+    /// two renames and no lookups. Anything unexpected (a file moved, a
+    /// different length) goes the careful way, through [`Self::finalize`].
+    pub fn finalize_written(
+        &self,
+        w: ReplicaWriter,
+        block: u64,
+        gs: u64,
+        len: u64,
+    ) -> Result<(), StorageError> {
+        let exact = w.len() == len;
+        drop(w);
+        if exact
+            && fs::rename(
+                self.data_path(ReplicaState::Rbw, block),
+                self.data_path(ReplicaState::Finalized, block),
+            )
+            .is_ok()
+            && fs::rename(
+                self.meta_path(ReplicaState::Rbw, block, gs),
+                self.meta_path(ReplicaState::Finalized, block, gs),
+            )
+            .is_ok()
+        {
+            return Ok(());
+        }
+        self.finalize(block, gs, len)
     }
 
     /// Makes a closed replica durable: data, checksums and both directory
