@@ -126,7 +126,7 @@ impl Datanodes {
         for b in blocks {
             for &dn in &b.replicas {
                 if let Some(node) = self.get(dn)
-                    && let Err(e) = node.delete(b.block_id)
+                    && let Err(e) = node.delete_recorded(b.block_id, b.gs)
                 {
                     tracing::warn!(datanode = dn, "replica delete failed: {e}");
                 }

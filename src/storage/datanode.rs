@@ -550,6 +550,25 @@ impl Datanode {
         Ok(())
     }
 
+    /// Deletes the replica of `block` recorded at generation stamp `gs`:
+    /// four unlinks at most, where [`Self::delete`] must list both
+    /// directories to find the meta file (a cost that grows with the number
+    /// of replicas, so deleting many files was quadratic). Falls back to
+    /// that when the recorded meta file is not there.
+    pub fn delete_recorded(&self, block: u64, gs: u64) -> Result<(), StorageError> {
+        let mut found = false;
+        for s in ReplicaState::ALL {
+            found |= remove_found(&self.meta_path(s, block, gs))?;
+        }
+        if !found {
+            return self.delete(block);
+        }
+        for s in ReplicaState::ALL {
+            remove_if_exists(&self.data_path(s, block))?;
+        }
+        Ok(())
+    }
+
     /// Every replica on this datanode (both files present), by block id.
     /// Files of unknown names are ignored.
     pub fn list(&self) -> Result<Vec<ReplicaInfo>, StorageError> {
@@ -861,9 +880,14 @@ fn rename(from: &Path, to: &Path) -> Result<(), StorageError> {
 }
 
 fn remove_if_exists(p: &Path) -> Result<(), StorageError> {
+    remove_found(p).map(drop)
+}
+
+/// Removes `p` if it exists; says whether it did.
+fn remove_found(p: &Path) -> Result<bool, StorageError> {
     match fs::remove_file(p) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(StorageError::io(p, e)),
     }
 }
@@ -1390,6 +1414,43 @@ mod tests {
         dn.delete(20).unwrap();
         assert!(dn.find(20).is_none());
         assert_eq!(dn.list().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn delete_recorded_removes_both_files_and_falls_back_on_another_gs() {
+        let dir = tempfile::tempdir().unwrap();
+        let dn = dn(&dir, 0);
+        write_in_packets(&dn, 7, 3, &stream(700, 1), &[700]);
+        dn.finalize(7, 3, 700).unwrap();
+        write_in_packets(&dn, 8, 4, &stream(100, 2), &[100]);
+        dn.delete_recorded(7, 3).unwrap();
+        assert!(dn.find(7).is_none());
+        // Recorded at an older stamp than the meta file's: found by listing.
+        dn.delete_recorded(8, 2).unwrap();
+        assert!(dn.find(8).is_none());
+        assert!(dn.list().unwrap().is_empty());
+        for s in ReplicaState::ALL {
+            assert_eq!(fs::read_dir(dn.dir(s)).unwrap().count(), 0);
+        }
+    }
+
+    #[test]
+    fn finalize_written_moves_an_exact_replica_and_checks_any_other() {
+        let dir = tempfile::tempdir().unwrap();
+        let dn = dn(&dir, 0);
+        let mut w = dn.create_rbw(5, 1).unwrap();
+        let mut acc = ChunkAccumulator::new();
+        append(&mut w, &mut acc, &stream(1000, 3), &[1000]);
+        dn.finalize_written(w, 5, 1, 1000).unwrap();
+        let r = dn.find(5).unwrap();
+        assert_eq!((r.state, r.data_len, r.gs), (ReplicaState::Finalized, 1000, 1));
+        // A shorter length than written: cut to it, as `finalize` does.
+        let mut w = dn.create_rbw(6, 1).unwrap();
+        let mut acc = ChunkAccumulator::new();
+        append(&mut w, &mut acc, &stream(1000, 4), &[1000]);
+        dn.finalize_written(w, 6, 1, 600).unwrap();
+        let r = dn.find(6).unwrap();
+        assert_eq!((r.state, r.data_len), (ReplicaState::Finalized, 600));
     }
 
     #[test]
