@@ -298,10 +298,6 @@ make_cold() { # TARGET RUN
     esac
 }
 
-wipe_target() { # TARGET: remove its scratch data after a run
-    rm -rf --one-file-system "${work:?}/$1"
-}
-
 # --- figures -------------------------------------------------------------------
 record() { # RUN TARGET FIGURE VALUE
     printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "${4:-NA}" >>"$results"
@@ -362,15 +358,20 @@ fig_seq() { # RUN TARGET DIR
 fig_small_files() { # RUN TARGET DIR
     local run=$1 t=$2 d=$3 v
     # Files go straight into DIR (no subdirectory: see mount_target), named
-    # small-NNNNNN, and are removed afterwards (untimed).
-    v=$(python3 - "$d" "$nfiles" <<'PY'
+    # small-rRUN-NNNNNN, and stay until the scratch directory is removed at
+    # the end. Deleting them here would bill the next target: ext4 without
+    # a journal (as /var/tmp is here) will not reuse an inode freed in the
+    # last 60-300 s, and every create then scans past the freed ones
+    # (recently_deleted() in perf), so a create loop run after 10,000
+    # unlinks ran at a fraction of its speed.
+    v=$(python3 - "$d" "$nfiles" "$run" <<'PY'
 import os, sys, time
-d, n = sys.argv[1], int(sys.argv[2])
+d, n, run = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 buf = b"x" * 4096
 flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY
 t0 = time.perf_counter()
 for i in range(n):
-    fd = os.open(f"{d}/small-{i:06d}", flags, 0o644)
+    fd = os.open(f"{d}/small-r{run}-{i:06d}", flags, 0o644)
     if os.write(fd, buf) != len(buf):
         sys.exit("short write")
     os.close(fd)
@@ -378,7 +379,6 @@ print(round(n / (time.perf_counter() - t0)))
 PY
     ) || { v=NA; note "${label[$t]}: small-file loop failed (run $run)"; }
     record "$run" "$t" create_4k "$v"
-    find "$d" -maxdepth 1 -name 'small-*' -delete
 }
 
 fig_fsync() { # RUN TARGET DIR
@@ -505,7 +505,7 @@ run_target() { # RUN TARGET
         for fig in create_4k fsync_p50 fsync_p99 open_w open_r open_ratio; do record "$run" "$t" "$fig" NA; done
     fi
     unmount_target "$t"
-    wipe_target "$t"
+    # The scratch data stays until the end (see fig_small_files).
 }
 
 # --- main ------------------------------------------------------------------------

@@ -20,7 +20,7 @@ use crate::lease::{
     Acquire, AcquireOpts, EpochSource, Grant, Holder, LeaseConfig, LeaseError, LeaseManager,
     RecoveryReason,
 };
-use crate::meta::{Inode, Kind, Meta, UnderConstruction};
+use crate::meta::{Kind, Meta, UnderConstruction};
 use crate::pipeline::reader::{self, BadReplicas};
 use crate::pipeline::{Datanodes, OutputStream, StreamCtx};
 use crate::sync::{Arc, AtomicU64, Mutex, Ordering, lock};
@@ -343,18 +343,15 @@ impl Core {
                 if let Err(e) = me.claim(&*cl, ino, fh, flags, caller.pid, &who) {
                     return reply(Err(e));
                 }
-                me.acquire_local(ino, fh, flags, caller, who, None, reply)
+                me.acquire_local(ino, fh, flags, caller, who, reply)
             });
             return;
         }
-        self.acquire_local(ino, fh, flags, caller, who, Some(inode), reply)
+        self.acquire_local(ino, fh, flags, caller, who, reply)
     }
 
     /// Takes the file's lease among this daemon's handles (the whole
-    /// decision on a lone daemon). `seen` is the inode as the open just read
-    /// it: a lease granted at once starts the stream from it, one granted
-    /// later (after a wait, a claim or recovery) reads it again.
-    #[allow(clippy::too_many_arguments)]
+    /// decision on a lone daemon).
     fn acquire_local(
         self: &Arc<Self>,
         ino: u64,
@@ -362,7 +359,6 @@ impl Core {
         flags: i32,
         caller: Caller,
         who: proc_info::Ident,
-        seen: Option<Inode>,
         reply: Reply<Opened>,
     ) {
         let holder = Holder {
@@ -373,11 +369,10 @@ impl Core {
             opened_wall_ms: crate::clock::wall_ms(),
         };
         let me = self.clone();
-        type Cont = Box<dyn FnOnce(Result<Grant, LeaseError>, Option<Inode>) + Send>;
-        let cont: Cont = Box::new(move |g, seen| {
+        let cont: Box<dyn FnOnce(Result<Grant, LeaseError>) + Send> = Box::new(move |g| {
             me.waiter_tids.remove(&fh);
             match g {
-                Ok(grant) => me.granted(ino, fh, flags, who, grant, seen, reply),
+                Ok(grant) => me.granted(ino, fh, flags, who, grant, reply),
                 Err(e) => {
                     me.unclaim(ino, fh);
                     reply(Err(e.into()))
@@ -392,14 +387,14 @@ impl Core {
         let slot2 = slot.clone();
         let cb: Box<dyn FnOnce(Result<Grant, LeaseError>) + Send> = Box::new(move |g| {
             if let Some(c) = lock(&slot2).take() {
-                c(g, None)
+                c(g)
             }
         });
         let take = || lock(&slot).take();
         match self.leases.acquire(ino, holder, opts, cb) {
             Ok(Acquire::Granted(g)) => {
                 if let Some(c) = take() {
-                    c(Ok(g), seen)
+                    c(Ok(g))
                 }
             }
             Ok(Acquire::Queued) => {
@@ -412,7 +407,7 @@ impl Core {
             Ok(Acquire::Recover(ticket)) => self.spawn_recovery(ticket),
             Err(e) => {
                 if let Some(c) = take() {
-                    c(Err(e), None)
+                    c(Err(e))
                 }
             }
         }
@@ -435,10 +430,9 @@ impl Core {
         flags: i32,
         who: proc_info::Ident,
         grant: Grant,
-        seen: Option<Inode>,
         reply: Reply<Opened>,
     ) {
-        let inode = match seen.map_or_else(|| self.meta.get(ino), Ok) {
+        let inode = match self.meta.get(ino) {
             Ok(i) => i,
             Err(e) => {
                 self.leases.release(ino, fh);

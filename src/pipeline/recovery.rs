@@ -41,8 +41,11 @@ pub fn recover_file(meta: &dyn Meta, dns: &Datanodes, ino: u64) -> FsResult<u64>
             }
         }
         let start = last.idx * bs;
-        if lens.is_empty() {
-            // Nothing of the block survived: the file ends where it began.
+        let len = lens.iter().map(|(_, n)| *n).min().unwrap_or(0);
+        if len == 0 {
+            // Nothing of the block survived, or it never held a byte: the
+            // file ends where the block began, and the block goes. (A stream
+            // relies on this: no block lies past a closed file's end.)
             meta.commit(
                 &[
                     Change::DropBlocksFrom {
@@ -58,13 +61,13 @@ pub fn recover_file(meta: &dyn Meta, dns: &Datanodes, ino: u64) -> FsResult<u64>
                 ],
                 false,
             )?;
+            dns.delete_blocks(std::slice::from_ref(&last));
             tracing::warn!(
                 ino,
-                "recovery found no replica of the last block; length {start}"
+                "recovery found no byte of the last block; length {start}"
             );
             return Ok(start);
         }
-        let len = lens.iter().map(|(_, n)| *n).min().unwrap_or(0);
         let new_gs = meta.alloc("next_gs")?;
         let mut ok = Vec::new();
         for (dn, _) in lens {

@@ -125,7 +125,7 @@ impl OutputStream {
                 dirty: false,
             }),
             idle: Condvar::new(),
-            pipe: Mutex::new(super::streamer::Pipe::new(&ctx)),
+            pipe: Mutex::new(super::streamer::Pipe::new(size, block_size)),
             ctx,
         })
     }

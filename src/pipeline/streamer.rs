@@ -9,7 +9,7 @@
 //! wake-ups without adding safety; `sync` fans out in parallel because each
 //! fsync waits on its disk.
 
-use super::stream::{Done, Job, OutputStream, Packet, State, StreamCtx};
+use super::stream::{Done, Job, OutputStream, Packet, State};
 use crate::error::{FsError, FsResult};
 use crate::meta::{BlockRow, Change, Meta, now_ns};
 use crate::storage::datanode::{Datanode, ReplicaWriter};
@@ -25,6 +25,11 @@ pub(crate) struct Pipe {
     unsynced: Vec<(u64, u64, Vec<usize>)>,
     /// The file's under-construction record is in the metadata store.
     uc_recorded: bool,
+    /// No block from this index on exists: none did when the stream
+    /// started, and only the stream adds blocks, in order. Spares the
+    /// block-list query when a new block starts (every small file's only
+    /// block). `None` once a truncate or an abort may have changed that.
+    new_from: Option<u64>,
 }
 
 struct OpenBlock {
@@ -36,16 +41,19 @@ struct OpenBlock {
 }
 
 impl Pipe {
-    pub(crate) fn new(_ctx: &StreamCtx) -> Pipe {
+    /// The pipeline of a stream starting on a file of `size` bytes.
+    pub(crate) fn new(size: u64, block_size: u64) -> Pipe {
         Pipe {
             block: None,
             crcs: Vec::new(),
             unsynced: Vec::new(),
             uc_recorded: false,
+            new_from: Some(size.div_ceil(block_size)),
         }
     }
     pub(crate) fn reset(&mut self) {
         self.block = None;
+        self.new_from = None;
     }
 }
 
@@ -200,7 +208,8 @@ impl OutputStream {
             self.record_finalized(&row, size)?;
         }
         if pipe.block.is_none() {
-            pipe.block = Some(self.open_block(p.off, &mut pipe.uc_recorded)?);
+            let known_new = pipe.new_from.is_some_and(|n| p.off / bs >= n);
+            pipe.block = Some(self.open_block(p.off, known_new, &mut pipe.uc_recorded)?);
         }
         let Pipe { block, crcs, .. } = pipe;
         let b = block.as_mut().expect("opened above");
@@ -316,12 +325,21 @@ impl OutputStream {
     /// Opens the block that holds file offset `off`: a new one at a block
     /// boundary, else the file's last block reopened for append under a new
     /// generation stamp.
-    fn open_block(&self, off: u64, uc_recorded: &mut bool) -> FsResult<OpenBlock> {
+    fn open_block(
+        &self,
+        off: u64,
+        known_new: bool,
+        uc_recorded: &mut bool,
+    ) -> FsResult<OpenBlock> {
         let bs = self.block_size;
         let idx = off / bs;
         let start = idx * bs;
-        let blocks = self.meta().blocks(self.ino)?;
-        let existing = blocks.into_iter().find(|b| b.idx == idx);
+        let existing = if known_new {
+            None
+        } else {
+            let blocks = self.meta().blocks(self.ino)?;
+            blocks.into_iter().find(|b| b.idx == idx)
+        };
         match existing {
             None => {
                 let replicas = self.ctx.dns.choose_pipeline()?;
@@ -581,6 +599,7 @@ impl OutputStream {
     /// holds it to the new length under a new generation stamp, or grows
     /// the file by streaming zeros.
     fn apply_truncate(&self, pipe: &mut Pipe, size: u64) -> FsResult<()> {
+        pipe.new_from = None;
         if !pipe.uc_recorded {
             self.meta()
                 .commit(&[Change::PutUc(self.uc.clone())], false)?;
