@@ -7,7 +7,7 @@
 #
 # Steps:
 #  1. apt-get installs whatever of fuse3, attr, rsync, fio, bindfs, sqlite3,
-#     protobuf-compiler (etcd-client needs protoc), etcd-server (tests),
+#     protobuf-compiler (etcd-client needs protoc), etcd-server and strace (tests),
 #     python3, gcc, libc6-dev is missing (checked with dpkg -s; nothing is
 #     fetched when everything is there). Uses sudo when not root.
 #  2. Checks for a Rust toolchain new enough for the project (edition 2024,
@@ -87,7 +87,7 @@ as_root() {
 }
 
 # --- 1. Debian packages -------------------------------------------------------
-packages=(fuse3 attr rsync fio bindfs sqlite3 python3 gcc libc6-dev protobuf-compiler etcd-server)
+packages=(fuse3 attr rsync fio bindfs sqlite3 python3 gcc libc6-dev protobuf-compiler etcd-server strace)
 
 install_packages() {
     local missing=() p

@@ -325,12 +325,7 @@ impl OutputStream {
     /// Opens the block that holds file offset `off`: a new one at a block
     /// boundary, else the file's last block reopened for append under a new
     /// generation stamp.
-    fn open_block(
-        &self,
-        off: u64,
-        known_new: bool,
-        uc_recorded: &mut bool,
-    ) -> FsResult<OpenBlock> {
+    fn open_block(&self, off: u64, known_new: bool, uc_recorded: &mut bool) -> FsResult<OpenBlock> {
         let bs = self.block_size;
         let idx = off / bs;
         let start = idx * bs;
@@ -548,9 +543,11 @@ impl OutputStream {
         let mut jobs: Vec<SyncJob> = Vec::new();
         for (who, tasks) in per {
             let Some(node) = self.ctx.dns.get(who.1).cloned() else {
-                jobs.extend(tasks.into_iter().map(|t| -> SyncJob {
-                    Box::new(move || vec![(Some(who), t())])
-                }));
+                jobs.extend(
+                    tasks
+                        .into_iter()
+                        .map(|t| -> SyncJob { Box::new(move || vec![(Some(who), t())]) }),
+                );
                 continue;
             };
             match groups.iter_mut().find(|g| g.0.fs_id() == node.fs_id()) {
@@ -560,9 +557,15 @@ impl OutputStream {
         }
         for (node, members) in groups {
             jobs.push(Box::new(move || match node.sync_fs() {
-                Ok(()) => members.into_iter().map(|(w, _)| (Some(w), Ok(()))).collect(),
+                Ok(()) => members
+                    .into_iter()
+                    .map(|(w, _)| (Some(w), Ok(())))
+                    .collect(),
                 Err(e) => {
-                    tracing::warn!(datanode = node.index, "syncfs failed, syncing file by file: {e}");
+                    tracing::warn!(
+                        datanode = node.index,
+                        "syncfs failed, syncing file by file: {e}"
+                    );
                     members
                         .into_iter()
                         .flat_map(|(w, tasks)| tasks.into_iter().map(move |t| (Some(w), t())))

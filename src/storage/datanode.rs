@@ -1443,7 +1443,10 @@ mod tests {
         append(&mut w, &mut acc, &stream(1000, 3), &[1000]);
         dn.finalize_written(w, 5, 1, 1000).unwrap();
         let r = dn.find(5).unwrap();
-        assert_eq!((r.state, r.data_len, r.gs), (ReplicaState::Finalized, 1000, 1));
+        assert_eq!(
+            (r.state, r.data_len, r.gs),
+            (ReplicaState::Finalized, 1000, 1)
+        );
         // A shorter length than written: cut to it, as `finalize` does.
         let mut w = dn.create_rbw(6, 1).unwrap();
         let mut acc = ChunkAccumulator::new();

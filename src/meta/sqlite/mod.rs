@@ -93,10 +93,14 @@ fn replicas_text(r: &[usize]) -> String {
 }
 
 fn get_inode(tx: &Connection, ino: u64) -> FsResult<Inode> {
-    tx.prepare_cached(concat!("SELECT ", inode_cols!(), " FROM inodes WHERE ino = ?1"))?
-        .query_row([ino as i64], row_to_inode)
-        .optional()?
-        .ok_or(FsError::NotFound)
+    tx.prepare_cached(concat!(
+        "SELECT ",
+        inode_cols!(),
+        " FROM inodes WHERE ino = ?1"
+    ))?
+    .query_row([ino as i64], row_to_inode)
+    .optional()?
+    .ok_or(FsError::NotFound)
 }
 
 fn lookup_in(tx: &Connection, parent: u64, name: &[u8]) -> FsResult<Option<u64>> {
