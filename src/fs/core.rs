@@ -20,7 +20,7 @@ use crate::lease::{
     Acquire, AcquireOpts, EpochSource, Grant, Holder, LeaseConfig, LeaseError, LeaseManager,
     RecoveryReason,
 };
-use crate::meta::{Kind, Meta, UnderConstruction};
+use crate::meta::{Inode, Kind, Meta, UnderConstruction};
 use crate::pipeline::reader::{self, BadReplicas};
 use crate::pipeline::{Datanodes, OutputStream, StreamCtx};
 use crate::sync::{Arc, AtomicU64, Mutex, Ordering, lock};
@@ -288,50 +288,18 @@ impl Core {
     /// first, which may complete later (lease_wait, a pending release, or
     /// recovery of an expired holder).
     pub fn open(self: &Arc<Self>, ino: u64, flags: i32, caller: Caller, reply: Reply<Opened>) {
-        let inode = match self.meta.get(ino) {
-            Ok(i) => i,
-            Err(e) => return reply(Err(e)),
-        };
         let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
-        if inode.kind == Kind::Dir && write {
-            return reply(Err(FsError::IsDir));
-        }
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        if !write || inode.kind != Kind::File {
-            // A file nobody changes is read through the page cache; one
-            // under construction directly, so that readers never see bytes
-            // not yet acknowledged nor a zero-filled last page (`cache`).
-            let mode = if inode.kind == Kind::File {
-                self.read_mode(ino)
-            } else {
-                ReadMode::Direct
+        if !write {
+            return match self.meta.get(ino) {
+                Ok(inode) => self.open_reader(fh, &inode, reply),
+                Err(e) => reply(Err(e)),
             };
-            let h = Handle {
-                fh,
-                ino,
-                write: false,
-                append: false,
-                cached: mode != ReadMode::Direct,
-                epoch: 0,
-                tgid: 0,
-                pgid: 0,
-                flushed: Default::default(),
-                stream: None,
-            };
-            self.register(h);
-            return reply(Ok(match mode {
-                ReadMode::Direct => Opened {
-                    fh,
-                    direct_io: true,
-                    keep_cache: false,
-                },
-                ReadMode::Cached { keep } => Opened {
-                    fh,
-                    direct_io: false,
-                    keep_cache: keep,
-                },
-            }));
         }
+        // A writer reads the inode once the lease is ours (`granted`), not
+        // before: FUSE sends OPEN for regular files only (directories get
+        // OPENDIR, the kernel keeps special files to itself), and anything
+        // read before the grant could be stale by then.
         let who = proc_info::identity(caller.pid);
         if let Err(e) = self.check_fence(who.pgid) {
             return reply(Err(e));
@@ -348,6 +316,44 @@ impl Core {
             return;
         }
         self.acquire_local(ino, fh, flags, caller, who, reply)
+    }
+
+    /// A read-only handle (also what a write open of anything but a regular
+    /// file gets). A file nobody changes is read through the page cache;
+    /// one under construction directly, so that readers never see bytes
+    /// not yet acknowledged nor a zero-filled last page (`cache`).
+    fn open_reader(&self, fh: u64, inode: &Inode, reply: Reply<Opened>) {
+        let ino = inode.ino;
+        let mode = if inode.kind == Kind::File {
+            self.read_mode(ino)
+        } else {
+            ReadMode::Direct
+        };
+        let h = Handle {
+            fh,
+            ino,
+            write: false,
+            append: false,
+            cached: mode != ReadMode::Direct,
+            epoch: 0,
+            tgid: 0,
+            pgid: 0,
+            flushed: Default::default(),
+            stream: None,
+        };
+        self.register(h);
+        reply(Ok(match mode {
+            ReadMode::Direct => Opened {
+                fh,
+                direct_io: true,
+                keep_cache: false,
+            },
+            ReadMode::Cached { keep } => Opened {
+                fh,
+                direct_io: false,
+                keep_cache: keep,
+            },
+        }))
     }
 
     /// Takes the file's lease among this daemon's handles (the whole
@@ -433,10 +439,15 @@ impl Core {
         reply: Reply<Opened>,
     ) {
         let inode = match self.meta.get(ino) {
-            Ok(i) => i,
-            Err(e) => {
+            Ok(i) if i.kind == Kind::File => i,
+            r => {
                 self.leases.release(ino, fh);
-                return reply(Err(e));
+                self.unclaim(ino, fh);
+                return match r {
+                    Ok(i) if i.kind == Kind::Dir => reply(Err(FsError::IsDir)),
+                    Ok(i) => self.open_reader(fh, &i, reply),
+                    Err(e) => reply(Err(e)),
+                };
             }
         };
         let uc = UnderConstruction {

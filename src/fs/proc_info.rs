@@ -36,8 +36,49 @@ fn read_status(tid: u32) -> Option<String> {
     String::from_utf8(buf).ok()
 }
 
-/// Identity of thread `tid`, from one read of `/proc/<tid>/status`.
+/// How long a thread's identity is reused without reading /proc again.
+const IDENT_TTL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Recently read identities by thread id.
+static IDENTS: std::sync::LazyLock<
+    std::sync::Mutex<std::collections::HashMap<u32, (Ident, std::time::Instant)>>,
+> = std::sync::LazyLock::new(Default::default);
+
+/// Identity of thread `tid`. Generating `/proc/<tid>/status` was a third of
+/// a write open's time in profiles, and a program opens many files in a
+/// row: an identity read less than a second ago is reused as long as the
+/// thread's process group is unchanged (one `getpgid`, a tenth of a
+/// microsecond), since fencing goes by process group. A thread's process
+/// never changes, and its id is not reused within a second; what may go
+/// stale for that second is only the name a thread gives itself.
 pub fn identity(tid: u32) -> Ident {
+    let pgid = nix::unistd::getpgid(Some(nix::unistd::Pid::from_raw(tid as i32)))
+        .map(|p| p.as_raw() as u32)
+        .ok();
+    let mut cache = crate::sync::lock(&IDENTS);
+    if let Some((id, at)) = cache.get(&tid)
+        && at.elapsed() < IDENT_TTL
+        && pgid == Some(id.pgid)
+    {
+        return id.clone();
+    }
+    drop(cache);
+    let id = identity_from_status(tid);
+    cache = crate::sync::lock(&IDENTS);
+    if cache.len() >= 4096 {
+        cache.retain(|_, (_, at)| at.elapsed() < IDENT_TTL);
+        if cache.len() >= 4096 {
+            cache.clear();
+        }
+    }
+    if pgid.is_some() {
+        cache.insert(tid, (id.clone(), std::time::Instant::now()));
+    }
+    id
+}
+
+/// Identity of thread `tid`, from one read of `/proc/<tid>/status`.
+fn identity_from_status(tid: u32) -> Ident {
     let status = read_status(tid).unwrap_or_default();
     let mut id = Ident {
         tgid: tid,
@@ -116,6 +157,32 @@ mod tests {
         assert_eq!(id.comm, "idtest");
         assert_eq!(id.pgid, nix::unistd::getpgrp().as_raw() as u32);
         t.join().unwrap();
+    }
+
+    #[test]
+    fn a_cached_identity_follows_a_process_group_change() {
+        // A child that moves to a group of its own between two lookups.
+        let mut child = std::process::Command::new("python3")
+            .args([
+                "-c",
+                "import os, time; time.sleep(0.3); os.setpgid(0, 0); time.sleep(5)",
+            ])
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let before = identity(pid);
+        assert_eq!(before.pgid, nix::unistd::getpgrp().as_raw() as u32);
+        assert_eq!(identity(pid).pgid, before.pgid);
+        let p = nix::unistd::Pid::from_raw(pid as i32);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while nix::unistd::getpgid(Some(p)).unwrap() != p {
+            assert!(std::time::Instant::now() < deadline, "child never moved");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let after = identity(pid);
+        assert_eq!((after.pgid, after.tgid), (pid, pid));
+        child.kill().unwrap();
+        child.wait().unwrap();
     }
 
     #[test]
