@@ -264,6 +264,50 @@ fn o_trunc_starts_the_file_afresh() {
     assert_eq!(m.read_string("f"), "y\n");
 }
 
+#[test]
+fn o_trunc_of_a_running_program_fails_etxtbsy_and_leaves_it_running() {
+    // With FUSE_ATOMIC_O_TRUNC the kernel emptied its copy of the file as
+    // soon as the open succeeded, before refusing the truncation, and the
+    // program crashed in a few percent of tries (pjdfstest open::etxtbsy).
+    let m = Mount::new();
+    let out = py_run(
+        m.dir.path(),
+        r#"
+import errno, os, shutil, signal, sys
+d, src = sys.argv[1], shutil.which("sleep")
+bad = []
+for i in range(60):
+    p = f"{d}/prog{i}"
+    s = os.open(src, os.O_RDONLY)
+    t = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o755)
+    size, off = os.fstat(s).st_size, 0
+    while off < size:
+        off += os.sendfile(t, s, off, size - off)
+    os.close(s); os.close(t)
+    pid = os.posix_spawn(p, [p, "10"], os.environ)
+    got = []
+    for fl in (os.O_WRONLY, os.O_RDWR, os.O_RDONLY | os.O_TRUNC):
+        try:
+            os.close(os.open(p, fl)); got.append("ok")
+        except OSError as e:
+            got.append(errno.errorcode[e.errno])
+    alive = os.waitpid(pid, os.WNOHANG) == (0, 0)
+    if alive:
+        os.kill(pid, signal.SIGKILL); os.waitpid(pid, 0)
+    if got != ["ETXTBSY"] * 3 or not alive or os.stat(p).st_size != size:
+        bad.append((i, got, alive, os.stat(p).st_size))
+print(bad)
+"#,
+        &[m.mnt.to_str().unwrap()],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[]");
+}
+
 // ---- 3. files of several blocks ------------------------------------------
 
 #[test]

@@ -152,11 +152,12 @@ impl Filesystem for Adapter {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let _ = config.set_max_write(1 << 20);
         let _ = config.set_max_readahead(1 << 20);
-        // O_TRUNC arrives with the open (so the holder's own truncate is
-        // never refused by its own lease); killpriv_v2 spares a GETXATTR
-        // before every write.
-        let want = InitFlags::FUSE_ATOMIC_O_TRUNC
-            | InitFlags::FUSE_HANDLE_KILLPRIV_V2
+        // killpriv_v2 spares a GETXATTR before every write. No
+        // FUSE_ATOMIC_O_TRUNC: with it the kernel drops the file's size and
+        // pages once the open succeeds, before checking that truncating is
+        // allowed (ETXTBSY), which crashed a program running from the file.
+        // O_TRUNC then comes as a SETATTR through the new descriptor.
+        let want = InitFlags::FUSE_HANDLE_KILLPRIV_V2
             | InitFlags::FUSE_BIG_WRITES
             | InitFlags::FUSE_PARALLEL_DIROPS
             // mmap (running a program from the mount) of files opened

@@ -427,7 +427,7 @@ impl Core {
         h
     }
 
-    /// The lease is ours: set up the file's output stream (and O_TRUNC).
+    /// The lease is ours: set up the file's output stream.
     #[allow(clippy::too_many_arguments)]
     fn granted(
         self: &Arc<Self>,
@@ -491,19 +491,8 @@ impl Core {
             direct_io: true,
             keep_cache: false,
         };
-        if flags & libc::O_TRUNC != 0 && inode.size > 0 {
-            // The old bytes leave the page cache before the open returns.
-            let me = self.clone();
-            stream.truncate(
-                0,
-                Box::new(move |r| match r {
-                    Ok(()) => me.invalidate_all_then(ino, opened, reply),
-                    Err(e) => reply(Err(e)),
-                }),
-            );
-        } else {
-            reply(Ok(opened))
-        }
+        // O_TRUNC follows as a SETATTR through this descriptor (`set_size`).
+        reply(Ok(opened))
     }
 
     // ---- read / write -------------------------------------------------
