@@ -27,7 +27,7 @@ use std::path::Path;
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
-use common::elect::Candidate;
+use common::elect::{Candidate, check_terms, events, history, is_end, journal};
 use common::etcd::{EtcdServer, daemon, shared_datanodes};
 use common::spout::*;
 use common::*;
@@ -106,14 +106,6 @@ fn racing_creates_on_two_daemons_open_the_same_file() {
 // ---- spout -----------------------------------------------------------------
 
 const SPOUT_O: &str = "soft_limit=2,monitor_interval=0.2";
-
-fn counts(lines: &[String]) -> HashMap<&str, usize> {
-    let mut c = HashMap::new();
-    for l in lines {
-        *c.entry(l.as_str()).or_insert(0) += 1;
-    }
-    c
-}
 
 /// Nothing left in the source and lock directories, every file in done/
 /// whole.
@@ -387,14 +379,7 @@ fn spout_files_of_killed_and_stopped_instances_pass_to_another_daemon() {
         );
     }
     let emitted: Vec<String> = all.iter().flat_map(|i| i.stdout_lines()).collect();
-    let cnt = counts(&emitted);
-    for (name, lines) in &files {
-        for l in lines {
-            assert!(cnt.contains_key(l.as_str()), "{name}: `{l}` never emitted");
-        }
-    }
-    let known: usize = files.values().map(Vec::len).sum();
-    assert_eq!(cnt.len(), known, "unknown lines emitted");
+    let cnt = every_line_at_least_once(&emitted, &files);
 
     // Duplicates only at or after the takeover points.
     let resumed: HashMap<String, u64> = other.takeovers().into_iter().collect();
@@ -515,37 +500,6 @@ fn cand_logs(cands: &[Candidate]) -> String {
         .join("\n")
 }
 
-/// The audit table (in etcd, the same through every daemon).
-fn history(m: &Mount, dir: &str) -> Vec<Value> {
-    let dir = m.path(dir);
-    if !dir.exists() {
-        return Vec::new();
-    }
-    let out = m.leasefs(&[
-        "elect",
-        dir.to_str().expect("utf-8 path"),
-        "--history",
-        "--json",
-    ]);
-    assert!(
-        out.status.success(),
-        "--history failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice::<Vec<Value>>(&out.stdout).expect("history JSON")
-}
-
-fn events<'a>(h: &'a [Value], kind: &str) -> Vec<&'a Value> {
-    h.iter().filter(|e| e["event"] == kind).collect()
-}
-
-fn is_end(e: &Value) -> bool {
-    matches!(
-        e["event"].as_str(),
-        Some("resigned" | "lost" | "expired" | "preempted")
-    )
-}
-
 /// The term going on by the audit table: (epoch, id) of the last
 /// `elected` whose end is not recorded.
 fn open_term(h: &[Value]) -> Option<(u64, String)> {
@@ -628,61 +582,6 @@ fn stopped(pid: u32) -> bool {
                 .map(|(_, r)| r.trim_start().starts_with(['T', 't']))
         })
         .unwrap_or(false)
-}
-
-/// The shared journal's complete lines as (epoch, id).
-fn journal(m: &Mount) -> Vec<(u64, String)> {
-    let text = std::fs::read(m.path("journal"))
-        .map(|b| String::from_utf8_lossy(&b).into_owned())
-        .unwrap_or_default();
-    let complete = text.rfind('\n').map_or("", |end| &text[..end]);
-    complete
-        .lines()
-        .filter_map(|l| {
-            let (e, id) = l.split_once(' ')?;
-            Some((e.parse().ok()?, id.to_string()))
-        })
-        .collect()
-}
-
-/// No two terms overlapped, by the audit table and by the shared journal.
-fn check_terms(h: &[Value], lines: &[(u64, String)]) {
-    let elected = events(h, "elected");
-    let mut by_epoch: HashMap<u64, String> = HashMap::new();
-    let mut last = 0;
-    for e in &elected {
-        let epoch = e["epoch"].as_u64().expect("epoch");
-        assert!(epoch > last, "elected epochs do not increase\n{h:#?}");
-        last = epoch;
-        by_epoch.insert(epoch, e["who"].as_str().unwrap_or("").to_string());
-    }
-    for pair in elected.windows(2) {
-        let (e1, e2) = (pair[0]["epoch"].as_u64(), pair[1]["epoch"].as_u64());
-        let next = h
-            .iter()
-            .position(|v| v["event"] == "elected" && v["epoch"].as_u64() == e2)
-            .expect("elected");
-        let end = h
-            .iter()
-            .position(|v| is_end(v) && v["epoch"].as_u64() == e1);
-        assert!(
-            end.is_some_and(|i| i < next),
-            "term {e1:?} has no end recorded before term {e2:?} began\n{h:#?}"
-        );
-    }
-    let mut last = 0;
-    for (i, (epoch, id)) in lines.iter().enumerate() {
-        assert!(
-            *epoch >= last,
-            "journal line {i}: epoch {epoch} after {last}"
-        );
-        last = *epoch;
-        assert_eq!(
-            by_epoch.get(epoch).map(String::as_str),
-            Some(id.as_str()),
-            "journal line {i} ({epoch} {id}) matches no elected event"
-        );
-    }
 }
 
 /// By the outside journal: each epoch started once, in increasing order,

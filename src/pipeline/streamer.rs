@@ -464,58 +464,77 @@ impl OutputStream {
     /// committed when it changed, and the length of a file under
     /// construction is settled from its replicas by recovery.
     fn sync_replicas(&self, pipe: &mut Pipe) -> FsResult<()> {
-        // Each replica (block, datanode) with the per-file syncs that make it
-        // durable. A block is durable when at least one of its replicas
-        // synced; a replica that failed is reported (and left out of the
-        // live pipeline) rather than failing the fsync while others hold
-        // the bytes.
-        let mut per: Vec<(Replica, Vec<SyncTask>)> = Vec::new();
-        if let Some(b) = pipe.block.as_ref() {
-            for (dn, w) in &b.writers {
-                let tasks = w
-                    .sync_tasks()?
-                    .into_iter()
-                    .map(|t| Box::new(move || t().map_err(FsError::from)) as SyncTask)
-                    .collect();
-                per.push(((b.row.block_id, *dn), tasks));
-            }
+        // Every replica to make durable, once: a block is durable when at
+        // least one of its replicas synced; a replica that failed is
+        // reported (and left out of the live pipeline) rather than failing
+        // the fsync while others hold the bytes.
+        let unsynced = std::mem::take(&mut pipe.unsynced);
+        let mut replicas: Vec<Replica> = Vec::new();
+        if let Some(b) = &pipe.block {
+            replicas.extend(b.writers.iter().map(|(dn, _)| (b.row.block_id, *dn)));
         }
-        for (block, gs, reps) in std::mem::take(&mut pipe.unsynced) {
-            for dn in reps {
-                let Some(node) = self.ctx.dns.get(dn).cloned() else {
-                    continue;
-                };
-                let task: SyncTask =
-                    Box::new(move || node.sync_replica(block, gs).map_err(FsError::from));
-                per.push(((block, dn), vec![task]));
-            }
+        for (block, _, reps) in &unsynced {
+            replicas.extend(reps.iter().map(|dn| (*block, *dn)));
         }
+        let mut seen = std::collections::HashSet::new();
+        replicas.retain(|r| seen.insert(*r));
+
         let meta = self.ctx.meta.clone();
         // The store's sync is first: `run_parallel` runs the last job on this
         // thread, and that should be a replica's (the store's is usually a
         // no-op).
         let mut jobs: Vec<SyncJob> = vec![Box::new(move || vec![(None, meta.sync_if_needed())])];
-        if self.ctx.sync_by_fs {
-            jobs.extend(self.sync_by_fs(per));
-        } else {
-            for (who, tasks) in per {
-                for t in tasks {
-                    jobs.push(Box::new(move || vec![(Some(who), t())]));
-                }
+        // replica_sync=fs: one syncfs per filesystem covers its replicas
+        // (data, checksums, directory entries).
+        let mut groups: Vec<(Arc<Datanode>, Vec<Replica>)> = Vec::new();
+        for who in replicas {
+            match self.ctx.dns.get(who.1).filter(|_| self.ctx.sync_by_fs) {
+                Some(node) => match groups.iter_mut().find(|g| g.0.fs_id() == node.fs_id()) {
+                    Some(g) => g.1.push(who),
+                    None => groups.push((node.clone(), vec![who])),
+                },
+                None => jobs.extend(self.file_syncs(pipe, &unsynced, who)?),
             }
         }
-        let mut ok_blocks = std::collections::HashSet::new();
-        let mut failed = Vec::new();
+        for (node, members) in groups {
+            jobs.push(Box::new(move || {
+                let r = node.sync_fs().map_err(FsError::from);
+                if let Err(e) = &r {
+                    tracing::warn!(
+                        datanode = node.index,
+                        "syncfs failed, syncing file by file: {e}"
+                    );
+                }
+                members.into_iter().map(|w| (Some(w), r.clone())).collect()
+            }));
+        }
+        let mut results = Vec::new();
+        let mut again: Vec<SyncJob> = Vec::new();
         for (who, r) in run_parallel(&self.ctx.rt, jobs) {
             match (who, r) {
                 (None, r) => r?,
-                (Some((block, _)), Ok(())) => {
-                    ok_blocks.insert(block);
+                // A syncfs error may be anyone's on that filesystem: the
+                // replica's own syncs tell.
+                (Some(w), Err(_)) if self.ctx.sync_by_fs && self.ctx.dns.get(w.1).is_some() => {
+                    again.extend(self.file_syncs(pipe, &unsynced, w)?)
                 }
-                (Some((block, dn)), Err(e)) => failed.push((block, dn, e)),
+                (Some(w), r) => results.push((w, r)),
             }
         }
-        for (block, dn, e) in failed {
+        if !again.is_empty() {
+            for (who, r) in run_parallel(&self.ctx.rt, again) {
+                if let Some(w) = who {
+                    results.push((w, r));
+                }
+            }
+        }
+        let ok_blocks: std::collections::HashSet<u64> = results
+            .iter()
+            .filter(|(_, r)| r.is_ok())
+            .map(|((block, _), _)| *block)
+            .collect();
+        for ((block, dn), r) in results {
+            let Err(e) = r else { continue };
             tracing::warn!(
                 ino = self.ino,
                 block,
@@ -533,47 +552,35 @@ impl OutputStream {
         Ok(())
     }
 
-    /// One job per filesystem holding replicas to sync: a single `syncfs`
-    /// there covers all of them (data, checksums, directory entries). If it
-    /// reports an error, which may be anyone's on that filesystem, the
-    /// replicas' own syncs tell which of them failed.
-    fn sync_by_fs(&self, per: Vec<(Replica, Vec<SyncTask>)>) -> Vec<SyncJob> {
-        type Group = (Arc<Datanode>, Vec<(Replica, Vec<SyncTask>)>);
-        let mut groups: Vec<Group> = Vec::new();
-        let mut jobs: Vec<SyncJob> = Vec::new();
-        for (who, tasks) in per {
-            let Some(node) = self.ctx.dns.get(who.1).cloned() else {
-                jobs.extend(
-                    tasks
-                        .into_iter()
-                        .map(|t| -> SyncJob { Box::new(move || vec![(Some(who), t())]) }),
-                );
-                continue;
+    /// The per-file syncs that make one replica durable: through its
+    /// writer (data, checksums, and the directory the first time), or, for
+    /// a block finished since the last sync, of the closed replica at its
+    /// latest generation stamp.
+    fn file_syncs(
+        &self,
+        pipe: &Pipe,
+        unsynced: &[(u64, u64, Vec<usize>)],
+        who: Replica,
+    ) -> FsResult<Vec<SyncJob>> {
+        let (block, dn) = who;
+        let job = |t: SyncTask| -> SyncJob { Box::new(move || vec![(Some(who), t())]) };
+        if let Some(b) = pipe.block.as_ref().filter(|b| b.row.block_id == block) {
+            let Some((_, w)) = b.writers.iter().find(|(d, _)| *d == dn) else {
+                return Ok(Vec::new());
             };
-            match groups.iter_mut().find(|g| g.0.fs_id() == node.fs_id()) {
-                Some(g) => g.1.push((who, tasks)),
-                None => groups.push((node, vec![(who, tasks)])),
-            }
+            return Ok(w
+                .sync_tasks()?
+                .into_iter()
+                .map(|t| job(Box::new(move || t().map_err(FsError::from))))
+                .collect());
         }
-        for (node, members) in groups {
-            jobs.push(Box::new(move || match node.sync_fs() {
-                Ok(()) => members
-                    .into_iter()
-                    .map(|(w, _)| (Some(w), Ok(())))
-                    .collect(),
-                Err(e) => {
-                    tracing::warn!(
-                        datanode = node.index,
-                        "syncfs failed, syncing file by file: {e}"
-                    );
-                    members
-                        .into_iter()
-                        .flat_map(|(w, tasks)| tasks.into_iter().map(move |t| (Some(w), t())))
-                        .collect()
-                }
-            }));
-        }
-        jobs
+        let gs = unsynced.iter().rev().find(|u| u.0 == block).map(|u| u.1);
+        let (Some(gs), Some(node)) = (gs, self.ctx.dns.get(dn).cloned()) else {
+            return Ok(Vec::new());
+        };
+        Ok(vec![job(Box::new(move || {
+            node.sync_replica(block, gs).map_err(FsError::from)
+        }))])
     }
 
     /// Close: finalise the last block, record the length, and end the

@@ -1,6 +1,7 @@
 //! A `leasefs elect` candidate the tests drive, shared by the single-mount
 //! and the multi-daemon election tests.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -82,5 +83,110 @@ impl Drop for Candidate {
             kill(self.pid(), libc::SIGKILL);
         }
         let _ = self.child.wait();
+    }
+}
+
+/// The election's audit table, through `leasefs elect DIR --history --json`
+/// (over etcd the same through every daemon).
+pub fn history(m: &Mount, dir: &str) -> Vec<serde_json::Value> {
+    let dir = m.path(dir);
+    if !dir.exists() {
+        return Vec::new(); // no elector has created it yet
+    }
+    let out = m.leasefs(&[
+        "elect",
+        dir.to_str().expect("utf-8 path"),
+        "--history",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "--history failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice::<Vec<serde_json::Value>>(&out.stdout).expect("history JSON")
+}
+
+pub fn events<'a>(h: &'a [serde_json::Value], kind: &str) -> Vec<&'a serde_json::Value> {
+    h.iter().filter(|e| e["event"] == kind).collect()
+}
+
+/// An audit event that ends a term.
+pub fn is_end(e: &serde_json::Value) -> bool {
+    matches!(
+        e["event"].as_str(),
+        Some("resigned" | "lost" | "expired" | "preempted")
+    )
+}
+
+/// The journal's complete lines as (epoch, id). Read again on an error: a
+/// read that races with an append reopening the file can fail with EIO
+/// (a daemon bug, reported), and a line being written may show in part.
+pub fn journal(m: &Mount) -> Vec<(u64, String)> {
+    let mut text = String::new();
+    for attempt in 0.. {
+        match std::fs::read(m.path("journal")) {
+            Ok(b) => {
+                text = String::from_utf8_lossy(&b).into_owned();
+                break;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
+            Err(e) if attempt < 50 => {
+                eprintln!("journal read failed ({e}); reading again");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => panic!("cannot read the journal: {e}"),
+        }
+    }
+    let complete = text.rfind('\n').map_or("", |end| &text[..end]);
+    complete
+        .lines()
+        .filter_map(|l| {
+            let (e, id) = l.split_once(' ')?;
+            Some((e.parse().ok()?, id.to_string()))
+        })
+        .collect()
+}
+
+/// No two terms overlapped, by the audit table and by the journal.
+pub fn check_terms(h: &[serde_json::Value], lines: &[(u64, String)]) {
+    let elected = events(h, "elected");
+    let mut by_epoch: HashMap<u64, String> = HashMap::new();
+    let mut last = 0;
+    for e in &elected {
+        let epoch = e["epoch"].as_u64().expect("epoch");
+        assert!(
+            epoch > last,
+            "elected epochs do not increase: {epoch} after {last}\n{h:#?}"
+        );
+        last = epoch;
+        by_epoch.insert(epoch, e["who"].as_str().unwrap_or("").to_string());
+    }
+    // Every term's end is recorded before the next term's start.
+    let pos = |pred: &dyn Fn(&serde_json::Value) -> bool| h.iter().position(pred);
+    for pair in elected.windows(2) {
+        let (e1, e2) = (pair[0]["epoch"].as_u64(), pair[1]["epoch"].as_u64());
+        let next = pos(&|v| v["event"] == "elected" && v["epoch"].as_u64() == e2).expect("elected");
+        let end = pos(&|v| is_end(v) && v["epoch"].as_u64() == e1);
+        assert!(
+            end.is_some_and(|i| i < next),
+            "term {e1:?} has no end recorded before term {e2:?} began\n{h:#?}"
+        );
+    }
+    let mut last = 0;
+    let mut owner: HashMap<u64, &str> = HashMap::new();
+    for (i, (epoch, id)) in lines.iter().enumerate() {
+        assert!(
+            *epoch >= last,
+            "journal line {i}: epoch {epoch} after {last}"
+        );
+        last = *epoch;
+        let o = owner.entry(*epoch).or_insert(id);
+        assert_eq!(o, id, "journal epoch {epoch} written by two ids");
+        assert_eq!(
+            by_epoch.get(epoch).map(String::as_str),
+            Some(id.as_str()),
+            "journal line {i} ({epoch} {id}) matches no elected event"
+        );
     }
 }

@@ -2,6 +2,7 @@
 //! spout tests (test files, publishing, lock entries), shared by the
 //! single-mount and the multi-daemon spout tests.
 
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -234,4 +235,33 @@ pub fn wait_committed(m: &Mount, rel: &str, id: &str) -> u64 {
     });
     assert!(ok, "{rel}: no commit by {id}: last entry {last:?}");
     last.map(|(_, o)| o).unwrap_or(0)
+}
+
+/// How many times each line was emitted.
+pub fn counts<'a>(lines: impl IntoIterator<Item = &'a String>) -> HashMap<&'a str, usize> {
+    let mut c = HashMap::new();
+    for l in lines {
+        *c.entry(l.as_str()).or_insert(0) += 1;
+    }
+    c
+}
+
+/// Every line of `files` was emitted at least once and no other line was;
+/// returns how many times each one was.
+pub fn every_line_at_least_once<'a>(
+    emitted: &'a [String],
+    files: &BTreeMap<String, Vec<String>>,
+) -> HashMap<&'a str, usize> {
+    let c = counts(emitted);
+    for (name, lines) in files {
+        for l in lines {
+            assert!(
+                c.contains_key(l.as_str()),
+                "{name}: line `{l}` never emitted"
+            );
+        }
+    }
+    let known: usize = files.values().map(Vec::len).sum();
+    assert_eq!(c.len(), known, "unknown lines emitted");
+    c
 }
