@@ -172,3 +172,49 @@ fn replicas_on_two_filesystems_take_one_syncfs_each() {
     }
     expected(&m, "f", 3);
 }
+
+#[test]
+fn a_block_cut_by_ftruncate_and_written_again_syncs_without_failing_a_replica() {
+    // ftruncate to the middle of the block finalises it, cuts it under a new
+    // generation stamp, and the next write reopens it under another: the
+    // fsync after must sync the replica as it is now, not the cut-off
+    // stamp (which would mark every datanode dead).
+    for mode in ["replica_sync=file", "replica_sync=fs"] {
+        let m = Mount::with(Opts {
+            datanodes: 3,
+            replication: Some(3),
+            o: vec![mode.into()],
+            ..Opts::default()
+        });
+        let out = py_run(
+            m.dir.path(),
+            r#"
+import os, sys
+fd = os.open(sys.argv[1], os.O_CREAT | os.O_RDWR, 0o644)
+os.write(fd, b"a" * 10000)
+os.fsync(fd)
+os.ftruncate(fd, 5000)
+os.lseek(fd, 5000, os.SEEK_SET)
+os.write(fd, b"b" * 3000)
+os.fsync(fd)
+os.write(fd, b"c" * 3000)
+os.fsync(fd)
+os.close(fd)
+"#,
+            &[m.path("f").to_str().unwrap()],
+        );
+        assert!(
+            out.status.success(),
+            "{mode}: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            m.log()
+        );
+        let want: Vec<u8> = [vec![b'a'; 5000], vec![b'b'; 3000], vec![b'c'; 3000]].concat();
+        assert_eq!(m.read("f"), want, "{mode}");
+        assert!(
+            !m.log().contains("replica sync failed"),
+            "{mode}:\n{}",
+            m.log()
+        );
+    }
+}
