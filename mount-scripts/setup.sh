@@ -6,9 +6,9 @@
 #   mount-scripts/setup.sh --install                # also install system-wide
 #
 # Steps:
-#  1. apt-get installs whatever of fuse3, attr, rsync, fio, bindfs, sqlite3,
-#     protobuf-compiler (etcd-client needs protoc), etcd-server and strace (tests),
-#     python3, gcc, libc6-dev is missing (checked with dpkg -s; nothing is
+#  1. apt-get installs whatever of fuse3, attr, acl, rsync, fio, bindfs, sqlite3,
+#     etcd-server and strace (tests), python3, gcc, libc6-dev is missing (no
+#     protobuf: the build takes protoc from a crate, see build-support/protoc) (checked with dpkg -s; nothing is
 #     fetched when everything is there). Uses sudo when not root.
 #  2. Checks for a Rust toolchain new enough for the project (edition 2024,
 #     Rust >= 1.85); Debian's own rustc is too old. If cargo is missing, it offers
@@ -87,7 +87,7 @@ as_root() {
 }
 
 # --- 1. Debian packages -------------------------------------------------------
-packages=(fuse3 attr rsync fio bindfs sqlite3 python3 gcc libc6-dev protobuf-compiler etcd-server strace)
+packages=(fuse3 attr acl rsync fio bindfs sqlite3 python3 gcc libc6-dev etcd-server strace)
 
 install_packages() {
     local missing=() p
