@@ -51,6 +51,10 @@ pub enum FsError {
     Storage(String, i32),
     #[error("metadata store: {0}")]
     Meta(String),
+    /// A datanode directory that cannot be attached (see
+    /// `pipeline::attach::AttachError`).
+    #[error("{0}")]
+    Datanode(String),
     #[error("i/o error: {0}")]
     Io(String),
     /// A read found replicas under another generation stamp than its block
@@ -103,6 +107,7 @@ impl FsError {
             FsError::TermOver { .. } => EIO,
             FsError::Storage(_, errno) => *errno,
             FsError::Meta(_) => EIO,
+            FsError::Datanode(_) => EIO,
             FsError::Io(_) => EIO,
             FsError::Moved(_) => EIO,
         }

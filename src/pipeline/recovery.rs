@@ -25,16 +25,16 @@ pub fn recover_file(meta: &dyn Meta, dns: &Datanodes, ino: u64) -> FsResult<u64>
                 Some(info) if info.gs == last.gs => match node.valid_prefix(last.block_id, last.gs)
                 {
                     Ok(n) => lens.push((dn, n)),
-                    Err(e) => tracing::warn!(datanode = dn, "replica unusable in recovery: {e}"),
+                    Err(e) => tracing::warn!(datanode = %dn, "replica unusable in recovery: {e}"),
                 },
                 Some(info) => tracing::warn!(
-                    datanode = dn,
+                    datanode = %dn,
                     found = info.gs,
                     wanted = last.gs,
                     "stale replica ignored in recovery"
                 ),
                 None => tracing::warn!(
-                    datanode = dn,
+                    datanode = %dn,
                     block = last.block_id,
                     "replica missing in recovery"
                 ),
@@ -77,7 +77,7 @@ pub fn recover_file(meta: &dyn Meta, dns: &Datanodes, ino: u64) -> FsResult<u64>
                 .and_then(|_| node.finalize(last.block_id, new_gs, len));
             match r {
                 Ok(()) => ok.push(dn),
-                Err(e) => tracing::warn!(datanode = dn, "replica not recovered: {e}"),
+                Err(e) => tracing::warn!(datanode = %dn, "replica not recovered: {e}"),
             }
         }
         if ok.is_empty() {
