@@ -321,3 +321,93 @@ pub fn recorded(meta: &dyn Meta, replication: usize) -> Result<Datanodes, Attach
     }
     Ok(Datanodes::new(nodes, absent, replication, None))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::meta::MetaStore;
+
+    /// A database of the positional layout recording `dirs` in that order.
+    fn positional_db(at: &Path, dirs: &[&Path]) -> MetaStore {
+        let db = at.join("meta.db");
+        let c = rusqlite::Connection::open(&db).unwrap();
+        c.execute_batch("CREATE TABLE datanodes(idx INTEGER PRIMARY KEY, path TEXT NOT NULL);")
+            .unwrap();
+        for (i, d) in dirs.iter().enumerate() {
+            c.execute(
+                "INSERT INTO datanodes VALUES(?1, ?2)",
+                rusqlite::params![i as i64, d.to_string_lossy()],
+            )
+            .unwrap();
+        }
+        drop(c);
+        MetaStore::open(&db, 0, 0).unwrap()
+    }
+
+    fn mkdirs(t: &tempfile::TempDir, names: &[&str]) -> Vec<PathBuf> {
+        names
+            .iter()
+            .map(|n| {
+                let d = t.path().join(n);
+                std::fs::create_dir_all(&d).unwrap();
+                d
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_interrupted_upgrade_finishes_with_the_storage_id_it_recorded() {
+        let t = tempfile::tempdir().unwrap();
+        let d = mkdirs(&t, &["a", "b"]);
+        let m = positional_db(t.path(), &[&d[0], &d[1]]);
+        let fsid = m.filesystem_id().unwrap();
+        // a: stopped after its storage ID was recorded, before its file.
+        m.claim_legacy_datanode(DnId(0), "DS-a").unwrap();
+        // b: stopped after its file, before it was registered.
+        m.claim_legacy_datanode(DnId(1), "DS-b").unwrap();
+        identity::create(&d[1], &Identity::of("DS-b".into(), &fsid)).unwrap();
+        for _ in 0..2 {
+            let dns = attach(&m, &[d[1].clone(), d[0].clone()], 2, None).unwrap();
+            assert_eq!(dns.get(DnId(0)).unwrap().root, d[0]);
+            assert_eq!(dns.get(DnId(1)).unwrap().root, d[1]);
+            let sids: Vec<String> = d
+                .iter()
+                .map(|d| identity::read(d).unwrap().unwrap().storage_id)
+                .collect();
+            assert_eq!(sids, ["DS-a", "DS-b"]);
+            let recs = m.datanode_records().unwrap();
+            assert!(
+                recs.iter().all(|r| r.state == AdminState::Normal),
+                "{recs:?}"
+            );
+            assert_eq!(recs.len(), 2);
+        }
+    }
+
+    #[test]
+    fn fresh_directories_are_registered_foreign_and_copied_ones_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let d = mkdirs(&t, &["a", "b", "foreign", "copy"]);
+        let m = MetaStore::open(&t.path().join("meta.db"), 0, 0).unwrap();
+        let dns = attach(&m, &d[..2], 2, None).unwrap();
+        assert_eq!(dns.get(DnId(1)).unwrap().root, d[1]);
+        // Reversed: the same ids.
+        let dns = attach(&m, &[d[1].clone(), d[0].clone()], 2, None).unwrap();
+        assert_eq!(dns.get(DnId(0)).unwrap().root, d[0]);
+        // One left out is recorded, and dead.
+        let dns = attach(&m, &d[1..2], 1, None).unwrap();
+        assert_eq!((dns.len(), dns.is_alive(DnId(0))), (2, false));
+
+        identity::create(&d[2], &Identity::new("FS-other")).unwrap();
+        let e = attach(&m, &[d[0].clone(), d[2].clone()], 2, None).unwrap_err();
+        assert!(matches!(e, AttachError::Foreign { .. }), "{e}");
+        std::fs::copy(
+            d[0].join(identity::FILE_NAME),
+            d[3].join(identity::FILE_NAME),
+        )
+        .unwrap();
+        let e = attach(&m, &[d[0].clone(), d[3].clone()], 2, None).unwrap_err();
+        assert!(matches!(e, AttachError::Duplicate { .. }), "{e}");
+        assert_eq!(m.datanode_records().unwrap().len(), 2, "nothing registered");
+    }
+}

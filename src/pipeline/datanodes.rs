@@ -51,6 +51,7 @@ pub struct DatanodeStatus {
 }
 
 /// A recorded datanode, attached in this mount or not.
+#[derive(Debug)]
 struct Slot {
     id: DnId,
     storage_id: Option<String>,
@@ -68,6 +69,7 @@ pub struct Absent {
     pub why: String,
 }
 
+#[derive(Debug)]
 pub struct Datanodes {
     /// Sorted by id.
     slots: Vec<Slot>,
