@@ -11,6 +11,7 @@ use super::client::{ask, find_mount};
 use super::fail;
 use crate::fsck::{self, Check, Report};
 use crate::meta::{Meta, MetaStore};
+use crate::pipeline::Health;
 
 pub fn run(
     mountpoint: Option<&Path>,
@@ -48,6 +49,23 @@ pub fn run(
                 .map(|d| format!(" datanode {d}"))
                 .unwrap_or_default();
             println!("{}:{block}{dn} {:?}: {}{fixed}", p.path, p.kind, p.detail);
+        }
+        for d in report
+            .datanode_states
+            .iter()
+            .filter(|d| d.state != Health::Live)
+        {
+            let detail = d
+                .detail
+                .as_deref()
+                .map(|w| format!(": {w}"))
+                .unwrap_or_default();
+            println!(
+                "{}: datanode {} {}{detail}",
+                d.path.display(),
+                d.id,
+                format!("{:?}", d.state).to_uppercase()
+            );
         }
         println!("{}", report.summary());
     }

@@ -315,7 +315,7 @@ pub fn recorded(meta: &dyn Meta, replication: usize) -> Result<Datanodes, Attach
             Some(n) => nodes.push(n),
             None => absent.push(Absent {
                 record: rec,
-                why: format!("{} is missing or is not this datanode", path.display()),
+                why: "its directory is missing, or holds another identity file".into(),
             }),
         }
     }
