@@ -118,7 +118,8 @@ impl Datanodes {
     }
 
     /// Datanodes at `dirs` with ids 0, 1, ... in that order and no
-    /// identity files (unit tests of what lies above storage).
+    /// identity files.
+    #[cfg(test)]
     pub fn unregistered(dirs: &[PathBuf], replication: usize) -> FsResult<Datanodes> {
         let mut nodes = Vec::new();
         for (i, d) in dirs.iter().enumerate() {

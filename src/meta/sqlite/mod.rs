@@ -8,6 +8,7 @@
 
 use std::path::Path;
 
+mod registry;
 mod schema;
 
 use rusqlite::{Connection, OptionalExtension, params};
@@ -156,33 +157,6 @@ fn in_tx<T>(c: &Connection, f: impl FnOnce(&Connection) -> FsResult<T>) -> FsRes
     Ok(v)
 }
 
-/// Brings a database of an earlier release to this schema, in place.
-fn upgrade_schema(c: &Connection) -> FsResult<()> {
-    let positional = c
-        .prepare("SELECT 1 FROM pragma_table_info('datanodes') WHERE name = 'idx'")?
-        .exists([])?;
-    if positional {
-        c.execute_batch(schema::UPGRADE_POSITIONAL_DATANODES)
-            .inspect_err(|_| {
-                let _ = c.execute_batch("ROLLBACK");
-            })?;
-        tracing::info!("datanode registry created from the positional datanode list");
-    }
-    Ok(())
-}
-
-fn row_to_datanode(r: &rusqlite::Row<'_>) -> rusqlite::Result<DatanodeRecord> {
-    let state: String = r.get(3)?;
-    Ok(DatanodeRecord {
-        id: DnId(r.get::<_, i64>(0)? as u32),
-        storage_id: r.get(1)?,
-        path: std::path::PathBuf::from(r.get::<_, String>(2)?),
-        // An unknown state (a later release's) keeps the datanode out of
-        // any upgrade.
-        state: AdminState::parse(&state).unwrap_or(AdminState::Normal),
-    })
-}
-
 impl MetaStore {
     /// Opens (creating if needed) the database at `path`. The root directory
     /// is created owned by `uid:gid`.
@@ -192,11 +166,7 @@ impl MetaStore {
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         conn.execute_batch(schema::SCHEMA)?;
-        upgrade_schema(&conn)?;
-        conn.execute(
-            "INSERT OR IGNORE INTO settings VALUES('filesystem_id', ?1)",
-            [crate::storage::identity::new_filesystem_id()],
-        )?;
+        registry::init(&conn)?;
         let now = now_ns();
         conn.execute(
             &format!(
@@ -790,66 +760,19 @@ impl Meta for MetaStore {
     }
 
     fn filesystem_id(&self) -> FsResult<String> {
-        let c = lock(&self.conn);
-        Ok(c.query_row(
-            "SELECT value FROM settings WHERE name = 'filesystem_id'",
-            [],
-            |r| r.get(0),
-        )?)
+        registry::filesystem_id(&lock(&self.conn))
     }
 
     fn datanode_records(&self) -> FsResult<Vec<DatanodeRecord>> {
-        let c = lock(&self.conn);
-        let mut st = c.prepare("SELECT id, storage_id, path, state FROM datanodes ORDER BY id")?;
-        let rows = st.query_map([], row_to_datanode)?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        registry::records(&lock(&self.conn))
     }
 
     fn register_datanode(&self, storage_id: &str, path: &Path) -> FsResult<DnId> {
-        let path = path.to_string_lossy();
-        self.durable(|tx| {
-            let known: Option<i64> = tx
-                .query_row(
-                    "SELECT id FROM datanodes WHERE storage_id = ?1",
-                    [storage_id],
-                    |r| r.get(0),
-                )
-                .optional()?;
-            let id = match known {
-                Some(id) => {
-                    tx.execute(
-                        "UPDATE datanodes SET path = ?2, state = CASE state WHEN 'upgrading' THEN 'normal' ELSE state END WHERE id = ?1",
-                        params![id, path],
-                    )?;
-                    id
-                }
-                None => tx.query_row(
-                    "INSERT INTO datanodes(id, storage_id, path, state)
-                       SELECT COALESCE(MAX(id) + 1, 0), ?1, ?2, 'normal' FROM datanodes
-                     RETURNING id",
-                    params![storage_id, path],
-                    |r| r.get(0),
-                )?,
-            };
-            Ok(DnId(id as u32))
-        })
+        self.durable(|tx| registry::register(tx, storage_id, path))
     }
 
     fn claim_legacy_datanode(&self, id: DnId, storage_id: &str) -> FsResult<String> {
-        self.durable(|tx| {
-            tx.execute(
-                "UPDATE datanodes SET storage_id = ?2 WHERE id = ?1 AND storage_id IS NULL",
-                params![id.0 as i64, storage_id],
-            )?;
-            tx.query_row(
-                "SELECT storage_id FROM datanodes WHERE id = ?1",
-                [id.0 as i64],
-                |r| r.get::<_, Option<String>>(0),
-            )
-            .optional()?
-            .flatten()
-            .ok_or_else(|| FsError::Meta(format!("datanode {id} is not recorded")))
-        })
+        self.durable(|tx| registry::claim_legacy(tx, id, storage_id))
     }
 
     fn set_replication(&self, replication: usize) -> FsResult<()> {
