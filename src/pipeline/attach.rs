@@ -87,7 +87,9 @@ pub fn attach(
 ) -> Result<Datanodes, AttachError> {
     let fsid = meta.filesystem_id()?;
     let records = meta.datanode_records()?;
-    let mut attached: Vec<Attached> = Vec::new();
+    // First look, changing nothing, so that a refused mount leaves every
+    // directory and the registry as they were.
+    let mut identified = Vec::new();
     let mut unidentified = Vec::new();
     let mut seen: HashMap<String, PathBuf> = HashMap::new();
     for dir in dirs {
@@ -109,29 +111,34 @@ pub fn attach(
                 storage_id: id.storage_id,
             });
         }
-        // Known: its id (an interrupted upgrade is finished here). Unknown:
-        // its file was written but the mount stopped before registering it.
-        let dn = meta.register_datanode(&id.storage_id, dir)?;
-        attached.push(Attached {
-            id: dn,
-            root: dir.clone(),
-            identity: id,
-        });
+        identified.push((dir.clone(), id));
     }
-    let taken: HashSet<DnId> = attached.iter().map(|a| a.id).collect();
     let legacy: Vec<&DatanodeRecord> = records
         .iter()
-        .filter(|r| r.state == AdminState::Upgrading && !taken.contains(&r.id))
+        .filter(|r| r.state == AdminState::Upgrading)
         .filter(|r| r.storage_id.as_ref().is_none_or(|s| !seen.contains_key(s)))
         .collect();
     let (matched, fresh) = match_positional(meta, &legacy, unidentified)?;
+    for dir in &fresh {
+        if Datanode::holds_files(dir).map_err(storage(dir))? {
+            return Err(AttachError::Unidentified { path: dir.clone() });
+        }
+    }
+    let mut attached: Vec<Attached> = Vec::new();
+    for (dir, id) in identified {
+        // Known: its id (an interrupted upgrade is finished here). Unknown:
+        // its file was written but the mount stopped before registering it.
+        let dn = meta.register_datanode(&id.storage_id, &dir)?;
+        attached.push(Attached {
+            id: dn,
+            root: dir,
+            identity: id,
+        });
+    }
     for (dir, rec) in matched {
         attached.push(upgrade(meta, &fsid, &dir, rec)?);
     }
     for dir in fresh {
-        if Datanode::holds_files(&dir).map_err(storage(&dir))? {
-            return Err(AttachError::Unidentified { path: dir });
-        }
         let id = identity::create(&dir, &Identity::new(&fsid)).map_err(storage(&dir))?;
         if id.filesystem_id != fsid {
             return Err(AttachError::Foreign {
@@ -212,12 +219,7 @@ fn match_positional<'r>(
         if !Datanode::holds_files(dir).map_err(storage(dir))? {
             continue;
         }
-        let found: Vec<u64> = Datanode::open(DnId(u32::MAX), dir, None)
-            .and_then(|n| n.list())
-            .map_err(storage(dir))?
-            .into_iter()
-            .map(|r| r.block)
-            .collect();
+        let found = Datanode::block_ids_in(dir).map_err(storage(dir))?;
         for (k, rec) in left.iter().enumerate() {
             let set = held.get(&rec.id);
             let n = found
@@ -387,7 +389,7 @@ mod tests {
     #[test]
     fn fresh_directories_are_registered_foreign_and_copied_ones_refused() {
         let t = tempfile::tempdir().unwrap();
-        let d = mkdirs(&t, &["a", "b", "foreign", "copy"]);
+        let d = mkdirs(&t, &["a", "b", "foreign", "copy", "new"]);
         let m = MetaStore::open(&t.path().join("meta.db"), 0, 0).unwrap();
         let dns = attach(&m, &d[..2], 2, None).unwrap();
         assert_eq!(dns.get(DnId(1)).unwrap().root, d[1]);
@@ -399,8 +401,10 @@ mod tests {
         assert_eq!((dns.len(), dns.is_alive(DnId(0))), (2, false));
 
         identity::create(&d[2], &Identity::new("FS-other")).unwrap();
-        let e = attach(&m, &[d[0].clone(), d[2].clone()], 2, None).unwrap_err();
+        let e = attach(&m, &[d[4].clone(), d[0].clone(), d[2].clone()], 2, None).unwrap_err();
         assert!(matches!(e, AttachError::Foreign { .. }), "{e}");
+        // A refused mount changed nothing: the new directory is untouched.
+        assert_eq!(std::fs::read_dir(&d[4]).unwrap().count(), 0);
         std::fs::copy(
             d[0].join(identity::FILE_NAME),
             d[3].join(identity::FILE_NAME),

@@ -1,12 +1,13 @@
 //! A datanode's own health: the heartbeat probe (identity file, a synced
 //! write, free space) and what a directory holds before it is attached.
 
+use std::collections::BTreeSet;
 use std::fs::{self, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-use super::{Datanode, ReplicaState, StorageError, TMP_SEQ};
+use super::{Datanode, FileName, ReplicaState, StorageError, TMP_SEQ, parse_name};
 use crate::storage::identity;
 use crate::sync::Ordering;
 
@@ -69,6 +70,27 @@ impl Datanode {
         let st = nix::sys::statvfs::statvfs(&self.root)
             .map_err(|e| StorageError::io(&self.root, io::Error::from(e)))?;
         Ok((st.blocks_available() as u64).saturating_mul(st.fragment_size() as u64))
+    }
+
+    /// The blocks whose data files `root`'s `rbw/` and `finalized/` hold,
+    /// read without changing anything (the directory is not attached yet).
+    pub fn block_ids_in(root: &Path) -> Result<BTreeSet<u64>, StorageError> {
+        let mut ids = BTreeSet::new();
+        for s in ReplicaState::ALL {
+            let dir = root.join(s.dir_name());
+            let entries = match fs::read_dir(&dir) {
+                Ok(it) => it,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(StorageError::io(&dir, e)),
+            };
+            for entry in entries {
+                let entry = entry.map_err(|e| StorageError::io(&dir, e))?;
+                if let Some(FileName::Data(b)) = entry.file_name().to_str().and_then(parse_name) {
+                    ids.insert(b);
+                }
+            }
+        }
+        Ok(ids)
     }
 
     /// Whether `rbw/` or `finalized/` holds any file: a directory without
