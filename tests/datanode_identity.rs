@@ -357,3 +357,69 @@ fn a_data_directory_of_the_previous_release_is_upgraded_in_place() {
     let again: Vec<String> = old.iter().map(|d| identity(d, "storageID")).collect();
     assert_eq!(again, sids, "the upgrade ran twice");
 }
+
+/// A file left open by a crashed daemon whose last block lives only on
+/// datanodes the next mount leaves out: recovery cannot read the block,
+/// and must not take that for an empty block (it would drop the block and
+/// its fsynced bytes). The file stays open until they are back.
+#[test]
+fn recovery_waits_for_a_last_block_that_lives_only_on_datanodes_left_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let all = dirs(&dir, &["a", "b", "c"]);
+    let mut m = Mount::with_datanode_paths(
+        Opts {
+            datanodes: 3,
+            replication: Some(2),
+            ..Opts::default()
+        },
+        all.clone(),
+    );
+    let data = pattern(3 * MIB, 21);
+    let src = m.dir.path().join("f.src");
+    std::fs::write(&src, &data).unwrap();
+    // Writes 1 MiB at a time with an fsync after each, then waits.
+    let py = r#"
+import os, sys, time
+d = open(sys.argv[1], "rb").read()
+fd = os.open("f", os.O_WRONLY | os.O_CREAT, 0o644)
+for i in range(0, len(d), 1 << 20):
+    os.write(fd, d[i:i + (1 << 20)])
+    os.fsync(fd)
+print("synced", flush=True)
+time.sleep(600)
+"#;
+    let mut w = std::process::Command::new(python())
+        .arg("-c")
+        .arg(py)
+        .arg(&src)
+        .current_dir(&m.mnt)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(w.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line.trim(), "synced");
+    m.crash();
+    kill(w.id(), libc::SIGKILL);
+    let _ = w.wait();
+    let blocks = all_blocks(&m.data);
+    assert_eq!(blocks.len(), 1, "{blocks:?}");
+    let on = &blocks[0].replicas;
+    let other = (0..3).find(|i| !on.contains(i)).unwrap();
+
+    m.set_datanodes(vec![all[other].clone()], Some(1));
+    m.mount();
+    let (code, r) = m.fsck_json();
+    assert_eq!(code, 1, "{r}");
+    assert_eq!(r["open_for_write"].as_array().map(Vec::len), Some(1), "{r}");
+    m.unmount();
+
+    m.set_datanodes(all, Some(2));
+    m.mount();
+    assert_reads(&m, &[("f", data)], "with every datanode back");
+    assert_healthy(&m, "with every datanode back");
+}
