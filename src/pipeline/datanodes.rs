@@ -286,11 +286,12 @@ impl Datanodes {
     }
 
     /// Deletes every replica of `blocks` (files removed or truncated away);
-    /// a failure leaves an orphan that housekeeping removes later.
+    /// a failure leaves an orphan that housekeeping removes later, as does
+    /// a dead datanode (its directory may now hold something else).
     pub fn delete_blocks(&self, blocks: &[crate::meta::BlockRow]) {
         for b in blocks {
             for &dn in &b.replicas {
-                if let Some(node) = self.get(dn)
+                if let Some(node) = self.get(dn).filter(|_| self.is_alive(dn))
                     && let Err(e) = node.delete_recorded(b.block_id, b.gs)
                 {
                     tracing::warn!(datanode = %dn, "replica delete failed: {e}");
