@@ -140,16 +140,16 @@ pub struct Check<'a> {
     pub suspect: HashSet<(u64, DnId)>,
     /// Also delete replica files of blocks no file has...
     pub orphans: bool,
-    /// ...and, beside those, replicas of a block on datanodes its row does
-    /// not list, once the row's own replicas are all there (excess or
-    /// stale copies; never at mount).
-    pub excess: bool,
     /// ...once they are this old (writers create replica files just before
     /// recording their block; at mount there are no writers yet).
     pub orphan_grace: Duration,
     /// Apply the grace to finalized replicas too (automatic housekeeping is
     /// conservative; an operator's `fsck --repair` removes them at once).
     pub grace_finalized: bool,
+    /// Beside orphans, also delete copies of a block on datanodes its row
+    /// does not list, once the row's own replicas are all there (excess or
+    /// stale copies; never at mount).
+    pub excess: bool,
 }
 
 struct Progress {
