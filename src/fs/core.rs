@@ -597,19 +597,9 @@ impl Core {
         r
     }
 
-    /// Appends through the handle's stream; the reply may wait for acks
-    /// (backpressure). O_APPEND writes go to the real end of the file.
-    ///
-    /// While handles that read through the page cache are open (opened
-    /// before this writer), the reply waits until the bytes are
-    /// acknowledged and the pages from the previous visible end to the new
-    /// one are invalidated: the kernel grows its file size when the reply
-    /// arrives, and a page it read while the end was there (zero-filled
-    /// past it) must not survive that, nor may the size pass unacknowledged
-    /// bytes.
-    /// Writes through `fh`. `kill_suidgid`: the kernel's word that the
-    /// caller lacks CAP_FSETID, so the write clears setuid and setgid
-    /// (`privs`), before its bytes go anywhere.
+    /// Writes through `fh`. `kill_suidgid` is the kernel's word that the
+    /// caller lacks CAP_FSETID: the write then clears setuid and setgid
+    /// (`privs`) before its bytes go anywhere.
     pub fn write(
         self: &Arc<Self>,
         fh: u64,
@@ -629,32 +619,29 @@ impl Core {
             tracing::warn!(ino = h.ino, fh, "write refused: {e}");
             return reply(Err(e));
         }
-        if !self.privs_to_drop(h.ino, kill_suidgid) {
-            return self.write_checked(&h, offset, data, reply);
+        if self.privs_to_drop(h.ino, kill_suidgid) {
+            return self.drop_privs_then_write(h, offset, data, (caller, kill_suidgid), reply);
         }
-        let kill = if kill_suidgid {
-            privs::Kill::Yes
-        } else {
-            privs::Kill::No
-        };
-        // A metadata commit: on the request thread only when it is local.
-        if self.cluster.is_some() {
-            let (me, data) = (self.clone(), data.to_vec());
-            self.ctx
-                .rt
-                .spawn_blocking(move || match me.drop_privs(h.ino, caller, kill) {
-                    Ok(()) => me.write_checked(&h, offset, &data, reply),
-                    Err(e) => reply(Err(e)),
-                });
-            return;
-        }
-        match self.drop_privs(h.ino, caller, kill) {
-            Ok(()) => self.write_checked(&h, offset, data, reply),
-            Err(e) => reply(Err(e)),
-        }
+        self.write_checked(&h, offset, data, reply)
     }
 
-    fn write_checked(self: &Arc<Self>, h: &Handle, offset: u64, data: &[u8], reply: Reply<u32>) {
+    /// Appends through the handle's stream; the reply may wait for acks
+    /// (backpressure). O_APPEND writes go to the real end of the file.
+    ///
+    /// While handles that read through the page cache are open (opened
+    /// before this writer), the reply waits until the bytes are
+    /// acknowledged and the pages from the previous visible end to the new
+    /// one are invalidated: the kernel grows its file size when the reply
+    /// arrives, and a page it read while the end was there (zero-filled
+    /// past it) must not survive that, nor may the size pass unacknowledged
+    /// bytes.
+    pub(super) fn write_checked(
+        self: &Arc<Self>,
+        h: &Handle,
+        offset: u64,
+        data: &[u8],
+        reply: Reply<u32>,
+    ) {
         let fh = h.fh;
         let Some(stream) = h.stream.as_ref() else {
             return reply(Err(FsError::BadHandle));

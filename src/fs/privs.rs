@@ -9,11 +9,12 @@
 
 use std::cell::OnceCell;
 
-use super::core::{Caller, Core};
+use super::core::{Caller, Core, Reply};
+use super::handles::Handle;
 use super::proc_info;
 use crate::error::FsResult;
 use crate::meta::{AttrChange, Inode, Kind, XattrEdit, XattrLimits};
-use crate::sync::Ordering;
+use crate::sync::{Arc, Ordering};
 
 pub const CAPABILITY: &[u8] = b"security.capability";
 
@@ -81,6 +82,33 @@ impl Core {
             let p = f.privs.load(Ordering::Relaxed);
             p & CAPS != 0 || (kill && p & MODE != 0)
         })
+    }
+
+    /// The write of `Core::write` once privileges are dropped. The drop
+    /// is a metadata commit: on the request thread only when it is local.
+    pub(super) fn drop_privs_then_write(
+        self: &Arc<Self>,
+        h: Arc<Handle>,
+        offset: u64,
+        data: &[u8],
+        (caller, kill_suidgid): (Caller, bool),
+        reply: Reply<u32>,
+    ) {
+        let kill = if kill_suidgid { Kill::Yes } else { Kill::No };
+        if self.cluster.is_some() {
+            let (me, data) = (self.clone(), data.to_vec());
+            self.ctx
+                .rt
+                .spawn_blocking(move || match me.drop_privs(h.ino, caller, kill) {
+                    Ok(()) => me.write_checked(&h, offset, &data, reply),
+                    Err(e) => reply(Err(e)),
+                });
+            return;
+        }
+        match self.drop_privs(h.ino, caller, kill) {
+            Ok(()) => self.write_checked(&h, offset, data, reply),
+            Err(e) => reply(Err(e)),
+        }
     }
 
     /// Drops what a data change of `ino` by `caller` removes, in one

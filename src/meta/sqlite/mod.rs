@@ -8,6 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
+mod dentries;
 mod schema;
 mod xattrs;
 
@@ -17,6 +18,7 @@ use super::backend::{Change, Meta};
 use super::types::*;
 use crate::error::{FsError, FsResult};
 use crate::sync::{AtomicU64, Mutex, Ordering, lock};
+use dentries::*;
 
 pub struct MetaStore {
     conn: Mutex<Connection>,
@@ -61,11 +63,6 @@ fn row_to_inode(r: &rusqlite::Row<'_>) -> rusqlite::Result<Inode> {
     })
 }
 
-/// One page of a directory, in cookie order.
-const READDIR_PAGE: &str = "SELECT d.name, d.ino, i.kind, d.cookie FROM dentries d \
-     JOIN inodes i ON i.ino = d.ino \
-     WHERE d.parent = ?1 AND d.cookie > ?2 ORDER BY d.cookie LIMIT ?3";
-
 const UC_COLS: &str = "ino, holder, pid, comm, epoch, mount_id, since_ms";
 
 fn row_to_uc(r: &rusqlite::Row<'_>) -> rusqlite::Result<UnderConstruction> {
@@ -109,51 +106,6 @@ fn get_inode(tx: &Connection, ino: u64) -> FsResult<Inode> {
     .query_row([ino as i64], row_to_inode)
     .optional()?
     .ok_or(FsError::NotFound)
-}
-
-fn lookup_in(tx: &Connection, parent: u64, name: &[u8]) -> FsResult<Option<u64>> {
-    Ok(entry_in(tx, parent, name)?.map(|(ino, _)| ino))
-}
-
-/// The entry `parent/name` as (ino, cookie).
-fn entry_in(tx: &Connection, parent: u64, name: &[u8]) -> FsResult<Option<(u64, u64)>> {
-    Ok(tx
-        .prepare_cached("SELECT ino, cookie FROM dentries WHERE parent = ?1 AND name = ?2")?
-        .query_row(params![parent as i64, name], |r| {
-            Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64))
-        })
-        .optional()?)
-}
-
-/// Points `parent/name` at `ino`, placed at `cookie` in listings.
-fn put_entry(tx: &Connection, parent: u64, name: &[u8], ino: u64, cookie: u64) -> FsResult<()> {
-    tx.prepare_cached("INSERT OR REPLACE INTO dentries VALUES(?1, ?2, ?3, ?4)")?
-        .execute(params![parent as i64, name, ino as i64, cookie as i64])?;
-    Ok(())
-}
-
-fn touch_dir(tx: &Connection, dir: u64, nlink_delta: i64, now: i64) -> FsResult<()> {
-    tx.prepare_cached(
-        "UPDATE inodes SET mtime = ?2, ctime = ?2, nlink = nlink + ?3 WHERE ino = ?1",
-    )?
-    .execute(params![dir as i64, now, nlink_delta])?;
-    Ok(())
-}
-
-fn require_dir(tx: &Connection, ino: u64) -> FsResult<Inode> {
-    let i = get_inode(tx, ino)?;
-    if i.kind != Kind::Dir {
-        return Err(FsError::NotDir);
-    }
-    Ok(i)
-}
-
-fn is_empty_dir(tx: &Connection, ino: u64) -> FsResult<bool> {
-    Ok(tx
-        .prepare_cached("SELECT 1 FROM dentries WHERE parent = ?1 LIMIT 1")?
-        .query_row([ino as i64], |_| Ok(()))
-        .optional()?
-        .is_none())
 }
 
 /// Runs `f` in a transaction on `c`. BEGIN and COMMIT are cached
@@ -868,112 +820,4 @@ impl Meta for MetaStore {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn node(kind: Kind) -> NewNode<'static> {
-        NewNode {
-            kind,
-            mode: 0o644,
-            uid: 0,
-            gid: 0,
-            rdev: 0,
-            target: None,
-            block_size: 1 << 20,
-            xattrs: Vec::new(),
-        }
-    }
-
-    #[test]
-    fn namespace_survives_reopen() {
-        let d = tempfile::tempdir().unwrap();
-        let p = d.path().join("m.db");
-        {
-            let m = MetaStore::open(&p, 0, 0).unwrap();
-            let dir = m.create(ROOT_INO, b"d", node(Kind::Dir)).unwrap();
-            m.create(dir.ino, b"f", node(Kind::File)).unwrap();
-        }
-        let m = MetaStore::open(&p, 0, 0).unwrap();
-        let dir = m.lookup(ROOT_INO, b"d").unwrap();
-        assert_eq!(m.lookup(dir.ino, b"f").unwrap().kind, Kind::File);
-        assert_eq!(m.get(ROOT_INO).unwrap().nlink, 3);
-    }
-
-    #[test]
-    fn rename_replaces_and_refuses_loops() {
-        let d = tempfile::tempdir().unwrap();
-        let m = MetaStore::open(&d.path().join("m.db"), 0, 0).unwrap();
-        let a = m.create(ROOT_INO, b"a", node(Kind::File)).unwrap();
-        let b = m.create(ROOT_INO, b"b", node(Kind::File)).unwrap();
-        let gone = m
-            .rename(ROOT_INO, b"a", ROOT_INO, b"b", false, false)
-            .unwrap();
-        assert_eq!(gone.unwrap().ino, b.ino);
-        assert_eq!(m.lookup(ROOT_INO, b"b").unwrap().ino, a.ino);
-        let x = m.create(ROOT_INO, b"x", node(Kind::Dir)).unwrap();
-        let y = m.create(x.ino, b"y", node(Kind::Dir)).unwrap();
-        assert!(m.rename(ROOT_INO, b"x", y.ino, b"z", false, false).is_err());
-        assert!(matches!(m.rmdir(ROOT_INO, b"x"), Err(FsError::NotEmpty)));
-    }
-
-    /// A database from before listing cookies: its entries get cookies in
-    /// name order (the old listing order) and new entries come after.
-    #[test]
-    fn entries_without_cookies_are_upgraded() {
-        let d = tempfile::tempdir().unwrap();
-        let p = d.path().join("m.db");
-        {
-            let m = MetaStore::open(&p, 0, 0).unwrap();
-            for n in ["c", "a", "b"] {
-                m.create(ROOT_INO, n.as_bytes(), node(Kind::File)).unwrap();
-            }
-        }
-        let old = Connection::open(&p).unwrap();
-        old.execute_batch(
-            "DROP INDEX dentries_by_cookie;
-             ALTER TABLE dentries DROP COLUMN cookie;
-             DELETE FROM counters WHERE name = 'next_cookie';",
-        )
-        .unwrap();
-        drop(old);
-        let m = MetaStore::open(&p, 0, 0).unwrap();
-        m.create(ROOT_INO, b"0", node(Kind::File)).unwrap();
-        let listed: Vec<Vec<u8>> = crate::meta::list_all(&m, ROOT_INO)
-            .unwrap()
-            .into_iter()
-            .map(|e| e.name)
-            .collect();
-        assert_eq!(listed, [b"a", b"b", b"c", b"0"].map(|n| n.to_vec()));
-    }
-
-    /// A page of a listing is read through the cookie index, so its cost
-    /// does not grow with the directory.
-    #[test]
-    fn listing_pages_use_the_cookie_index() {
-        let d = tempfile::tempdir().unwrap();
-        let m = MetaStore::open(&d.path().join("m.db"), 0, 0).unwrap();
-        let c = lock(&m.conn);
-        let plan: Vec<String> = c
-            .prepare(&format!("EXPLAIN QUERY PLAN {READDIR_PAGE}"))
-            .unwrap()
-            .query_map(params![1, 2, 3], |r| r.get::<_, String>(3))
-            .unwrap()
-            .collect::<Result<_, _>>()
-            .unwrap();
-        assert!(
-            plan.iter()
-                .any(|l| l.contains("dentries_by_cookie (parent=? AND cookie>?)")),
-            "{plan:?}"
-        );
-        assert!(!plan.iter().any(|l| l.contains("TEMP B-TREE")), "{plan:?}");
-    }
-
-    #[test]
-    fn epochs_reserved_monotonically() {
-        let d = tempfile::tempdir().unwrap();
-        let m = MetaStore::open(&d.path().join("m.db"), 0, 0).unwrap();
-        let a = m.reserve_epochs(100).unwrap();
-        let b = m.reserve_epochs(100).unwrap();
-        assert_eq!(b, a + 100);
-    }
-}
+mod tests;
