@@ -61,9 +61,9 @@ fn find_delete_empties_a_tree() {
     assert!(!m.path("t").exists(), "find -delete left the tree");
 }
 
-/// Seconds to list `rel` with getdents (the best of two runs).
+/// Seconds to list `rel` with getdents (the best of three runs).
 fn list_secs(m: &Mount, rel: &str, expect: usize) -> f64 {
-    (0..2)
+    (0..3)
         .map(|_| {
             let t = Instant::now();
             assert_eq!(count(m, rel), expect);
