@@ -10,8 +10,9 @@ use crate::meta::{AttrChange, DirEntry, FIRST_COOKIE, Inode, Kind, NewNode};
 
 const NAME_MAX: usize = 255;
 
-/// Entries read from the store per page of a listing: more than a FUSE
-/// reply of up to 128 KiB holds of the shortest names, about 1,000.
+/// Entries read from the store per page of a listing. A FUSE reply (4 to
+/// 128 KiB) holds from about a hundred to a few thousand; it is filled
+/// from as many pages as it takes.
 const LISTING_PAGE: usize = 512;
 
 /// What `mknode` creates.
@@ -133,11 +134,11 @@ impl Core {
     }
 
     /// Lists directory `ino` from FUSE offset `offset` on, handing each
-    /// entry to `add` (its cookie is the offset to resume after it) until
-    /// `add` says the reply is full. `.` and `..` are offsets 1 and 2, every other
-    /// entry its cookie, so offsets stay valid while entries come and go:
-    /// each entry present for the whole listing is returned exactly once,
-    /// and a page costs the same in a directory of any size.
+    /// entry to `add` until it says the reply is full (and the entry did
+    /// not fit). An entry's offset is its cookie (`.` and `..` are 1 and
+    /// 2), so offsets stay valid while entries come and go: each entry
+    /// present for the whole listing is returned exactly once, and a page
+    /// costs the same in a directory of any size.
     pub fn readdir(
         &self,
         ino: u64,

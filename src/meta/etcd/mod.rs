@@ -124,9 +124,10 @@ impl EtcdMeta {
                     s.set_entry(parent, &name, d, None)?;
                 }
                 s.set_counter("next_cookie", cookie);
-                Ok((page.len() == PAGE).then(|| page.last().map(|(k, _)| format!("{k}\0"))))
+                let last = page.last().filter(|_| page.len() == PAGE);
+                Ok(last.map(|(k, _)| format!("{k}\0")))
             })?;
-            match next.flatten() {
+            match next {
                 Some(k) => from = k,
                 None => break,
             }
