@@ -74,7 +74,7 @@ fn list_secs(m: &Mount, rel: &str, expect: usize) -> f64 {
 
 /// A page of a listing costs the same whatever the size of the directory
 /// (it was a read of the whole directory per page: listing 100,000
-/// entries took 40 times longer per entry than listing 10,000). The
+/// entries took 5 to 8 times longer per entry than listing 10,000). The
 /// directories are filled through the metadata store while unmounted, so
 /// the test spends its time listing.
 #[test]
