@@ -3,13 +3,13 @@
 //! files, and optionally repairs what it can. Shared by the daemon (online,
 //! through the control socket) and the offline `fsck --data DIR`.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-use crate::meta::{BlockRow, Change, DnId, Meta};
+use crate::meta::{AdminState, BlockRow, Change, DnId, Meta};
 use crate::pipeline::Datanodes;
 use crate::pipeline::datanodes::{DatanodeStatus, FULL_BELOW, Health};
 use crate::storage::datanode::{ReplicaState, StorageError};
@@ -30,14 +30,32 @@ pub enum ProblemKind {
     /// replica the row lists is there (a datanode back from the dead, a
     /// copy left by pipeline recovery): not needed, and no fault.
     ExcessReplica,
+    /// Fewer than R replicas on datanodes in service, but R readable ones
+    /// counting those on decommissioning datanodes: the decommission is
+    /// still copying it. No fault (nothing is less safe than before).
+    DecommissionPending,
 }
 
 impl ProblemKind {
     /// Whether it makes the filesystem unhealthy (fsck exits 1 until it is
     /// repaired).
     pub fn is_fault(self) -> bool {
-        self != ProblemKind::ExcessReplica
+        !matches!(
+            self,
+            ProblemKind::ExcessReplica | ProblemKind::DecommissionPending
+        )
     }
+}
+
+/// How far the decommission of one datanode is, as one run saw it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Decommission {
+    pub datanode: DnId,
+    /// Blocks with a replica on it.
+    pub blocks: u64,
+    /// Of those, blocks not yet held R times by datanodes in service
+    /// (after this run's repairs), or still being written.
+    pub pending: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -75,6 +93,16 @@ pub struct Report {
     pub datanode_states: Vec<DatanodeStatus>,
     pub open_for_write: Vec<OpenFile>,
     pub problems: Vec<Problem>,
+    /// Blocks still short of R replicas in service after this run (its
+    /// repairs counted), and their bytes: what re-replication has left to
+    /// copy.
+    #[serde(default)]
+    pub under_replicated: u64,
+    #[serde(default)]
+    pub under_replicated_bytes: u64,
+    /// Datanodes being decommissioned and their blocks left to copy.
+    #[serde(default)]
+    pub decommissioning: Vec<Decommission>,
 }
 
 impl Report {
@@ -101,7 +129,7 @@ impl Report {
             "CORRUPT"
         };
         let count = |h: Health| self.datanode_states.iter().filter(|d| d.state == h).count();
-        format!(
+        let mut out = format!(
             "Status: {status}\n Files: {}\n Blocks: {}\n Replicas: {}\n Replication: {}\n Datanodes alive: {}/{} ({} live, {} full, {} dead)\n Open for write: {}\n Problems: {} ({} repaired)",
             self.files,
             self.blocks,
@@ -115,7 +143,21 @@ impl Report {
             self.open_for_write.len(),
             self.problems.len(),
             fixed
-        )
+        );
+        if self.under_replicated > 0 {
+            out.push_str(&format!(
+                "\n Under-replicated: {} blocks ({} MiB left to copy)",
+                self.under_replicated,
+                self.under_replicated_bytes.div_ceil(1 << 20)
+            ));
+        }
+        for d in &self.decommissioning {
+            out.push_str(&format!(
+                "\n Decommissioning: datanode {}: {} of {} blocks left to copy",
+                d.datanode, d.pending, d.blocks
+            ));
+        }
+        out
     }
 }
 
@@ -198,14 +240,39 @@ pub fn run(c: &Check<'_>) -> Result<Report, String> {
         done: 0,
     };
     let mut paths: HashMap<u64, String> = HashMap::new();
+    let mut decom: BTreeMap<DnId, Decommission> = r
+        .datanode_states
+        .iter()
+        .filter(|d| d.admin == AdminState::Decommissioning)
+        .map(|d| {
+            let z = Decommission {
+                datanode: d.id,
+                blocks: 0,
+                pending: 0,
+            };
+            (d.id, z)
+        })
+        .collect();
     for b in &blocks {
         let path = paths
             .entry(b.ino)
             .or_insert_with(|| c.meta.path_of(b.ino))
             .clone();
-        check_block(c, b, &path, &mut r);
+        let in_service = check_block(c, b, &path, &mut r);
+        for dn in &b.replicas {
+            if let Some(d) = decom.get_mut(dn) {
+                d.blocks += 1;
+                if !b.finalized
+                    || c.busy_blocks.contains(&b.block_id)
+                    || in_service < c.dns.replication
+                {
+                    d.pending += 1;
+                }
+            }
+        }
         progress.tick();
     }
+    r.decommissioning = decom.into_values().collect();
     for uc in c.meta.list_uc().map_err(|e| e.to_string())? {
         let path = c.meta.path_of(uc.ino);
         let live = c.live_leases.contains(&uc.ino);
@@ -243,7 +310,12 @@ pub fn run(c: &Check<'_>) -> Result<Report, String> {
     Ok(r)
 }
 
-fn check_block(c: &Check<'_>, b: &BlockRow, path: &str, r: &mut Report) {
+/// Checks (and with repair, fixes) one block; returns how many good
+/// replicas it has on datanodes in service afterwards.
+fn check_block(c: &Check<'_>, b: &BlockRow, path: &str, r: &mut Report) -> usize {
+    // Readable replicas, and of those the ones on datanodes in service,
+    // which alone count toward R (decommissioning and decommissioned
+    // datanodes serve reads, and are sources for copies).
     let mut good = Vec::new();
     let mut bad = Vec::new();
     // Replicas on dead datanodes (not attached, or failing heartbeats):
@@ -251,6 +323,10 @@ fn check_block(c: &Check<'_>, b: &BlockRow, path: &str, r: &mut Report) {
     // stay recorded until the block has its replicas elsewhere.
     let mut dead = Vec::new();
     for &dn in &b.replicas {
+        // A removed datanode's entry means nothing (see Meta::remove_datanode).
+        if !c.dns.is_recorded(dn) {
+            continue;
+        }
         r.replicas += 1;
         if c.dns.health(dn) == Health::Dead {
             dead.push(dn);
@@ -308,6 +384,7 @@ fn check_block(c: &Check<'_>, b: &BlockRow, path: &str, r: &mut Report) {
     }
     let repairable = c.repair && b.finalized && !c.busy_blocks.contains(&b.block_id);
     let mut row = b.clone();
+    row.replicas.retain(|d| c.dns.is_recorded(*d));
     for (dn, kind, detail) in bad {
         let mut repaired = false;
         if repairable && !good.is_empty() {
@@ -344,16 +421,37 @@ fn check_block(c: &Check<'_>, b: &BlockRow, path: &str, r: &mut Report) {
             detail,
             repaired: false,
         });
-        return;
+        commit_row(c, b, &row);
+        return 0;
     }
+    let (serving, retiring): (Vec<DnId>, Vec<DnId>) = good
+        .iter()
+        .copied()
+        .partition(|d| c.dns.admin(*d).in_service());
     let want = c.dns.replication;
-    if good.len() < want {
-        let mut detail = format!("{} of {} replicas", good.len(), want);
+    let mut in_service = serving.len();
+    if serving.len() < want {
+        let readable = good.len() >= want;
+        let mut detail = format!(
+            "{} of {} replicas on datanodes in service",
+            serving.len(),
+            want
+        );
+        if !retiring.is_empty() {
+            detail.push_str(&format!(
+                " (more on decommissioning datanodes: {})",
+                list(&retiring)
+            ));
+        }
         if !dead.is_empty() {
             detail.push_str(&format!(" (on dead datanodes: {})", list(&dead)));
         }
         let mut p = Problem {
-            kind: ProblemKind::UnderReplicated,
+            kind: if readable {
+                ProblemKind::DecommissionPending
+            } else {
+                ProblemKind::UnderReplicated
+            },
             path: path.to_string(),
             block: Some(b.block_id),
             datanode: None,
@@ -361,25 +459,59 @@ fn check_block(c: &Check<'_>, b: &BlockRow, path: &str, r: &mut Report) {
             repaired: false,
         };
         if repairable {
-            let added = replicate(c.dns, &row, &good, want);
-            let mut now: Vec<DnId> = good.clone();
+            let added = replicate(c.dns, &row, &good, want.saturating_sub(serving.len()));
+            in_service += added.len();
+            p.repaired = in_service >= want;
+            let mut now: Vec<DnId> = serving.clone();
             now.extend(&added);
-            p.repaired = now.len() >= want;
+            now.extend(&retiring);
             if !p.repaired {
-                p.detail
-                    .push_str(&format!("; only {} datanodes could take a copy", now.len()));
+                p.detail.push_str(&format!(
+                    "; only {in_service} datanodes in service could take a copy"
+                ));
                 // Still short: the dead datanodes' copies stay recorded,
                 // for when they come back.
                 now.extend(&dead);
             }
             row.replicas = now;
         }
+        if in_service < want {
+            r.under_replicated += 1;
+            r.under_replicated_bytes += b.len;
+        }
         r.problems.push(p);
     }
-    if row.replicas != b.replicas
-        && let Err(e) = c.meta.commit(&[Change::PutBlock(row.clone())], false)
-    {
-        tracing::error!(block = b.block_id, "cannot record repaired replicas: {e}");
+    if commit_row(c, b, &row) {
+        in_service
+    } else {
+        serving.len()
+    }
+}
+
+/// Records a repaired replica list, unless the row changed since this run
+/// read it (a writer, the balancer, a removal, another daemon): then the
+/// next run looks again. Returns whether `row` is what the store holds.
+fn commit_row(c: &Check<'_>, b: &BlockRow, row: &BlockRow) -> bool {
+    if row.replicas == b.replicas {
+        return true;
+    }
+    if !c.repair || c.busy_blocks.contains(&b.block_id) {
+        return false;
+    }
+    let change = Change::PutBlockIf {
+        expect: b.clone(),
+        row: row.clone(),
+    };
+    match c.meta.commit(&[change], false) {
+        Ok(_) => true,
+        Err(crate::error::FsError::Moved(why)) => {
+            tracing::debug!(block = b.block_id, "repair not recorded: {why}");
+            false
+        }
+        Err(e) => {
+            tracing::error!(block = b.block_id, "cannot record repaired replicas: {e}");
+            false
+        }
     }
 }
 
@@ -390,21 +522,20 @@ fn list(ids: &[DnId]) -> String {
         .join(", ")
 }
 
-/// Copies a finalized block from a good replica to live datanodes with
-/// room that do not hold it until there are `want`; returns the datanodes
-/// added.
-pub fn replicate(dns: &Datanodes, b: &BlockRow, good: &[DnId], want: usize) -> Vec<DnId> {
+/// Copies a finalized block from a good replica (on any datanode that can
+/// be read) to live datanodes in service with room that do not hold it,
+/// `need` times at most; returns the datanodes added.
+pub fn replicate(dns: &Datanodes, b: &BlockRow, good: &[DnId], need: usize) -> Vec<DnId> {
     let mut added = Vec::new();
     let Some(src) = good.first().and_then(|d| dns.get(*d)) else {
         return added;
     };
-    let need = want.saturating_sub(good.len());
     for dn in dns.choose_with_room(dns.len(), good, b.len.saturating_add(FULL_BELOW)) {
         if added.len() >= need {
             break;
         }
         let Some(dst) = dns.get(dn) else { continue };
-        match dst.copy_replica_from(src, b.block_id, b.gs, b.len, ReplicaState::Finalized) {
+        match dst.copy_replica_from(&src, b.block_id, b.gs, b.len, ReplicaState::Finalized) {
             Ok(()) => {
                 tracing::info!(block = b.block_id, datanode = %dn, "block re-replicated");
                 added.push(dn);
@@ -465,15 +596,19 @@ fn orphans(c: &Check<'_>, blocks: &[BlockRow], r: &mut Report) {
             // block (a file created during the run): look again first.
             let (kind, detail) = match c.meta.block_by_id(info.block) {
                 Ok(None) => (ProblemKind::OrphanReplica, "replica of no file".to_string()),
-                Ok(Some(row)) if !row.replicas.contains(&i) && c.excess && is_whole(c, &row) => (
-                    ProblemKind::ExcessReplica,
-                    format!(
-                        "copy of a block whose {} recorded replicas are all there (generation stamp {}, the block's is {})",
-                        row.replicas.len(),
-                        info.gs,
-                        row.gs
-                    ),
-                ),
+                Ok(Some(row))
+                    if !row.replicas.contains(&i) && c.excess && is_whole(c.dns, &row) =>
+                {
+                    (
+                        ProblemKind::ExcessReplica,
+                        format!(
+                            "copy of a block whose {} recorded replicas are all there (generation stamp {}, the block's is {})",
+                            row.replicas.len(),
+                            info.gs,
+                            row.gs
+                        ),
+                    )
+                }
                 // Recorded here, or possibly still needed, or unknown.
                 Ok(Some(_)) | Err(_) => continue,
             };
@@ -494,15 +629,23 @@ fn orphans(c: &Check<'_>, blocks: &[BlockRow], r: &mut Report) {
 }
 
 /// Whether a finalized block has at least the replication factor of
-/// replicas recorded, each on a live datanode at the block's generation
-/// stamp and length: then no other copy of it is needed.
-fn is_whole(c: &Check<'_>, row: &BlockRow) -> bool {
-    row.finalized
-        && row.replicas.len() >= c.dns.replication
-        && row.replicas.iter().all(|&dn| {
-            c.dns.is_alive(dn)
-                && c.dns.get(dn).is_some_and(|n| {
-                    matches!(n.stat_replica(row.block_id, row.gs), Ok((ReplicaState::Finalized, len)) if len == row.len)
-                })
-        })
+/// replicas recorded on datanodes in service, each live at the block's
+/// generation stamp and length (copies it lists on decommissioning
+/// datanodes aside): then no other copy of it is needed.
+pub fn is_whole(dns: &Datanodes, row: &BlockRow) -> bool {
+    let mut whole = 0;
+    for &dn in &row.replicas {
+        if !dns.is_recorded(dn) || !dns.admin(dn).in_service() {
+            continue;
+        }
+        let ok = dns.is_alive(dn)
+            && dns.get(dn).is_some_and(|n| {
+                matches!(n.stat_replica(row.block_id, row.gs), Ok((ReplicaState::Finalized, len)) if len == row.len)
+            });
+        if !ok {
+            return false;
+        }
+        whole += 1;
+    }
+    row.finalized && whole >= dns.replication
 }

@@ -3,21 +3,33 @@
 //! per namespace, that daemon; with several, the elected one), and each
 //! take/lose of leadership is logged as an event.
 //!
-//! Tasks: re-replication of under-replicated or corrupt finalized blocks,
-//! recovery of files left under construction with no live lease, and
-//! removal of replica files that no file references (after a grace period).
-//! Lease expiry itself stays with each daemon's lease monitor, because the
-//! embedded lease manager is local to its daemon.
+//! Tasks: re-replication of under-replicated or corrupt finalized blocks
+//! (also the copying of decommissioning datanodes' blocks, and marking a
+//! datanode decommissioned once every block it holds is held R times by
+//! datanodes in service), recovery of files left under construction with
+//! no live lease, and removal of replica files that no file references
+//! (after a grace period). Lease expiry itself stays with each daemon's
+//! lease monitor, because the embedded lease manager is local to its
+//! daemon.
 
 use std::collections::HashSet;
+use std::time::{Duration, Instant};
 
 use crate::fs::Core;
-use crate::fsck::{self, Check};
-use crate::meta::{AuditEvent, Meta};
-use crate::sync::{Arc, AtomicBool, Ordering};
+use crate::fsck::{self, Check, Report};
+use crate::meta::{AdminState, AuditEvent, Meta};
+use crate::sync::{Arc, AtomicBool, Condvar, Mutex, Ordering, lock};
+
+/// How soon the next round follows one that copied blocks of a
+/// decommissioning datanode, or a change of admin states: decommissioning
+/// goes on without waiting for `housekeeping_interval`.
+const HURRY: Duration = Duration::from_secs(1);
 
 pub struct Housekeeper {
     leader: AtomicBool,
+    /// Set by [`Housekeeper::kick`]: run a round now.
+    kicked: Mutex<bool>,
+    wake: Condvar,
 }
 
 impl Default for Housekeeper {
@@ -30,6 +42,43 @@ impl Housekeeper {
     pub fn new() -> Self {
         Housekeeper {
             leader: AtomicBool::new(false),
+            kicked: Mutex::new(false),
+            wake: Condvar::new(),
+        }
+    }
+
+    /// Asks for a round now (a decommission was started here).
+    pub fn kick(&self) {
+        *lock(&self.kicked) = true;
+        self.wake.notify_all();
+    }
+
+    /// Runs rounds until `stop`: every `interval`, at once when kicked or
+    /// when this daemon's view of the admin states changed (another
+    /// daemon started a decommission), and every [`HURRY`] while a
+    /// decommission is making progress.
+    pub fn run(&self, core: &Arc<Core>, interval: Duration, stop: &AtomicBool) {
+        let mut last = Instant::now();
+        let mut hurry = false;
+        let mut seen = admin_view(core);
+        while !stop.load(Ordering::Relaxed) {
+            let kicked = {
+                let g = lock(&self.kicked);
+                let (mut g, _) = self
+                    .wake
+                    .wait_timeout_while(g, HURRY, |k| !*k)
+                    .unwrap_or_else(|e| e.into_inner());
+                std::mem::take(&mut *g)
+            };
+            let view = admin_view(core);
+            let changed = view != seen;
+            seen = view;
+            let due = last.elapsed() >= interval || (hurry && last.elapsed() >= HURRY);
+            if stop.load(Ordering::Relaxed) || !(kicked || changed || due) {
+                continue;
+            }
+            hurry = self.round(core);
+            last = Instant::now();
         }
     }
 
@@ -54,13 +103,14 @@ impl Housekeeper {
         }
     }
 
-    /// One round of every task, if this daemon leads.
-    pub fn round(&self, core: &Arc<Core>) {
+    /// One round of every task, if this daemon leads. Returns whether a
+    /// decommission made progress (the next round should follow soon).
+    pub fn round(&self, core: &Arc<Core>) -> bool {
         if !self.is_leader() {
-            return;
+            return false;
         }
         let Some(live) = core.live_files() else {
-            return;
+            return false;
         };
         let busy = core.busy_blocks(&live);
         let suspect: HashSet<(u64, crate::meta::DnId)> = core.bad.list().into_iter().collect();
@@ -86,10 +136,60 @@ impl Housekeeper {
                 for (b, dn) in suspect {
                     core.bad.clear(b, dn);
                 }
+                finish_decommissions(core, &r)
             }
-            Err(e) => tracing::error!("housekeeping round failed: {e}"),
+            Err(e) => {
+                tracing::error!("housekeeping round failed: {e}");
+                false
+            }
         }
     }
+}
+
+/// Each datanode's admin state as this daemon sees it.
+fn admin_view(core: &Core) -> Vec<(crate::meta::DnId, AdminState)> {
+    core.dns
+        .statuses()
+        .into_iter()
+        .map(|d| (d.id, d.admin))
+        .collect()
+}
+
+/// Marks decommissioned every decommissioning datanode none of whose
+/// blocks is still short of R replicas in service (the round just looked
+/// at every block). Returns whether any decommission is still copying and
+/// this round copied something for it.
+fn finish_decommissions(core: &Core, r: &Report) -> bool {
+    let copied = r
+        .problems
+        .iter()
+        .any(|p| p.repaired && p.kind == fsck::ProblemKind::DecommissionPending);
+    let mut busy = false;
+    for d in &r.decommissioning {
+        if d.pending > 0 {
+            busy = true;
+            continue;
+        }
+        match core.meta.set_datanode_state(
+            d.datanode,
+            &[AdminState::Decommissioning],
+            AdminState::Decommissioned,
+        ) {
+            Ok(AdminState::Decommissioning) => {
+                core.dns.set_admin(d.datanode, AdminState::Decommissioned);
+                tracing::info!(
+                    datanode = %d.datanode,
+                    blocks = d.blocks,
+                    "datanode decommissioned: every block it holds is held R times by datanodes in service; safe to remove"
+                );
+            }
+            Ok(other) => core.dns.set_admin(d.datanode, other),
+            Err(e) => {
+                tracing::warn!(datanode = %d.datanode, "cannot record the end of a decommission: {e}")
+            }
+        }
+    }
+    busy && copied
 }
 
 /// The name housekeeping's leadership is recorded under in the audit table.

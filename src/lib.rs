@@ -8,11 +8,14 @@
 //! - [`lease`] is the per-file lease manager (injected clock, no FUSE types);
 //! - [`storage`] holds datanode directories, replica files and checksums, and
 //!   the write pipeline (packets, streamer, acks);
+//! - [`dnadmin`] is datanode administration (list, add, decommission,
+//!   remove, balance) on a running daemon;
 //! - [`cli`] is the command line.
 
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod dnadmin;
 pub mod elect;
 pub mod error;
 pub mod etcd;

@@ -2,6 +2,7 @@
 //! stderr and a non-zero exit; nothing here panics on input.
 
 mod client;
+mod datanode;
 mod elect;
 mod fsck;
 mod mount;
@@ -58,6 +59,9 @@ pub enum Cmd {
     /// Lease-based leader election: lead (running COMMAND) while holding the
     /// lease on ELECTION_DIR/LEADER, follow otherwise.
     Elect(elect::ElectArgs),
+    /// Datanode administration: list, add, decommission, remove, balance.
+    #[command(subcommand)]
+    Datanode(datanode::DatanodeCmd),
 }
 
 /// Sets up logging: `RUST_LOG` wins, else `default`.
@@ -86,6 +90,7 @@ pub fn run() -> ExitCode {
         Cmd::Leases { mountpoint, json } => client::leases(&mountpoint, json),
         Cmd::RecoverLease { path, retries } => client::recover_lease(&path, retries),
         Cmd::Elect(a) => elect::run(a),
+        Cmd::Datanode(c) => datanode::run(c),
         Cmd::Fsck {
             mountpoint,
             data,

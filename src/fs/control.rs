@@ -1,6 +1,8 @@
 //! The daemon's control socket (`DATA/control.sock`): one JSON request per
-//! line, one JSON answer per line. It serves `leasefs leases` and
-//! `leasefs recover-lease`, which need more than an xattr can carry.
+//! line, one JSON answer per line. It serves `leasefs leases`,
+//! `leasefs recover-lease`, `leasefs fsck MOUNTPOINT` and `leasefs
+//! datanode ...` (see [`crate::dnadmin::control`]), which need more than
+//! an xattr can carry.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -9,6 +11,7 @@ use std::path::Path;
 use serde_json::{Value, json};
 
 use super::core::Core;
+use crate::dnadmin::Admin;
 use crate::meta::ROOT_INO;
 use crate::sync::Arc;
 
@@ -17,7 +20,7 @@ pub fn socket_path(data: &Path) -> std::path::PathBuf {
 }
 
 /// Starts the control server on its own thread.
-pub fn serve(core: Arc<Core>, data: &Path, mountpoint: &Path) {
+pub fn serve(core: Arc<Core>, admin: Arc<Admin>, data: &Path, mountpoint: &Path) {
     let path = socket_path(data);
     let _ = std::fs::remove_file(&path);
     let listener = match UnixListener::bind(&path) {
@@ -33,21 +36,31 @@ pub fn serve(core: Arc<Core>, data: &Path, mountpoint: &Path) {
         .spawn(move || {
             for conn in listener.incoming().flatten() {
                 let core = core.clone();
+                let admin = admin.clone();
                 let mnt = mnt.clone();
                 let _ = std::thread::Builder::new()
                     .name("control-conn".into())
-                    .spawn(move || handle(&core, &mnt, conn));
+                    .spawn(move || handle(&core, &admin, &mnt, conn));
             }
         });
 }
 
-fn handle(core: &Arc<Core>, mnt: &Path, conn: UnixStream) {
+fn handle(core: &Arc<Core>, admin: &Admin, mnt: &Path, conn: UnixStream) {
+    // Changes of the mount's datanodes: root and the user who mounted.
+    let may_change =
+        nix::sys::socket::getsockopt(&conn, nix::sys::socket::sockopt::PeerCredentials)
+            .is_ok_and(|c| c.uid() == 0 || c.uid() == nix::unistd::geteuid().as_raw());
     let Ok(w) = conn.try_clone() else { return };
     let mut w = w;
     for line in BufReader::new(conn).lines() {
         let Ok(line) = line else { return };
         let answer = match serde_json::from_str::<Value>(&line) {
-            Ok(req) => answer(core, mnt, &req),
+            Ok(req) => match req["op"].as_str() {
+                Some(op) if op.starts_with("datanode_") => {
+                    crate::dnadmin::control::answer(admin, op, &req, may_change)
+                }
+                _ => answer(core, mnt, &req),
+            },
             Err(e) => json!({"error": format!("bad request: {e}")}),
         };
         if writeln!(w, "{answer}").is_err() {

@@ -246,7 +246,12 @@ impl Daemon {
             core.leases.renew_daemon_leases();
         });
         // Datanode heartbeats: storage liveness only, never writer liveness.
-        self.every("dn-heartbeat", HEARTBEAT, |core| core.dns.heartbeat());
+        // The registry is read with them: datanodes other daemons added,
+        // decommissioned or removed.
+        self.every("dn-heartbeat", HEARTBEAT, |core| {
+            crate::dnadmin::refresh(core);
+            core.dns.heartbeat();
+        });
         // Leader-only housekeeping; a lone daemon leads its namespace,
         // daemons sharing one elect their leader through etcd.
         let hk = self.housekeeper.clone();
@@ -254,9 +259,17 @@ impl Daemon {
             None => hk.take(&*self.core.meta, "sole daemon of this data directory"),
             Some(s) => self.spawn_shared(s),
         }
-        self.every("housekeeping", o.housekeeping_interval, move |core| {
-            hk.round(core)
-        });
+        let (core, stop, interval) = (
+            self.core.clone(),
+            self.stop.clone(),
+            o.housekeeping_interval,
+        );
+        let r = std::thread::Builder::new()
+            .name("housekeeping".into())
+            .spawn(move || hk.run(&core, interval, &stop));
+        if let Err(e) = r {
+            tracing::error!("cannot start housekeeping: {e}");
+        }
         // A waiting open whose process got a signal gets EINTR.
         // While opens wait: Ctrl-C gives EINTR, and a wait that runs out
         // (lease_wait) ends on time rather than at the next monitor tick.
@@ -303,7 +316,8 @@ impl Daemon {
         // would wait for this daemon, which does not serve yet.
         let mountpoint =
             std::fs::canonicalize(&spec.mountpoint).unwrap_or_else(|_| spec.mountpoint.clone());
-        super::control::serve(self.core.clone(), &spec.data, &spec.mountpoint);
+        let admin = crate::dnadmin::Admin::new(self.core.clone(), self.housekeeper.clone());
+        super::control::serve(self.core.clone(), admin, &spec.data, &spec.mountpoint);
         let mut session = match fuser::Session::new(adapter, &spec.mountpoint, &cfg) {
             Ok(s) => s,
             Err(e) => {

@@ -202,7 +202,8 @@ impl Core {
     }
 
     /// (total blocks, free blocks, files) in 4 KiB blocks, from the
-    /// fullest live datanode (every block needs room on several of them);
+    /// fullest live datanode in service (every block needs room on several
+    /// of them; decommissioning ones take no new block);
     /// free is also at most what the metadata store's filesystem has left,
     /// since nothing can be created once that is full.
     pub fn statfs(&self) -> FsResult<(u64, u64, u64)> {
@@ -210,7 +211,7 @@ impl Core {
         let mut total = u64::MAX;
         let mut free = u64::MAX;
         for dn in self.dns.attached() {
-            if self.dns.is_alive(dn.id)
+            if self.dns.counts(dn.id)
                 && let Ok(s) = nix::sys::statvfs::statvfs(&dn.root)
             {
                 let f = s.fragment_size();

@@ -9,8 +9,8 @@
 use std::path::Path;
 
 use super::types::{
-    AttrChange, AuditEvent, BlockRow, DatanodeRecord, DecideXattrs, DirEntry, DnId, Inode, NewNode,
-    StoreSpace, UnderConstruction, XattrEdit, XattrLimits,
+    AdminState, AttrChange, AuditEvent, BlockRow, DatanodeRecord, DecideXattrs, DirEntry, DnId,
+    Inode, NewNode, StoreSpace, UnderConstruction, XattrEdit, XattrLimits,
 };
 use crate::error::FsResult;
 
@@ -19,6 +19,15 @@ use crate::error::FsResult;
 pub enum Change {
     /// Inserts or replaces the block row (`ino`, `idx`).
     PutBlock(BlockRow),
+    /// Replaces the block row (`row.ino`, `row.idx`) only if it is still
+    /// `expect`; otherwise the whole commit fails with
+    /// [`crate::error::FsError::Moved`]. Housekeeping, the balancer and
+    /// datanode removal change replica lists of finished blocks this way,
+    /// so none of them writes back a row another one changed meanwhile.
+    PutBlockIf {
+        expect: BlockRow,
+        row: BlockRow,
+    },
     /// Removes the file's blocks with index >= `from`; they are returned by
     /// `commit` so their replicas can be deleted.
     DropBlocksFrom {
@@ -183,6 +192,22 @@ pub trait Meta: Send + Sync {
     /// interrupted upgrade's); returns the one it has afterwards. Durable:
     /// the identity file is written only after this.
     fn claim_legacy_datanode(&self, id: DnId, storage_id: &str) -> FsResult<String>;
+    /// Moves datanode `id` to admin state `to` if it is in one of `from`
+    /// (durably); returns the state it was in, changed or not, so the
+    /// caller sees whether it won (`NotFound` if it is not recorded).
+    fn set_datanode_state(
+        &self,
+        id: DnId,
+        from: &[AdminState],
+        to: AdminState,
+    ) -> FsResult<AdminState>;
+    /// Removes datanode `id`: its record becomes a `removed` tombstone and
+    /// no block row lists it afterwards. The tombstone is one durable
+    /// step, after which a row that still lists the datanode means
+    /// nothing; the rows are rewritten in the same transaction (SQLite) or
+    /// right after it in pages (etcd, whose transactions are bounded), and
+    /// calling it again finishes an interrupted rewrite.
+    fn remove_datanode(&self, id: DnId) -> FsResult<()>;
 
     // ---- mount configuration and audit ---------------------------------
     /// Records the replication factor of this mount, for offline tools.

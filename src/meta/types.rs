@@ -95,7 +95,9 @@ pub struct DatanodeRecord {
 }
 
 /// What an operator (or an upgrade) made of a datanode; whether it is up
-/// (live, full, dead) is known only to running daemons.
+/// (live, full, dead) is known only to running daemons. The admin states
+/// follow HDFS's decommissioning (docs/SEMANTICS.md, "Datanode
+/// administration").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AdminState {
@@ -105,6 +107,18 @@ pub enum AdminState {
     Upgrading,
     /// Takes part in placement while it is live.
     Normal,
+    /// Takes no new replica and does not count toward the replication
+    /// factor; serves reads while housekeeping copies its blocks until
+    /// each is held R times by normal datanodes.
+    Decommissioning,
+    /// Every block it holds is held R times elsewhere: safe to remove.
+    /// Still serves reads.
+    Decommissioned,
+    /// Removed by the operator: a tombstone, so that its storage ID is
+    /// never taken for a new datanode and its id never reused. No block
+    /// row lists it (rows that still do, over etcd for a moment, mean
+    /// nothing).
+    Removed,
 }
 
 impl AdminState {
@@ -112,6 +126,9 @@ impl AdminState {
         match self {
             AdminState::Upgrading => "upgrading",
             AdminState::Normal => "normal",
+            AdminState::Decommissioning => "decommissioning",
+            AdminState::Decommissioned => "decommissioned",
+            AdminState::Removed => "removed",
         }
     }
 
@@ -119,8 +136,17 @@ impl AdminState {
         match s {
             "upgrading" => Some(AdminState::Upgrading),
             "normal" => Some(AdminState::Normal),
+            "decommissioning" => Some(AdminState::Decommissioning),
+            "decommissioned" => Some(AdminState::Decommissioned),
+            "removed" => Some(AdminState::Removed),
             _ => None,
         }
+    }
+
+    /// Whether replicas on it count toward the replication factor and it
+    /// may take new ones (when it is also live).
+    pub fn in_service(self) -> bool {
+        matches!(self, AdminState::Normal | AdminState::Upgrading)
     }
 }
 

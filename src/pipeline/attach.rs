@@ -2,10 +2,14 @@
 //! is recognised by its identity file ([`crate::storage::identity`]),
 //! whatever its place in the list, and the metadata's datanode registry
 //! gives its storage ID the compact id block rows record. A directory of
-//! another filesystem is refused; a new, empty one is registered; one of
-//! the positional layout (no identity file) is upgraded in place. Recorded
-//! datanodes left out of the list are dead for this mount. The rules are in
-//! docs/SEMANTICS.md, "Replication and faults".
+//! another filesystem, or of a datanode the operator removed, is refused; a
+//! new, empty one is registered; one of the positional layout (no identity
+//! file) is upgraded in place; one that cannot be read (a failed disk) is
+//! left out. Recorded datanodes left out of the list are dead for this
+//! mount. `leasefs datanode add` attaches one more directory the same way
+//! while the daemon runs ([`attach_one`]). The rules are in
+//! docs/SEMANTICS.md, "Replication and faults" and "Datanode
+//! administration".
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -49,6 +53,13 @@ pub enum AttachError {
         #[source]
         source: StorageError,
     },
+    #[error(
+        "datanode {} ({storage_id}) was removed from this filesystem (leasefs datanode remove); its replicas are not needed: empty the directory to use it again",
+        .path.display()
+    )]
+    Removed { path: PathBuf, storage_id: String },
+    #[error("datanode {} is already attached (id {id})", .path.display())]
+    AlreadyAttached { path: PathBuf, id: DnId },
     #[error(transparent)]
     Meta(#[from] FsError),
 }
@@ -91,12 +102,30 @@ pub fn attach(
     // directory and the registry as they were.
     let mut identified = Vec::new();
     let mut unidentified = Vec::new();
+    // Directories that cannot be read (a failed disk): left out of this
+    // mount, with the reason, rather than refusing it.
+    let mut unusable: Vec<(PathBuf, String)> = Vec::new();
     let mut seen: HashMap<String, PathBuf> = HashMap::new();
     for dir in dirs {
-        let Some(id) = identity::read(dir).map_err(storage(dir))? else {
-            unidentified.push(dir.clone());
-            continue;
+        let id = match identity::read(dir) {
+            Ok(Some(id)) => id,
+            Ok(None) => {
+                unidentified.push(dir.clone());
+                continue;
+            }
+            Err(e) => {
+                unusable.push((dir.clone(), e.to_string()));
+                continue;
+            }
         };
+        if let Some(r) = records.iter().find(|r| {
+            r.state == AdminState::Removed && r.storage_id.as_deref() == Some(&*id.storage_id)
+        }) {
+            return Err(AttachError::Removed {
+                path: dir.clone(),
+                storage_id: r.storage_id.clone().unwrap_or_default(),
+            });
+        }
         if id.filesystem_id != fsid {
             return Err(AttachError::Foreign {
                 path: dir.clone(),
@@ -118,10 +147,13 @@ pub fn attach(
         .filter(|r| r.state == AdminState::Upgrading)
         .filter(|r| r.storage_id.as_ref().is_none_or(|s| !seen.contains_key(s)))
         .collect();
-    let (matched, fresh) = match_positional(meta, &legacy, unidentified)?;
-    for dir in &fresh {
-        if Datanode::holds_files(dir).map_err(storage(dir))? {
-            return Err(AttachError::Unidentified { path: dir.clone() });
+    let (matched, candidates) = match_positional(meta, &legacy, unidentified)?;
+    let mut fresh = Vec::new();
+    for dir in candidates {
+        match Datanode::holds_files(&dir) {
+            Ok(true) => return Err(AttachError::Unidentified { path: dir }),
+            Ok(false) => fresh.push(dir),
+            Err(e) => unusable.push((dir, e.to_string())),
         }
     }
     let mut attached: Vec<Attached> = Vec::new();
@@ -155,29 +187,125 @@ pub fn attach(
             identity: id,
         });
     }
-    let ids: HashSet<DnId> = attached.iter().map(|a| a.id).collect();
+    // Registrations above changed the records: read them again.
+    let records = meta.datanode_records()?;
+    let state_of = |id: DnId| {
+        records
+            .iter()
+            .find(|r| r.id == id)
+            .map_or(AdminState::Normal, |r| r.state)
+    };
+    let mut ids: HashSet<DnId> = HashSet::new();
     let mut nodes = Vec::new();
     for a in attached {
-        nodes.push(Datanode::open(a.id, &a.root, Some(a.identity)).map_err(storage(&a.root))?);
+        match Datanode::open(a.id, &a.root, Some(a.identity)) {
+            Ok(n) => {
+                ids.insert(a.id);
+                nodes.push((n, state_of(a.id)));
+            }
+            Err(e) => unusable.push((a.root, e.to_string())),
+        }
     }
-    // Registrations above changed the records: read them again.
-    let absent = meta
-        .datanode_records()?
+    for (dir, why) in &unusable {
+        tracing::warn!(path = %dir.display(), "datanode directory cannot be read: left out of this mount: {why}");
+    }
+    let absent = records
         .into_iter()
-        .filter(|r| !ids.contains(&r.id))
+        .filter(|r| !ids.contains(&r.id) && r.state != AdminState::Removed)
         .map(|record| {
+            let why = match unusable.iter().find(|(d, _)| *d == record.path) {
+                Some((_, e)) => format!("cannot be read at mount: {e}"),
+                None => "not in the --datanode list".into(),
+            };
             tracing::warn!(
                 datanode = %record.id,
                 path = %record.path.display(),
-                "recorded datanode not in the --datanode list: dead for this mount"
+                "recorded datanode dead for this mount: {why}"
             );
-            Absent {
-                record,
-                why: "not in the --datanode list".into(),
-            }
+            Absent { record, why }
         })
         .collect();
     Ok(Datanodes::new(nodes, absent, replication, slow))
+}
+
+/// Attaches `dir` to the running daemon's datanodes `dns` (`leasefs
+/// datanode add`) by the rules of a mount: a directory of this filesystem
+/// with its identity file comes back under its id (a decommissioning or
+/// decommissioned one returns to service), an empty one becomes a new
+/// datanode; another filesystem's, a removed one's, one already attached
+/// or one holding replica files of unknown origin is refused, changing
+/// nothing. Returns its id.
+pub fn attach_one(meta: &dyn Meta, dns: &Datanodes, dir: &Path) -> Result<DnId, AttachError> {
+    let fsid = meta.filesystem_id()?;
+    let records = meta.datanode_records()?;
+    let id = match identity::read(dir).map_err(storage(dir))? {
+        Some(id) => id,
+        None => {
+            if Datanode::holds_files(dir).map_err(storage(dir))? {
+                return Err(AttachError::Unidentified {
+                    path: dir.to_path_buf(),
+                });
+            }
+            identity::create(dir, &Identity::new(&fsid)).map_err(storage(dir))?
+        }
+    };
+    if id.filesystem_id != fsid {
+        return Err(AttachError::Foreign {
+            path: dir.to_path_buf(),
+            theirs: id.filesystem_id,
+            ours: fsid,
+        });
+    }
+    let known = records
+        .iter()
+        .find(|r| r.storage_id.as_deref() == Some(&*id.storage_id));
+    if let Some(r) = known {
+        if r.state == AdminState::Removed {
+            return Err(AttachError::Removed {
+                path: dir.to_path_buf(),
+                storage_id: id.storage_id,
+            });
+        }
+        if dns.get(r.id).is_some() {
+            return Err(AttachError::AlreadyAttached {
+                path: dir.to_path_buf(),
+                id: r.id,
+            });
+        }
+    }
+    if let Some(other) = dns.attached().iter().find(|n| n.root == dir) {
+        return Err(AttachError::AlreadyAttached {
+            path: dir.to_path_buf(),
+            id: other.id,
+        });
+    }
+    let dn = meta.register_datanode(&id.storage_id, dir)?;
+    let node = Datanode::open(dn, dir, Some(id.clone())).map_err(storage(dir))?;
+    // Added back: in service again (a decommission is cancelled).
+    meta.set_datanode_state(
+        dn,
+        &[AdminState::Decommissioning, AdminState::Decommissioned],
+        AdminState::Normal,
+    )?;
+    tracing::info!(datanode = %dn, storage = %id.storage_id, path = %dir.display(), "datanode added");
+    dns.insert(node, AdminState::Normal);
+    Ok(dn)
+}
+
+/// Opens the datanode of `rec` at its recorded path, if the directory
+/// there carries its identity file: how a daemon attaches a datanode
+/// another daemon added while both run.
+pub fn open_recorded(fsid: &str, rec: &DatanodeRecord) -> Result<Datanode, String> {
+    let found = identity::read(&rec.path).map_err(|e| e.to_string())?;
+    match (found, &rec.storage_id) {
+        (Some(id), Some(sid)) if id.storage_id == *sid && id.filesystem_id == fsid => {
+            Datanode::open(rec.id, &rec.path, Some(id)).map_err(|e| e.to_string())
+        }
+        _ => Err(format!(
+            "{} does not hold its identity file here",
+            rec.path.display()
+        )),
+    }
 }
 
 /// Directories paired with the records they are, and those left over.
@@ -303,6 +431,10 @@ pub fn recorded(meta: &dyn Meta, replication: usize) -> Result<Datanodes, Attach
     let mut nodes = Vec::new();
     let mut absent = Vec::new();
     for rec in meta.datanode_records()? {
+        if rec.state == AdminState::Removed {
+            continue;
+        }
+        let state = rec.state;
         let path = rec.path.clone();
         let found = identity::read(&path);
         let opened = match (found, &rec.storage_id, rec.state) {
@@ -314,7 +446,7 @@ pub fn recorded(meta: &dyn Meta, replication: usize) -> Result<Datanodes, Attach
             _ => None,
         };
         match opened {
-            Some(n) => nodes.push(n),
+            Some(n) => nodes.push((n, state)),
             None => absent.push(Absent {
                 record: rec,
                 why: "its directory is missing, or holds another identity file".into(),

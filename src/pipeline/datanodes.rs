@@ -1,17 +1,22 @@
-//! The datanodes of a mount: every datanode the filesystem has recorded,
-//! by registry id (those not attached in this mount are dead), how each
-//! one is doing (datanode heartbeats and pipeline failures, never lease
-//! renewal: live, full or dead), and which are chosen for a new pipeline.
+//! The datanodes of a mount: every datanode the filesystem has recorded
+//! and not removed, by registry id (those not attached in this mount are
+//! dead), how each one is doing (datanode heartbeats and pipeline
+//! failures, never lease renewal: live, full or dead), what the operator
+//! made of it (in service, decommissioning, decommissioned), and which are
+//! chosen for a new replica. The set changes while the daemon runs:
+//! `leasefs datanode add` and `remove`, and over etcd other daemons'
+//! changes of the registry (see [`Datanodes::reconcile`]).
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::placement::{self, Candidate};
 use crate::error::{FsError, FsResult};
-use crate::meta::{DatanodeRecord, DnId};
+use crate::meta::{AdminState, DatanodeRecord, DnId};
 use crate::storage::datanode::{Datanode, StorageError};
-use crate::sync::{Arc, AtomicU8, AtomicU64, Ordering};
+use crate::sync::{Arc, AtomicU8, AtomicU64, Ordering, RwLock};
 
 /// A datanode with less free space than this is full: it serves reads but
 /// takes no new replica (HDFS leaves such a datanode out of placement too).
@@ -37,15 +42,56 @@ impl Health {
             _ => Health::Dead,
         }
     }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Health::Live => "live",
+            Health::Full => "full",
+            Health::Dead => "dead",
+        }
+    }
 }
 
-/// One datanode's line in `fsck`.
+fn admin_from_u8(v: u8) -> AdminState {
+    match v {
+        0 => AdminState::Normal,
+        1 => AdminState::Decommissioning,
+        2 => AdminState::Decommissioned,
+        3 => AdminState::Upgrading,
+        _ => AdminState::Removed,
+    }
+}
+
+fn admin_to_u8(a: AdminState) -> u8 {
+    match a {
+        AdminState::Normal => 0,
+        AdminState::Decommissioning => 1,
+        AdminState::Decommissioned => 2,
+        AdminState::Upgrading => 3,
+        AdminState::Removed => 4,
+    }
+}
+
+fn normal() -> AdminState {
+    AdminState::Normal
+}
+
+/// One datanode's line in `fsck` and `datanode list`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct DatanodeStatus {
     pub id: DnId,
     pub storage_id: Option<String>,
     pub path: PathBuf,
     pub state: Health,
+    /// What the operator made of it (normal, decommissioning, ...).
+    #[serde(default = "normal")]
+    pub admin: AdminState,
+    /// Free bytes on its filesystem at its last heartbeat (attached only).
+    #[serde(default)]
+    pub free_bytes: Option<u64>,
+    /// When its last good heartbeat ran (wall clock, ms since the epoch).
+    #[serde(default)]
+    pub last_heartbeat_ms: Option<u64>,
     /// Why it is dead, when it is.
     pub detail: Option<String>,
 }
@@ -58,9 +104,50 @@ struct Slot {
     path: PathBuf,
     node: Option<Arc<Datanode>>,
     health: AtomicU8,
+    admin: AtomicU8,
     free: AtomicU64,
+    /// Wall-clock ms of its last good heartbeat (0: none yet).
+    beat_ms: AtomicU64,
     /// Why a datanode that is not attached is not.
     absent: Option<String>,
+}
+
+impl Slot {
+    fn attached(node: Datanode, admin: AdminState) -> Slot {
+        Slot {
+            id: node.id,
+            storage_id: node.storage_id().map(str::to_string),
+            path: node.root.clone(),
+            node: Some(Arc::new(node)),
+            health: AtomicU8::new(Health::Live as u8),
+            admin: AtomicU8::new(admin_to_u8(admin)),
+            free: AtomicU64::new(u64::MAX),
+            beat_ms: AtomicU64::new(0),
+            absent: None,
+        }
+    }
+
+    fn absent(a: Absent) -> Slot {
+        Slot {
+            id: a.record.id,
+            storage_id: a.record.storage_id,
+            path: a.record.path,
+            node: None,
+            health: AtomicU8::new(Health::Dead as u8),
+            admin: AtomicU8::new(admin_to_u8(a.record.state)),
+            free: AtomicU64::new(0),
+            beat_ms: AtomicU64::new(0),
+            absent: Some(a.why),
+        }
+    }
+
+    fn health(&self) -> Health {
+        Health::from_u8(self.health.load(Ordering::Relaxed))
+    }
+
+    fn admin(&self) -> AdminState {
+        admin_from_u8(self.admin.load(Ordering::Relaxed))
+    }
 }
 
 /// A recorded datanode this mount could not attach, and why.
@@ -69,49 +156,35 @@ pub struct Absent {
     pub why: String,
 }
 
+type Slots = Arc<Vec<Arc<Slot>>>;
+
 #[derive(Debug)]
 pub struct Datanodes {
-    /// Sorted by id.
-    slots: Vec<Slot>,
-    next: AtomicU64,
+    /// Sorted by id; replaced whole when a datanode is added or removed,
+    /// so readers take a snapshot and never wait for a change.
+    slots: RwLock<Slots>,
     pub replication: usize,
     /// Test-only fault: a datanode that sleeps before every packet.
     slow: Option<(DnId, Duration)>,
 }
 
 impl Datanodes {
-    /// The attached datanodes `nodes` and the recorded ones that are not.
+    /// The attached datanodes `nodes` (with their admin states) and the
+    /// recorded ones that are not.
     pub fn new(
-        nodes: Vec<Datanode>,
+        nodes: Vec<(Datanode, AdminState)>,
         absent: Vec<Absent>,
         replication: usize,
         slow: Option<(DnId, Duration)>,
     ) -> Datanodes {
-        let mut slots: Vec<Slot> = nodes
+        let mut slots: Vec<Arc<Slot>> = nodes
             .into_iter()
-            .map(|n| Slot {
-                id: n.id,
-                storage_id: n.storage_id().map(str::to_string),
-                path: n.root.clone(),
-                node: Some(Arc::new(n)),
-                health: AtomicU8::new(Health::Live as u8),
-                free: AtomicU64::new(u64::MAX),
-                absent: None,
-            })
+            .map(|(n, a)| Arc::new(Slot::attached(n, a)))
             .collect();
-        slots.extend(absent.into_iter().map(|a| Slot {
-            id: a.record.id,
-            storage_id: a.record.storage_id,
-            path: a.record.path,
-            node: None,
-            health: AtomicU8::new(Health::Dead as u8),
-            free: AtomicU64::new(0),
-            absent: Some(a.why),
-        }));
+        slots.extend(absent.into_iter().map(|a| Arc::new(Slot::absent(a))));
         slots.sort_by_key(|s| s.id);
         Datanodes {
-            slots,
-            next: AtomicU64::new(0),
+            slots: RwLock::new(Arc::new(slots)),
             replication,
             slow,
         }
@@ -123,46 +196,158 @@ impl Datanodes {
     pub fn unregistered(dirs: &[PathBuf], replication: usize) -> FsResult<Datanodes> {
         let mut nodes = Vec::new();
         for (i, d) in dirs.iter().enumerate() {
-            nodes.push(Datanode::open(DnId(i as u32), d, None)?);
+            nodes.push((Datanode::open(DnId(i as u32), d, None)?, AdminState::Normal));
         }
         Ok(Datanodes::new(nodes, Vec::new(), replication, None))
     }
 
-    fn slot(&self, id: DnId) -> Option<&Slot> {
-        self.slots
-            .binary_search_by_key(&id, |s| s.id)
-            .ok()
-            .map(|i| &self.slots[i])
+    fn snapshot(&self) -> Slots {
+        self.slots.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    /// How many datanodes the filesystem has recorded (attached or not).
+    fn slot(&self, id: DnId) -> Option<Arc<Slot>> {
+        let slots = self.snapshot();
+        slots
+            .binary_search_by_key(&id, |s| s.id)
+            .ok()
+            .map(|i| slots[i].clone())
+    }
+
+    /// Replaces the slot list with `f` of it (one change at a time).
+    fn change(&self, f: impl FnOnce(&mut Vec<Arc<Slot>>)) {
+        let mut g = self.slots.write().unwrap_or_else(|e| e.into_inner());
+        let mut v: Vec<Arc<Slot>> = g.as_ref().clone();
+        f(&mut v);
+        v.sort_by_key(|s| s.id);
+        *g = Arc::new(v);
+    }
+
+    /// How many datanodes the filesystem has recorded (attached or not,
+    /// removed ones aside).
     pub fn len(&self) -> usize {
-        self.slots.len()
+        self.snapshot().len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.slots.is_empty()
+        self.snapshot().is_empty()
     }
 
     /// The datanodes attached in this mount.
-    pub fn attached(&self) -> impl Iterator<Item = &Arc<Datanode>> {
-        self.slots.iter().filter_map(|s| s.node.as_ref())
+    pub fn attached(&self) -> Vec<Arc<Datanode>> {
+        self.snapshot()
+            .iter()
+            .filter_map(|s| s.node.clone())
+            .collect()
     }
 
     /// Datanode `id`, if it is attached in this mount.
-    pub fn get(&self, id: DnId) -> Option<&Arc<Datanode>> {
-        self.slot(id).and_then(|s| s.node.as_ref())
+    pub fn get(&self, id: DnId) -> Option<Arc<Datanode>> {
+        self.slot(id).and_then(|s| s.node.clone())
+    }
+
+    /// Whether the filesystem records datanode `id` (attached or not). A
+    /// replica on a datanode it does not record (one removed by the
+    /// operator) is gone for good, not merely out of reach.
+    pub fn is_recorded(&self, id: DnId) -> bool {
+        self.slot(id).is_some()
     }
 
     pub fn health(&self, id: DnId) -> Health {
-        self.slot(id).map_or(Health::Dead, |s| {
-            Health::from_u8(s.health.load(Ordering::Relaxed))
-        })
+        self.slot(id).map_or(Health::Dead, |s| s.health())
     }
 
-    /// Live or full: its replicas can be read.
+    /// The operator's state of datanode `id` (`Removed` if not recorded).
+    pub fn admin(&self, id: DnId) -> AdminState {
+        self.slot(id).map_or(AdminState::Removed, |s| s.admin())
+    }
+
+    /// Live or full: its replicas can be read (also while it is being
+    /// decommissioned, or decommissioned and not yet removed).
     pub fn is_alive(&self, id: DnId) -> bool {
         self.health(id) != Health::Dead
+    }
+
+    /// Alive and in service: its replicas count toward the replication
+    /// factor.
+    pub fn counts(&self, id: DnId) -> bool {
+        self.slot(id)
+            .is_some_and(|s| s.health() != Health::Dead && s.admin().in_service())
+    }
+
+    /// Records the operator's state of datanode `id` in this daemon's view.
+    pub fn set_admin(&self, id: DnId, a: AdminState) {
+        if let Some(s) = self.slot(id) {
+            let was = admin_from_u8(s.admin.swap(admin_to_u8(a), Ordering::Relaxed));
+            if was != a {
+                tracing::info!(datanode = %id, was = was.as_str(), now = a.as_str(), "datanode admin state changed");
+            }
+        }
+    }
+
+    /// Attaches `node` while the daemon runs (`datanode add`, or a
+    /// datanode another daemon added): it replaces the slot of the same
+    /// id, if the datanode was recorded but absent. Its first heartbeat
+    /// runs here, so placement knows its free space at once.
+    pub fn insert(&self, node: Datanode, admin: AdminState) {
+        let id = node.id;
+        let slot = Arc::new(Slot::attached(node, admin));
+        self.beat(&slot);
+        self.change(|v| {
+            v.retain(|s| s.id != id);
+            v.push(slot);
+        });
+    }
+
+    /// Records a datanode another daemon registered that this one cannot
+    /// attach (dead here).
+    pub fn insert_absent(&self, a: Absent) {
+        let id = a.record.id;
+        self.change(|v| {
+            if !v.iter().any(|s| s.id == id) {
+                v.push(Arc::new(Slot::absent(a)));
+            }
+        });
+    }
+
+    /// Forgets datanode `id` (removed): it leaves every pipeline before
+    /// its next packet and its replicas are gone for this daemon.
+    pub fn remove(&self, id: DnId) {
+        self.change(|v| v.retain(|s| s.id != id));
+    }
+
+    /// Brings this daemon's view in line with the registry `records`:
+    /// admin states, removed datanodes, and datanodes registered since
+    /// (by another daemon), which `open` tries to attach at their recorded
+    /// path (`Err(why)`: dead here). Datanodes recorded at mount but left
+    /// out of this daemon's list stay out.
+    pub fn reconcile(
+        &self,
+        records: &[DatanodeRecord],
+        open: impl Fn(&DatanodeRecord) -> Result<Datanode, String>,
+    ) {
+        for r in records {
+            match (self.slot(r.id), r.state) {
+                (Some(_), AdminState::Removed) => {
+                    tracing::warn!(datanode = %r.id, path = %r.path.display(), "datanode removed from the filesystem");
+                    self.remove(r.id)
+                }
+                (None, AdminState::Removed) => {}
+                (Some(_), a) => self.set_admin(r.id, a),
+                (None, a) => match open(r) {
+                    Ok(node) => {
+                        tracing::info!(datanode = %r.id, path = %r.path.display(), "datanode added by another daemon attached");
+                        self.insert(node, a)
+                    }
+                    Err(why) => {
+                        tracing::warn!(datanode = %r.id, path = %r.path.display(), "datanode added by another daemon cannot be attached here: {why}");
+                        self.insert_absent(Absent {
+                            record: r.clone(),
+                            why,
+                        })
+                    }
+                },
+            }
+        }
     }
 
     fn set_health(&self, id: DnId, h: Health, why: &dyn std::fmt::Display) {
@@ -212,51 +397,65 @@ impl Datanodes {
     /// is remembered for placement. A disk too full for the probe is full,
     /// not dead.
     pub fn heartbeat(&self) {
-        for s in &self.slots {
-            let Some(dn) = &s.node else { continue };
-            match dn.heartbeat() {
-                Ok(free) => {
-                    s.free.store(free, Ordering::Relaxed);
-                    let h = if free < FULL_BELOW {
-                        Health::Full
-                    } else {
-                        Health::Live
-                    };
-                    self.set_health(s.id, h, &"heartbeat");
+        for s in self.snapshot().iter() {
+            self.beat(s);
+        }
+    }
+
+    fn beat(&self, s: &Slot) {
+        let Some(dn) = &s.node else { return };
+        match dn.heartbeat() {
+            Ok(free) => {
+                s.free.store(free, Ordering::Relaxed);
+                s.beat_ms.store(crate::clock::wall_ms(), Ordering::Relaxed);
+                let h = if free < FULL_BELOW {
+                    Health::Full
+                } else {
+                    Health::Live
+                };
+                self.set_health(s.id, h, &"heartbeat");
+            }
+            Err(e @ StorageError::NoSpace { .. }) => {
+                s.free.store(0, Ordering::Relaxed);
+                s.beat_ms.store(crate::clock::wall_ms(), Ordering::Relaxed);
+                self.set_health(s.id, Health::Full, &e);
+            }
+            Err(e) => {
+                if s.health() != Health::Dead {
+                    tracing::warn!(datanode = %s.id, error = %e, "datanode heartbeat failed");
                 }
-                Err(e @ StorageError::NoSpace { .. }) => {
-                    s.free.store(0, Ordering::Relaxed);
-                    self.set_health(s.id, Health::Full, &e);
-                }
-                Err(e) => {
-                    if self.is_alive(s.id) {
-                        tracing::warn!(datanode = %s.id, error = %e, "datanode heartbeat failed");
-                    }
-                    self.set_health(s.id, Health::Dead, &e);
-                }
+                self.set_health(s.id, Health::Dead, &e);
             }
         }
     }
 
-    /// Chooses up to `n` distinct live datanodes not in `exclude` with at
-    /// least `room` bytes free (as of their last heartbeat), rotating the
-    /// starting point so that blocks spread over all of them.
+    /// Free bytes of datanode `id` at its last heartbeat.
+    pub fn free(&self, id: DnId) -> Option<u64> {
+        self.slot(id)
+            .filter(|s| s.node.is_some())
+            .map(|s| s.free.load(Ordering::Relaxed))
+    }
+
+    /// Chooses up to `n` distinct live, in-service datanodes not in
+    /// `exclude` with at least `room` bytes free (as of their last
+    /// heartbeat), weighted by free space (see [`placement`]).
     pub fn choose_with_room(&self, n: usize, exclude: &[DnId], room: u64) -> Vec<DnId> {
-        let len = self.slots.len();
-        if len == 0 {
-            return Vec::new();
-        }
-        let start = self.next.fetch_add(1, Ordering::Relaxed) as usize;
-        (0..len)
-            .map(|k| &self.slots[(start + k) % len])
+        let cands = self
+            .snapshot()
+            .iter()
             .filter(|s| {
-                self.health(s.id) == Health::Live
+                s.node.is_some()
+                    && s.health() == Health::Live
+                    && s.admin().in_service()
                     && s.free.load(Ordering::Relaxed) >= room
                     && !exclude.contains(&s.id)
             })
-            .map(|s| s.id)
-            .take(n)
-            .collect()
+            .map(|s| Candidate {
+                id: s.id,
+                free: s.free.load(Ordering::Relaxed),
+            })
+            .collect();
+        placement::pick_random(cands, n)
     }
 
     /// [`Self::choose_with_room`] for a new replica of any size.
@@ -265,16 +464,22 @@ impl Datanodes {
     }
 
     /// Chooses a full pipeline for a new block, failing when no datanode
-    /// is live (with `ENOSPC` when those left are full).
+    /// can take it (with `ENOSPC` when those left in service are full).
     pub fn choose_pipeline(&self) -> FsResult<Vec<DnId>> {
         let v = self.choose(self.replication, &[]);
         if !v.is_empty() {
             return Ok(v);
         }
-        if self.slots.iter().any(|s| self.health(s.id) == Health::Full) {
+        if self
+            .snapshot()
+            .iter()
+            .any(|s| s.health() == Health::Full && s.admin().in_service())
+        {
             return Err(FsError::NoSpace);
         }
-        Err(FsError::Io("no live datanode for a new block".into()))
+        Err(FsError::Io(
+            "no live datanode in service for a new block".into(),
+        ))
     }
 
     pub fn fault_delay(&self, id: DnId) {
@@ -302,15 +507,22 @@ impl Datanodes {
 
     /// Every recorded datanode and how it is doing, by id.
     pub fn statuses(&self) -> Vec<DatanodeStatus> {
-        self.slots
+        self.snapshot()
             .iter()
             .map(|s| {
-                let state = self.health(s.id);
+                let state = s.health();
                 DatanodeStatus {
                     id: s.id,
                     storage_id: s.storage_id.clone(),
                     path: s.path.clone(),
                     state,
+                    admin: s.admin(),
+                    free_bytes: s
+                        .node
+                        .as_ref()
+                        .map(|_| s.free.load(Ordering::Relaxed))
+                        .filter(|f| *f != u64::MAX),
+                    last_heartbeat_ms: Some(s.beat_ms.load(Ordering::Relaxed)).filter(|t| *t > 0),
                     detail: match (&s.absent, state) {
                         (Some(why), _) => Some(why.clone()),
                         (None, Health::Dead) => Some("failed its heartbeat".into()),
@@ -325,7 +537,6 @@ impl Datanodes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::meta::AdminState;
 
     fn set(n: usize) -> (tempfile::TempDir, Datanodes) {
         let dir = tempfile::tempdir().unwrap();
@@ -373,7 +584,7 @@ mod tests {
             },
             why: "not in the --datanode list".into(),
         };
-        let dns = Datanodes::new(vec![node], vec![absent], 1, None);
+        let dns = Datanodes::new(vec![(node, AdminState::Normal)], vec![absent], 1, None);
         assert_eq!(dns.len(), 2);
         assert!(dns.get(DnId(1)).is_none());
         assert_eq!(dns.health(DnId(1)), Health::Dead);

@@ -6,6 +6,7 @@
 
 pub mod attach;
 pub mod datanodes;
+pub mod placement;
 pub mod reader;
 pub mod recovery;
 pub mod stream;

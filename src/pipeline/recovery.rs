@@ -44,11 +44,12 @@ pub fn recover_file(meta: &dyn Meta, dns: &Datanodes, ino: u64) -> FsResult<u64>
         // No replica could be read, but some sit on datanodes that are not
         // attached or failing: their bytes may be there. Dropping the block
         // now would be a guess; the file stays under construction until
-        // they come back (or the operator removes them).
+        // they come back (or the operator removes them: a removed
+        // datanode's replicas are gone for good).
         let unreachable: Vec<_> = last
             .replicas
             .iter()
-            .filter(|d| dns.get(**d).is_none() || !dns.is_alive(**d))
+            .filter(|d| dns.is_recorded(**d) && (dns.get(**d).is_none() || !dns.is_alive(**d)))
             .collect();
         if lens.is_empty() && !unreachable.is_empty() {
             return Err(FsError::Io(format!(

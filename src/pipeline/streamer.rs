@@ -297,7 +297,7 @@ impl OutputStream {
                 };
                 let r = dst
                     .copy_replica_from(
-                        src,
+                        &src,
                         b.row.block_id,
                         new_gs,
                         acked,
@@ -589,7 +589,7 @@ impl OutputStream {
                 .collect());
         }
         let gs = unsynced.iter().rev().find(|u| u.0 == block).map(|u| u.1);
-        let (Some(gs), Some(node)) = (gs, self.ctx.dns.get(dn).cloned()) else {
+        let (Some(gs), Some(node)) = (gs, self.ctx.dns.get(dn)) else {
             return Ok(Vec::new());
         };
         Ok(vec![job(Box::new(move || {

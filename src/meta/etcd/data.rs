@@ -1,5 +1,6 @@
 //! The write path's commits, the inode deletion that frees blocks, the
-//! block index, and the datanode registry.
+//! block index, the datanode registry, and the replica-list changes of
+//! datanode administration.
 
 use super::records::*;
 use super::stm::{Stm, prefix_end};
@@ -41,6 +42,16 @@ pub(super) fn commit(s: &mut Stm<'_>, changes: &[Change]) -> FsResult<Vec<BlockR
     for c in changes {
         match c {
             Change::PutBlock(b) => put_block(s, b)?,
+            Change::PutBlockIf { expect, row } => {
+                let now: Option<BlockRow> = s.get_json(&block_key(row.ino, row.idx))?;
+                if now.as_ref() != Some(expect) {
+                    return Err(crate::error::FsError::Moved(format!(
+                        "block {} of inode {} changed since it was read",
+                        expect.block_id, expect.ino
+                    )));
+                }
+                put_block(s, row)?
+            }
             Change::DropBlocksFrom { ino, from } => gone.extend(s.drop_blocks_from(*ino, *from)?),
             Change::SetSize { ino, size, touch } => s.update_inode(*ino, |i| {
                 i.size = *size;
@@ -167,4 +178,40 @@ pub(super) fn claim_legacy_datanode(
     rec.storage_id = Some(storage_id.to_string());
     s.put_json(&key, &rec)?;
     Ok(storage_id.to_string())
+}
+
+/// [`crate::meta::Meta::set_datanode_state`] in one attempt.
+pub(super) fn set_datanode_state(
+    s: &mut Stm<'_>,
+    id: DnId,
+    from: &[AdminState],
+    to: AdminState,
+) -> FsResult<AdminState> {
+    let key = datanode_key(id);
+    let mut rec: DatanodeRecord = s.get_json(&key)?.ok_or(crate::error::FsError::NotFound)?;
+    let was = rec.state;
+    if from.contains(&was) {
+        rec.state = to;
+        s.put_json(&key, &rec)?;
+    }
+    Ok(was)
+}
+
+/// Rows rewritten per transaction when a removed datanode leaves the
+/// block rows: two keys read and written each, well within etcd's bound
+/// on operations per transaction.
+pub(super) const SCRUB_PAGE: usize = 40;
+
+/// Drops `id` from the rows `keys` that still list it, in one attempt.
+pub(super) fn scrub_rows(s: &mut Stm<'_>, id: DnId, keys: &[(u64, u64)]) -> FsResult<()> {
+    for &(ino, idx) in keys {
+        let Some(mut b) = s.get_json::<BlockRow>(&block_key(ino, idx))? else {
+            continue;
+        };
+        if b.replicas.contains(&id) {
+            b.replicas.retain(|d| *d != id);
+            s.put_json(&block_key(ino, idx), &b)?;
+        }
+    }
+    Ok(())
 }

@@ -425,6 +425,44 @@ impl Meta for EtcdMeta {
         self.run(|s| data::claim_legacy_datanode(s, id, storage_id))
     }
 
+    fn set_datanode_state(
+        &self,
+        id: DnId,
+        from: &[AdminState],
+        to: AdminState,
+    ) -> FsResult<AdminState> {
+        self.run(|s| data::set_datanode_state(s, id, from, to))
+    }
+
+    /// The tombstone first (one transaction), then the rows that list the
+    /// datanode, a page per transaction.
+    fn remove_datanode(&self, id: DnId) -> FsResult<()> {
+        self.run(|s| {
+            data::set_datanode_state(
+                s,
+                id,
+                &[
+                    AdminState::Upgrading,
+                    AdminState::Normal,
+                    AdminState::Decommissioning,
+                    AdminState::Decommissioned,
+                    AdminState::Removed,
+                ],
+                AdminState::Removed,
+            )
+        })?;
+        let keys: Vec<(u64, u64)> = self
+            .all_blocks()?
+            .into_iter()
+            .filter(|b| b.replicas.contains(&id))
+            .map(|b| (b.ino, b.idx))
+            .collect();
+        for page in keys.chunks(data::SCRUB_PAGE) {
+            self.run(|s| data::scrub_rows(s, id, page))?;
+        }
+        Ok(())
+    }
+
     fn set_replication(&self, replication: usize) -> FsResult<()> {
         self.run(|s| {
             s.set_counter(data::REPLICATION, replication as u64);

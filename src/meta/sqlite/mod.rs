@@ -715,6 +715,19 @@ impl Meta for MetaStore {
         self.durable(|tx| registry::claim_legacy(tx, id, storage_id))
     }
 
+    fn set_datanode_state(
+        &self,
+        id: DnId,
+        from: &[AdminState],
+        to: AdminState,
+    ) -> FsResult<AdminState> {
+        self.durable(|tx| registry::set_state(tx, id, from, to))
+    }
+
+    fn remove_datanode(&self, id: DnId) -> FsResult<()> {
+        self.durable(|tx| registry::remove(tx, id))
+    }
+
     fn set_replication(&self, replication: usize) -> FsResult<()> {
         self.with_tx(|tx| {
             tx.execute(
@@ -795,6 +808,7 @@ impl Meta for MetaStore {
             for c in changes {
                 match c {
                     Change::PutBlock(b) => Self::put_block(tx, b)?,
+                    Change::PutBlockIf { expect, row } => registry::put_block_if(tx, expect, row)?,
                     Change::DropBlocksFrom { ino, from } => {
                         gone.extend(Self::drop_blocks_from(tx, *ino, *from)?)
                     }

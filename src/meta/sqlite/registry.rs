@@ -1,6 +1,8 @@
 //! The datanode registry in SQLite (table `datanodes`), the filesystem ID
-//! (table `settings`), and the upgrade of the positional layout's
-//! `datanodes(idx, path)` table into the registry.
+//! (table `settings`), the upgrade of the positional layout's
+//! `datanodes(idx, path)` table into the registry, and the changes of
+//! replica lists that datanode administration makes (compare-and-set of a
+//! row, removal of a datanode from every row).
 
 use std::path::{Path, PathBuf};
 
@@ -8,7 +10,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use super::schema;
 use crate::error::{FsError, FsResult};
-use crate::meta::types::{AdminState, DatanodeRecord, DnId};
+use crate::meta::types::{AdminState, BlockRow, DatanodeRecord, DnId};
 
 /// At open: upgrades an earlier schema in place and creates the
 /// filesystem ID if the database has none yet.
@@ -99,4 +101,72 @@ pub(super) fn claim_legacy(tx: &Connection, id: DnId, storage_id: &str) -> FsRes
     .optional()?
     .flatten()
     .ok_or_else(|| FsError::Meta(format!("datanode {id} is not recorded")))
+}
+
+/// [`crate::meta::Meta::set_datanode_state`], in transaction `tx`.
+pub(super) fn set_state(
+    tx: &Connection,
+    id: DnId,
+    from: &[AdminState],
+    to: AdminState,
+) -> FsResult<AdminState> {
+    let was: String = tx
+        .query_row(
+            "SELECT state FROM datanodes WHERE id = ?1",
+            [id.0 as i64],
+            |r| r.get(0),
+        )
+        .optional()?
+        .ok_or(FsError::NotFound)?;
+    let was = AdminState::parse(&was).unwrap_or(AdminState::Normal);
+    if from.contains(&was) {
+        tx.execute(
+            "UPDATE datanodes SET state = ?2 WHERE id = ?1",
+            params![id.0 as i64, to.as_str()],
+        )?;
+    }
+    Ok(was)
+}
+
+/// [`crate::meta::Meta::remove_datanode`], in transaction `tx`: the
+/// tombstone and every row rewritten at once.
+pub(super) fn remove(tx: &Connection, id: DnId) -> FsResult<()> {
+    let n = tx.execute(
+        "UPDATE datanodes SET state = 'removed' WHERE id = ?1",
+        [id.0 as i64],
+    )?;
+    if n == 0 {
+        return Err(FsError::NotFound);
+    }
+    let rows: Vec<BlockRow> = {
+        let mut st = tx.prepare(
+            "SELECT ino, idx, block_id, gs, len, finalized, replicas FROM blocks
+             WHERE ',' || replicas || ',' LIKE '%,' || ?1 || ',%'",
+        )?;
+        st.query_map([id.0 as i64], super::row_to_block)?
+            .collect::<Result<_, _>>()?
+    };
+    for mut b in rows {
+        b.replicas.retain(|d| *d != id);
+        super::MetaStore::put_block(tx, &b)?;
+    }
+    Ok(())
+}
+
+/// [`crate::meta::backend::Change::PutBlockIf`], in transaction `tx`.
+pub(super) fn put_block_if(tx: &Connection, expect: &BlockRow, row: &BlockRow) -> FsResult<()> {
+    let now = tx
+        .prepare_cached(
+            "SELECT ino, idx, block_id, gs, len, finalized, replicas FROM blocks
+             WHERE ino = ?1 AND idx = ?2",
+        )?
+        .query_row(params![row.ino as i64, row.idx as i64], super::row_to_block)
+        .optional()?;
+    if now.as_ref() != Some(expect) {
+        return Err(FsError::Moved(format!(
+            "block {} of inode {} changed since it was read",
+            expect.block_id, expect.ino
+        )));
+    }
+    super::MetaStore::put_block(tx, row)
 }
