@@ -20,7 +20,8 @@ pub struct MountOptions {
     /// (`replica_sync=file`, for datanodes on filesystems shared with
     /// heavy unrelated writers, whose dirty data `syncfs` would also wait for).
     pub sync_by_fs: bool,
-    /// Test-only fault: (datanode index, delay per packet).
+    /// Test-only fault: (datanode id, delay before every packet written
+    /// to it and every block copied onto it).
     pub test_slow_datanode: Option<(crate::meta::DnId, Duration)>,
     /// Generic mount flags (`ro`, `noexec`, ...) passed to the kernel.
     pub kernel_flags: Vec<fuser::MountOption>,

@@ -535,6 +535,7 @@ pub fn replicate(dns: &Datanodes, b: &BlockRow, good: &[DnId], need: usize) -> V
             break;
         }
         let Some(dst) = dns.get(dn) else { continue };
+        dns.fault_delay(dn);
         match dst.copy_replica_from(&src, b.block_id, b.gs, b.len, ReplicaState::Finalized) {
             Ok(()) => {
                 tracing::info!(block = b.block_id, datanode = %dn, "block re-replicated");

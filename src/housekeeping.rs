@@ -59,8 +59,10 @@ impl Housekeeper {
     /// decommission is making progress.
     pub fn run(&self, core: &Arc<Core>, interval: Duration, stop: &AtomicBool) {
         let mut last = Instant::now();
-        let mut hurry = false;
         let mut seen = admin_view(core);
+        // A decommission under way when the daemon (re)started resumes at
+        // once.
+        let mut hurry = seen.iter().any(|(_, a)| *a == AdminState::Decommissioning);
         while !stop.load(Ordering::Relaxed) {
             let kicked = {
                 let g = lock(&self.kicked);

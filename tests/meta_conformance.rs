@@ -85,6 +85,7 @@ conformance! {
         reserve_epochs_monotonic,
         audit_order,
         datanode_registry_and_replication,
+        datanode_admin_states_and_removal,
         usage,
         path_of_and_parent_of,
     ],
@@ -1147,6 +1148,103 @@ fn datanode_registry_and_replication(m: &dyn Meta) {
     // Only a datanode awaiting its identity takes a new storage ID.
     assert_eq!(m.claim_legacy_datanode(a, "DS-other").unwrap(), "DS-a");
     assert!(m.claim_legacy_datanode(DnId(7), "DS-x").is_err());
+}
+
+/// Admin states change only from the states asked for; a removal leaves a
+/// tombstone (the storage ID keeps its id, which is never reused) and no
+/// block row listing the datanode; a compare-and-set row change applies
+/// only to the row it read.
+fn datanode_admin_states_and_removal(m: &dyn Meta) {
+    let a = m.register_datanode("DS-a", Path::new("/d/a")).unwrap();
+    let b = m.register_datanode("DS-b", Path::new("/d/b")).unwrap();
+    let dir = mkdir(m, ROOT_INO, "d");
+    let f = mkfile(m, dir.ino, "f");
+    let rows: Vec<BlockRow> = (0..60)
+        .map(|i| {
+            block(
+                f.ino,
+                i,
+                500 + i,
+                if i % 2 == 0 {
+                    vec![a.0, b.0]
+                } else {
+                    vec![b.0]
+                },
+            )
+        })
+        .collect();
+    let puts: Vec<Change> = rows.iter().cloned().map(Change::PutBlock).collect();
+    for page in puts.chunks(20) {
+        m.commit(page, false).unwrap();
+    }
+    let to = |from: &[AdminState], to| m.set_datanode_state(a, from, to).unwrap();
+    assert_eq!(
+        to(&[AdminState::Normal], AdminState::Decommissioning),
+        AdminState::Normal
+    );
+    // Not from the state asked for: unchanged, and the caller is told.
+    assert_eq!(
+        to(&[AdminState::Normal], AdminState::Decommissioned),
+        AdminState::Decommissioning
+    );
+    assert_eq!(
+        to(&[AdminState::Decommissioning], AdminState::Decommissioned),
+        AdminState::Decommissioning
+    );
+    let state = |id: DnId| {
+        m.datanode_records()
+            .unwrap()
+            .into_iter()
+            .find(|r| r.id == id)
+            .map(|r| r.state)
+    };
+    assert_eq!(state(a), Some(AdminState::Decommissioned));
+    assert_err!(
+        m.set_datanode_state(DnId(9), &[AdminState::Normal], AdminState::Removed),
+        FsError::NotFound
+    );
+
+    // Compare-and-set: applies to the row read, refuses a changed one.
+    let mut moved = rows[1].clone();
+    moved.replicas = vec![a];
+    m.commit(
+        &[Change::PutBlockIf {
+            expect: rows[1].clone(),
+            row: moved.clone(),
+        }],
+        false,
+    )
+    .unwrap();
+    let stale = Change::PutBlockIf {
+        expect: rows[1].clone(),
+        row: rows[1].clone(),
+    };
+    assert!(matches!(m.commit(&[stale], false), Err(FsError::Moved(_))));
+    assert!(on(m, rows[1].block_id, a.0) && !on(m, rows[1].block_id, b.0));
+
+    m.remove_datanode(a).unwrap();
+    assert_eq!(state(a), Some(AdminState::Removed));
+    assert!(
+        m.all_blocks()
+            .unwrap()
+            .iter()
+            .all(|r| !r.replicas.contains(&a))
+    );
+    assert!(on(m, rows[0].block_id, b.0));
+    assert!(
+        m.block_by_id(rows[1].block_id)
+            .unwrap()
+            .unwrap()
+            .replicas
+            .is_empty()
+    );
+    // Removing again finishes nothing new and fails nothing.
+    m.remove_datanode(a).unwrap();
+    // Its storage ID keeps its id; a new storage gets a new one.
+    assert_eq!(
+        m.register_datanode("DS-c", Path::new("/d/c")).unwrap(),
+        DnId(2)
+    );
 }
 
 /// What the positional layout recorded (the `--datanode` list of the last

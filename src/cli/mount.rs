@@ -137,8 +137,19 @@ pub fn spec(a: &MountArgs) -> Result<MountSpec, String> {
     };
     let mut datanodes = Vec::new();
     for d in dn_dirs {
-        std::fs::create_dir_all(&d).map_err(|e| format!("datanode {}: {e}", d.display()))?;
-        let c = std::fs::canonicalize(&d).map_err(|e| format!("datanode {}: {e}", d.display()))?;
+        // A directory that cannot be made or resolved (a failed disk) is
+        // passed on as given: the mount leaves it out, dead, and goes on
+        // with the others (SEMANTICS "Datanode administration").
+        let c = std::fs::create_dir_all(&d)
+            .and_then(|()| std::fs::canonicalize(&d))
+            .or_else(|e| {
+                eprintln!(
+                    "leasefs: warning: datanode {} cannot be used ({e}); it is left out of this mount",
+                    d.display()
+                );
+                std::path::absolute(&d)
+            })
+            .map_err(|e| format!("datanode {}: {e}", d.display()))?;
         if datanodes.contains(&c) {
             return Err(format!("datanode {} is given twice", c.display()));
         }

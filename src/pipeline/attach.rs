@@ -215,6 +215,9 @@ pub fn attach(
         .map(|record| {
             let why = match unusable.iter().find(|(d, _)| *d == record.path) {
                 Some((_, e)) => format!("cannot be read at mount: {e}"),
+                None if dirs.contains(&record.path) => {
+                    "its directory holds another datanode now (replaced)".into()
+                }
                 None => "not in the --datanode list".into(),
             };
             tracing::warn!(

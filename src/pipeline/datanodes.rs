@@ -164,7 +164,8 @@ pub struct Datanodes {
     /// so readers take a snapshot and never wait for a change.
     slots: RwLock<Slots>,
     pub replication: usize,
-    /// Test-only fault: a datanode that sleeps before every packet.
+    /// Test-only fault: a datanode that sleeps before every packet and
+    /// every block copied onto it.
     slow: Option<(DnId, Duration)>,
 }
 
