@@ -188,6 +188,11 @@ pub struct Check<'a> {
     /// Apply the grace to finalized replicas too (automatic housekeeping is
     /// conservative; an operator's `fsck --repair` removes them at once).
     pub grace_finalized: bool,
+    /// With `repair`, also copy blocks short of R replicas in service
+    /// (housekeeping, `fsck --repair`). The sweep at mount does not: a
+    /// mount after a disk failure is ready at once, and housekeeping
+    /// copies in the background while fsck shows what is left.
+    pub copy: bool,
     /// Beside orphans, also delete copies of a block on datanodes its row
     /// does not list, once the row's own replicas are all there (excess or
     /// stale copies; never at mount).
@@ -458,7 +463,7 @@ fn check_block(c: &Check<'_>, b: &BlockRow, path: &str, r: &mut Report) -> usize
             detail,
             repaired: false,
         };
-        if repairable {
+        if repairable && c.copy {
             let added = replicate(c.dns, &row, &good, want.saturating_sub(serving.len()));
             in_service += added.len();
             p.repaired = in_service >= want;

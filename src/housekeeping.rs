@@ -129,6 +129,7 @@ impl Housekeeper {
             excess: true,
             orphan_grace: fsck::ORPHAN_GRACE,
             grace_finalized: true,
+            copy: true,
         };
         match fsck::run(&c) {
             Ok(r) => {

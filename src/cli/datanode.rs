@@ -30,6 +30,7 @@ pub enum DatanodeCmd {
     /// Attach a directory to the running mount: new blocks may use it at once.
     Add { mountpoint: PathBuf, dir: PathBuf },
     /// Copy every block of a datanode to others until each is held R times elsewhere; waits, with progress.
+    /// DIR may also be the datanode's storage ID (DS-...), as `list` shows it.
     Decommission {
         mountpoint: PathBuf,
         dir: PathBuf,
@@ -38,6 +39,7 @@ pub enum DatanodeCmd {
         no_wait: bool,
     },
     /// Drop a datanode from the filesystem (its directory is left alone).
+    /// DIR may also be the datanode's storage ID (DS-...), e.g. of a dead one whose path now holds another.
     Remove {
         mountpoint: PathBuf,
         dir: PathBuf,
@@ -90,8 +92,12 @@ fn mount_of(m: &Path) -> Result<PathBuf, String> {
 }
 
 /// The directory as the daemon should see it: absolute, symlinks resolved
-/// where it still exists (a failed disk's may not).
+/// where it still exists (a failed disk's may not). A storage ID
+/// (`DS-...`, as `list` shows it) is passed as it is.
 fn absolute(dir: &Path) -> Result<String, String> {
+    if let Some(id) = dir.to_str().filter(|s| s.starts_with("DS-")) {
+        return Ok(id.to_string());
+    }
     let p = std::fs::canonicalize(dir)
         .or_else(|_| std::path::absolute(dir))
         .map_err(|e| format!("{}: {e}", dir.display()))?;

@@ -35,8 +35,10 @@ pub fn answer(admin: &Admin, op: &str, req: &Value, may_change: bool) -> Value {
         req["dir"]
             .as_str()
             .map(Path::new)
-            .filter(|p| p.is_absolute())
-            .ok_or_else(|| "bad request: 'dir' must be an absolute path".to_string())
+            .filter(|p| p.is_absolute() || p.to_str().is_some_and(|s| s.starts_with("DS-")))
+            .ok_or_else(|| {
+                "bad request: 'dir' must be an absolute path or a storage ID".to_string()
+            })
     };
     let r: Result<Value, String> = match op {
         "datanode_list" => admin

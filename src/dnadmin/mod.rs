@@ -169,11 +169,19 @@ impl Admin {
         })
     }
 
-    /// The datanode `dir` names: by its identity file when it can be read,
-    /// else by the path it is (or was last) attached at.
+    /// The datanode `dir` names: a storage ID (`DS-...`) as it is, a
+    /// directory by its identity file when it can be read, else by the
+    /// path it is (or was last) attached at.
     pub fn resolve(&self, dir: &Path) -> Result<DnId, AdminError> {
         let records = self.core.meta.datanode_records()?;
         let live = |id: DnId| self.core.dns.is_recorded(id);
+        if let Some(sid) = dir.to_str().filter(|s| s.starts_with("DS-")) {
+            return records
+                .iter()
+                .find(|r| r.storage_id.as_deref() == Some(sid) && live(r.id))
+                .map(|r| r.id)
+                .ok_or_else(|| AdminError::Unknown(dir.to_path_buf()));
+        }
         if let Ok(Some(found)) = identity::read(dir)
             && let Some(r) = records
                 .iter()

@@ -54,6 +54,7 @@ impl Core {
             excess: false,
             orphan_grace: Duration::ZERO,
             grace_finalized: false,
+            copy: false,
         })
         .map_err(FsError::Io)?;
         for p in swept.problems.iter().filter(|p| p.repaired) {
@@ -111,6 +112,7 @@ impl Core {
             excess: true,
             orphan_grace: crate::fsck::ORPHAN_GRACE,
             grace_finalized: false,
+            copy: repair,
         })
     }
 }
