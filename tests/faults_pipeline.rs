@@ -57,23 +57,55 @@ fn poison_stale_replica(r: &ReplicaFiles, keep: usize) {
     std::fs::write(&r.meta, meta_bytes(&garbage)).unwrap();
 }
 
+/// A mount on `first` with R = their number, so that the first block's
+/// pipeline is all of them, where `rel` starts with the first MiB of
+/// `src` (written and closed); then `spares` are added with `leasefs
+/// datanode add` (ids following `first`'s). Appending to `rel` reopens its
+/// block on the replicas it has, so the spares only come in through
+/// pipeline recovery. (A new block's pipeline is drawn weighted by free
+/// space: a small tmpfs beside disk directories would hardly ever be in it.)
+fn mount_with_spares(
+    first: Vec<PathBuf>,
+    spares: Vec<PathBuf>,
+    o: &[&str],
+    rel: &str,
+    src: &[u8],
+) -> Mount {
+    let mut m = Mount::with_datanode_paths(
+        Opts {
+            datanodes: first.len(),
+            replication: Some(first.len()),
+            o: o.iter().map(|s| s.to_string()).collect(),
+            args: Vec::new(),
+        },
+        first,
+    );
+    std::fs::write(m.path(rel), &src[..MIB]).unwrap();
+    wait_closed(&m, rel);
+    for d in spares {
+        let mnt = m.mnt.display().to_string();
+        let o = m.leasefs(&["datanode", "add", &mnt, d.to_str().unwrap()]);
+        assert!(o.status.success(), "add {}: {o:?}", d.display());
+        m.datanodes.push(d);
+    }
+    m
+}
+
 #[test]
 fn a_datanode_filling_up_mid_write_is_dropped_and_the_writer_sees_no_error() {
     let tmpfs = Tmpfs::new("8m");
     let disk = tempfile::tempdir().unwrap();
-    let mut dns = vec![tmpfs.path.clone()];
-    dns.extend(disk_dns(&disk, 3));
-    // The first pipeline of a fresh mount starts at datanode 0: the tmpfs.
-    let m = Mount::with_datanode_paths(
-        Opts {
-            datanodes: 4,
-            replication: Some(3),
-            o: vec![],
-            args: Vec::new(),
-        },
-        dns,
-    );
+    let d = disk_dns(&disk, 3);
+    // The block's pipeline is the tmpfs (datanode 0) and two disks; the
+    // third disk is the spare.
     let src = pattern(SIZE, 1);
+    let m = mount_with_spares(
+        vec![tmpfs.path.clone(), d[0].clone(), d[1].clone()],
+        vec![d[2].clone()],
+        &[],
+        "big",
+        &src,
+    );
     let srcp = scratch(&m, "big.src", &src);
     let mut w = Writer::start(&m, &srcp, "big", MIB, 0, 8);
     let r = w.result(Duration::from_secs(60));
@@ -304,18 +336,15 @@ fn fsync_succeeds_when_a_datanode_holding_an_earlier_block_of_the_file_is_remove
 fn a_full_datanode_is_alive_out_of_placement_and_fsck_is_healthy_once_repaired() {
     let tmpfs = Tmpfs::new("8m");
     let disk = tempfile::tempdir().unwrap();
-    let mut dns = vec![tmpfs.path.clone()];
-    dns.extend(disk_dns(&disk, 3));
-    let m = Mount::with_datanode_paths(
-        Opts {
-            datanodes: 4,
-            replication: Some(3),
-            o: vec![],
-            args: Vec::new(),
-        },
-        dns,
-    );
+    let d = disk_dns(&disk, 3);
     let src = pattern(16 * MIB, 5);
+    let m = mount_with_spares(
+        vec![tmpfs.path.clone(), d[0].clone(), d[1].clone()],
+        vec![d[2].clone()],
+        &[],
+        "big",
+        &src,
+    );
     let srcp = scratch(&m, "big.src", &src);
     let mut w = Writer::start(&m, &srcp, "big", MIB, 0, 4);
     assert_eq!(
@@ -367,30 +396,28 @@ fn pipeline_recovery_after_enospc_takes_a_spare_with_room() {
     let small = Tmpfs::new("4m");
     let disk = tempfile::tempdir().unwrap();
     let d = disk_dns(&disk, 3);
-    // The first pipeline is 0 1 2; the rotation then offers 3 (the small
-    // tmpfs) as the first spare when 0 fills.
-    let dns = vec![
-        big.path.clone(),
-        d[0].clone(),
-        d[1].clone(),
-        small.path.clone(),
-        d[2].clone(),
-    ];
-    let m = Mount::with_datanode_paths(
-        Opts {
-            datanodes: 5,
-            replication: Some(3),
-            o: vec!["housekeeping_interval=3600".into()],
-            args: Vec::new(),
-        },
-        dns,
-    );
+    // The block's pipeline is the big tmpfs (0) and two disks (1, 2); the
+    // spares are the small tmpfs (3), too small for the block so far, and
+    // a disk (4).
     let src = pattern(16 * MIB, 6);
+    let m = mount_with_spares(
+        vec![big.path.clone(), d[0].clone(), d[1].clone()],
+        vec![small.path.clone(), d[2].clone()],
+        &["housekeeping_interval=3600"],
+        "big",
+        &src,
+    );
     let srcp = scratch(&m, "big.src", &src);
     let mut w = Writer::start(&m, &srcp, "big", MIB, 0, 4);
     assert_eq!(
         w.result(Duration::from_secs(60)),
         format!("ok {}", 16 * MIB)
+    );
+    assert!(
+        !m.log_lines(&["replica write failed", "datanode=0"])
+            .is_empty(),
+        "the big tmpfs never filled:\n{}",
+        m.log()
     );
     let blocks = wait_closed(&m, "big");
     let b = &blocks[0];
