@@ -20,6 +20,9 @@ pub struct MountOptions {
     /// (`replica_sync=file`, for datanodes on filesystems shared with
     /// heavy unrelated writers, whose dirty data `syncfs` would also wait for).
     pub sync_by_fs: bool,
+    /// `HOST:PORT` where Prometheus text is served (`metrics=`); off
+    /// when `None`.
+    pub metrics: Option<String>,
     /// Test-only fault: (datanode index, delay per packet).
     pub test_slow_datanode: Option<(usize, Duration)>,
     /// Generic mount flags (`ro`, `noexec`, ...) passed to the kernel.
@@ -38,6 +41,7 @@ impl Default for MountOptions {
             max_packets_in_flight: 80,
             housekeeping_interval: Duration::from_secs(30),
             sync_by_fs: true,
+            metrics: None,
             test_slow_datanode: None,
             kernel_flags: Vec::new(),
         }
@@ -47,7 +51,7 @@ impl Default for MountOptions {
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum OptionError {
     #[error(
-        "unknown mount option '{0}' (known: soft_limit, hard_limit, monitor_interval, lease_wait, block_size, packet_size, max_packets_in_flight, housekeeping_interval, replica_sync)"
+        "unknown mount option '{0}' (known: soft_limit, hard_limit, monitor_interval, lease_wait, block_size, packet_size, max_packets_in_flight, housekeeping_interval, replica_sync, metrics)"
     )]
     Unknown(String),
     #[error("mount option '{key}' has a bad value '{value}': {why}")]
@@ -78,6 +82,20 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .map_err(|_| "expected a whole number with an optional K/M/G suffix".to_string())?;
     n.checked_mul(mult)
         .ok_or_else(|| "size too large".to_string())
+}
+
+/// Checks a `HOST:PORT` to listen on (`[::1]:9567` for IPv6); the host is
+/// resolved when the mount starts.
+pub fn parse_listen(s: &str) -> Result<String, String> {
+    let (host, port) = s
+        .rsplit_once(':')
+        .ok_or_else(|| "expected HOST:PORT".to_string())?;
+    if host.is_empty() {
+        return Err("expected HOST:PORT (the host is missing)".into());
+    }
+    port.parse::<u16>()
+        .map_err(|_| "the port must be a number from 0 to 65535".to_string())?;
+    Ok(s.to_string())
 }
 
 /// Parses seconds: a whole or decimal number, optionally ending in `s`.
@@ -127,6 +145,7 @@ impl MountOptions {
                         _ => return Err(bad("expected fs or file".into())),
                     }
                 }
+                "metrics" => self.metrics = Some(parse_listen(value).map_err(bad)?),
                 "test_slow_datanode" => {
                     let (dn, ms) = value
                         .split_once(':')
@@ -228,5 +247,21 @@ mod tests {
         assert!(o.sync_by_fs);
         o.apply("replica_sync=file").unwrap();
         assert!(!o.sync_by_fs);
+    }
+
+    #[test]
+    fn the_metrics_address_is_host_and_port() {
+        let mut o = MountOptions::default();
+        assert_eq!(o.metrics, None);
+        o.apply("metrics=127.0.0.1:9567").unwrap();
+        assert_eq!(o.metrics.as_deref(), Some("127.0.0.1:9567"));
+        o.apply("metrics=[::1]:0").unwrap();
+        assert_eq!(o.metrics.as_deref(), Some("[::1]:0"));
+        for bad in ["metrics=9567", "metrics=:9567", "metrics=host:http", "metrics=h:70000"] {
+            assert!(
+                matches!(o.apply(bad), Err(OptionError::BadValue { .. })),
+                "{bad}"
+            );
+        }
     }
 }

@@ -21,6 +21,7 @@ pub mod fsck;
 pub mod housekeeping;
 pub mod lease;
 pub mod meta;
+pub mod metrics;
 pub mod pipeline;
 pub mod spout;
 pub mod storage;

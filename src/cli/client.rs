@@ -1,5 +1,5 @@
 //! Commands that talk to a running daemon through its control socket:
-//! `leases` and `recover-lease`.
+//! `leases` and `recover-lease`, and the connection `stats` uses.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;

@@ -1,6 +1,7 @@
 //! The daemon's control socket (`DATA/control.sock`): one JSON request per
-//! line, one JSON answer per line. It serves `leasefs leases` and
-//! `leasefs recover-lease`, which need more than an xattr can carry.
+//! line, one JSON answer per line. It serves `leasefs leases`,
+//! `leasefs recover-lease` and `leasefs stats`, which need more than an
+//! xattr can carry.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -87,6 +88,9 @@ fn answer(core: &Arc<Core>, mnt: &Path, req: &Value) -> Value {
                 .collect();
             json!({ "leases": list })
         }
+        // Counters of the whole mount: nothing about any one user's files,
+        // so every user may ask (like `leases`).
+        "stats" => json!({ "stats": core.stats() }),
         "recover" => {
             let rel = req["path"].as_str().unwrap_or("");
             match resolve(core, rel) {

@@ -208,6 +208,7 @@ impl Core {
             max_in_flight: opts.max_packets_in_flight,
             publish_lengths: cluster.is_some(),
             sync_by_fs: opts.sync_by_fs,
+            metrics: Arc::default(),
         });
         Arc::new(Core {
             meta,
@@ -547,7 +548,12 @@ impl Core {
                     tracing::debug!(ino = h.ino, "read again: {why}");
                     std::thread::sleep(std::time::Duration::from_micros(200 * tries));
                 }
-                r => return r,
+                r => {
+                    if let Ok(d) = &r {
+                        self.ctx.metrics.read(d.len() as u64);
+                    }
+                    return r;
+                }
             }
         }
     }
@@ -699,9 +705,16 @@ impl Core {
 
     /// fsync: acknowledged by all replicas, then data, checksums and
     /// metadata durable on every replica and in the metadata store.
+    /// Its latency, request to reply, goes to the statistics.
     pub fn fsync(&self, fh: u64, reply: Reply<()>) {
         match self.writer(fh) {
-            Ok(Some((_, stream))) => stream.sync(reply),
+            Ok(Some((_, stream))) => {
+                let (start, metrics) = (std::time::Instant::now(), self.ctx.metrics.clone());
+                stream.sync(Box::new(move |r| {
+                    metrics.fsync_done(start.elapsed());
+                    reply(r)
+                }))
+            }
             Ok(None) => reply(Ok(())),
             Err(e) => reply(Err(e)),
         }

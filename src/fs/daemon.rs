@@ -108,6 +108,14 @@ fn reap_predecessor(data: &Path, leases: &EtcdLeases, me: &str) -> FsResult<()> 
 impl Daemon {
     pub fn start(spec: &MountSpec) -> FsResult<Daemon> {
         let lock = lock_data_dir(&spec.data)?;
+        // Bound first: an address in use fails the mount before anything
+        // is opened.
+        let metrics = match &spec.opts.metrics {
+            Some(addr) => Some(
+                crate::metrics::http::bind(addr).map_err(|e| FsError::Invalid(e.to_string()))?,
+            ),
+            None => None,
+        };
         let (uid, gid) = (
             nix::unistd::getuid().as_raw(),
             nix::unistd::getgid().as_raw(),
@@ -171,6 +179,9 @@ impl Daemon {
             spec.data.clone(),
             instance,
         );
+        if let Some(listener) = metrics {
+            serve_metrics(&core, &rt, listener);
+        }
         let n = core.startup_recovery()?;
         if n > 0 {
             tracing::info!("recovered {n} file(s) left under construction");
@@ -342,6 +353,23 @@ impl Daemon {
         tracing::info!("unmounted");
         r.map_err(|e| FsError::Io(e.to_string()))
     }
+}
+
+/// Serves Prometheus text on `listener` (`-o metrics=`), on the worker
+/// runtime; each scrape takes a snapshot of `core` while it lives.
+fn serve_metrics(core: &Arc<Core>, rt: &tokio::runtime::Runtime, listener: std::net::TcpListener) {
+    match listener.local_addr() {
+        Ok(a) => {
+            tracing::info!(address = %a, "metrics served at http://{a}/metrics");
+            core.ctx.metrics.set_address(a.to_string());
+        }
+        Err(e) => tracing::warn!("metrics endpoint: {e}"),
+    }
+    let weak = Arc::downgrade(core);
+    let source: crate::metrics::http::Source = Arc::new(move || {
+        weak.upgrade().map(|c| c.stats()).unwrap_or_default()
+    });
+    crate::metrics::http::serve(rt.handle(), listener, source);
 }
 
 /// Sets the readahead of the mount at `mountpoint` to `kb`. The kernel

@@ -15,6 +15,7 @@ mod maintenance;
 pub mod namespace;
 mod privs;
 pub mod proc_info;
+mod stats;
 pub mod xattrs;
 
 pub use self::core::Core;

@@ -31,6 +31,8 @@ pub struct StreamCtx {
     pub sync_by_fs: bool,
     /// Replicas found bad (reads, syncs), for housekeeping to repair.
     pub bad: Arc<crate::pipeline::reader::BadReplicas>,
+    /// The mount's statistics (`leasefs stats`).
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 pub(crate) struct Packet {
@@ -175,6 +177,7 @@ impl OutputStream {
             drop(s);
             return done(Err(e));
         }
+        self.ctx.metrics.written(data.len() as u64);
         let taken = self.copy_in(&mut s, data);
         s.mtime = Some(now_ns());
         s.dirty = true;

@@ -106,6 +106,7 @@ impl OutputStream {
                         Ok(()) => {
                             s.acked = s.acked.max(end);
                             s.in_flight -= 1;
+                            self.ctx.metrics.packet_acked();
                             if let Some(d) = self.resume_blocked(&mut s) {
                                 wake.push(d);
                             }
@@ -256,6 +257,7 @@ impl OutputStream {
     fn rebuild_pipeline(&self, b: &mut OpenBlock, failed: usize, acked: u64) -> FsResult<()> {
         let (bad_dn, _) = b.writers.remove(failed);
         self.ctx.dns.mark_dead(bad_dn);
+        self.ctx.metrics.pipeline_recovery();
         let dns = &self.ctx.dns;
         let new_gs = self.meta().alloc("next_gs")?;
         let old = std::mem::take(&mut b.writers);
@@ -542,6 +544,9 @@ impl OutputStream {
                 "replica sync failed: {e}"
             );
             self.ctx.bad.report(block, dn);
+            if let Some(node) = self.ctx.dns.get(dn) {
+                node.io.error();
+            }
             self.ctx.dns.mark_dead(dn);
             if !ok_blocks.contains(&block) {
                 return Err(FsError::Io(format!(

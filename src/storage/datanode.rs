@@ -22,7 +22,8 @@ use super::checksum::{CHUNK_SIZE, chunk_crcs, crc_offset, encode_header, meta_le
 /// [`super::replica`].
 pub use super::replica::{ReplicaReader, ReplicaWriter};
 use super::replica::{fsync_dir, shrink};
-use crate::sync::{AtomicU64, Ordering};
+use crate::metrics::IoCounters;
+use crate::sync::{Arc, AtomicU64, Ordering};
 
 /// Errors of the storage layer; each variant carries the facts needed to
 /// report it (which replica, which offset).
@@ -200,6 +201,8 @@ pub struct Datanode {
     root_fd: File,
     /// Device of the root: datanodes that share it share one `syncfs`.
     dev: u64,
+    /// Replica bytes written and read here, and failures (`leasefs stats`).
+    pub io: Arc<IoCounters>,
 }
 
 impl Datanode {
@@ -223,6 +226,7 @@ impl Datanode {
             tmp,
             root_fd,
             dev,
+            io: Arc::default(),
         })
     }
 
@@ -303,7 +307,8 @@ impl Datanode {
             meta_path,
             0,
             Vec::new(),
-        ))
+        )
+        .counted(&self.io))
     }
 
     /// Continues writing a replica at length `len`: an rbw replica (pipeline
@@ -333,9 +338,7 @@ impl Datanode {
             fsync_dir(self.dir(ReplicaState::Rbw))?;
             fsync_dir(self.dir(ReplicaState::Finalized))?;
         }
-        Ok(ReplicaWriter::new(
-            block, data, meta, data_path, meta_path, len, tail,
-        ))
+        Ok(ReplicaWriter::new(block, data, meta, data_path, meta_path, len, tail).counted(&self.io))
     }
 
     /// The replica of `block`, if both of its files exist: the data file in
@@ -513,6 +516,7 @@ impl Datanode {
                     meta,
                     data_path,
                     meta_path,
+                    io: self.io.clone(),
                 });
             }
         }
