@@ -84,7 +84,7 @@ pub fn render(mount: &str, s: &Snapshot, r: &Rates, interval: Option<f64>) -> St
         "leasefs stats {mount}  up {}  ({over})\n",
         duration(s.uptime_seconds)
     );
-    let mut ops = format!("{:<9}{:>9}", "ops/s", num(r.ops_total));
+    let mut ops = format!("{:<9}{}", "ops/s", num(r.ops_total));
     for (name, n) in r.ops.iter().take(TOP_OPS) {
         ops += &format!("  {name} {}", num(*n));
     }

@@ -165,6 +165,8 @@ impl Daemon {
             .max_blocking_threads(1024)
             .thread_name("leasefs-worker")
             .enable_time()
+            // Sockets: the metrics endpoint (`-o metrics=`).
+            .enable_io()
             .build()
             .map_err(|e| FsError::Io(format!("cannot start worker pool: {e}")))?;
         instance.cluster = shared.as_ref().map(|s| ClusterParts {
