@@ -7,6 +7,7 @@ use std::path::Path;
 
 use super::core::Core;
 use crate::metrics::{DatanodeStats, Snapshot};
+use crate::pipeline::datanodes::Health;
 
 impl Core {
     /// Every counter and gauge of the mount now (`leasefs stats`, the
@@ -24,23 +25,33 @@ impl Core {
             s.streams_open += 1;
             s.packets_in_flight += stream.stats().in_flight as u64;
         }
-        s.datanodes = (0..self.dns.len())
-            .filter_map(|i| {
-                let node = self.dns.get(i)?;
-                let (written, read, errors) = node.io.get();
-                let space = space(&node.root);
-                Some(DatanodeStats {
-                    id: i.to_string(),
-                    storage_id: None,
-                    path: node.root.display().to_string(),
-                    state: if self.dns.is_alive(i) { "live" } else { "dead" }.into(),
+        s.datanodes = self
+            .dns
+            .statuses()
+            .into_iter()
+            .map(|d| {
+                // A recorded datanode not attached in this mount did no
+                // I/O here, and its directory may hold something else.
+                let node = self.dns.get(d.id);
+                let (written, read, errors) = node.map_or((0, 0, 0), |n| n.io.get());
+                let space = node.and_then(|n| space(&n.root));
+                DatanodeStats {
+                    id: d.id.to_string(),
+                    storage_id: d.storage_id,
+                    path: d.path.display().to_string(),
+                    state: match d.state {
+                        Health::Live => "live",
+                        Health::Full => "full",
+                        Health::Dead => "dead",
+                    }
+                    .into(),
                     capacity_bytes: space.map(|s| s.0),
                     used_bytes: space.map(|s| s.1),
                     free_bytes: space.map(|s| s.2),
                     bytes_written: written,
                     bytes_read: read,
                     errors,
-                })
+                }
             })
             .collect();
         s
