@@ -257,7 +257,12 @@ mod tests {
         assert_eq!(o.metrics.as_deref(), Some("127.0.0.1:9567"));
         o.apply("metrics=[::1]:0").unwrap();
         assert_eq!(o.metrics.as_deref(), Some("[::1]:0"));
-        for bad in ["metrics=9567", "metrics=:9567", "metrics=host:http", "metrics=h:70000"] {
+        for bad in [
+            "metrics=9567",
+            "metrics=:9567",
+            "metrics=host:http",
+            "metrics=h:70000",
+        ] {
             assert!(
                 matches!(o.apply(bad), Err(OptionError::BadValue { .. })),
                 "{bad}"

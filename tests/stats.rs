@@ -25,7 +25,11 @@ fn curl(url: &str) -> std::process::Output {
 fn scrape(addr: &str) -> Scrape {
     let out = curl(&format!("http://{addr}/metrics"));
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(out.status.success(), "curl failed: {text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "curl failed: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let (head, body) = text.split_once("\r\n\r\n").expect("headers, then the body");
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     assert!(
@@ -128,7 +132,10 @@ fn metrics_scraped_during_a_write_move_and_follow_the_lease() {
     grew("leasefs_packets_acked_total", "");
     // Every datanode holds a replica (3 datanodes, replication 3).
     assert!(grew("leasefs_datanode_written_bytes_total", "") >= (3 * 512 * 1024) as f64);
-    assert_eq!(sum(&second, "leasefs_datanode_state", "state=\"live\""), 3.0);
+    assert_eq!(
+        sum(&second, "leasefs_datanode_state", "state=\"live\""),
+        3.0
+    );
     assert!(sum(&second, "leasefs_datanode_free_bytes", "") > 0.0);
 
     drop(w.stdin.take());
@@ -228,7 +235,12 @@ fn one_line_failure(out: &std::process::Output) -> String {
 #[test]
 fn stats_and_metrics_errors_are_one_line() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let run = |args: &[&str]| Command::new(bin()).args(args).output().expect("run leasefs");
+    let run = |args: &[&str]| {
+        Command::new(bin())
+            .args(args)
+            .output()
+            .expect("run leasefs")
+    };
 
     let plain = dir.path().display().to_string();
     let err = one_line_failure(&run(&["stats", &plain, "--once"]));
@@ -253,7 +265,10 @@ fn stats_and_metrics_errors_are_one_line() {
             &format!("metrics={addr}"),
         ]);
         let err = one_line_failure(&out);
-        assert!(err.contains(&format!("metrics={addr}")) && err.contains(says), "{err}");
+        assert!(
+            err.contains(&format!("metrics={addr}")) && err.contains(says),
+            "{err}"
+        );
         assert!(!common::is_mounted(&mnt));
     }
     let err = one_line_failure(&run(&[

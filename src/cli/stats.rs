@@ -20,7 +20,10 @@ const TOP_OPS: usize = 8;
 
 pub fn run(mountpoint: &Path, interval: f64, once: bool, as_json: bool) -> ExitCode {
     if !interval.is_finite() || interval <= 0.0 || interval > 86_400.0 {
-        return fail(2, format!("--interval {interval}: must be between 0 and 86400 seconds"));
+        return fail(
+            2,
+            format!("--interval {interval}: must be between 0 and 86400 seconds"),
+        );
     }
     let (mp, _) = match find_mount(mountpoint) {
         Ok(m) => m,

@@ -358,9 +358,8 @@ fn serve_metrics(core: &Arc<Core>, rt: &tokio::runtime::Runtime, listener: std::
         Err(e) => tracing::warn!("metrics endpoint: {e}"),
     }
     let weak = Arc::downgrade(core);
-    let source: crate::metrics::http::Source = Arc::new(move || {
-        weak.upgrade().map(|c| c.stats()).unwrap_or_default()
-    });
+    let source: crate::metrics::http::Source =
+        Arc::new(move || weak.upgrade().map(|c| c.stats()).unwrap_or_default());
     crate::metrics::http::serve(rt.handle(), listener, source);
 }
 

@@ -133,7 +133,10 @@ mod tests {
         let s = h.stats();
         assert_eq!(s.count, 4);
         assert_eq!(s.buckets[0], (0.0001, 2));
-        assert_eq!(s.buckets.iter().find(|b| b.0 == 0.005).map(|b| b.1), Some(3));
+        assert_eq!(
+            s.buckets.iter().find(|b| b.0 == 0.005).map(|b| b.1),
+            Some(3)
+        );
         assert_eq!(s.buckets.last().map(|b| b.1), Some(3));
         assert!((s.sum_seconds - 60.00315).abs() < 1e-6);
         assert!(close(s.p50_seconds, 0.0001));

@@ -6,9 +6,9 @@
 //! backlog), headers within [`HEADER_TIMEOUT`], and a connection lives at
 //! most [`CONNECTION_LIFETIME`].
 
+use crate::sync::Arc;
 use std::convert::Infallible;
 use std::net::{SocketAddr, TcpListener as StdListener, ToSocketAddrs};
-use crate::sync::Arc;
 use std::time::Duration;
 
 use http_body_util::Full;
@@ -103,7 +103,10 @@ pub fn serve(rt: &tokio::runtime::Handle, listener: StdListener, source: Source)
     });
 }
 
-async fn answer(req: Request<Incoming>, source: Source) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn answer(
+    req: Request<Incoming>,
+    source: Source,
+) -> Result<Response<Full<Bytes>>, Infallible> {
     let reply = |code: StatusCode, ctype: &str, body: String| {
         let mut r = Response::new(Full::new(Bytes::from(body)));
         *r.status_mut() = code;
@@ -114,7 +117,11 @@ async fn answer(req: Request<Incoming>, source: Source) -> Result<Response<Full<
     };
     let text = "text/plain; charset=utf-8";
     if req.uri().path() != "/metrics" {
-        return reply(StatusCode::NOT_FOUND, text, "only /metrics is served\n".into());
+        return reply(
+            StatusCode::NOT_FOUND,
+            text,
+            "only /metrics is served\n".into(),
+        );
     }
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return reply(

@@ -67,10 +67,7 @@ pub const LEASES_HELD: Name = gauge(
     "Write leases held or being recovered",
 );
 /// Writers queued for a lease (lease_wait): contention.
-pub const LEASE_WAITERS: Name = gauge(
-    "leasefs_lease_waiters",
-    "Opens waiting for a write lease",
-);
+pub const LEASE_WAITERS: Name = gauge("leasefs_lease_waiters", "Opens waiting for a write lease");
 /// Recoveries mean writers died or stopped renewing (label reason:
 /// soft_limit, hard_limit, holder_gone, manual).
 pub const LEASE_RECOVERIES: Name = counter(
@@ -159,7 +156,10 @@ const DN_STATES: &[&str] = &["live", "full", "dead"];
 #[derive(Debug)]
 struct Scrape(Snapshot);
 
-fn metric<'a>(enc: &'a mut DescriptorEncoder, n: &'a Name) -> Result<MetricEncoder<'a>, std::fmt::Error> {
+fn metric<'a>(
+    enc: &'a mut DescriptorEncoder,
+    n: &'a Name,
+) -> Result<MetricEncoder<'a>, std::fmt::Error> {
     enc.encode_descriptor(n.name, n.help, None, n.kind)
 }
 

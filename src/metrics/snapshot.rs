@@ -131,7 +131,10 @@ pub fn rates(later: &Snapshot, earlier: Option<&Snapshot>) -> Rates {
         .datanodes
         .iter()
         .map(|d| {
-            let b = e.datanodes.iter().find(|x| x.id == d.id && x.path == d.path);
+            let b = e
+                .datanodes
+                .iter()
+                .find(|x| x.id == d.id && x.path == d.path);
             let (w, r, x) = b.map_or((0, 0, 0), |b| (b.bytes_written, b.bytes_read, b.errors));
             (
                 per(d.bytes_written, w),

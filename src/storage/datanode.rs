@@ -327,16 +327,10 @@ impl Datanode {
                 let _ = fs::remove_file(&meta_path);
                 StorageError::io(&meta_path, e)
             })?;
-        Ok(ReplicaWriter::new(
-            block,
-            data,
-            meta,
-            data_path,
-            meta_path,
-            0,
-            Vec::new(),
+        Ok(
+            ReplicaWriter::new(block, data, meta, data_path, meta_path, 0, Vec::new())
+                .counted(&self.io),
         )
-        .counted(&self.io))
     }
 
     /// Continues writing a replica at length `len`: an rbw replica (pipeline
@@ -366,7 +360,10 @@ impl Datanode {
             fsync_dir(self.dir(ReplicaState::Rbw))?;
             fsync_dir(self.dir(ReplicaState::Finalized))?;
         }
-        Ok(ReplicaWriter::new(block, data, meta, data_path, meta_path, len, tail).counted(&self.io))
+        Ok(
+            ReplicaWriter::new(block, data, meta, data_path, meta_path, len, tail)
+                .counted(&self.io),
+        )
     }
 
     /// The replica of `block`, if both of its files exist: the data file in
