@@ -12,6 +12,7 @@ use super::histogram::{delta, quantile};
 /// A latency histogram's state: cumulative buckets, so that quantiles can
 /// be read over the whole life or, from two snapshots, over an interval.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct HistogramStats {
     pub count: u64,
     pub sum_seconds: f64,
@@ -24,6 +25,7 @@ pub struct HistogramStats {
 
 /// One datanode directory: how it is doing and what the mount did with it.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct DatanodeStats {
     /// The datanode's id in this mount.
     pub id: String,
@@ -47,8 +49,10 @@ pub struct DatanodeStats {
 }
 
 /// Every counter and gauge of a mount. Counters only grow while the
-/// daemon runs; rates come from two snapshots.
+/// daemon runs; rates come from two snapshots. Fields a daemon of another
+/// version lacks read as zero.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Snapshot {
     /// Seconds since the daemon started counting.
     pub uptime_seconds: f64,
