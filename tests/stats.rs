@@ -98,7 +98,7 @@ fn step(w: &mut Child, out: &mut impl BufRead, n: u32) {
 
 #[test]
 fn metrics_scraped_during_a_write_move_and_follow_the_lease() {
-    let m = Mount::with_o("metrics=127.0.0.1:0");
+    let m = Mount::with_o("metrics=127.0.0.1:0,lease_wait=30");
     let addr = stats_json(&m)["metrics_address"]
         .as_str()
         .expect("the endpoint's address in stats --json")
@@ -138,8 +138,22 @@ fn metrics_scraped_during_a_write_move_and_follow_the_lease() {
     );
     assert!(sum(&second, "leasefs_datanode_free_bytes", "") > 0.0);
 
+    // A second writer queues for the lease (lease_wait) and is counted.
+    let mut waiter = Command::new(python())
+        .args(["-c", "import sys; open(sys.argv[1], 'ab').close()"])
+        .arg(m.path("log"))
+        .spawn()
+        .expect("start the second writer");
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            scrape(&addr).get("leasefs_lease_waiters") == Some(&1.0)
+        }),
+        "the waiting open is not counted"
+    );
+
     drop(w.stdin.take());
     assert!(w.wait().expect("writer exits").success());
+    assert!(waiter.wait().expect("waiter exits").success());
     // Its close released the lease (the release follows close() shortly).
     assert!(
         wait_until(Duration::from_secs(20), || {
@@ -178,6 +192,15 @@ fn stats_works_for_another_user_and_every_interval() {
     assert!(v["bytes_written"].as_u64() >= Some(100_000), "{v}");
     assert_eq!(v["datanodes"].as_array().map(Vec::len), Some(3));
     assert_eq!(v["metrics_address"], serde_json::Value::Null);
+
+    // One report of averages since the mount.
+    let once = m.leasefs(&["stats", &mnt, "--once"]);
+    let text = String::from_utf8_lossy(&once.stdout);
+    assert!(
+        once.status.success() && text.contains("per second since the mount"),
+        "{text}"
+    );
+    assert!(text.contains("held 0  waiting 0"), "{text}");
 
     // The table, every 0.2 s: two reports, the second with rates.
     let mut table = Command::new(bin())
