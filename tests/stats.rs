@@ -174,14 +174,15 @@ fn metrics_scraped_during_a_write_move_and_follow_the_lease() {
 }
 
 #[test]
-fn stats_works_for_another_user_and_every_interval() {
+fn stats_once_json_works_for_another_user_on_a_root_mount() {
     let m = Mount::new();
     m.open_to_all();
     m.sh_ok("head -c 100000 /dev/zero > a && cat a > /dev/null");
-
-    // As nobody, on root's mount: one JSON object of counters.
-    let mnt = m.mnt.display().to_string();
-    let out = m.sh_as_nobody(&format!("{} stats {mnt} --once --json", bin().display()));
+    let out = m.sh_as_nobody(&format!(
+        "{} stats {} --once --json",
+        bin().display(),
+        m.mnt.display()
+    ));
     assert!(
         out.status.success(),
         "stats as nobody: {}",
@@ -190,8 +191,15 @@ fn stats_works_for_another_user_and_every_interval() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert!(v["ops"]["create"].as_u64() >= Some(1), "{v}");
     assert!(v["bytes_written"].as_u64() >= Some(100_000), "{v}");
+    assert!(v["bytes_read"].as_u64() >= Some(100_000), "{v}");
     assert_eq!(v["datanodes"].as_array().map(Vec::len), Some(3));
     assert_eq!(v["metrics_address"], serde_json::Value::Null);
+}
+
+#[test]
+fn stats_reports_once_and_every_interval_as_tables_and_json_lines() {
+    let m = Mount::new();
+    let mnt = m.mnt.display().to_string();
 
     // One report of averages since the mount.
     let once = m.leasefs(&["stats", &mnt, "--once"]);
