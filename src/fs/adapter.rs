@@ -36,7 +36,10 @@ impl Adapter {
     fn run(&self, f: impl FnOnce(&Arc<Core>) + Send + 'static) {
         if self.core.cluster.is_some() {
             let core = self.core.clone();
-            self.core.ctx.rt.spawn_blocking(move || f(&core));
+            self.core
+                .ctx
+                .rt
+                .spawn_blocking(move || contain("request", || f(&core)));
         } else {
             f(&self.core)
         }
@@ -45,6 +48,16 @@ impl Adapter {
     fn mknode(&self, parent: INodeNo, name: &OsStr, node: Node, who: Caller, reply: ReplyEntry) {
         let name = name.as_bytes().to_vec();
         self.run(move |c| entry(reply, c.mknode(parent.0, &name, node, who)))
+    }
+}
+
+/// Runs one callback's translation with a panic contained to its request:
+/// the reply, dropped unsent by the unwinding, answers `EIO` (fuser does
+/// that for every reply dropped unsent) and the request thread serves on.
+/// The panic hook has logged the panic itself (`crate::fault`).
+fn contain(op: &'static str, f: impl FnOnce()) {
+    if let Err(why) = crate::fault::catch(f) {
+        tracing::error!(op, "request failed with EIO: it panicked ({why})");
     }
 }
 
@@ -174,19 +187,25 @@ impl Filesystem for Adapter {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let name = name.as_bytes().to_vec();
-        self.run(move |c| entry(reply, c.lookup(parent.0, &name)))
+        contain("lookup", move || {
+            let name = name.as_bytes().to_vec();
+            self.run(move |c| entry(reply, c.lookup(parent.0, &name)))
+        })
     }
 
     /// The kernel evicted the inode, and its cached pages with it.
     fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
-        self.core.forget_pages(ino.0)
+        contain("forget", move || {
+            self.core.forget_pages(ino.0)
+        })
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        self.run(move |c| match c.getattr(ino.0) {
-            Ok(a) => reply.attr(&ttl(&a), &fattr(&a)),
-            Err(e) => reply.error(errno(&e)),
+        contain("getattr", move || {
+            self.run(move |c| match c.getattr(ino.0) {
+                Ok(a) => reply.attr(&ttl(&a), &fattr(&a)),
+                Err(e) => reply.error(errno(&e)),
+            })
         })
     }
 
@@ -208,53 +227,57 @@ impl Filesystem for Adapter {
         _flags: Option<BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let c = caller(req);
-        let ch = AttrChange {
-            mode,
-            uid,
-            gid,
-            atime: atime.map(time_or_now),
-            mtime: mtime.map(time_or_now),
-            ctime: ctime.map(ns),
-        };
-        let finish = move |core: &Core, reply: ReplyAttr| {
-            let any = ch.mode.is_some()
-                || ch.uid.is_some()
-                || ch.gid.is_some()
-                || ch.atime.is_some()
-                || ch.mtime.is_some();
-            let r = if any {
-                core.set_attrs(ino.0, ch, c)
-            } else {
-                core.getattr(ino.0)
+        contain("setattr", move || {
+            let c = caller(req);
+            let ch = AttrChange {
+                mode,
+                uid,
+                gid,
+                atime: atime.map(time_or_now),
+                mtime: mtime.map(time_or_now),
+                ctime: ctime.map(ns),
             };
-            match r {
-                Ok(a) => reply.attr(&ttl(&a), &fattr(&a)),
-                Err(e) => reply.error(errno(&e)),
-            }
-        };
-        self.run(move |core| match size {
-            None => finish(core, reply),
-            Some(size) => {
-                let core2 = core.clone();
-                core.set_size(
-                    ino.0,
-                    size,
-                    fh.map(|f| f.0),
-                    c,
-                    Box::new(move |r| match r {
-                        Ok(()) => finish(&core2, reply),
-                        Err(e) => reply.error(errno(&e)),
-                    }),
-                );
-            }
+            let finish = move |core: &Core, reply: ReplyAttr| {
+                let any = ch.mode.is_some()
+                    || ch.uid.is_some()
+                    || ch.gid.is_some()
+                    || ch.atime.is_some()
+                    || ch.mtime.is_some();
+                let r = if any {
+                    core.set_attrs(ino.0, ch, c)
+                } else {
+                    core.getattr(ino.0)
+                };
+                match r {
+                    Ok(a) => reply.attr(&ttl(&a), &fattr(&a)),
+                    Err(e) => reply.error(errno(&e)),
+                }
+            };
+            self.run(move |core| match size {
+                None => finish(core, reply),
+                Some(size) => {
+                    let core2 = core.clone();
+                    core.set_size(
+                        ino.0,
+                        size,
+                        fh.map(|f| f.0),
+                        c,
+                        Box::new(move |r| match r {
+                            Ok(()) => finish(&core2, reply),
+                            Err(e) => reply.error(errno(&e)),
+                        }),
+                    );
+                }
+            })
         })
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        self.run(move |c| match c.readlink(ino.0) {
-            Ok(t) => reply.data(&t),
-            Err(e) => reply.error(errno(&e)),
+        contain("readlink", move || {
+            self.run(move |c| match c.readlink(ino.0) {
+                Ok(t) => reply.data(&t),
+                Err(e) => reply.error(errno(&e)),
+            })
         })
     }
 
@@ -268,17 +291,19 @@ impl Filesystem for Adapter {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        let Some(kind) = Kind::from_mode(mode) else {
-            return reply.error(Errno::EINVAL);
-        };
-        let _ = umask; // the kernel applied it already
-        let node = Node {
-            kind,
-            mode,
-            rdev,
-            target: None,
-        };
-        self.mknode(parent, name, node, caller(req), reply)
+        contain("mknod", move || {
+            let Some(kind) = Kind::from_mode(mode) else {
+                return reply.error(Errno::EINVAL);
+            };
+            let _ = umask; // the kernel applied it already
+            let node = Node {
+                kind,
+                mode,
+                rdev,
+                target: None,
+            };
+            self.mknode(parent, name, node, caller(req), reply)
+        })
     }
 
     fn mkdir(
@@ -290,23 +315,29 @@ impl Filesystem for Adapter {
         _umask: u32,
         reply: ReplyEntry,
     ) {
-        let node = Node {
-            kind: Kind::Dir,
-            mode,
-            rdev: 0,
-            target: None,
-        };
-        self.mknode(parent, name, node, caller(req), reply)
+        contain("mkdir", move || {
+            let node = Node {
+                kind: Kind::Dir,
+                mode,
+                rdev: 0,
+                target: None,
+            };
+            self.mknode(parent, name, node, caller(req), reply)
+        })
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let name = name.as_bytes().to_vec();
-        self.run(move |c| empty(reply, c.unlink(parent.0, &name)))
+        contain("unlink", move || {
+            let name = name.as_bytes().to_vec();
+            self.run(move |c| empty(reply, c.unlink(parent.0, &name)))
+        })
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let name = name.as_bytes().to_vec();
-        self.run(move |c| empty(reply, c.rmdir(parent.0, &name)))
+        contain("rmdir", move || {
+            let name = name.as_bytes().to_vec();
+            self.run(move |c| empty(reply, c.rmdir(parent.0, &name)))
+        })
     }
 
     fn symlink(
@@ -317,13 +348,15 @@ impl Filesystem for Adapter {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        let node = Node {
-            kind: Kind::Symlink,
-            mode: 0o777,
-            rdev: 0,
-            target: Some(target.as_os_str().as_bytes().to_vec()),
-        };
-        self.mknode(parent, link_name, node, caller(req), reply)
+        contain("symlink", move || {
+            let node = Node {
+                kind: Kind::Symlink,
+                mode: 0o777,
+                rdev: 0,
+                target: Some(target.as_os_str().as_bytes().to_vec()),
+            };
+            self.mknode(parent, link_name, node, caller(req), reply)
+        })
     }
 
     fn rename(
@@ -336,10 +369,12 @@ impl Filesystem for Adapter {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        let (name, newname) = (name.as_bytes().to_vec(), newname.as_bytes().to_vec());
-        self.run(move |c| {
-            let r = c.rename(parent.0, &name, newparent.0, &newname, flags.bits());
-            empty(reply, r)
+        contain("rename", move || {
+            let (name, newname) = (name.as_bytes().to_vec(), newname.as_bytes().to_vec());
+            self.run(move |c| {
+                let r = c.rename(parent.0, &name, newparent.0, &newname, flags.bits());
+                empty(reply, r)
+            })
         })
     }
 
@@ -351,22 +386,26 @@ impl Filesystem for Adapter {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        let newname = newname.as_bytes().to_vec();
-        self.run(move |c| entry(reply, c.link(ino.0, newparent.0, &newname)))
+        contain("link", move || {
+            let newname = newname.as_bytes().to_vec();
+            self.run(move |c| entry(reply, c.link(ino.0, newparent.0, &newname)))
+        })
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let who = caller(req);
-        self.run(move |c| {
-            c.open(
-                ino.0,
-                flags.0,
-                who,
-                Box::new(move |r| match r {
-                    Ok(o) => reply.opened(FileHandle(o.fh), open_flags(&o)),
-                    Err(e) => reply.error(errno(&e)),
-                }),
-            )
+        contain("open", move || {
+            let who = caller(req);
+            self.run(move |c| {
+                c.open(
+                    ino.0,
+                    flags.0,
+                    who,
+                    Box::new(move |r| match r {
+                        Ok(o) => reply.opened(FileHandle(o.fh), open_flags(&o)),
+                        Err(e) => reply.error(errno(&e)),
+                    }),
+                )
+            })
         })
     }
 
@@ -381,15 +420,17 @@ impl Filesystem for Adapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        self.core.read_any(
-            fh.0,
-            offset,
-            size,
-            Box::new(move |r| match r {
-                Ok(d) => reply.data(&d),
-                Err(e) => reply.error(errno(&e)),
-            }),
-        )
+        contain("read", move || {
+            self.core.read_any(
+                fh.0,
+                offset,
+                size,
+                Box::new(move |r| match r {
+                    Ok(d) => reply.data(&d),
+                    Err(e) => reply.error(errno(&e)),
+                }),
+            )
+        })
     }
 
     fn write(
@@ -404,15 +445,17 @@ impl Filesystem for Adapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        self.core.write(
-            fh.0,
-            offset,
-            data,
-            Box::new(move |r| match r {
-                Ok(n) => reply.written(n),
-                Err(e) => reply.error(errno(&e)),
-            }),
-        )
+        contain("write", move || {
+            self.core.write(
+                fh.0,
+                offset,
+                data,
+                Box::new(move |r| match r {
+                    Ok(n) => reply.written(n),
+                    Err(e) => reply.error(errno(&e)),
+                }),
+            )
+        })
     }
 
     fn flush(
@@ -423,8 +466,10 @@ impl Filesystem for Adapter {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        self.core
-            .flush(fh.0, caller(req), Box::new(move |r| empty(reply, r)))
+        contain("flush", move || {
+            self.core
+                .flush(fh.0, caller(req), Box::new(move |r| empty(reply, r)))
+        })
     }
 
     fn release(
@@ -437,7 +482,9 @@ impl Filesystem for Adapter {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.core.release(fh.0, Box::new(move |r| empty(reply, r)))
+        contain("release", move || {
+            self.core.release(fh.0, Box::new(move |r| empty(reply, r)))
+        })
     }
 
     fn fsync(
@@ -448,7 +495,9 @@ impl Filesystem for Adapter {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.core.fsync(fh.0, Box::new(move |r| empty(reply, r)))
+        contain("fsync", move || {
+            self.core.fsync(fh.0, Box::new(move |r| empty(reply, r)))
+        })
     }
 
     fn readdir(
@@ -459,21 +508,23 @@ impl Filesystem for Adapter {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        self.run(move |c| match c.readdir(ino.0) {
-            Ok(entries) => {
-                for (i, (name, ino, kind)) in entries.iter().enumerate().skip(offset as usize) {
-                    if reply.add(
-                        INodeNo(*ino),
-                        (i + 1) as u64,
-                        file_type(*kind),
-                        OsStr::from_bytes(name),
-                    ) {
-                        break;
+        contain("readdir", move || {
+            self.run(move |c| match c.readdir(ino.0) {
+                Ok(entries) => {
+                    for (i, (name, ino, kind)) in entries.iter().enumerate().skip(offset as usize) {
+                        if reply.add(
+                            INodeNo(*ino),
+                            (i + 1) as u64,
+                            file_type(*kind),
+                            OsStr::from_bytes(name),
+                        ) {
+                            break;
+                        }
                     }
+                    reply.ok()
                 }
-                reply.ok()
-            }
-            Err(e) => reply.error(errno(&e)),
+                Err(e) => reply.error(errno(&e)),
+            })
         })
     }
 
@@ -485,22 +536,26 @@ impl Filesystem for Adapter {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.core.fsync_dir(Box::new(move |r| empty(reply, r)))
+        contain("fsyncdir", move || {
+            self.core.fsync_dir(Box::new(move |r| empty(reply, r)))
+        })
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        self.run(move |c| match c.statfs() {
-            Ok((total, free, files)) => reply.statfs(
-                total,
-                free,
-                free,
-                files,
-                u64::from(u32::MAX),
-                4096,
-                255,
-                4096,
-            ),
-            Err(e) => reply.error(errno(&e)),
+        contain("statfs", move || {
+            self.run(move |c| match c.statfs() {
+                Ok((total, free, files)) => reply.statfs(
+                    total,
+                    free,
+                    free,
+                    files,
+                    u64::from(u32::MAX),
+                    4096,
+                    255,
+                    4096,
+                ),
+                Err(e) => reply.error(errno(&e)),
+            })
         })
     }
 
@@ -514,37 +569,47 @@ impl Filesystem for Adapter {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        let (name, value) = (name.as_bytes().to_vec(), value.to_vec());
-        self.run(move |c| empty(reply, c.setxattr(ino.0, &name, &value, flags)))
+        contain("setxattr", move || {
+            let (name, value) = (name.as_bytes().to_vec(), value.to_vec());
+            self.run(move |c| empty(reply, c.setxattr(ino.0, &name, &value, flags)))
+        })
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        let name = name.as_bytes().to_vec();
-        self.run(move |c| xattr_reply(reply, size, c.getxattr(ino.0, &name)))
+        contain("getxattr", move || {
+            let name = name.as_bytes().to_vec();
+            self.run(move |c| xattr_reply(reply, size, c.getxattr(ino.0, &name)))
+        })
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        self.run(move |c| {
-            let r = c.listxattr(ino.0).map(|names| {
-                let mut out = Vec::new();
-                for n in names {
-                    out.extend_from_slice(&n);
-                    out.push(0);
-                }
-                out
-            });
-            xattr_reply(reply, size, r)
+        contain("listxattr", move || {
+            self.run(move |c| {
+                let r = c.listxattr(ino.0).map(|names| {
+                    let mut out = Vec::new();
+                    for n in names {
+                        out.extend_from_slice(&n);
+                        out.push(0);
+                    }
+                    out
+                });
+                xattr_reply(reply, size, r)
+            })
         })
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let name = name.as_bytes().to_vec();
-        self.run(move |c| empty(reply, c.removexattr(ino.0, &name)))
+        contain("removexattr", move || {
+            let name = name.as_bytes().to_vec();
+            self.run(move |c| empty(reply, c.removexattr(ino.0, &name)))
+        })
     }
 
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
-        // default_permissions: the kernel has already checked.
-        reply.ok()
+        contain("access", move || {
+            // default_permissions: the kernel has already checked.
+            reply.ok()
+        })
     }
 
     fn create(
@@ -557,9 +622,11 @@ impl Filesystem for Adapter {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        let c = caller(req);
-        let name = name.as_bytes().to_vec();
-        self.run(move |core| create(core, parent, &name, mode, flags, c, reply))
+        contain("create", move || {
+            let c = caller(req);
+            let name = name.as_bytes().to_vec();
+            self.run(move |core| create(core, parent, &name, mode, flags, c, reply))
+        })
     }
 
     fn fallocate(
@@ -572,14 +639,16 @@ impl Filesystem for Adapter {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        self.core.fallocate(
-            fh.0,
-            offset,
-            length,
-            mode,
-            caller(req),
-            Box::new(move |r| empty(reply, r)),
-        )
+        contain("fallocate", move || {
+            self.core.fallocate(
+                fh.0,
+                offset,
+                length,
+                mode,
+                caller(req),
+                Box::new(move |r| empty(reply, r)),
+            )
+        })
     }
 
     fn ioctl(
@@ -593,9 +662,11 @@ impl Filesystem for Adapter {
         _out_size: u32,
         reply: ReplyIoctl,
     ) {
-        self.run(move |c| match c.ioctl(fh.0, cmd) {
-            Ok(d) => reply.ioctl(0, &d),
-            Err(e) => reply.error(errno(&e)),
+        contain("ioctl", move || {
+            self.run(move |c| match c.ioctl(fh.0, cmd) {
+                Ok(d) => reply.ioctl(0, &d),
+                Err(e) => reply.error(errno(&e)),
+            })
         })
     }
 }

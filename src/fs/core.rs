@@ -199,6 +199,7 @@ impl Core {
         };
         let leases = Arc::new(LeaseManager::new(cfg, clock, epochs, host.clone()));
         let bad = Arc::new(BadReplicas::default());
+        let budget = crate::pipeline::Budget::new(opts.write_buffer_packets(), rt.clone());
         let ctx = Arc::new(StreamCtx {
             bad: bad.clone(),
             meta: meta.clone(),
@@ -208,6 +209,7 @@ impl Core {
             max_in_flight: opts.max_packets_in_flight,
             publish_lengths: cluster.is_some(),
             sync_by_fs: opts.sync_by_fs,
+            budget,
         });
         Arc::new(Core {
             meta,
@@ -292,7 +294,7 @@ impl Core {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         if !write {
             return match self.meta.get(ino) {
-                Ok(inode) => self.open_reader(fh, &inode, reply),
+                Ok(inode) => self.open_reader(fh, &inode, caller.uid, reply),
                 Err(e) => reply(Err(e)),
             };
         }
@@ -322,7 +324,7 @@ impl Core {
     /// file gets). A file nobody changes is read through the page cache;
     /// one under construction directly, so that readers never see bytes
     /// not yet acknowledged nor a zero-filled last page (`cache`).
-    fn open_reader(&self, fh: u64, inode: &Inode, reply: Reply<Opened>) {
+    fn open_reader(&self, fh: u64, inode: &Inode, uid: u32, reply: Reply<Opened>) {
         let ino = inode.ino;
         let mode = if inode.kind == Kind::File {
             self.read_mode(ino)
@@ -338,6 +340,7 @@ impl Core {
             epoch: 0,
             tgid: 0,
             pgid: 0,
+            uid,
             flushed: Default::default(),
             stream: None,
         };
@@ -378,7 +381,7 @@ impl Core {
         let cont: Box<dyn FnOnce(Result<Grant, LeaseError>) + Send> = Box::new(move |g| {
             me.waiter_tids.remove(&fh);
             match g {
-                Ok(grant) => me.granted(ino, fh, flags, who, grant, reply),
+                Ok(grant) => me.granted(ino, fh, flags, (who, caller.uid), grant, reply),
                 Err(e) => {
                     me.unclaim(ino, fh);
                     reply(Err(e.into()))
@@ -434,7 +437,7 @@ impl Core {
         ino: u64,
         fh: u64,
         flags: i32,
-        who: proc_info::Ident,
+        (who, uid): (proc_info::Ident, u32),
         grant: Grant,
         reply: Reply<Opened>,
     ) {
@@ -445,7 +448,7 @@ impl Core {
                 self.unclaim(ino, fh);
                 return match r {
                     Ok(i) if i.kind == Kind::Dir => reply(Err(FsError::IsDir)),
-                    Ok(i) => self.open_reader(fh, &i, reply),
+                    Ok(i) => self.open_reader(fh, &i, uid, reply),
                     Err(e) => reply(Err(e)),
                 };
             }
@@ -477,6 +480,7 @@ impl Core {
             epoch: grant.epoch,
             tgid: who.tgid,
             pgid: who.pgid,
+            uid,
             flushed: Default::default(),
             stream: Some(stream.clone()),
         };
@@ -646,7 +650,11 @@ impl Core {
         );
     }
 
-    /// close(): every byte of this writer acknowledged by all replicas.
+    /// close(): every byte of this writer acknowledged by all replicas,
+    /// and the file closed as far as its metadata goes (last block
+    /// finalised, length committed), so that a failed commit (`ENOSPC` of
+    /// a full metadata store) is what `close()` returns: FUSE's RELEASE
+    /// comes after `close()` has returned, and its errors reach nobody.
     /// Only a close by the process that opened the handle counts as the
     /// holder closing (for the reopen grace): a child closing an inherited
     /// copy (exec) does not.
@@ -659,7 +667,7 @@ impl Core {
         // The holder's main thread needs no /proc read to be recognised.
         let by_holder = caller.pid == h.tgid || proc_info::identity(caller.pid).tgid == h.tgid;
         let me = self.clone();
-        stream.flush(Box::new(move |r| {
+        stream.close(Box::new(move |r| {
             if r.is_ok() && by_holder {
                 h.flushed.store(true, Ordering::Relaxed);
                 me.leases.note_flush(h.ino, h.fh);

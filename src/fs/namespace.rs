@@ -14,6 +14,9 @@ pub const XATTR_DATA: &str = "user.leasefs.data";
 /// On the mount root: the soft limit in milliseconds, so clients that renew
 /// their own leases (spout, elect) can pick a safe renewal interval.
 pub const XATTR_SOFT_LIMIT: &str = "user.leasefs.soft_limit_ms";
+/// On the mount root: the abstract socket name of the daemon's control
+/// service, for users who cannot reach `DATA/control.sock`.
+pub const XATTR_CONTROL: &str = "user.leasefs.control";
 
 const NAME_MAX: usize = 255;
 
@@ -35,6 +38,7 @@ fn check_name(name: &[u8]) -> FsResult<()> {
 
 impl Core {
     pub fn lookup(&self, parent: u64, name: &[u8]) -> FsResult<Attr> {
+        crate::fault::panic_if("request", || name == crate::fault::TRIGGER.as_bytes());
         check_name(name)?;
         let i = self.meta.lookup(parent, name)?;
         self.getattr(i.ino)
@@ -199,6 +203,9 @@ impl Core {
             XATTR_DATA if ino == ROOT_INO => {
                 Ok(self.data_dir.to_string_lossy().into_owned().into_bytes())
             }
+            XATTR_CONTROL if ino == ROOT_INO => super::control::abstract_address()
+                .map(|n| n.as_bytes().to_vec())
+                .ok_or(FsError::NoXattr),
             XATTR_SOFT_LIMIT if ino == ROOT_INO => {
                 Ok(self.opts.soft_limit.as_millis().to_string().into_bytes())
             }

@@ -4,11 +4,13 @@
 //! plus the read path and lease (block) recovery that share its view of
 //! replicas.
 
+pub mod budget;
 pub mod datanodes;
 pub mod reader;
 pub mod recovery;
 pub mod stream;
 mod streamer;
 
+pub use budget::Budget;
 pub use datanodes::Datanodes;
 pub use stream::{Done, OutputStream, StreamCtx};
