@@ -33,6 +33,7 @@ pub struct Mount {
     pub datanodes: Vec<PathBuf>,
     pub pid: Option<u32>,
     args: Vec<String>,
+    env: Vec<(String, String)>,
     /// The etcd this mount keeps its namespace in, when the suite runs on
     /// the etcd backend (`LEASEFS_TEST_META=etcd`).
     _etcd: Option<std::sync::Arc<etcd::EtcdServer>>,
@@ -43,6 +44,14 @@ pub struct Mount {
 /// a prefix of its own.
 pub fn etcd_backend() -> bool {
     std::env::var("LEASEFS_TEST_META").is_ok_and(|v| v == "etcd")
+}
+
+/// Where a fixture mount keeps its data, and its daemon's environment.
+#[derive(Default)]
+struct Where {
+    datanodes: Option<Vec<PathBuf>>,
+    data: Option<PathBuf>,
+    env: Vec<(String, String)>,
 }
 
 /// How to mount.
@@ -78,25 +87,66 @@ impl Mount {
     }
 
     pub fn with(o: Opts) -> Mount {
-        Self::build(o, None)
+        Self::build(o, Where::default())
     }
 
     /// As [`Mount::with`], with these datanode directories (in this order)
     /// instead of `o.datanodes` fresh ones: e.g. one on a tmpfs the test
     /// mounted itself (see `faults::Tmpfs`).
     pub fn with_datanode_paths(o: Opts, paths: Vec<PathBuf>) -> Mount {
-        Self::build(o, Some(paths))
+        Self::build(
+            o,
+            Where {
+                datanodes: Some(paths),
+                ..Where::default()
+            },
+        )
     }
 
-    fn build(o: Opts, paths: Option<Vec<PathBuf>>) -> Mount {
+    /// As [`Mount::with`], with this data directory (e.g. on a small
+    /// tmpfs) instead of a fresh one in the mount's temp directory.
+    pub fn with_data_dir(o: Opts, data: PathBuf) -> Mount {
+        Self::build(
+            o,
+            Where {
+                data: Some(data),
+                ..Where::default()
+            },
+        )
+    }
+
+    /// As [`Mount::with`], with these variables in the daemon's
+    /// environment (e.g. the test-only `LEASEFS_TEST_PANIC`).
+    pub fn with_env(o: Opts, env: &[(&str, &str)]) -> Mount {
+        Self::build(
+            o,
+            Where {
+                env: env
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                ..Where::default()
+            },
+        )
+    }
+
+    /// Lets every user reach the mountpoint (the fixture's temp directory
+    /// is private), for tests that run commands as another user.
+    pub fn open_to_all(&self) {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(self.dir.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod the mount's temp dir");
+    }
+
+    fn build(o: Opts, w: Where) -> Mount {
         let dir = tempfile::Builder::new()
             .prefix("leasefs-test")
             .tempdir()
             .expect("tempdir");
         let mnt = dir.path().join("mnt");
-        let data = dir.path().join("data");
+        let data = w.data.unwrap_or_else(|| dir.path().join("data"));
         std::fs::create_dir_all(&mnt).expect("mkdir mnt");
-        let datanodes: Vec<PathBuf> = paths.unwrap_or_else(|| {
+        let datanodes: Vec<PathBuf> = w.datanodes.unwrap_or_else(|| {
             (1..=o.datanodes)
                 .map(|i| dir.path().join(format!("dn{i}")))
                 .collect()
@@ -133,6 +183,7 @@ impl Mount {
             datanodes,
             pid: None,
             args,
+            env: w.env,
             _etcd: etcd,
         };
         m.mount();
@@ -145,6 +196,7 @@ impl Mount {
             .arg("mount")
             .arg(&self.mnt)
             .args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .output()
             .expect("run leasefs mount");
         assert!(
@@ -609,4 +661,14 @@ impl Mount {
     pub fn read_string(&self, rel: &str) -> String {
         String::from_utf8_lossy(&self.read(rel)).into_owned()
     }
+}
+
+/// Runs `cmd` as `nobody:nogroup` (no supplementary groups), as an
+/// ordinary user of a root mount would.
+pub fn as_nobody(cmd: &[&str]) -> Output {
+    Command::new("setpriv")
+        .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
+        .args(cmd)
+        .output()
+        .expect("run setpriv")
 }
