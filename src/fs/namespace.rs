@@ -14,6 +14,9 @@ pub const XATTR_DATA: &str = "user.leasefs.data";
 /// On the mount root: the soft limit in milliseconds, so clients that renew
 /// their own leases (spout, elect) can pick a safe renewal interval.
 pub const XATTR_SOFT_LIMIT: &str = "user.leasefs.soft_limit_ms";
+/// On the mount root: the write buffer shared by all streams (bytes
+/// allowed, in use, peak, and how often a writer waited for it).
+pub const XATTR_WRITE_BUFFER: &str = "user.leasefs.write_buffer";
 /// On the mount root: the abstract socket name of the daemon's control
 /// service, for users who cannot reach `DATA/control.sock`.
 pub const XATTR_CONTROL: &str = "user.leasefs.control";
@@ -202,6 +205,18 @@ impl Core {
                 .ok_or(FsError::NoXattr),
             XATTR_DATA if ino == ROOT_INO => {
                 Ok(self.data_dir.to_string_lossy().into_owned().into_bytes())
+            }
+            XATTR_WRITE_BUFFER if ino == ROOT_INO => {
+                let st = self.ctx.budget.stats();
+                let p = self.ctx.packet_size as u64;
+                let v = serde_json::json!({
+                    "bytes": st.units as u64 * p,
+                    "used": st.used as u64 * p,
+                    "peak": st.peak as u64 * p,
+                    "waits": st.waits,
+                    "waiting": st.waiting,
+                });
+                Ok(v.to_string().into_bytes())
             }
             XATTR_CONTROL if ino == ROOT_INO => super::control::abstract_address()
                 .map(|n| n.as_bytes().to_vec())
