@@ -13,6 +13,7 @@ use etcd_client::{Client, ConnectOptions};
 
 pub mod election;
 pub mod leases;
+pub mod queue;
 
 use crate::error::{FsError, FsResult};
 

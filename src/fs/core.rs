@@ -310,14 +310,15 @@ impl Core {
             // Claiming waits on the network: not on a request thread.
             let me = self.clone();
             self.ctx.rt.spawn_blocking(move || {
-                if let Err(e) = me.claim(&*cl, ino, fh, flags, caller.pid, &who) {
-                    return reply(Err(e));
-                }
-                me.acquire_local(ino, fh, flags, caller, who, reply)
+                let left = match me.claim(&*cl, ino, fh, flags, caller.pid, &who) {
+                    Ok(left) => left,
+                    Err(e) => return reply(Err(e)),
+                };
+                me.acquire_local(ino, fh, flags, caller, who, left, reply)
             });
             return;
         }
-        self.acquire_local(ino, fh, flags, caller, who, reply)
+        self.acquire_local(ino, fh, flags, caller, who, None, reply)
     }
 
     /// A read-only handle (also what a write open of anything but a regular
@@ -361,6 +362,9 @@ impl Core {
 
     /// Takes the file's lease among this daemon's handles (the whole
     /// decision on a lone daemon).
+    /// `wait`: what is left of a wait begun in the queue across daemons
+    /// (`None`: `lease_wait`).
+    #[allow(clippy::too_many_arguments)]
     fn acquire_local(
         self: &Arc<Self>,
         ino: u64,
@@ -368,6 +372,7 @@ impl Core {
         flags: i32,
         caller: Caller,
         who: proc_info::Ident,
+        wait: Option<Duration>,
         reply: Reply<Opened>,
     ) {
         let holder = Holder {
@@ -400,7 +405,7 @@ impl Core {
             }
         });
         let take = || lock(&slot).take();
-        match self.leases.acquire(ino, holder, opts, cb) {
+        match self.leases.acquire_within(ino, holder, opts, wait, cb) {
             Ok(Acquire::Granted(g)) => {
                 if let Some(c) = take() {
                     c(Ok(g))
