@@ -100,7 +100,10 @@ mod tests {
     #[test]
     fn a_caught_panic_becomes_its_message() {
         assert_eq!(catch(|| 7), Ok(7));
-        assert_eq!(catch(|| -> u8 { panic!("boom {}", 1) }), Err("boom 1".into()));
+        assert_eq!(
+            catch(|| -> u8 { panic!("boom {}", 1) }),
+            Err("boom 1".into())
+        );
         assert_eq!(catch(|| -> u8 { panic!("static") }), Err("static".into()));
     }
 

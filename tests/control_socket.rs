@@ -103,7 +103,10 @@ fn an_ordinary_user_lists_leases_and_checks_a_root_mount_but_sees_only_its_own_h
     let m = Mount::new();
     m.open_to_all();
     let sock = m.data.join("control.sock");
-    let mode = std::fs::metadata(&sock).expect("control.sock").permissions().mode();
+    let mode = std::fs::metadata(&sock)
+        .expect("control.sock")
+        .permissions()
+        .mode();
     assert_eq!(mode & 0o777, 0o666, "control socket mode {mode:o}");
     pub_dir(&m, "pub");
     let mut root_writer = Agent::spawn(&m.mnt);
@@ -126,7 +129,10 @@ fn an_ordinary_user_lists_leases_and_checks_a_root_mount_but_sees_only_its_own_h
     };
     let theirs = by_path(&list, "/rootfile");
     assert_eq!(theirs["state"], "held");
-    assert!(theirs["holder"].is_null(), "root's holder shown to nobody: {theirs}");
+    assert!(
+        theirs["holder"].is_null(),
+        "root's holder shown to nobody: {theirs}"
+    );
     assert!(theirs["comm"].is_null(), "{theirs}");
     let own = by_path(&list, "/pub/mine");
     assert!(
@@ -147,19 +153,30 @@ fn an_ordinary_user_lists_leases_and_checks_a_root_mount_but_sees_only_its_own_h
     let report: Value = serde_json::from_slice(&o.stdout).expect("fsck JSON");
     let open = report["open_for_write"].as_array().expect("open_for_write");
     assert!(
-        open.iter().any(|f| f["path"].as_str().is_some_and(|p| p.ends_with("/rootfile"))
-            && f["comm"] == "-"),
+        open.iter().any(
+            |f| f["path"].as_str().is_some_and(|p| p.ends_with("/rootfile")) && f["comm"] == "-"
+        ),
         "root's holder hidden in fsck: {report}"
     );
     let o = leasefs_as_nobody(&["fsck", m.mnt.to_str().unwrap(), "--repair"]);
-    assert_eq!(o.status.code(), Some(2), "fsck --repair as nobody: {}", out(&o));
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "fsck --repair as nobody: {}",
+        out(&o)
+    );
     assert!(
         String::from_utf8_lossy(&o.stderr).contains("permission denied"),
         "{}",
         out(&o)
     );
     let o = m.leasefs(&["fsck", m.mnt.to_str().unwrap(), "--repair"]);
-    assert_eq!(o.status.code(), Some(0), "fsck --repair as root: {}", out(&o));
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "fsck --repair as root: {}",
+        out(&o)
+    );
     root_writer.ok("close");
 }
 
@@ -172,7 +189,12 @@ fn recover_lease_needs_write_permission_on_the_file() {
     w.ok("open private wc");
     w.ok("write a");
     let o = leasefs_as_nobody(&["recover-lease", m.path("private").to_str().unwrap()]);
-    assert_eq!(o.status.code(), Some(2), "recover-lease of root's 0644 file: {}", out(&o));
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "recover-lease of root's 0644 file: {}",
+        out(&o)
+    );
     assert!(
         String::from_utf8_lossy(&o.stderr).contains("permission denied"),
         "{}",
@@ -189,7 +211,12 @@ fn recover_lease_needs_write_permission_on_the_file() {
     std::fs::set_permissions(m.path("pub/shared"), std::fs::Permissions::from_mode(0o666))
         .expect("chmod 666");
     let o = leasefs_as_nobody(&["recover-lease", m.path("pub/shared").to_str().unwrap()]);
-    assert_eq!(o.status.code(), Some(0), "recover-lease of a 0666 file: {}", out(&o));
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "recover-lease of a 0666 file: {}",
+        out(&o)
+    );
     let r = w.cmd("write d");
     assert_eq!(err_name(&r), Some("EIO"), "the old holder is fenced: {r}");
 }
@@ -214,7 +241,12 @@ fn an_election_round_works_for_nobody_and_fences_stay_with_their_election() {
     ]);
     assert_eq!(o.status.code(), Some(0), "elect as nobody: {}", out(&o));
     assert!(!m.read_string("e/ran").trim().is_empty());
-    let o = leasefs_as_nobody(&["elect", m.path("e").to_str().unwrap(), "--history", "--json"]);
+    let o = leasefs_as_nobody(&[
+        "elect",
+        m.path("e").to_str().unwrap(),
+        "--history",
+        "--json",
+    ]);
     assert!(o.status.success(), "history as nobody: {}", out(&o));
     let events: Value = serde_json::from_slice(&o.stdout).expect("history JSON");
     let kinds: Vec<&str> = events
@@ -241,24 +273,32 @@ fn an_election_round_works_for_nobody_and_fences_stay_with_their_election() {
         std::fs::read_to_string(m.path("r/LEADER")).is_ok_and(|s| s.contains("\"pgid\""))
     });
     assert!(ok, "root's elector never led");
-    let rec: Value = serde_json::from_str(
-        m.read_string("r/LEADER").lines().last().expect("record"),
-    )
-    .expect("record JSON");
+    let rec: Value =
+        serde_json::from_str(m.read_string("r/LEADER").lines().last().expect("record"))
+            .expect("record JSON");
     let pgid = rec["pgid"].as_u64().expect("pgid");
     let epoch = rec["epoch"].as_u64().expect("epoch");
     let sock = m.data.join("control.sock");
     let a = raw_as_nobody(&sock, &json!({"op": "unfence", "pgid": pgid}));
-    assert!(a.contains("permission denied"), "nobody unfenced root's group: {a}");
+    assert!(
+        a.contains("permission denied"),
+        "nobody unfenced root's group: {a}"
+    );
     let a = raw_as_nobody(
         &sock,
         &json!({"op": "fence", "pgid": 1, "path": "/r/LEADER", "epoch": epoch}),
     );
-    assert!(a.contains("permission denied"), "nobody fenced under root's term: {a}");
+    assert!(
+        a.contains("permission denied"),
+        "nobody fenced under root's term: {a}"
+    );
     let ev = json!({"election": "/r", "event": "lost", "who": "root1", "host": "h",
                     "pid": 1, "epoch": epoch, "at_ms": 0, "why": "forged"});
     let a = raw_as_nobody(&sock, &json!({"op": "audit", "event": ev}));
-    assert!(a.contains("permission denied"), "nobody forged an audit row: {a}");
+    assert!(
+        a.contains("permission denied"),
+        "nobody forged an audit row: {a}"
+    );
     let a = raw_as_nobody(&sock, &json!({"op": "no-such-op"}));
     assert!(a.contains("unknown op"), "{a}");
     kill(leader.id(), libc::SIGTERM);
@@ -270,7 +310,12 @@ fn an_election_round_works_for_nobody_and_fences_stay_with_their_election() {
         kill(leader.id(), libc::SIGKILL);
     }
     let _ = leader.wait();
-    let o = m.leasefs(&["elect", m.path("r").to_str().unwrap(), "--history", "--json"]);
+    let o = m.leasefs(&[
+        "elect",
+        m.path("r").to_str().unwrap(),
+        "--history",
+        "--json",
+    ]);
     let events: Value = serde_json::from_slice(&o.stdout).expect("history JSON");
     assert!(
         !events.to_string().contains("forged"),
@@ -337,8 +382,15 @@ fn requests_and_connections_are_bounded() {
     let t0 = Instant::now();
     let o = m.leasefs(&["leases", m.mnt.to_str().unwrap()]);
     assert!(o.status.success(), "{}", out(&o));
-    assert!(t0.elapsed() < Duration::from_secs(3), "root waited {:?}", t0.elapsed());
+    assert!(
+        t0.elapsed() < Duration::from_secs(3),
+        "root waited {:?}",
+        t0.elapsed()
+    );
     let second = lines.next().and_then(Result::ok).unwrap_or_default();
-    assert!(second.starts_with("dropped after"), "idle connections: {second}");
+    assert!(
+        second.starts_with("dropped after"),
+        "idle connections: {second}"
+    );
     let _ = idle.wait();
 }

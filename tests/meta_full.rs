@@ -56,7 +56,11 @@ fn a_full_metadata_filesystem_gives_enospc_and_close_reports_it() {
         }
     }
     let e = err.expect("the metadata store never filled up");
-    assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "mkdir on a full store: {e}");
+    assert_eq!(
+        e.raw_os_error(),
+        Some(libc::ENOSPC),
+        "mkdir on a full store: {e}"
+    );
 
     // The writer's close must commit the file's length and last block:
     // that commit fails, and close() says so.

@@ -92,7 +92,10 @@ fn race(o: &[&str]) {
     );
     let total = wa + wb;
     eprintln!("grants: A {wa}, B {wb} (options {o:?})");
-    assert!(total >= GRANTS, "only {total} grants in 90 s (A {wa}, B {wb})");
+    assert!(
+        total >= GRANTS,
+        "only {total} grants in 90 s (A {wa}, B {wb})"
+    );
     assert!(
         wa * 4 >= total && wb * 4 >= total,
         "one daemon starved the other: A won {wa}, B won {wb} of {total}"

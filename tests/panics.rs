@@ -20,7 +20,10 @@ fn stat(p: &Path) -> (Option<i32>, String) {
         .arg(p)
         .output()
         .expect("run stat");
-    (o.status.code(), String::from_utf8_lossy(&o.stderr).into_owned())
+    (
+        o.status.code(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
 }
 
 #[test]
@@ -53,7 +56,9 @@ fn a_panic_in_a_stream_worker_fails_its_waiters_instead_of_leaving_them_hanging(
     // The file is closed by recovery and can be written again.
     let mut w2 = Agent::spawn(&m.mnt);
     assert!(
-        wait_until(Duration::from_secs(10), || w2.cmd("open f wa").starts_with("ok")),
+        wait_until(Duration::from_secs(10), || w2
+            .cmd("open f wa")
+            .starts_with("ok")),
         "the file never became writable again"
     );
     w2.ok("write fine");
@@ -130,11 +135,16 @@ fn a_background_thread_that_dies_takes_the_daemon_down_loudly() {
     // Nothing open: a clean unmount, then a non-zero exit.
     let mut d = Foreground::start("monitor", "monitor_interval=0.2");
     std::fs::write(d.mnt.join("leasefs-test-panic"), b"").expect("create the trigger");
-    let st = d.exit(Duration::from_secs(30)).expect("the daemon ran on without its monitor");
+    let st = d
+        .exit(Duration::from_secs(30))
+        .expect("the daemon ran on without its monitor");
     assert_ne!(st.code(), Some(0), "exit status {st:?}");
     assert!(!is_mounted(&d.mnt), "still mounted");
     let log = d.log();
-    assert!(log.contains("lease-monitor") && log.contains("background thread died"), "{log}");
+    assert!(
+        log.contains("lease-monitor") && log.contains("background thread died"),
+        "{log}"
+    );
 
     // A file open: the mount cannot be unmounted cleanly, so it is detached
     // and the daemon exits at once (EX_SOFTWARE), as a crash would.
@@ -142,7 +152,9 @@ fn a_background_thread_that_dies_takes_the_daemon_down_loudly() {
     let mut w = Agent::spawn(&d.mnt);
     w.ok("open held wc");
     std::fs::write(d.mnt.join("leasefs-test-panic"), b"").expect("create the trigger");
-    let st = d.exit(Duration::from_secs(30)).expect("the daemon ran on without its renewer");
+    let st = d
+        .exit(Duration::from_secs(30))
+        .expect("the daemon ran on without its renewer");
     assert_eq!(st.code(), Some(70), "exit status {st:?}");
     assert!(!is_mounted(&d.mnt), "the dead mount was left behind");
     assert!(d.log().contains("lease-renewer"), "{}", d.log());

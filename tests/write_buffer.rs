@@ -82,7 +82,10 @@ fn a_hundred_writers_behind_a_slow_replica_stay_within_the_write_buffer_and_none
     .expect("write_buffer JSON");
     assert_eq!(wb["bytes"], 4 << 20, "{wb}");
     assert!(wb["peak"].as_u64().is_some_and(|p| p <= 4 << 20), "{wb}");
-    assert!(wb["waits"].as_u64().is_some_and(|w| w > 0), "nobody waited: {wb}");
+    assert!(
+        wb["waits"].as_u64().is_some_and(|w| w > 0),
+        "nobody waited: {wb}"
+    );
     assert_eq!(wb["used"], 0, "units leaked: {wb}");
     // The documented bound: the buffer, plus per stream one packet being
     // filled, one in flight and one request's remainder (64 KiB writes

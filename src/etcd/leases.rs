@@ -213,11 +213,8 @@ impl EtcdLeases {
         let prefix = self.etcd.key("want/");
         let p = prefix.clone();
         let r = self.etcd.run_within(self.period(), |mut c| async move {
-            c.get(
-                p,
-                Some(GetOptions::new().with_prefix().with_keys_only()),
-            )
-            .await
+            c.get(p, Some(GetOptions::new().with_prefix().with_keys_only()))
+                .await
         });
         match r {
             Ok(r) => r
@@ -461,8 +458,7 @@ impl Cluster for EtcdLeases {
             self.want(file);
             return Ok(Turn::Claim(Claim::Busy(other)));
         }
-        self.claim_now(file, handle, who, free)
-            .map(Turn::Claim)
+        self.claim_now(file, handle, who, free).map(Turn::Claim)
     }
 
     fn enqueue(&self, file: FileId, handle: HandleId) -> Result<Ticket, String> {

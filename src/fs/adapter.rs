@@ -195,9 +195,7 @@ impl Filesystem for Adapter {
 
     /// The kernel evicted the inode, and its cached pages with it.
     fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
-        contain("forget", move || {
-            self.core.forget_pages(ino.0)
-        })
+        contain("forget", move || self.core.forget_pages(ino.0))
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {

@@ -71,11 +71,13 @@ impl Fatal {
     pub fn spawn(self: &Arc<Self>, name: &str, f: impl FnOnce() + Send + 'static) {
         let me = self.clone();
         let thread = name.to_string();
-        let r = std::thread::Builder::new().name(name.into()).spawn(move || {
-            if let Err(why) = crate::fault::catch(f) {
-                me.die(&thread, &why);
-            }
-        });
+        let r = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                if let Err(why) = crate::fault::catch(f) {
+                    me.die(&thread, &why);
+                }
+            });
         if let Err(e) = r {
             tracing::error!("cannot start {name}: {e}");
             self.die(name, &format!("cannot start: {e}"));
@@ -345,9 +347,12 @@ impl Daemon {
             None => hk.take(&*self.core.meta, "sole daemon of this data directory"),
             Some(s) => self.spawn_shared(s),
         }
-        self.every("housekeeping", "housekeeping", o.housekeeping_interval, move |core| {
-            hk.round(core)
-        });
+        self.every(
+            "housekeeping",
+            "housekeeping",
+            o.housekeeping_interval,
+            move |core| hk.round(core),
+        );
         // A waiting open whose process got a signal gets EINTR.
         // While opens wait: Ctrl-C gives EINTR, and a wait that runs out
         // (lease_wait) ends on time rather than at the next monitor tick.

@@ -79,10 +79,7 @@ impl Budget {
     /// otherwise `stream` joins the queue and is handed a unit later
     /// (through [`OutputStream::unit_granted`]). The caller queues a
     /// stream at most once at a time.
-    pub(crate) fn take(
-        self: &Arc<Self>,
-        stream: &std::sync::Weak<OutputStream>,
-    ) -> Option<Unit> {
+    pub(crate) fn take(self: &Arc<Self>, stream: &std::sync::Weak<OutputStream>) -> Option<Unit> {
         let mut s = lock(&self.st);
         if s.free > 0 && s.waiters.is_empty() {
             s.free -= 1;
@@ -121,5 +118,44 @@ impl Budget {
             waits: s.waits,
             waiting: s.waiters.len(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime")
+    }
+
+    #[test]
+    fn units_are_counted_given_back_on_drop_and_never_exceed_the_budget() {
+        let rt = rt();
+        let b = Budget::new(2, rt.handle().clone());
+        let none = std::sync::Weak::new();
+        let u1 = b.take(&none).expect("first unit");
+        let u2 = b.take(&none).expect("second unit");
+        assert!(b.take(&none).is_none(), "a third unit out of two");
+        let st = b.stats();
+        assert_eq!((st.used, st.peak, st.waits, st.waiting), (2, 2, 1, 1));
+        // The waiter is gone (a dead stream): the unit goes back to the pool.
+        drop(u1);
+        let st = b.stats();
+        assert_eq!((st.used, st.waiting), (1, 0));
+        drop(u2);
+        assert_eq!(b.stats().used, 0);
+        // Nobody jumps the queue: with a (dead) waiter queued, a free unit
+        // is not taken by a newcomer until the queue is served.
+        let u = b.take(&none).expect("unit");
+        let _u = b.take(&none).expect("unit");
+        assert!(b.take(&none).is_none());
+        drop(u);
+        assert!(
+            b.take(&none).is_some(),
+            "the dead waiter's unit is free again"
+        );
     }
 }

@@ -331,7 +331,11 @@ impl OutputStream {
         // unit (`may_seal`). A barrier seals a partial packet without
         // asking: it then borrows the stream's guaranteed slot, at most
         // one packet over the budget per stream.
-        let unit = if s.in_flight == 0 { None } else { s.units.pop() };
+        let unit = if s.in_flight == 0 {
+            None
+        } else {
+            s.units.pop()
+        };
         s.jobs.push_back(Job::Packet(Packet { off, data, unit }));
         s.in_flight += 1;
         s.peak_in_flight = s.peak_in_flight.max(s.in_flight);

@@ -118,7 +118,10 @@ pub fn serve(core: Arc<Core>, data: &Path, mountpoint: &Path, fatal: Arc<Fatal>)
             // Every user may connect; requests are authorized one by one.
             if let Err(e) = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666))
             {
-                tracing::warn!("control socket {}: cannot set its mode: {e}", path.display());
+                tracing::warn!(
+                    "control socket {}: cannot set its mode: {e}",
+                    path.display()
+                );
             }
             accept_loop(l, "control", &core, &mnt, &slots, &fatal);
         }

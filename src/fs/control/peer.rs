@@ -223,7 +223,10 @@ mod tests {
         assert!(peer(1000, 1000, &[]).may(&f, None, WRITE));
         assert!(!peer(2000, 100, &[]).may(&f, None, WRITE));
         assert!(peer(2000, 100, &[]).may(&f, None, READ));
-        assert!(peer(2000, 5, &[100]).may(&f, None, READ), "supplementary group");
+        assert!(
+            peer(2000, 5, &[100]).may(&f, None, READ),
+            "supplementary group"
+        );
         assert!(!peer(65534, 65534, &[]).may(&f, None, READ));
         assert!(peer(0, 0, &[]).may(&f, None, WRITE), "root");
         // The owner class decides even when others have more.

@@ -155,7 +155,11 @@ fn resolve(core: &Core, peer: &Peer, rel: &str) -> Result<u64, Refusal> {
 
 /// The election file of an election directory.
 fn leader_of(core: &Core, peer: &Peer, election: &str) -> Result<u64, Refusal> {
-    resolve(core, peer, &format!("{}/LEADER", election.trim_end_matches('/')))
+    resolve(
+        core,
+        peer,
+        &format!("{}/LEADER", election.trim_end_matches('/')),
+    )
 }
 
 // ---- the requests ---------------------------------------------------------
@@ -166,9 +170,7 @@ fn leases(core: &Arc<Core>, mnt: &Path, peer: &Peer) -> Answer {
         .list()
         .into_iter()
         .map(|l| {
-            let holder_uid = l
-                .handle
-                .and_then(|fh| core.handles.get(&fh).map(|h| h.uid));
+            let holder_uid = l.handle.and_then(|fh| core.handles.get(&fh).map(|h| h.uid));
             let shown = may_see_holder(peer, holder_uid);
             let mut v = serde_json::to_value(&l).unwrap_or(Value::Null);
             if let Some(o) = v.as_object_mut() {
