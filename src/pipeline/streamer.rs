@@ -171,38 +171,6 @@ impl OutputStream {
         }
     }
 
-    /// Runs one job's work with a panic contained to the stream: the job
-    /// gets `EIO` and the stream is failed, so its other waiters get the
-    /// same error at the loop's next turn instead of waiting forever (the
-    /// writer's release then closes the file by lease recovery).
-    fn contained(&self, f: impl FnOnce() -> FsResult<()>) -> FsResult<()> {
-        crate::fault::catch(f).unwrap_or_else(|why| {
-            let e = FsError::Io(format!("stream worker panicked: {why}"));
-            lock(&self.st).failed.get_or_insert_with(|| e.clone());
-            Err(e)
-        })
-    }
-
-    /// The worker ended by a panic outside a job's work (in a completion
-    /// callback): fail the stream and everything still waiting on it, and
-    /// mark the worker stopped so that `abort` and later barriers do not
-    /// wait for it.
-    pub(crate) fn worker_died(&self, why: &str) {
-        let mut s = lock(&self.st);
-        let e = s
-            .failed
-            .get_or_insert_with(|| FsError::Io(format!("stream worker panicked: {why}")))
-            .clone();
-        let cbs = take_callbacks(&mut s);
-        s.running = false;
-        self.idle.notify_all();
-        drop(s);
-        lock(&self.pipe).reset();
-        for d in cbs {
-            d(Err(e.clone()));
-        }
-    }
-
     /// Records the visible length for readers on other daemons (only
     /// when the namespace is shared).
     fn publish_length(&self) -> FsResult<()> {

@@ -33,6 +33,7 @@ pub struct Mount {
     pub datanodes: Vec<PathBuf>,
     pub pid: Option<u32>,
     args: Vec<String>,
+    /// More variables in the daemon's environment.
     env: Vec<(String, String)>,
     /// The etcd this mount keeps its namespace in, when the suite runs on
     /// the etcd backend (`LEASEFS_TEST_META=etcd`).
@@ -44,14 +45,6 @@ pub struct Mount {
 /// a prefix of its own.
 pub fn etcd_backend() -> bool {
     std::env::var("LEASEFS_TEST_META").is_ok_and(|v| v == "etcd")
-}
-
-/// Where a fixture mount keeps its data, and its daemon's environment.
-#[derive(Default)]
-struct Where {
-    datanodes: Option<Vec<PathBuf>>,
-    data: Option<PathBuf>,
-    env: Vec<(String, String)>,
 }
 
 /// How to mount.
@@ -87,66 +80,49 @@ impl Mount {
     }
 
     pub fn with(o: Opts) -> Mount {
-        Self::build(o, Where::default())
+        Self::build(o, None, None)
+    }
+
+    /// As [`Mount::with`], with this data directory (e.g. on a small tmpfs)
+    /// instead of a fresh one in the test's temp dir.
+    pub fn with_data_dir(o: Opts, data: PathBuf) -> Mount {
+        Self::build(o, None, Some(data))
     }
 
     /// As [`Mount::with`], with these datanode directories (in this order)
     /// instead of `o.datanodes` fresh ones: e.g. one on a tmpfs the test
     /// mounted itself (see `faults::Tmpfs`).
     pub fn with_datanode_paths(o: Opts, paths: Vec<PathBuf>) -> Mount {
-        Self::build(
-            o,
-            Where {
-                datanodes: Some(paths),
-                ..Where::default()
-            },
-        )
-    }
-
-    /// As [`Mount::with`], with this data directory (e.g. on a small
-    /// tmpfs) instead of a fresh one in the mount's temp directory.
-    pub fn with_data_dir(o: Opts, data: PathBuf) -> Mount {
-        Self::build(
-            o,
-            Where {
-                data: Some(data),
-                ..Where::default()
-            },
-        )
+        Self::build(o, Some(paths), None)
     }
 
     /// As [`Mount::with`], with these variables in the daemon's
     /// environment (e.g. the test-only `LEASEFS_TEST_PANIC`).
     pub fn with_env(o: Opts, env: &[(&str, &str)]) -> Mount {
-        Self::build(
-            o,
-            Where {
-                env: env
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
-                ..Where::default()
-            },
-        )
+        let mut m = Self::build_unmounted(o, None, None);
+        m.env = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        m.mount();
+        m
     }
 
-    /// Lets every user reach the mountpoint (the fixture's temp directory
-    /// is private), for tests that run commands as another user.
-    pub fn open_to_all(&self) {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(self.dir.path(), std::fs::Permissions::from_mode(0o755))
-            .expect("chmod the mount's temp dir");
+    fn build(o: Opts, paths: Option<Vec<PathBuf>>, data: Option<PathBuf>) -> Mount {
+        let mut m = Self::build_unmounted(o, paths, data);
+        m.mount();
+        m
     }
 
-    fn build(o: Opts, w: Where) -> Mount {
+    fn build_unmounted(o: Opts, paths: Option<Vec<PathBuf>>, data: Option<PathBuf>) -> Mount {
         let dir = tempfile::Builder::new()
             .prefix("leasefs-test")
             .tempdir()
             .expect("tempdir");
         let mnt = dir.path().join("mnt");
-        let data = w.data.unwrap_or_else(|| dir.path().join("data"));
+        let data = data.unwrap_or_else(|| dir.path().join("data"));
         std::fs::create_dir_all(&mnt).expect("mkdir mnt");
-        let datanodes: Vec<PathBuf> = w.datanodes.unwrap_or_else(|| {
+        let datanodes: Vec<PathBuf> = paths.unwrap_or_else(|| {
             (1..=o.datanodes)
                 .map(|i| dir.path().join(format!("dn{i}")))
                 .collect()
@@ -176,18 +152,16 @@ impl Mount {
             args.extend(["--prefix".into(), name]);
             e
         });
-        let mut m = Mount {
+        Mount {
             dir,
             mnt,
             data,
             datanodes,
             pid: None,
             args,
-            env: w.env,
+            env: Vec::new(),
             _etcd: etcd,
-        };
-        m.mount();
-        m
+        }
     }
 
     /// Mounts (again) with the same data directory and options.
@@ -214,6 +188,30 @@ impl Mount {
 
     pub fn path(&self, rel: &str) -> PathBuf {
         self.mnt.join(rel)
+    }
+
+    /// Lets every user reach the mount point (the test's temp dir is 0700).
+    pub fn open_to_all(&self) {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(self.dir.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod the test dir");
+    }
+
+    /// Runs a shell command as `nobody:nogroup` (with nogroup's
+    /// supplementary groups) in the mount.
+    pub fn sh_as_nobody(&self, script: &str) -> Output {
+        Command::new("setpriv")
+            .args([
+                "--reuid=nobody",
+                "--regid=nogroup",
+                "--init-groups",
+                "bash",
+                "-c",
+            ])
+            .arg(script)
+            .current_dir(&self.mnt)
+            .output()
+            .expect("run setpriv")
     }
 
     /// Unmounts and waits for the daemon to exit.

@@ -6,6 +6,7 @@
 
 use std::os::unix::net::UnixStream;
 
+use crate::fs::acl::{self, Acl, Entry, Tag};
 use crate::meta::{Inode, Meta};
 
 /// Write and search (execute) bits, as in a mode's `rwx`.
@@ -51,8 +52,8 @@ impl Peer {
         if self.is_root() {
             return true;
         }
-        if let Some(entries) = acl.and_then(parse_acl) {
-            return self.acl_allows(inode, &entries, want);
+        if let Some(a) = acl.and_then(|v| Acl::parse(v).ok().flatten()) {
+            return self.acl_allows(inode, a.entries(), want);
         }
         let bits = if self.uid == inode.uid {
             inode.mode >> 6
@@ -68,45 +69,39 @@ impl Peer {
     /// owner entry, then named users (masked), then the owning and named
     /// groups (masked; any match that grants suffices, a match that does
     /// not denies), then other.
-    fn acl_allows(&self, inode: &Inode, entries: &[AclEntry], want: u32) -> bool {
-        let mask = entries
-            .iter()
-            .find(|e| e.tag == ACL_MASK)
-            .map_or(7, |e| e.perm);
-        let grants = |perm: u32| perm & want == want;
-        if self.uid == inode.uid {
-            return entries
+    fn acl_allows(&self, inode: &Inode, entries: &[Entry], want: u32) -> bool {
+        let perm = |tag: Tag| {
+            entries
                 .iter()
-                .find(|e| e.tag == ACL_USER_OBJ)
-                .is_some_and(|e| grants(e.perm));
+                .find(|e| e.tag == tag)
+                .map(|e| u32::from(e.perm))
+        };
+        let mask = perm(Tag::Mask).unwrap_or(7);
+        let grants = |p: u32| p & want == want;
+        if self.uid == inode.uid {
+            return perm(Tag::UserObj).is_some_and(grants);
         }
         if let Some(e) = entries
             .iter()
-            .find(|e| e.tag == ACL_USER && e.id == self.uid)
+            .find(|e| e.tag == Tag::User && e.id == self.uid)
         {
-            return grants(e.perm & mask);
+            return grants(u32::from(e.perm) & mask);
         }
         let mut matched = false;
         for e in entries {
             let member = match e.tag {
-                ACL_GROUP_OBJ => self.in_group(inode.gid),
-                ACL_GROUP => self.in_group(e.id),
+                Tag::GroupObj => self.in_group(inode.gid),
+                Tag::Group => self.in_group(e.id),
                 _ => false,
             };
             if member {
-                if grants(e.perm & mask) {
+                if grants(u32::from(e.perm) & mask) {
                     return true;
                 }
                 matched = true;
             }
         }
-        if matched {
-            return false;
-        }
-        entries
-            .iter()
-            .find(|e| e.tag == ACL_OTHER)
-            .is_some_and(|e| grants(e.perm))
+        !matched && perm(Tag::Other).is_some_and(grants)
     }
 
     /// Whether the peer may access `ino` for `want`, reading its inode and
@@ -118,7 +113,7 @@ impl Peer {
         let Ok(inode) = meta.get(ino) else {
             return false;
         };
-        let acl = meta.getxattr(ino, b"system.posix_acl_access").ok();
+        let acl = meta.getxattr(ino, acl::ACCESS).ok();
         self.may(&inode, acl.as_deref(), want)
     }
 }
@@ -137,39 +132,6 @@ fn supplementary_groups(pid: u32) -> Vec<u32> {
             })
         })
         .unwrap_or_default()
-}
-
-const ACL_USER_OBJ: u16 = 0x01;
-const ACL_USER: u16 = 0x02;
-const ACL_GROUP_OBJ: u16 = 0x04;
-const ACL_GROUP: u16 = 0x08;
-const ACL_MASK: u16 = 0x10;
-const ACL_OTHER: u16 = 0x20;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct AclEntry {
-    tag: u16,
-    perm: u32,
-    id: u32,
-}
-
-/// The kernel's `system.posix_acl_access` value: a little-endian version
-/// 2 header, then (tag u16, perm u16, id u32) per entry. `None` when it is
-/// not one (then the mode alone decides).
-fn parse_acl(v: &[u8]) -> Option<Vec<AclEntry>> {
-    let (head, body) = v.split_first_chunk::<4>()?;
-    if u32::from_le_bytes(*head) != 2 || body.is_empty() || body.len() % 8 != 0 {
-        return None;
-    }
-    Some(
-        body.chunks_exact(8)
-            .map(|c| AclEntry {
-                tag: u16::from_le_bytes([c[0], c[1]]),
-                perm: u32::from(u16::from_le_bytes([c[2], c[3]])),
-                id: u32::from_le_bytes([c[4], c[5], c[6], c[7]]),
-            })
-            .collect(),
-    )
 }
 
 #[cfg(test)]
@@ -206,6 +168,12 @@ mod tests {
             groups: groups.to_vec(),
         }
     }
+
+    const ACL_USER_OBJ: u16 = 0x01;
+    const ACL_USER: u16 = 0x02;
+    const ACL_GROUP_OBJ: u16 = 0x04;
+    const ACL_MASK: u16 = 0x10;
+    const ACL_OTHER: u16 = 0x20;
 
     fn acl(entries: &[(u16, u16, u32)]) -> Vec<u8> {
         let mut v = 2u32.to_le_bytes().to_vec();
