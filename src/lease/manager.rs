@@ -338,6 +338,15 @@ impl LeaseManager {
         out
     }
 
+    /// Whether `file` is held by a holder that flushed and wrote nothing
+    /// since: its release is probably in flight (see `acquire`).
+    pub fn holder_flushed(&self, file: FileId) -> bool {
+        lock(&self.inner)
+            .leases
+            .get(&file)
+            .is_some_and(|l| l.state == LeaseState::Held && l.flushed)
+    }
+
     /// The state of `file`'s lease alone (cheaper than `info`).
     pub fn state(&self, file: FileId) -> LeaseState {
         lock(&self.inner)
