@@ -62,6 +62,10 @@ pub enum FsError {
     /// not an I/O error.
     #[error("no space left on device: {0}")]
     Full(String),
+    /// A datanode directory that cannot be attached (see
+    /// `pipeline::attach::AttachError`).
+    #[error("{0}")]
+    Datanode(String),
     #[error("i/o error: {0}")]
     Io(String),
     /// A read found replicas under another generation stamp than its block
@@ -133,6 +137,7 @@ impl FsError {
             FsError::Storage(_, errno) => *errno,
             FsError::Meta(_) => EIO,
             FsError::Full(_) => ENOSPC,
+            FsError::Datanode(_) => EIO,
             FsError::Io(_) => EIO,
             FsError::Moved(_) => EIO,
         }

@@ -63,7 +63,8 @@ impl Housekeeper {
             return;
         };
         let busy = core.busy_blocks(&live);
-        let suspect: HashSet<(u64, usize)> = core.bad.list().into_iter().collect();
+        let suspect: HashSet<(u64, crate::meta::DnId)> = core.bad.list().into_iter().collect();
+        let left_open = |ino| core.recover_left_open(ino);
         let c = Check {
             meta: &*core.meta,
             dns: &core.dns,
@@ -74,8 +75,10 @@ impl Housekeeper {
             deep: false,
             suspect: suspect.clone(),
             orphans: true,
+            excess: true,
             orphan_grace: fsck::ORPHAN_GRACE,
             grace_finalized: true,
+            left_open: Some(&left_open),
         };
         match fsck::run(&c) {
             Ok(r) => {

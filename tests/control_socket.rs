@@ -226,7 +226,12 @@ fn recover_lease_needs_write_permission_on_the_file() {
     w.ok("write e");
     m.sh_ok("chmod 600 pub/acl && setfacl -m u:nobody:rw pub/acl");
     let o = leasefs_as_nobody(&["recover-lease", m.path("pub/acl").to_str().unwrap()]);
-    assert_eq!(o.status.code(), Some(0), "recover-lease granted by an ACL: {}", out(&o));
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "recover-lease granted by an ACL: {}",
+        out(&o)
+    );
     let r = w.cmd("write f");
     assert_eq!(err_name(&r), Some("EIO"), "the old holder is fenced: {r}");
 }

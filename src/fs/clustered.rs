@@ -170,18 +170,23 @@ impl Core {
             .revoke(ino, "another daemon (cluster claim lost)");
     }
 
-    /// At mount over a shared namespace: recover files left under
-    /// construction by daemon instances that are gone, one claim at a time
-    /// (a file another daemon still claims is its business).
-    pub(super) fn startup_recovery_clustered(&self, cl: &Arc<dyn Cluster>) -> FsResult<usize> {
-        let me = ClaimInfo {
+    /// Who claims a file to recover it: the daemon itself.
+    pub(super) fn recovery_claimant(&self) -> ClaimInfo {
+        ClaimInfo {
             mount_id: self.mount_id.clone(),
             host: self.host.to_string(),
             pid: std::process::id(),
             comm: "leasefs-recovery".into(),
             since_ms: crate::clock::wall_ms(),
             lease_id: 0,
-        };
+        }
+    }
+
+    /// At mount over a shared namespace: recover files left under
+    /// construction by daemon instances that are gone, one claim at a time
+    /// (a file another daemon still claims is its business).
+    pub(super) fn startup_recovery_clustered(&self, cl: &Arc<dyn Cluster>) -> FsResult<usize> {
+        let me = self.recovery_claimant();
         let mut n = 0;
         for uc in self.meta.list_uc()? {
             if cl.mount_alive(&uc.mount_id) {

@@ -29,16 +29,18 @@ impl Core {
         for ino in self.meta.orphans()? {
             self.delete_inode(ino);
         }
-        // Copies (re-replication, pipeline spares) a crash interrupted.
-        for i in 0..self.dns.len() {
-            if let Some(dn) = self.dns.get(i)
-                && let Err(e) = dn.clean_tmp()
-            {
-                tracing::warn!(datanode = i, "cannot clean tmp/: {e}");
+        // Copies (re-replication, pipeline spares) a crash interrupted:
+        // never recorded anywhere.
+        for dn in self.dns.attached() {
+            if let Err(e) = dn.clean_tmp() {
+                tracing::warn!(datanode = %dn.id, "cannot clean tmp/: {e}");
             }
         }
-        // Replica files of blocks that were never recorded (a crash between
-        // creating a replica and committing its block) or were dropped.
+        // Replica files of blocks no file has (a crash between creating a
+        // replica and committing its block, or a delete that did not get to
+        // them), on datanodes recognised by their identity files. Nothing
+        // writes yet, so no grace is needed; copies of recorded blocks are
+        // never touched here (housekeeping decides on those).
         let swept = crate::fsck::run(&crate::fsck::Check {
             meta: &*self.meta,
             dns: &self.dns,
@@ -49,8 +51,10 @@ impl Core {
             deep: false,
             suspect: Default::default(),
             orphans: true,
+            excess: false,
             orphan_grace: Duration::ZERO,
             grace_finalized: false,
+            left_open: None,
         })
         .map_err(FsError::Io)?;
         for p in swept.problems.iter().filter(|p| p.repaired) {
@@ -89,12 +93,50 @@ impl Core {
             .collect()
     }
 
+    /// Recovers a file the store has under construction while no live
+    /// lease was seen, as one whose holder is gone; `Ok(false)` when it has
+    /// a live lease (or another daemon's claim) after all: fsck's and
+    /// housekeeping's view of live leases is taken before they read the
+    /// files under construction, and a writer may have opened the file
+    /// since. The lease is taken for the recovery (writers wait or get
+    /// `EBUSY` meanwhile), so recovery never races a writer's stream.
+    pub fn recover_left_open(&self, ino: u64) -> Result<bool, String> {
+        let pseudo = u64::MAX - ino;
+        let cl = match &self.cluster {
+            Some(cl) => match cl.claim(ino, pseudo, &self.recovery_claimant())? {
+                crate::lease::cluster::Claim::Mine { .. } => Some(cl),
+                crate::lease::cluster::Claim::Busy(_) => return Ok(false),
+            },
+            None => None,
+        };
+        let last = self.meta.get(ino).map(|i| i.last_epoch).unwrap_or(0);
+        let r = match self.leases.recover_orphan(ino, last, None) {
+            None => Ok(false),
+            Some(_) => {
+                let r = match self.meta.uc(ino) {
+                    Ok(Some(_)) => self.recover(ino, RecoveryReason::HolderGone).map(|_| true),
+                    // Closed meanwhile.
+                    Ok(None) => Ok(false),
+                    Err(e) => Err(e),
+                };
+                self.leases
+                    .finish_recovery(ino, r.as_ref().map(drop).map_err(|e| e.to_string()));
+                r.map_err(|e| e.to_string())
+            }
+        };
+        if let Some(cl) = cl {
+            cl.unclaim(ino, pseudo);
+        }
+        r
+    }
+
     /// An online fsck against the running daemon's view.
     pub fn fsck(&self, repair: bool) -> Result<crate::fsck::Report, String> {
         let live = self
             .live_files()
             .ok_or("cannot tell which files other daemons are writing")?;
         let busy = self.busy_blocks(&live);
+        let left_open = |ino| self.recover_left_open(ino);
         crate::fsck::run(&crate::fsck::Check {
             meta: &*self.meta,
             dns: &self.dns,
@@ -105,8 +147,10 @@ impl Core {
             deep: true,
             suspect: Default::default(),
             orphans: true,
+            excess: true,
             orphan_grace: crate::fsck::ORPHAN_GRACE,
             grace_finalized: false,
+            left_open: Some(&left_open),
         })
     }
 }

@@ -4,6 +4,7 @@
 //! plus the read path and lease (block) recovery that share its view of
 //! replicas.
 
+pub mod attach;
 pub mod budget;
 pub mod datanodes;
 pub mod reader;
@@ -12,5 +13,5 @@ pub mod stream;
 mod streamer;
 
 pub use budget::Budget;
-pub use datanodes::Datanodes;
+pub use datanodes::{Datanodes, Health};
 pub use stream::{Done, OutputStream, StreamCtx};

@@ -96,29 +96,49 @@ impl Mount {
         Self::build(o, Some(paths), None)
     }
 
+    /// As [`Mount::with_datanode_paths`], in `dir`, which may already
+    /// hold a data directory (`dir/data`, e.g. unpacked from a fixture).
+    pub fn in_dir(o: Opts, dir: tempfile::TempDir, paths: Vec<PathBuf>) -> Mount {
+        Self::build_in(o, Some(paths), None, dir)
+    }
+
     /// As [`Mount::with`], with these variables in the daemon's
     /// environment (e.g. the test-only `LEASEFS_TEST_PANIC`).
     pub fn with_env(o: Opts, env: &[(&str, &str)]) -> Mount {
-        let mut m = Self::build_unmounted(o, None, None);
-        m.env = env
+        let env = env
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        m.mount();
-        m
+        Self::build_env(o, None, None, Self::temp_dir(), env)
+    }
+
+    fn temp_dir() -> tempfile::TempDir {
+        tempfile::Builder::new()
+            .prefix("leasefs-test")
+            .tempdir()
+            .expect("tempdir")
     }
 
     fn build(o: Opts, paths: Option<Vec<PathBuf>>, data: Option<PathBuf>) -> Mount {
-        let mut m = Self::build_unmounted(o, paths, data);
-        m.mount();
-        m
+        Self::build_in(o, paths, data, Self::temp_dir())
     }
 
-    fn build_unmounted(o: Opts, paths: Option<Vec<PathBuf>>, data: Option<PathBuf>) -> Mount {
-        let dir = tempfile::Builder::new()
-            .prefix("leasefs-test")
-            .tempdir()
-            .expect("tempdir");
+    fn build_in(
+        o: Opts,
+        paths: Option<Vec<PathBuf>>,
+        data: Option<PathBuf>,
+        dir: tempfile::TempDir,
+    ) -> Mount {
+        Self::build_env(o, paths, data, dir, Vec::new())
+    }
+
+    fn build_env(
+        o: Opts,
+        paths: Option<Vec<PathBuf>>,
+        data: Option<PathBuf>,
+        dir: tempfile::TempDir,
+        env: Vec<(String, String)>,
+    ) -> Mount {
         let mnt = dir.path().join("mnt");
         let data = data.unwrap_or_else(|| dir.path().join("data"));
         std::fs::create_dir_all(&mnt).expect("mkdir mnt");
@@ -152,20 +172,34 @@ impl Mount {
             args.extend(["--prefix".into(), name]);
             e
         });
-        Mount {
+        let mut m = Mount {
             dir,
             mnt,
             data,
             datanodes,
             pid: None,
             args,
-            env: Vec::new(),
+            env,
             _etcd: etcd,
-        }
+        };
+        m.mount();
+        m
     }
 
     /// Mounts (again) with the same data directory and options.
     pub fn mount(&mut self) {
+        let out = self.try_mount();
+        assert!(
+            out.status.success(),
+            "mount failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Runs `leasefs mount` with this mount's arguments and returns its
+    /// output, whether it mounted or was refused.
+    pub fn try_mount(&mut self) -> Output {
         let out = Command::new(bin())
             .arg("mount")
             .arg(&self.mnt)
@@ -173,12 +207,37 @@ impl Mount {
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .output()
             .expect("run leasefs mount");
-        assert!(
-            out.status.success(),
-            "mount failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        if out.status.success() {
+            self.note_pid();
+        }
+        out
+    }
+
+    /// Gives the next [`Mount::mount`] this `--datanode` list (in this
+    /// order) and replication factor.
+    pub fn set_datanodes(&mut self, paths: Vec<PathBuf>, replication: Option<usize>) {
+        let mut args = Vec::new();
+        let mut it = std::mem::take(&mut self.args).into_iter();
+        while let Some(a) = it.next() {
+            if a == "--datanode" || a == "--replication" {
+                it.next();
+            } else {
+                args.push(a);
+            }
+        }
+        for d in &paths {
+            args.push("--datanode".into());
+            args.push(d.display().to_string());
+        }
+        if let Some(r) = replication {
+            args.push("--replication".into());
+            args.push(r.to_string());
+        }
+        self.args = args;
+        self.datanodes = paths;
+    }
+
+    fn note_pid(&mut self) {
         let lock = std::fs::read_to_string(self.data.join("lock")).unwrap_or_default();
         self.pid = lock
             .trim()
