@@ -36,10 +36,7 @@ impl Adapter {
     fn run(&self, f: impl FnOnce(&Arc<Core>) + Send + 'static) {
         if self.core.cluster.is_some() {
             let core = self.core.clone();
-            self.core
-                .ctx
-                .rt
-                .spawn_blocking(move || contain("request", || f(&core)));
+            self.core.ctx.rt.spawn_blocking(move || f(&core));
         } else {
             f(&self.core)
         }
@@ -48,16 +45,6 @@ impl Adapter {
     fn mknode(&self, parent: INodeNo, name: &OsStr, node: Node, who: Caller, reply: ReplyEntry) {
         let name = name.as_bytes().to_vec();
         self.run(move |c| entry(reply, c.mknode(parent.0, &name, node, who)))
-    }
-}
-
-/// Runs one callback's translation with a panic contained to its request:
-/// the reply, dropped unsent by the unwinding, answers `EIO` (fuser does
-/// that for every reply dropped unsent) and the request thread serves on.
-/// The panic hook has logged the panic itself (`crate::fault`).
-fn contain(op: &'static str, f: impl FnOnce()) {
-    if let Err(why) = crate::fault::catch(f) {
-        tracing::error!(op, "request failed with EIO: it panicked ({why})");
     }
 }
 
@@ -192,23 +179,19 @@ impl Filesystem for Adapter {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        contain("lookup", move || {
-            let name = name.as_bytes().to_vec();
-            self.run(move |c| entry(reply, c.lookup(parent.0, &name)))
-        })
+        let name = name.as_bytes().to_vec();
+        self.run(move |c| entry(reply, c.lookup(parent.0, &name)))
     }
 
     /// The kernel evicted the inode, and its cached pages with it.
     fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
-        contain("forget", move || self.core.forget_pages(ino.0))
+        self.core.forget_pages(ino.0)
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        contain("getattr", move || {
-            self.run(move |c| match c.getattr(ino.0) {
-                Ok(a) => reply.attr(&ttl(&a), &fattr(&a)),
-                Err(e) => reply.error(errno(&e)),
-            })
+        self.run(move |c| match c.getattr(ino.0) {
+            Ok(a) => reply.attr(&ttl(&a), &fattr(&a)),
+            Err(e) => reply.error(errno(&e)),
         })
     }
 
@@ -230,57 +213,53 @@ impl Filesystem for Adapter {
         _flags: Option<BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        contain("setattr", move || {
-            let c = caller(req);
-            let ch = AttrChange {
-                mode,
-                uid,
-                gid,
-                atime: atime.map(time_or_now),
-                mtime: mtime.map(time_or_now),
-                ctime: ctime.map(ns),
+        let c = caller(req);
+        let ch = AttrChange {
+            mode,
+            uid,
+            gid,
+            atime: atime.map(time_or_now),
+            mtime: mtime.map(time_or_now),
+            ctime: ctime.map(ns),
+        };
+        let finish = move |core: &Core, reply: ReplyAttr| {
+            let any = ch.mode.is_some()
+                || ch.uid.is_some()
+                || ch.gid.is_some()
+                || ch.atime.is_some()
+                || ch.mtime.is_some();
+            let r = if any {
+                core.set_attrs(ino.0, ch, c)
+            } else {
+                core.getattr(ino.0)
             };
-            let finish = move |core: &Core, reply: ReplyAttr| {
-                let any = ch.mode.is_some()
-                    || ch.uid.is_some()
-                    || ch.gid.is_some()
-                    || ch.atime.is_some()
-                    || ch.mtime.is_some();
-                let r = if any {
-                    core.set_attrs(ino.0, ch, c)
-                } else {
-                    core.getattr(ino.0)
-                };
-                match r {
-                    Ok(a) => reply.attr(&ttl(&a), &fattr(&a)),
-                    Err(e) => reply.error(errno(&e)),
-                }
-            };
-            self.run(move |core| match size {
-                None => finish(core, reply),
-                Some(size) => {
-                    let core2 = core.clone();
-                    core.set_size(
-                        ino.0,
-                        size,
-                        fh.map(|f| f.0),
-                        c,
-                        Box::new(move |r| match r {
-                            Ok(()) => finish(&core2, reply),
-                            Err(e) => reply.error(errno(&e)),
-                        }),
-                    );
-                }
-            })
+            match r {
+                Ok(a) => reply.attr(&ttl(&a), &fattr(&a)),
+                Err(e) => reply.error(errno(&e)),
+            }
+        };
+        self.run(move |core| match size {
+            None => finish(core, reply),
+            Some(size) => {
+                let core2 = core.clone();
+                core.set_size(
+                    ino.0,
+                    size,
+                    fh.map(|f| f.0),
+                    c,
+                    Box::new(move |r| match r {
+                        Ok(()) => finish(&core2, reply),
+                        Err(e) => reply.error(errno(&e)),
+                    }),
+                );
+            }
         })
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        contain("readlink", move || {
-            self.run(move |c| match c.readlink(ino.0) {
-                Ok(t) => reply.data(&t),
-                Err(e) => reply.error(errno(&e)),
-            })
+        self.run(move |c| match c.readlink(ino.0) {
+            Ok(t) => reply.data(&t),
+            Err(e) => reply.error(errno(&e)),
         })
     }
 
@@ -294,19 +273,17 @@ impl Filesystem for Adapter {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        contain("mknod", move || {
-            let Some(kind) = Kind::from_mode(mode) else {
-                return reply.error(Errno::EINVAL);
-            };
-            let node = Node {
-                kind,
-                mode,
-                rdev,
-                target: None,
-                umask,
-            };
-            self.mknode(parent, name, node, caller(req), reply)
-        })
+        let Some(kind) = Kind::from_mode(mode) else {
+            return reply.error(Errno::EINVAL);
+        };
+        let node = Node {
+            kind,
+            mode,
+            rdev,
+            target: None,
+            umask,
+        };
+        self.mknode(parent, name, node, caller(req), reply)
     }
 
     fn mkdir(
@@ -318,30 +295,24 @@ impl Filesystem for Adapter {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        contain("mkdir", move || {
-            let node = Node {
-                kind: Kind::Dir,
-                mode,
-                rdev: 0,
-                target: None,
-                umask,
-            };
-            self.mknode(parent, name, node, caller(req), reply)
-        })
+        let node = Node {
+            kind: Kind::Dir,
+            mode,
+            rdev: 0,
+            target: None,
+            umask,
+        };
+        self.mknode(parent, name, node, caller(req), reply)
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        contain("unlink", move || {
-            let name = name.as_bytes().to_vec();
-            self.run(move |c| empty(reply, c.unlink(parent.0, &name)))
-        })
+        let name = name.as_bytes().to_vec();
+        self.run(move |c| empty(reply, c.unlink(parent.0, &name)))
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        contain("rmdir", move || {
-            let name = name.as_bytes().to_vec();
-            self.run(move |c| empty(reply, c.rmdir(parent.0, &name)))
-        })
+        let name = name.as_bytes().to_vec();
+        self.run(move |c| empty(reply, c.rmdir(parent.0, &name)))
     }
 
     fn symlink(
@@ -352,16 +323,14 @@ impl Filesystem for Adapter {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        contain("symlink", move || {
-            let node = Node {
-                kind: Kind::Symlink,
-                mode: 0o777,
-                rdev: 0,
-                target: Some(target.as_os_str().as_bytes().to_vec()),
-                umask: 0,
-            };
-            self.mknode(parent, link_name, node, caller(req), reply)
-        })
+        let node = Node {
+            kind: Kind::Symlink,
+            mode: 0o777,
+            rdev: 0,
+            target: Some(target.as_os_str().as_bytes().to_vec()),
+            umask: 0,
+        };
+        self.mknode(parent, link_name, node, caller(req), reply)
     }
 
     fn rename(
@@ -374,12 +343,10 @@ impl Filesystem for Adapter {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        contain("rename", move || {
-            let (name, newname) = (name.as_bytes().to_vec(), newname.as_bytes().to_vec());
-            self.run(move |c| {
-                let r = c.rename(parent.0, &name, newparent.0, &newname, flags.bits());
-                empty(reply, r)
-            })
+        let (name, newname) = (name.as_bytes().to_vec(), newname.as_bytes().to_vec());
+        self.run(move |c| {
+            let r = c.rename(parent.0, &name, newparent.0, &newname, flags.bits());
+            empty(reply, r)
         })
     }
 
@@ -391,26 +358,22 @@ impl Filesystem for Adapter {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        contain("link", move || {
-            let newname = newname.as_bytes().to_vec();
-            self.run(move |c| entry(reply, c.link(ino.0, newparent.0, &newname)))
-        })
+        let newname = newname.as_bytes().to_vec();
+        self.run(move |c| entry(reply, c.link(ino.0, newparent.0, &newname)))
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        contain("open", move || {
-            let who = caller(req);
-            self.run(move |c| {
-                c.open(
-                    ino.0,
-                    flags.0,
-                    who,
-                    Box::new(move |r| match r {
-                        Ok(o) => reply.opened(FileHandle(o.fh), open_flags(&o)),
-                        Err(e) => reply.error(errno(&e)),
-                    }),
-                )
-            })
+        let who = caller(req);
+        self.run(move |c| {
+            c.open(
+                ino.0,
+                flags.0,
+                who,
+                Box::new(move |r| match r {
+                    Ok(o) => reply.opened(FileHandle(o.fh), open_flags(&o)),
+                    Err(e) => reply.error(errno(&e)),
+                }),
+            )
         })
     }
 
@@ -425,17 +388,15 @@ impl Filesystem for Adapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        contain("read", move || {
-            self.core.read_any(
-                fh.0,
-                offset,
-                size,
-                Box::new(move |r| match r {
-                    Ok(d) => reply.data(&d),
-                    Err(e) => reply.error(errno(&e)),
-                }),
-            )
-        })
+        self.core.read_any(
+            fh.0,
+            offset,
+            size,
+            Box::new(move |r| match r {
+                Ok(d) => reply.data(&d),
+                Err(e) => reply.error(errno(&e)),
+            }),
+        )
     }
 
     fn write(
@@ -450,19 +411,17 @@ impl Filesystem for Adapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        contain("write", move || {
-            let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
-            self.core.write(
-                fh.0,
-                offset,
-                data,
-                (caller(req), kill),
-                Box::new(move |r| match r {
-                    Ok(n) => reply.written(n),
-                    Err(e) => reply.error(errno(&e)),
-                }),
-            )
-        })
+        let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        self.core.write(
+            fh.0,
+            offset,
+            data,
+            (caller(req), kill),
+            Box::new(move |r| match r {
+                Ok(n) => reply.written(n),
+                Err(e) => reply.error(errno(&e)),
+            }),
+        )
     }
 
     fn flush(
@@ -473,10 +432,8 @@ impl Filesystem for Adapter {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        contain("flush", move || {
-            self.core
-                .flush(fh.0, caller(req), Box::new(move |r| empty(reply, r)))
-        })
+        self.core
+            .flush(fh.0, caller(req), Box::new(move |r| empty(reply, r)))
     }
 
     fn release(
@@ -489,9 +446,7 @@ impl Filesystem for Adapter {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        contain("release", move || {
-            self.core.release(fh.0, Box::new(move |r| empty(reply, r)))
-        })
+        self.core.release(fh.0, Box::new(move |r| empty(reply, r)))
     }
 
     fn fsync(
@@ -502,9 +457,7 @@ impl Filesystem for Adapter {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        contain("fsync", move || {
-            self.core.fsync(fh.0, Box::new(move |r| empty(reply, r)))
-        })
+        self.core.fsync(fh.0, Box::new(move |r| empty(reply, r)))
     }
 
     fn readdir(
@@ -515,17 +468,15 @@ impl Filesystem for Adapter {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        contain("readdir", move || {
-            self.run(move |c| {
-                let mut add = |e: &DirEntry| {
-                    let name = OsStr::from_bytes(&e.name);
-                    reply.add(INodeNo(e.ino), e.cookie, file_type(e.kind), name)
-                };
-                match c.readdir(ino.0, offset, &mut add) {
-                    Ok(()) => reply.ok(),
-                    Err(e) => reply.error(errno(&e)),
-                }
-            })
+        self.run(move |c| {
+            let mut add = |e: &DirEntry| {
+                let name = OsStr::from_bytes(&e.name);
+                reply.add(INodeNo(e.ino), e.cookie, file_type(e.kind), name)
+            };
+            match c.readdir(ino.0, offset, &mut add) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
+            }
         })
     }
 
@@ -537,26 +488,22 @@ impl Filesystem for Adapter {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        contain("fsyncdir", move || {
-            self.core.fsync_dir(Box::new(move |r| empty(reply, r)))
-        })
+        self.core.fsync_dir(Box::new(move |r| empty(reply, r)))
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        contain("statfs", move || {
-            self.run(move |c| match c.statfs() {
-                Ok((total, free, files)) => reply.statfs(
-                    total,
-                    free,
-                    free,
-                    files,
-                    u64::from(u32::MAX),
-                    4096,
-                    255,
-                    4096,
-                ),
-                Err(e) => reply.error(errno(&e)),
-            })
+        self.run(move |c| match c.statfs() {
+            Ok((total, free, files)) => reply.statfs(
+                total,
+                free,
+                free,
+                files,
+                u64::from(u32::MAX),
+                4096,
+                255,
+                4096,
+            ),
+            Err(e) => reply.error(errno(&e)),
         })
     }
 
@@ -570,47 +517,37 @@ impl Filesystem for Adapter {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        contain("setxattr", move || {
-            let (name, value, who) = (name.as_bytes().to_vec(), value.to_vec(), caller(req));
-            self.run(move |c| empty(reply, c.setxattr(ino.0, &name, &value, flags, who)))
-        })
+        let (name, value, who) = (name.as_bytes().to_vec(), value.to_vec(), caller(req));
+        self.run(move |c| empty(reply, c.setxattr(ino.0, &name, &value, flags, who)))
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        contain("getxattr", move || {
-            let name = name.as_bytes().to_vec();
-            self.run(move |c| xattr_reply(reply, size, c.getxattr(ino.0, &name)))
-        })
+        let name = name.as_bytes().to_vec();
+        self.run(move |c| xattr_reply(reply, size, c.getxattr(ino.0, &name)))
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        contain("listxattr", move || {
-            self.run(move |c| {
-                let r = c.listxattr(ino.0).map(|names| {
-                    let mut out = Vec::new();
-                    for n in names {
-                        out.extend_from_slice(&n);
-                        out.push(0);
-                    }
-                    out
-                });
-                xattr_reply(reply, size, r)
-            })
+        self.run(move |c| {
+            let r = c.listxattr(ino.0).map(|names| {
+                let mut out = Vec::new();
+                for n in names {
+                    out.extend_from_slice(&n);
+                    out.push(0);
+                }
+                out
+            });
+            xattr_reply(reply, size, r)
         })
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        contain("removexattr", move || {
-            let (name, who) = (name.as_bytes().to_vec(), caller(req));
-            self.run(move |c| empty(reply, c.removexattr(ino.0, &name, who)))
-        })
+        let (name, who) = (name.as_bytes().to_vec(), caller(req));
+        self.run(move |c| empty(reply, c.removexattr(ino.0, &name, who)))
     }
 
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
-        contain("access", move || {
-            // default_permissions: the kernel has already checked.
-            reply.ok()
-        })
+        // default_permissions: the kernel has already checked.
+        reply.ok()
     }
 
     fn create(
@@ -623,11 +560,9 @@ impl Filesystem for Adapter {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        contain("create", move || {
-            let c = caller(req);
-            let name = name.as_bytes().to_vec();
-            self.run(move |core| create(core, parent, &name, (mode, umask), flags, c, reply))
-        })
+        let c = caller(req);
+        let name = name.as_bytes().to_vec();
+        self.run(move |core| create(core, parent, &name, (mode, umask), flags, c, reply))
     }
 
     fn fallocate(
@@ -640,16 +575,14 @@ impl Filesystem for Adapter {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        contain("fallocate", move || {
-            self.core.fallocate(
-                fh.0,
-                offset,
-                length,
-                mode,
-                caller(req),
-                Box::new(move |r| empty(reply, r)),
-            )
-        })
+        self.core.fallocate(
+            fh.0,
+            offset,
+            length,
+            mode,
+            caller(req),
+            Box::new(move |r| empty(reply, r)),
+        )
     }
 
     fn ioctl(
@@ -663,11 +596,9 @@ impl Filesystem for Adapter {
         _out_size: u32,
         reply: ReplyIoctl,
     ) {
-        contain("ioctl", move || {
-            self.run(move |c| match c.ioctl(fh.0, cmd) {
-                Ok(d) => reply.ioctl(0, &d),
-                Err(e) => reply.error(errno(&e)),
-            })
+        self.run(move |c| match c.ioctl(fh.0, cmd) {
+            Ok(d) => reply.ioctl(0, &d),
+            Err(e) => reply.error(errno(&e)),
         })
     }
 }

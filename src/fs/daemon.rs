@@ -395,14 +395,16 @@ impl Daemon {
             &spec.mountpoint,
             self.fatal.clone(),
         );
-        let mut session = match fuser::Session::new(adapter, &spec.mountpoint, &cfg) {
-            Ok(s) => s,
-            Err(e) => {
-                let msg = format!("cannot mount {}: {e}", spec.mountpoint.display());
-                ready(Err(msg.clone()));
-                return Err(FsError::Io(msg));
-            }
-        };
+        let mut session =
+            match fuser::Session::new(super::contained::Contained(adapter), &spec.mountpoint, &cfg)
+            {
+                Ok(s) => s,
+                Err(e) => {
+                    let msg = format!("cannot mount {}: {e}", spec.mountpoint.display());
+                    ready(Err(msg.clone()));
+                    return Err(FsError::Io(msg));
+                }
+            };
         let notifier = session.notifier();
         self.core.set_invalidator(Arc::new(move |ino, offset, len| {
             // ENOENT: the kernel holds nothing of this inode; fine.
