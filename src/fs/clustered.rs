@@ -29,7 +29,8 @@ impl Core {
     /// the local wait, if this daemon's own holder still has the file).
     /// The file is recovered first if another daemon left it under
     /// construction (that daemon's claim ran out, so its holder is fenced:
-    /// see `EtcdLeases`). Returns what is left of the wait.
+    /// see `EtcdLeases`). Returns what is left of `lease_wait`, if it
+    /// applies.
     pub(super) fn claim(
         &self,
         cl: &dyn Cluster,
@@ -53,9 +54,13 @@ impl Core {
             .leases
             .holder_flushed(ino)
             .then(|| self.leases.config().release_grace);
-        let wait = match self.opts.lease_wait {
-            Some(w) if flags & libc::O_NONBLOCK == 0 => Some(w.max(grace.unwrap_or_default())),
-            _ => grace,
+        let lease_wait = self
+            .opts
+            .lease_wait
+            .filter(|_| flags & libc::O_NONBLOCK == 0);
+        let wait = match lease_wait {
+            Some(w) => Some(w.max(grace.unwrap_or_default())),
+            None => grace,
         };
         let until = Instant::now() + wait.unwrap_or_default();
         let mut ticket = None;
@@ -123,7 +128,7 @@ impl Core {
             cl.unclaim(ino, fh);
             return Err(e);
         }
-        Ok(wait.map(|_| until.saturating_duration_since(Instant::now())))
+        Ok(lease_wait.map(|_| until.saturating_duration_since(Instant::now())))
     }
 
     /// Recovers `ino` if the store says another daemon instance has it
