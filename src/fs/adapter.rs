@@ -18,7 +18,6 @@ use super::core::{Caller, Core};
 use super::namespace::Node;
 use crate::error::FsError;
 use crate::meta::{AttrChange, DirEntry, Kind};
-use crate::metrics::Op;
 use crate::sync::Arc;
 
 /// Attribute and entry cache lifetime for files nobody is writing. Files
@@ -41,11 +40,6 @@ impl Adapter {
         } else {
             f(&self.core)
         }
-    }
-
-    /// Counts a request by kind as it arrives (one relaxed atomic add).
-    fn count(&self, op: Op) {
-        self.core.ctx.metrics.op(op)
     }
 
     fn mknode(&self, parent: INodeNo, name: &OsStr, node: Node, who: Caller, reply: ReplyEntry) {
@@ -185,19 +179,16 @@ impl Filesystem for Adapter {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        self.count(Op::Lookup);
         let name = name.as_bytes().to_vec();
         self.run(move |c| entry(reply, c.lookup(parent.0, &name)))
     }
 
     /// The kernel evicted the inode, and its cached pages with it.
     fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
-        self.count(Op::Forget);
         self.core.forget_pages(ino.0)
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        self.count(Op::Getattr);
         self.run(move |c| match c.getattr(ino.0) {
             Ok(a) => reply.attr(&ttl(&a), &fattr(&a)),
             Err(e) => reply.error(errno(&e)),
@@ -222,7 +213,6 @@ impl Filesystem for Adapter {
         _flags: Option<BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        self.count(Op::Setattr);
         let c = caller(req);
         let ch = AttrChange {
             mode,
@@ -267,7 +257,6 @@ impl Filesystem for Adapter {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        self.count(Op::Readlink);
         self.run(move |c| match c.readlink(ino.0) {
             Ok(t) => reply.data(&t),
             Err(e) => reply.error(errno(&e)),
@@ -284,7 +273,6 @@ impl Filesystem for Adapter {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        self.count(Op::Mknod);
         let Some(kind) = Kind::from_mode(mode) else {
             return reply.error(Errno::EINVAL);
         };
@@ -307,7 +295,6 @@ impl Filesystem for Adapter {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        self.count(Op::Mkdir);
         let node = Node {
             kind: Kind::Dir,
             mode,
@@ -319,13 +306,11 @@ impl Filesystem for Adapter {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        self.count(Op::Unlink);
         let name = name.as_bytes().to_vec();
         self.run(move |c| empty(reply, c.unlink(parent.0, &name)))
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        self.count(Op::Rmdir);
         let name = name.as_bytes().to_vec();
         self.run(move |c| empty(reply, c.rmdir(parent.0, &name)))
     }
@@ -338,7 +323,6 @@ impl Filesystem for Adapter {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        self.count(Op::Symlink);
         let node = Node {
             kind: Kind::Symlink,
             mode: 0o777,
@@ -359,7 +343,6 @@ impl Filesystem for Adapter {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        self.count(Op::Rename);
         let (name, newname) = (name.as_bytes().to_vec(), newname.as_bytes().to_vec());
         self.run(move |c| {
             let r = c.rename(parent.0, &name, newparent.0, &newname, flags.bits());
@@ -375,13 +358,11 @@ impl Filesystem for Adapter {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        self.count(Op::Link);
         let newname = newname.as_bytes().to_vec();
         self.run(move |c| entry(reply, c.link(ino.0, newparent.0, &newname)))
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        self.count(Op::Open);
         let who = caller(req);
         self.run(move |c| {
             c.open(
@@ -407,7 +388,6 @@ impl Filesystem for Adapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        self.count(Op::Read);
         self.core.read_any(
             fh.0,
             offset,
@@ -431,7 +411,6 @@ impl Filesystem for Adapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        self.count(Op::Write);
         let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
         self.core.write(
             fh.0,
@@ -453,7 +432,6 @@ impl Filesystem for Adapter {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        self.count(Op::Flush);
         self.core
             .flush(fh.0, caller(req), Box::new(move |r| empty(reply, r)))
     }
@@ -468,7 +446,6 @@ impl Filesystem for Adapter {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.count(Op::Release);
         self.core.release(fh.0, Box::new(move |r| empty(reply, r)))
     }
 
@@ -480,7 +457,6 @@ impl Filesystem for Adapter {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.count(Op::Fsync);
         self.core.fsync(fh.0, Box::new(move |r| empty(reply, r)))
     }
 
@@ -492,7 +468,6 @@ impl Filesystem for Adapter {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        self.count(Op::Readdir);
         self.run(move |c| {
             let mut add = |e: &DirEntry| {
                 let name = OsStr::from_bytes(&e.name);
@@ -513,12 +488,10 @@ impl Filesystem for Adapter {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.count(Op::Fsyncdir);
         self.core.fsync_dir(Box::new(move |r| empty(reply, r)))
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        self.count(Op::Statfs);
         self.run(move |c| match c.statfs() {
             Ok((total, free, files)) => reply.statfs(
                 total,
@@ -544,19 +517,16 @@ impl Filesystem for Adapter {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        self.count(Op::Setxattr);
         let (name, value, who) = (name.as_bytes().to_vec(), value.to_vec(), caller(req));
         self.run(move |c| empty(reply, c.setxattr(ino.0, &name, &value, flags, who)))
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        self.count(Op::Getxattr);
         let name = name.as_bytes().to_vec();
         self.run(move |c| xattr_reply(reply, size, c.getxattr(ino.0, &name)))
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        self.count(Op::Listxattr);
         self.run(move |c| {
             let r = c.listxattr(ino.0).map(|names| {
                 let mut out = Vec::new();
@@ -571,13 +541,11 @@ impl Filesystem for Adapter {
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        self.count(Op::Removexattr);
         let (name, who) = (name.as_bytes().to_vec(), caller(req));
         self.run(move |c| empty(reply, c.removexattr(ino.0, &name, who)))
     }
 
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
-        self.count(Op::Access);
         // default_permissions: the kernel has already checked.
         reply.ok()
     }
@@ -592,7 +560,6 @@ impl Filesystem for Adapter {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        self.count(Op::Create);
         let c = caller(req);
         let name = name.as_bytes().to_vec();
         self.run(move |core| create(core, parent, &name, (mode, umask), flags, c, reply))
@@ -608,7 +575,6 @@ impl Filesystem for Adapter {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        self.count(Op::Fallocate);
         self.core.fallocate(
             fh.0,
             offset,
@@ -630,7 +596,6 @@ impl Filesystem for Adapter {
         _out_size: u32,
         reply: ReplyIoctl,
     ) {
-        self.count(Op::Ioctl);
         self.run(move |c| match c.ioctl(fh.0, cmd) {
             Ok(d) => reply.ioctl(0, &d),
             Err(e) => reply.error(errno(&e)),
