@@ -87,7 +87,7 @@ as_root() {
 }
 
 # --- 1. Debian packages -------------------------------------------------------
-packages=(fuse3 attr acl rsync fio bindfs sqlite3 python3 gcc libc6-dev etcd-server strace)
+packages=(fuse3 attr acl rsync fio bindfs sqlite3 python3 gcc libc6-dev etcd-server strace curl)
 
 install_packages() {
     local missing=() p

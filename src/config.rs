@@ -13,6 +13,9 @@ pub struct MountOptions {
     pub block_size: u64,
     pub packet_size: u64,
     pub max_packets_in_flight: usize,
+    /// `write_buffer=`: bytes of packets in flight across all streams of
+    /// the mount (beyond each stream's first); writers wait for room.
+    pub write_buffer: u64,
     /// Period of leader-only housekeeping (re-replication, orphan cleanup).
     pub housekeeping_interval: Duration,
     /// fsync makes replicas durable with one `syncfs` per filesystem
@@ -20,6 +23,9 @@ pub struct MountOptions {
     /// (`replica_sync=file`, for datanodes on filesystems shared with
     /// heavy unrelated writers, whose dirty data `syncfs` would also wait for).
     pub sync_by_fs: bool,
+    /// `HOST:PORT` where Prometheus text is served (`metrics=`); off
+    /// when `None`.
+    pub metrics: Option<String>,
     /// Test-only fault: (datanode id, delay before every packet written
     /// to it and every block copied onto it).
     pub test_slow_datanode: Option<(crate::meta::DnId, Duration)>,
@@ -37,8 +43,10 @@ impl Default for MountOptions {
             block_size: 64 << 20,
             packet_size: 64 << 10,
             max_packets_in_flight: 80,
+            write_buffer: 256 << 20,
             housekeeping_interval: Duration::from_secs(30),
             sync_by_fs: true,
+            metrics: None,
             test_slow_datanode: None,
             kernel_flags: Vec::new(),
         }
@@ -48,7 +56,7 @@ impl Default for MountOptions {
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum OptionError {
     #[error(
-        "unknown mount option '{0}' (known: soft_limit, hard_limit, monitor_interval, lease_wait, block_size, packet_size, max_packets_in_flight, housekeeping_interval, replica_sync)"
+        "unknown mount option '{0}' (known: soft_limit, hard_limit, monitor_interval, lease_wait, block_size, packet_size, max_packets_in_flight, write_buffer, housekeeping_interval, replica_sync, metrics)"
     )]
     Unknown(String),
     #[error("mount option '{key}' has a bad value '{value}': {why}")]
@@ -79,6 +87,20 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .map_err(|_| "expected a whole number with an optional K/M/G suffix".to_string())?;
     n.checked_mul(mult)
         .ok_or_else(|| "size too large".to_string())
+}
+
+/// Checks a `HOST:PORT` to listen on (`[::1]:9567` for IPv6); the host is
+/// resolved when the mount starts.
+pub fn parse_listen(s: &str) -> Result<String, String> {
+    let (host, port) = s
+        .rsplit_once(':')
+        .ok_or_else(|| "expected HOST:PORT".to_string())?;
+    if host.is_empty() {
+        return Err("expected HOST:PORT (the host is missing)".into());
+    }
+    port.parse::<u16>()
+        .map_err(|_| "the port must be a number from 0 to 65535".to_string())?;
+    Ok(s.to_string())
 }
 
 /// Parses seconds: a whole or decimal number, optionally ending in `s`.
@@ -116,6 +138,7 @@ impl MountOptions {
                 }
                 "block_size" => self.block_size = parse_size(value).map_err(bad)?,
                 "packet_size" => self.packet_size = parse_size(value).map_err(bad)?,
+                "write_buffer" => self.write_buffer = parse_size(value).map_err(bad)?,
                 "max_packets_in_flight" => {
                     self.max_packets_in_flight = value
                         .parse()
@@ -128,6 +151,7 @@ impl MountOptions {
                         _ => return Err(bad("expected fs or file".into())),
                     }
                 }
+                "metrics" => self.metrics = Some(parse_listen(value).map_err(bad)?),
                 "test_slow_datanode" => {
                     let (dn, ms) = value
                         .split_once(':')
@@ -149,6 +173,11 @@ impl MountOptions {
             }
         }
         self.validate()
+    }
+
+    /// The write buffer in packets (what the streams' budget counts).
+    pub fn write_buffer_packets(&self) -> usize {
+        usize::try_from(self.write_buffer / self.packet_size.max(1)).unwrap_or(usize::MAX)
     }
 
     fn validate(&self) -> Result<(), OptionError> {
@@ -224,10 +253,35 @@ mod tests {
         assert!(matches!(o.apply("bogus=1"), Err(OptionError::Unknown(_))));
         assert!(o.apply("packet_size=1000").is_err());
         assert!(o.apply("max_packets_in_flight=x").is_err());
+        let mut w = MountOptions::default();
+        w.apply("write_buffer=16M").unwrap();
+        assert_eq!(w.write_buffer, 16 << 20);
+        assert_eq!(w.write_buffer_packets(), 256);
         let mut o = MountOptions::default();
         assert!(o.apply("replica_sync=disk").is_err());
         assert!(o.sync_by_fs);
         o.apply("replica_sync=file").unwrap();
         assert!(!o.sync_by_fs);
+    }
+
+    #[test]
+    fn the_metrics_address_is_host_and_port() {
+        let mut o = MountOptions::default();
+        assert_eq!(o.metrics, None);
+        o.apply("metrics=127.0.0.1:9567").unwrap();
+        assert_eq!(o.metrics.as_deref(), Some("127.0.0.1:9567"));
+        o.apply("metrics=[::1]:0").unwrap();
+        assert_eq!(o.metrics.as_deref(), Some("[::1]:0"));
+        for bad in [
+            "metrics=9567",
+            "metrics=:9567",
+            "metrics=host:http",
+            "metrics=h:70000",
+        ] {
+            assert!(
+                matches!(o.apply(bad), Err(OptionError::BadValue { .. })),
+                "{bad}"
+            );
+        }
     }
 }

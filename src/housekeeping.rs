@@ -79,6 +79,11 @@ impl Housekeeper {
             if stop.load(Ordering::Relaxed) || !(kicked || changed || due) {
                 continue;
             }
+            crate::fault::panic_if("housekeeping", || {
+                core.meta
+                    .lookup(crate::meta::ROOT_INO, crate::fault::TRIGGER.as_bytes())
+                    .is_ok()
+            });
             hurry = self.round(core);
             last = Instant::now();
         }
@@ -116,6 +121,7 @@ impl Housekeeper {
         };
         let busy = core.busy_blocks(&live);
         let suspect: HashSet<(u64, crate::meta::DnId)> = core.bad.list().into_iter().collect();
+        let left_open = |ino| core.recover_left_open(ino);
         let c = Check {
             meta: &*core.meta,
             dns: &core.dns,
@@ -130,6 +136,7 @@ impl Housekeeper {
             orphan_grace: fsck::ORPHAN_GRACE,
             grace_finalized: true,
             copy: true,
+            left_open: Some(&left_open),
         };
         match fsck::run(&c) {
             Ok(r) => {

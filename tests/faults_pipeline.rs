@@ -128,6 +128,17 @@ fn a_datanode_filling_up_mid_write_is_dropped_and_the_writer_sees_no_error() {
         "no pipeline rebuild logged:\n{}",
         m.log()
     );
+    // `leasefs stats` counted the rebuild and the tmpfs's failed write.
+    let st = m.leasefs(&["stats", m.mnt.to_str().unwrap(), "--once", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&st.stdout).expect("stats --json");
+    assert!(v["pipeline_recoveries"].as_u64() >= Some(1), "{v}");
+    let tmp = tmpfs.path.canonicalize().unwrap().display().to_string();
+    let dn = v["datanodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["path"] == tmp.as_str());
+    assert!(dn.is_some_and(|d| d["errors"].as_u64() >= Some(1)), "{v}");
 
     let blocks = wait_closed(&m, "big");
     assert_eq!(blocks.len(), 1, "{blocks:?}");

@@ -115,5 +115,6 @@ fn offline(data: &Path, repair: bool) -> Result<Report, String> {
         orphan_grace: std::time::Duration::ZERO,
         grace_finalized: false,
         copy: true,
+        left_open: None,
     })
 }

@@ -7,6 +7,7 @@ mod elect;
 mod fsck;
 mod mount;
 mod spout;
+mod stats;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -56,6 +57,20 @@ pub enum Cmd {
         #[arg(long, default_value_t = 1)]
         retries: u32,
     },
+    /// Live statistics of a mount: operations, bytes, fsync latency,
+    /// leases, pipeline and datanodes, refreshed every --interval seconds.
+    Stats {
+        mountpoint: PathBuf,
+        /// Seconds between two reports.
+        #[arg(long, default_value_t = 1.0)]
+        interval: f64,
+        /// Print one report (averages since the mount) and exit.
+        #[arg(long)]
+        once: bool,
+        /// Print the counters as JSON: one object, or one line per interval.
+        #[arg(long)]
+        json: bool,
+    },
     /// Lease-based leader election: lead (running COMMAND) while holding the
     /// lease on ELECTION_DIR/LEADER, follow otherwise.
     Elect(elect::ElectArgs),
@@ -91,6 +106,12 @@ pub fn run() -> ExitCode {
         Cmd::RecoverLease { path, retries } => client::recover_lease(&path, retries),
         Cmd::Elect(a) => elect::run(a),
         Cmd::Datanode(c) => datanode::run(c),
+        Cmd::Stats {
+            mountpoint,
+            interval,
+            once,
+            json,
+        } => stats::run(&mountpoint, interval, once, json),
         Cmd::Fsck {
             mountpoint,
             data,

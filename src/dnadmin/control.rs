@@ -2,8 +2,8 @@
 //! `progress` and `balance_status` are open to every user (they say
 //! nothing about anyone's files); the changes (`add`, `decommission`,
 //! `remove`, `balance`) are for root and the user who mounted, which the
-//! caller decides from the peer's credentials and passes as
-//! `may_change`.
+//! control socket decides from the peer's credentials (`SO_PEERCRED`, see
+//! docs/SEMANTICS.md, "The control socket") and passes as `may_change`.
 //!
 //! | op | fields | answer |
 //! |---|---|---|

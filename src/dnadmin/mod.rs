@@ -210,12 +210,7 @@ impl Admin {
             .into_iter()
             .map(|d| {
                 let (blocks, used_bytes) = used.get(&d.id).copied().unwrap_or_default();
-                let state = match (d.state, d.admin) {
-                    (Health::Dead, _) => "dead",
-                    (_, AdminState::Decommissioning) => "decommissioning",
-                    (_, AdminState::Decommissioned) => "decommissioned",
-                    (h, _) => h.as_str(),
-                };
+                let state = d.state_name();
                 DatanodeInfo {
                     id: d.id,
                     storage_id: d.storage_id,

@@ -8,6 +8,7 @@ use super::proc_info;
 use crate::error::{FsError, FsResult};
 use crate::lease::{LeaseError, RecoveryReason, RecoveryTicket, RenewalMode};
 use crate::meta::Change;
+use crate::metrics::Recovery;
 use crate::pipeline::recovery;
 use crate::sync::{Arc, lock};
 
@@ -172,6 +173,12 @@ impl Core {
             }
         }
         tracing::info!(ino, ?reason, path = %self.meta.path_of(ino), "lease recovery");
+        self.ctx.metrics.recovery(match reason {
+            RecoveryReason::SoftLimit => Recovery::SoftLimit,
+            RecoveryReason::HardLimit => Recovery::HardLimit,
+            RecoveryReason::HolderGone => Recovery::HolderGone,
+            RecoveryReason::Manual => Recovery::Manual,
+        });
         recovery::recover_file(&*self.meta, &self.dns, ino)
     }
 

@@ -6,6 +6,7 @@ pub mod adapter;
 pub mod attr;
 pub mod cache;
 mod clustered;
+pub mod contained;
 pub mod control;
 pub mod core;
 pub mod daemon;
@@ -15,6 +16,7 @@ mod maintenance;
 pub mod namespace;
 mod privs;
 pub mod proc_info;
+mod stats;
 pub mod xattrs;
 
 pub use self::core::Core;

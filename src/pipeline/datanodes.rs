@@ -96,6 +96,19 @@ pub struct DatanodeStatus {
     pub detail: Option<String>,
 }
 
+impl DatanodeStatus {
+    /// The state an operator sees (`datanode list`, `stats`): dead wins,
+    /// then what the operator made of it, then live or full.
+    pub fn state_name(&self) -> &'static str {
+        match (self.state, self.admin) {
+            (Health::Dead, _) => "dead",
+            (_, AdminState::Decommissioning) => "decommissioning",
+            (_, AdminState::Decommissioned) => "decommissioned",
+            (h, _) => h.as_str(),
+        }
+    }
+}
+
 /// A recorded datanode, attached in this mount or not.
 #[derive(Debug)]
 struct Slot {

@@ -27,7 +27,8 @@ pub use super::replica::{ReplicaReader, ReplicaWriter};
 use super::replica::{fsync_dir, shrink};
 
 mod health;
-use crate::sync::{AtomicU64, Ordering};
+use crate::metrics::IoCounters;
+use crate::sync::{Arc, AtomicU64, Ordering};
 
 /// Errors of the storage layer; each variant carries the facts needed to
 /// report it (which replica, which offset).
@@ -221,6 +222,8 @@ pub struct Datanode {
     root_fd: File,
     /// Device of the root: datanodes that share it share one `syncfs`.
     dev: u64,
+    /// Replica bytes written and read here, and failures (`leasefs stats`).
+    pub io: Arc<IoCounters>,
 }
 
 impl Datanode {
@@ -246,6 +249,7 @@ impl Datanode {
             tmp,
             root_fd,
             dev,
+            io: Arc::default(),
         })
     }
 
@@ -323,15 +327,10 @@ impl Datanode {
                 let _ = fs::remove_file(&meta_path);
                 StorageError::io(&meta_path, e)
             })?;
-        Ok(ReplicaWriter::new(
-            block,
-            data,
-            meta,
-            data_path,
-            meta_path,
-            0,
-            Vec::new(),
-        ))
+        Ok(
+            ReplicaWriter::new(block, data, meta, data_path, meta_path, 0, Vec::new())
+                .counted(&self.io),
+        )
     }
 
     /// Continues writing a replica at length `len`: an rbw replica (pipeline
@@ -361,9 +360,10 @@ impl Datanode {
             fsync_dir(self.dir(ReplicaState::Rbw))?;
             fsync_dir(self.dir(ReplicaState::Finalized))?;
         }
-        Ok(ReplicaWriter::new(
-            block, data, meta, data_path, meta_path, len, tail,
-        ))
+        Ok(
+            ReplicaWriter::new(block, data, meta, data_path, meta_path, len, tail)
+                .counted(&self.io),
+        )
     }
 
     /// The replica of `block`, if both of its files exist: the data file in
@@ -541,6 +541,7 @@ impl Datanode {
                     meta,
                     data_path,
                     meta_path,
+                    io: self.io.clone(),
                 });
             }
         }

@@ -20,7 +20,8 @@ use super::checksum::{
     longest_matching_prefix, meta_len_for,
 };
 use super::datanode::{ReplicaState, StorageError};
-use crate::sync::{AtomicBool, Ordering};
+use crate::metrics::IoCounters;
+use crate::sync::{Arc, AtomicBool, Ordering};
 
 /// Re-exported for the write pipeline, which pairs it with the writer.
 pub use super::checksum::ChunkAccumulator;
@@ -51,6 +52,8 @@ pub struct ReplicaWriter {
     synced_once: AtomicBool,
     /// The partial last chunk found when the replica was reopened.
     resume_tail: Vec<u8>,
+    /// Its datanode's counters.
+    io: Arc<IoCounters>,
 }
 
 /// One independent piece of a sync (see [`ReplicaWriter::sync_tasks`]).
@@ -81,7 +84,14 @@ impl ReplicaWriter {
             meta_buf: Vec::new(),
             synced_once: AtomicBool::new(false),
             resume_tail,
+            io: Arc::default(),
         }
+    }
+
+    /// Counts this writer's bytes and failures in `io` (its datanode's).
+    pub(crate) fn counted(mut self, io: &Arc<IoCounters>) -> Self {
+        self.io = io.clone();
+        self
     }
 
     /// The block this replica belongs to.
@@ -124,6 +134,15 @@ impl ReplicaWriter {
         data: &[u8],
         crcs: &[u32],
     ) -> Result<(), StorageError> {
+        let r = self.append(offset, data, crcs);
+        match &r {
+            Ok(()) => self.io.wrote(data.len() as u64),
+            Err(_) => self.io.error(),
+        }
+        r
+    }
+
+    fn append(&mut self, offset: u64, data: &[u8], crcs: &[u32]) -> Result<(), StorageError> {
         if offset != self.len {
             return Err(self.bad_packet(format!(
                 "packet at offset {offset}, but the replica ends at {}",
@@ -226,6 +245,8 @@ pub struct ReplicaReader {
     pub(crate) meta: File,
     pub(crate) data_path: PathBuf,
     pub(crate) meta_path: PathBuf,
+    /// Its datanode's counters.
+    pub(crate) io: Arc<IoCounters>,
 }
 
 impl ReplicaReader {
@@ -268,6 +289,18 @@ impl ReplicaReader {
     /// written, at the end of what the checksums cover. A mismatch gives
     /// [`StorageError::Corrupt`] with the offset of the bad chunk.
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<usize, StorageError> {
+        let r = self.read_verified(offset, buf);
+        match &r {
+            Ok(n) => self.io.read(*n as u64),
+            // The last chunk of a replica being written may be read between
+            // its data and its checksum: readers retry, it is no failure.
+            Err(StorageError::Corrupt { .. }) if self.state == ReplicaState::Rbw => {}
+            Err(_) => self.io.error(),
+        }
+        r
+    }
+
+    fn read_verified(&self, offset: u64, buf: &mut [u8]) -> Result<usize, StorageError> {
         if buf.is_empty() {
             return Ok(0);
         }

@@ -1,0 +1,281 @@
+//! Live statistics of a mount: the counters the request, write and lease
+//! paths bump (plain atomics, so counting costs an uncontended add), the
+//! [`Snapshot`] of every counter and gauge that `leasefs stats` prints, and
+//! the same snapshot in the Prometheus text format (`-o metrics=HOST:PORT`).
+//! README "Live statistics" lists the names.
+//!
+//! Gauges (leases held, packets in flight, datanode space) are not kept up
+//! to date on the hot path: they are read from their owners when a
+//! snapshot is taken (`fs::stats`).
+
+pub mod histogram;
+pub mod http;
+pub mod prometheus;
+pub mod snapshot;
+
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+pub use self::histogram::Histogram;
+pub use self::snapshot::{DatanodeStats, HistogramStats, Rates, Snapshot};
+use crate::sync::{AtomicU64, Ordering};
+
+/// The kinds of FUSE request, counted as each arrives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    Lookup,
+    Forget,
+    Getattr,
+    Setattr,
+    Readlink,
+    Mknod,
+    Mkdir,
+    Unlink,
+    Rmdir,
+    Symlink,
+    Rename,
+    Link,
+    Open,
+    Read,
+    Write,
+    Flush,
+    Release,
+    Fsync,
+    Readdir,
+    Fsyncdir,
+    Statfs,
+    Setxattr,
+    Getxattr,
+    Listxattr,
+    Removexattr,
+    Access,
+    Create,
+    Fallocate,
+    Ioctl,
+}
+
+impl Op {
+    /// Every kind, in the order of [`Op::name`]'s table.
+    pub const ALL: [Op; 29] = [
+        Op::Lookup,
+        Op::Forget,
+        Op::Getattr,
+        Op::Setattr,
+        Op::Readlink,
+        Op::Mknod,
+        Op::Mkdir,
+        Op::Unlink,
+        Op::Rmdir,
+        Op::Symlink,
+        Op::Rename,
+        Op::Link,
+        Op::Open,
+        Op::Read,
+        Op::Write,
+        Op::Flush,
+        Op::Release,
+        Op::Fsync,
+        Op::Readdir,
+        Op::Fsyncdir,
+        Op::Statfs,
+        Op::Setxattr,
+        Op::Getxattr,
+        Op::Listxattr,
+        Op::Removexattr,
+        Op::Access,
+        Op::Create,
+        Op::Fallocate,
+        Op::Ioctl,
+    ];
+
+    /// The name in `stats` output and the `op` label of
+    /// `leasefs_fuse_ops_total`: the FUSE request's own name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Lookup => "lookup",
+            Op::Forget => "forget",
+            Op::Getattr => "getattr",
+            Op::Setattr => "setattr",
+            Op::Readlink => "readlink",
+            Op::Mknod => "mknod",
+            Op::Mkdir => "mkdir",
+            Op::Unlink => "unlink",
+            Op::Rmdir => "rmdir",
+            Op::Symlink => "symlink",
+            Op::Rename => "rename",
+            Op::Link => "link",
+            Op::Open => "open",
+            Op::Read => "read",
+            Op::Write => "write",
+            Op::Flush => "flush",
+            Op::Release => "release",
+            Op::Fsync => "fsync",
+            Op::Readdir => "readdir",
+            Op::Fsyncdir => "fsyncdir",
+            Op::Statfs => "statfs",
+            Op::Setxattr => "setxattr",
+            Op::Getxattr => "getxattr",
+            Op::Listxattr => "listxattr",
+            Op::Removexattr => "removexattr",
+            Op::Access => "access",
+            Op::Create => "create",
+            Op::Fallocate => "fallocate",
+            Op::Ioctl => "ioctl",
+        }
+    }
+}
+
+/// Why a lease recovery ran, as counted (the lease manager's reasons).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recovery {
+    SoftLimit,
+    HardLimit,
+    HolderGone,
+    Manual,
+}
+
+impl Recovery {
+    pub const ALL: [Recovery; 4] = [
+        Recovery::SoftLimit,
+        Recovery::HardLimit,
+        Recovery::HolderGone,
+        Recovery::Manual,
+    ];
+
+    /// The `reason` label of `leasefs_lease_recoveries_total`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Recovery::SoftLimit => "soft_limit",
+            Recovery::HardLimit => "hard_limit",
+            Recovery::HolderGone => "holder_gone",
+            Recovery::Manual => "manual",
+        }
+    }
+}
+
+/// The counters of one mount. Every method is a relaxed atomic add: the
+/// counts are statistics, read at most once a second, and need no order
+/// with anything else.
+pub struct Metrics {
+    started: Instant,
+    /// Where the Prometheus endpoint listens, once it does.
+    address: OnceLock<String>,
+    ops: [AtomicU64; Op::ALL.len()],
+    bytes_written: AtomicU64,
+    bytes_read: AtomicU64,
+    fsync: Histogram,
+    recoveries: [AtomicU64; Recovery::ALL.len()],
+    packets_acked: AtomicU64,
+    pipeline_recoveries: AtomicU64,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            started: Instant::now(),
+            address: OnceLock::new(),
+            ops: std::array::from_fn(|_| AtomicU64::new(0)),
+            bytes_written: AtomicU64::new(0),
+            bytes_read: AtomicU64::new(0),
+            fsync: Histogram::new(histogram::FSYNC_BUCKETS),
+            recoveries: std::array::from_fn(|_| AtomicU64::new(0)),
+            packets_acked: AtomicU64::new(0),
+            pipeline_recoveries: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Metrics {
+    /// The Prometheus endpoint listens at `addr`.
+    pub fn set_address(&self, addr: String) {
+        let _ = self.address.set(addr);
+    }
+
+    /// A FUSE request of kind `op` arrived.
+    pub fn op(&self, op: Op) {
+        self.ops[op as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// `n` bytes were accepted by `write()`.
+    pub fn written(&self, n: u64) {
+        self.bytes_written.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// `n` bytes were returned by `read()`.
+    pub fn read(&self, n: u64) {
+        self.bytes_read.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// An `fsync` of a file being written took `took` (from the request to
+    /// its reply).
+    pub fn fsync_done(&self, took: Duration) {
+        self.fsync.observe(took);
+    }
+
+    pub fn recovery(&self, why: Recovery) {
+        self.recoveries[why as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A packet was acknowledged by every replica of its pipeline.
+    pub fn packet_acked(&self) {
+        self.packets_acked.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A pipeline was rebuilt around a failed replica.
+    pub fn pipeline_recovery(&self) {
+        self.pipeline_recoveries.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The counters into `s` (the gauges are the caller's).
+    pub fn fill(&self, s: &mut Snapshot) {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        s.uptime_seconds = self.started.elapsed().as_secs_f64();
+        s.metrics_address = self.address.get().cloned();
+        s.ops = Op::ALL
+            .iter()
+            .map(|op| (op.name().to_string(), get(&self.ops[*op as usize])))
+            .collect();
+        s.bytes_written = get(&self.bytes_written);
+        s.bytes_read = get(&self.bytes_read);
+        s.fsync = self.fsync.stats();
+        s.lease_recoveries = Recovery::ALL
+            .iter()
+            .map(|r| (r.name().to_string(), get(&self.recoveries[*r as usize])))
+            .collect();
+        s.packets_acked = get(&self.packets_acked);
+        s.pipeline_recoveries = get(&self.pipeline_recoveries);
+    }
+}
+
+/// What a mount did with one datanode directory, kept by the datanode so
+/// that every path that writes or reads replicas counts there.
+#[derive(Debug, Default)]
+pub struct IoCounters {
+    written: AtomicU64,
+    read: AtomicU64,
+    errors: AtomicU64,
+}
+
+impl IoCounters {
+    pub fn wrote(&self, n: u64) {
+        self.written.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn read(&self, n: u64) {
+        self.read.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// A replica write, read or sync failed here.
+    pub fn error(&self) {
+        self.errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// (bytes written, bytes read, errors).
+    pub fn get(&self) -> (u64, u64, u64) {
+        (
+            self.written.load(Ordering::Relaxed),
+            self.read.load(Ordering::Relaxed),
+            self.errors.load(Ordering::Relaxed),
+        )
+    }
+}

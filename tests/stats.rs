@@ -1,0 +1,312 @@
+//! Live statistics through the public interface: the Prometheus endpoint
+//! (`-o metrics=HOST:PORT`) scraped with `curl` while a writer holds a
+//! file, `leasefs stats` (table and JSON, once and every interval) as
+//! root and as another user, and the one-line errors of both.
+
+mod common;
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::{Mount, bin, python, wait_until};
+
+/// One scrape: `name{labels}` -> value.
+type Scrape = HashMap<String, f64>;
+
+fn curl(url: &str) -> std::process::Output {
+    Command::new("curl")
+        .args(["-sS", "--max-time", "20", "-D", "-", url])
+        .output()
+        .expect("run curl (apt package curl)")
+}
+
+fn scrape(addr: &str) -> Scrape {
+    let out = curl(&format!("http://{addr}/metrics"));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "curl failed: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (head, body) = text.split_once("\r\n\r\n").expect("headers, then the body");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: text/plain; version=0.0.4"),
+        "{head}"
+    );
+    body.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(|l| {
+            let (k, v) = l.rsplit_once(' ')?;
+            Some((k.to_string(), v.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The sum of every series of metric `name` whose labels contain `has`.
+fn sum(s: &Scrape, name: &str, has: &str) -> f64 {
+    s.iter()
+        .filter(|(k, _)| {
+            let base = k.split('{').next().unwrap_or("");
+            base == name && k.contains(has)
+        })
+        .map(|(_, v)| v)
+        .sum()
+}
+
+fn stats_json(m: &Mount) -> serde_json::Value {
+    let out = m.leasefs(&["stats", m.mnt.to_str().unwrap(), "--once", "--json"]);
+    assert!(
+        out.status.success(),
+        "stats --once --json: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("one JSON object")
+}
+
+/// A writer that appends and fsyncs 512 KiB each time it reads a line,
+/// says `done N` after each, and holds the file open until stdin closes.
+fn writer(m: &Mount, rel: &str) -> Child {
+    let script = r#"
+import os, sys
+f = open(sys.argv[1], "ab")
+n = 0
+for _ in sys.stdin:
+    f.write(b"x" * (512 * 1024)); f.flush(); os.fsync(f.fileno())
+    n += 1
+    print("done", n, flush=True)
+f.close()
+"#;
+    Command::new(python())
+        .args(["-c", script])
+        .arg(m.path(rel))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start the writer")
+}
+
+fn step(w: &mut Child, out: &mut impl BufRead, n: u32) {
+    writeln!(w.stdin.as_mut().expect("stdin"), "go").expect("tell the writer");
+    let mut line = String::new();
+    out.read_line(&mut line).expect("writer's answer");
+    assert_eq!(line.trim(), format!("done {n}"), "the writer failed");
+}
+
+#[test]
+fn metrics_scraped_during_a_write_move_and_follow_the_lease() {
+    let m = Mount::with_o("metrics=127.0.0.1:0,lease_wait=30");
+    let addr = stats_json(&m)["metrics_address"]
+        .as_str()
+        .expect("the endpoint's address in stats --json")
+        .to_string();
+    let before = scrape(&addr);
+    assert_eq!(before.get("leasefs_leases_held"), Some(&0.0));
+
+    let mut w = writer(&m, "log");
+    let mut out = BufReader::new(w.stdout.take().expect("stdout"));
+    step(&mut w, &mut out, 1);
+    let first = scrape(&addr);
+    step(&mut w, &mut out, 2);
+    let second = scrape(&addr);
+
+    // The writer holds the file: one lease, one stream.
+    for s in [&first, &second] {
+        assert_eq!(s.get("leasefs_leases_held"), Some(&1.0), "{s:?}");
+        assert_eq!(s.get("leasefs_streams_open"), Some(&1.0));
+    }
+    // Every counter of the write path moved between the two scrapes.
+    let grew = |name: &str, has: &str| {
+        let (a, b) = (sum(&first, name, has), sum(&second, name, has));
+        assert!(b > a, "{name}{{{has}}} did not grow: {a} -> {b}");
+        b - a
+    };
+    assert!(grew("leasefs_written_bytes_total", "") >= (512 * 1024) as f64);
+    assert_eq!(grew("leasefs_fsync_duration_seconds_count", ""), 1.0);
+    grew("leasefs_fsync_duration_seconds_bucket", "le=\"+Inf\"");
+    grew("leasefs_fuse_ops_total", "op=\"write\"");
+    grew("leasefs_fuse_ops_total", "op=\"fsync\"");
+    grew("leasefs_packets_acked_total", "");
+    // Every datanode holds a replica (3 datanodes, replication 3).
+    assert!(grew("leasefs_datanode_written_bytes_total", "") >= (3 * 512 * 1024) as f64);
+    assert_eq!(
+        sum(&second, "leasefs_datanode_state", "state=\"live\""),
+        3.0
+    );
+    assert!(sum(&second, "leasefs_datanode_free_bytes", "") > 0.0);
+
+    // A second writer queues for the lease (lease_wait) and is counted.
+    let mut waiter = Command::new(python())
+        .args(["-c", "import sys; open(sys.argv[1], 'ab').close()"])
+        .arg(m.path("log"))
+        .spawn()
+        .expect("start the second writer");
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            scrape(&addr).get("leasefs_lease_waiters") == Some(&1.0)
+        }),
+        "the waiting open is not counted"
+    );
+
+    drop(w.stdin.take());
+    assert!(w.wait().expect("writer exits").success());
+    assert!(waiter.wait().expect("waiter exits").success());
+    // Its close released the lease (the release follows close() shortly).
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            scrape(&addr).get("leasefs_leases_held") == Some(&0.0)
+        }),
+        "the lease is still counted after the writer closed"
+    );
+    let after = scrape(&addr);
+    assert!(sum(&after, "leasefs_fuse_ops_total", "op=\"release\"") >= 1.0);
+
+    // Only GET /metrics is served.
+    let other = curl(&format!("http://{addr}/"));
+    assert!(
+        String::from_utf8_lossy(&other.stdout).starts_with("HTTP/1.1 404"),
+        "{}",
+        String::from_utf8_lossy(&other.stdout)
+    );
+}
+
+#[test]
+fn stats_once_json_works_for_another_user_on_a_root_mount() {
+    let m = Mount::new();
+    m.open_to_all();
+    m.sh_ok("head -c 100000 /dev/zero > a && cat a > /dev/null");
+    let out = m.sh_as_nobody(&format!(
+        "{} stats {} --once --json",
+        bin().display(),
+        m.mnt.display()
+    ));
+    assert!(
+        out.status.success(),
+        "stats as nobody: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert!(v["ops"]["create"].as_u64() >= Some(1), "{v}");
+    assert!(v["bytes_written"].as_u64() >= Some(100_000), "{v}");
+    assert!(v["bytes_read"].as_u64() >= Some(100_000), "{v}");
+    assert_eq!(v["datanodes"].as_array().map(Vec::len), Some(3));
+    assert_eq!(v["metrics_address"], serde_json::Value::Null);
+}
+
+#[test]
+fn stats_reports_once_and_every_interval_as_tables_and_json_lines() {
+    let m = Mount::new();
+    let mnt = m.mnt.display().to_string();
+
+    // One report of averages since the mount.
+    let once = m.leasefs(&["stats", &mnt, "--once"]);
+    let text = String::from_utf8_lossy(&once.stdout);
+    assert!(
+        once.status.success() && text.contains("per second since the mount"),
+        "{text}"
+    );
+    assert!(text.contains("held 0  waiting 0"), "{text}");
+
+    // The table, every 0.2 s: two reports, the second with rates.
+    let mut table = Command::new(bin())
+        .args(["stats", &mnt, "--interval", "0.2"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start stats");
+    let mut lines = BufReader::new(table.stdout.take().expect("stdout")).lines();
+    let mut reports = 0;
+    let mut seen = Vec::new();
+    while reports < 2 {
+        let l = lines
+            .next()
+            .expect("stats ended early")
+            .expect("stats output");
+        reports += usize::from(l.starts_with("leasefs stats "));
+        seen.push(l);
+    }
+    let _ = table.kill();
+    let _ = table.wait();
+    let text = seen.join("\n");
+    assert!(text.contains("per second over 0.2 s"), "{text}");
+    for dn in &m.datanodes {
+        let dn = std::fs::canonicalize(dn).unwrap().display().to_string();
+        assert!(text.contains(&dn), "{dn} missing in\n{text}");
+    }
+
+    // One JSON line per interval, uptime growing.
+    let mut json = Command::new(bin())
+        .args(["stats", &mnt, "--interval", "0.2", "--json"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start stats --json");
+    let mut lines = BufReader::new(json.stdout.take().expect("stdout")).lines();
+    let mut up = Vec::new();
+    for _ in 0..2 {
+        let l = lines.next().expect("a line").expect("stats output");
+        let v: serde_json::Value = serde_json::from_str(&l).expect("a JSON line");
+        up.push(v["uptime_seconds"].as_f64().expect("uptime"));
+    }
+    let _ = json.kill();
+    let _ = json.wait();
+    assert!(up[1] > up[0], "{up:?}");
+}
+
+/// One line on stderr, starting `leasefs: `, and a failed exit.
+fn one_line_failure(out: &std::process::Output) -> String {
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "succeeded: {err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.starts_with("leasefs: "), "{err}");
+    err
+}
+
+#[test]
+fn stats_and_metrics_errors_are_one_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run = |args: &[&str]| {
+        Command::new(bin())
+            .args(args)
+            .output()
+            .expect("run leasefs")
+    };
+
+    let plain = dir.path().display().to_string();
+    let err = one_line_failure(&run(&["stats", &plain, "--once"]));
+    assert!(err.contains("not inside a leasefs mount"), "{err}");
+
+    // A port that is taken, and a host that does not resolve: the mount
+    // fails before anything is mounted.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = taken.local_addr().expect("addr").port();
+    for (addr, says) in [
+        (format!("127.0.0.1:{port}"), "cannot listen"),
+        ("no-such-host.invalid:9567".to_string(), "cannot resolve"),
+    ] {
+        let mnt = dir.path().join("mnt");
+        std::fs::create_dir_all(&mnt).expect("mkdir");
+        let out = run(&[
+            "mount",
+            mnt.to_str().unwrap(),
+            "--data",
+            dir.path().join("data").to_str().unwrap(),
+            "-o",
+            &format!("metrics={addr}"),
+        ]);
+        let err = one_line_failure(&out);
+        assert!(
+            err.contains(&format!("metrics={addr}")) && err.contains(says),
+            "{err}"
+        );
+        assert!(!common::is_mounted(&mnt));
+    }
+    let err = one_line_failure(&run(&[
+        "mount",
+        dir.path().join("mnt").to_str().unwrap(),
+        "-o",
+        "metrics=9567",
+    ]));
+    assert!(err.contains("HOST:PORT"), "{err}");
+}
