@@ -162,22 +162,38 @@ fn list_shows_every_datanode_with_its_usage_and_state() {
     let table = m.dn_ok(&["list"]);
     assert!(table.starts_with(" ID STORAGE"), "{table}");
     assert_eq!(table.lines().count(), 4, "{table}");
-    // Every user may list; changes are for root and the mount's owner.
+    // Every user may list; changes (each refused with exit 2, changing
+    // nothing) are for root and the mount's owner.
     m.open_to_all();
-    let sock = m.data.join("control.sock");
-    let _ = Command::new("chmod").arg("o+rwx").arg(&m.data).status();
-    let _ = Command::new("chmod").arg("666").arg(&sock).status();
     let o = m.sh_as_nobody(&format!(
-        "{} datanode add {} /tmp/leasefs-nobody-dn",
+        "{} datanode list {} --json",
         bin().display(),
         m.mnt.display()
     ));
-    assert!(!o.status.success(), "{}", out(&o));
-    assert!(
-        String::from_utf8_lossy(&o.stderr).contains("permission denied"),
-        "{}",
-        out(&o)
-    );
+    assert!(o.status.success(), "{}", out(&o));
+    let listed: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(listed.as_array().map(Vec::len), Some(3), "{listed}");
+    let first = all[0]["path"].as_str().unwrap();
+    for change in [
+        "add /tmp/leasefs-nobody-dn".to_string(),
+        format!("decommission {first} --no-wait"),
+        format!("remove {first}"),
+        "balance --no-wait".to_string(),
+    ] {
+        let (verb, rest) = change.split_once(' ').unwrap();
+        let o = m.sh_as_nobody(&format!(
+            "{} datanode {verb} {} {rest}",
+            bin().display(),
+            m.mnt.display()
+        ));
+        assert_eq!(o.status.code(), Some(2), "{change}: {}", out(&o));
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("permission denied"),
+            "{change}: {}",
+            out(&o)
+        );
+    }
+    assert!(m.datanodes().iter().all(|d| d["state"] == "live"));
 }
 
 /// A datanode added while a file is being written takes the file's next

@@ -127,14 +127,14 @@ pub fn render(mount: &str, s: &Snapshot, r: &Rates, interval: Option<f64>) -> St
         s.pipeline_recoveries
     );
     t += &format!(
-        "{:<4} {:<32} {:<6} {:>10} {:>10} {:>12} {:>12} {:>7}\n",
+        "{:<4} {:<32} {:<15} {:>10} {:>10} {:>12} {:>12} {:>7}\n",
         "ID", "DATANODE", "STATE", "USED", "FREE", "WRITE/s", "READ/s", "ERRORS"
     );
     for (i, d) in s.datanodes.iter().enumerate() {
         let (w, rd, _) = r.datanodes.get(i).copied().unwrap_or_default();
         let opt = |v: Option<u64>| v.map_or("-".into(), |v| bytes(v as f64));
         t += &format!(
-            "{:<4} {:<32} {:<6} {:>10} {:>10} {:>12} {:>12} {:>7}\n",
+            "{:<4} {:<32} {:<15} {:>10} {:>10} {:>12} {:>12} {:>7}\n",
             d.id,
             d.path,
             d.state,
