@@ -234,7 +234,7 @@ fn a_datanode_added_while_a_writer_runs_takes_its_next_blocks() {
         blocks[before + 1..].iter().any(|b| b.replicas.contains(&2)),
         "no block after the add went to the new datanode: {blocks:?}"
     );
-    assert_eq!(m.read(&"f").len(), 16 * MIB);
+    assert_eq!(m.read("f").len(), 16 * MIB);
     assert_eq!(m.datanode(&c)["state"], "live");
     assert_healthy(&m, "after the add");
 }
