@@ -255,7 +255,9 @@ impl Filesystem for Contained {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.contain(Op::Fsync, move || self.0.fsync(req, ino, fh, datasync, reply))
+        self.contain(Op::Fsync, move || {
+            self.0.fsync(req, ino, fh, datasync, reply)
+        })
     }
 
     fn readdir(
@@ -311,7 +313,9 @@ impl Filesystem for Contained {
     }
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        self.contain(Op::Listxattr, move || self.0.listxattr(req, ino, size, reply))
+        self.contain(Op::Listxattr, move || {
+            self.0.listxattr(req, ino, size, reply)
+        })
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
