@@ -22,6 +22,7 @@ pub mod housekeeping;
 pub mod lease;
 pub mod meta;
 pub mod pipeline;
+pub mod proc_tree;
 pub mod spout;
 pub mod storage;
 pub mod sync;

@@ -141,9 +141,12 @@ pub struct LeaderRecord {
     pub pid: u32,
     pub epoch: u64,
     pub time_ms: u64,
-    /// The command's process group, when there is a command.
+    /// The command's process group (and session), when there is a command.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pgid: Option<u32>,
+    /// The command's cgroup, when it got one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<String>,
 }
 
 /// The last well-formed record of the election file (`None` for a new
@@ -241,6 +244,7 @@ mod tests {
             epoch: 3,
             time_ms: 10,
             pgid: Some(7),
+            cgroup: None,
         };
         let b = LeaderRecord {
             id: "b".into(),

@@ -299,14 +299,14 @@ impl Filesystem for Adapter {
         self.mknode(parent, name, node, caller(req), reply)
     }
 
-    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let name = name.as_bytes().to_vec();
-        self.run(move |c| empty(reply, c.unlink(parent.0, &name)))
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let (name, who) = (name.as_bytes().to_vec(), caller(req));
+        self.run(move |c| empty(reply, c.unlink(parent.0, &name, who)))
     }
 
-    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let name = name.as_bytes().to_vec();
-        self.run(move |c| empty(reply, c.rmdir(parent.0, &name)))
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let (name, who) = (name.as_bytes().to_vec(), caller(req));
+        self.run(move |c| empty(reply, c.rmdir(parent.0, &name, who)))
     }
 
     fn symlink(
@@ -328,7 +328,7 @@ impl Filesystem for Adapter {
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -337,22 +337,23 @@ impl Filesystem for Adapter {
         reply: ReplyEmpty,
     ) {
         let (name, newname) = (name.as_bytes().to_vec(), newname.as_bytes().to_vec());
+        let who = caller(req);
         self.run(move |c| {
-            let r = c.rename(parent.0, &name, newparent.0, &newname, flags.bits());
+            let r = c.rename(parent.0, &name, newparent.0, &newname, flags.bits(), who);
             empty(reply, r)
         })
     }
 
     fn link(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         newparent: INodeNo,
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        let newname = newname.as_bytes().to_vec();
-        self.run(move |c| entry(reply, c.link(ino.0, newparent.0, &newname)))
+        let (newname, who) = (newname.as_bytes().to_vec(), caller(req));
+        self.run(move |c| entry(reply, c.link(ino.0, newparent.0, &newname, who)))
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
@@ -506,7 +507,7 @@ impl Filesystem for Adapter {
 
     fn setxattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         name: &OsStr,
         value: &[u8],
@@ -514,8 +515,8 @@ impl Filesystem for Adapter {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        let (name, value) = (name.as_bytes().to_vec(), value.to_vec());
-        self.run(move |c| empty(reply, c.setxattr(ino.0, &name, &value, flags)))
+        let (name, value, who) = (name.as_bytes().to_vec(), value.to_vec(), caller(req));
+        self.run(move |c| empty(reply, c.setxattr(ino.0, &name, &value, flags, who)))
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
@@ -537,9 +538,9 @@ impl Filesystem for Adapter {
         })
     }
 
-    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let name = name.as_bytes().to_vec();
-        self.run(move |c| empty(reply, c.removexattr(ino.0, &name)))
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let (name, who) = (name.as_bytes().to_vec(), caller(req));
+        self.run(move |c| empty(reply, c.removexattr(ino.0, &name, who)))
     }
 
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {

@@ -111,18 +111,16 @@ fn answer(core: &Arc<Core>, mnt: &Path, req: &Value) -> Value {
             Ok(rows) => json!({"events": rows}),
             Err(e) => json!({"error": e.to_string()}),
         },
-        "fence" => {
-            let pgid = req["pgid"].as_u64().unwrap_or(0) as u32;
-            let epoch = req["epoch"].as_u64().unwrap_or(0);
-            match resolve(core, req["path"].as_str().unwrap_or("")) {
+        "fence" => match serde_json::from_value::<super::TermRegistration>(req.clone()) {
+            Err(e) => json!({"error": format!("bad fence request: {e}")}),
+            Ok(reg) => match resolve(core, &reg.path) {
                 Err(e) => json!({"error": e}),
-                Ok(_) if pgid == 0 => json!({"error": "pgid must be > 0"}),
-                Ok(ino) => {
-                    core.register_fence(pgid, ino, epoch);
-                    json!({"ok": true})
-                }
-            }
-        }
+                Ok(ino) => match core.register_term(ino, &reg) {
+                    Ok(()) => json!({"ok": true}),
+                    Err(e) => json!({"error": e}),
+                },
+            },
+        },
         "unfence" => {
             core.unregister_fence(req["pgid"].as_u64().unwrap_or(0) as u32);
             json!({"ok": true})

@@ -48,6 +48,13 @@ pub struct Caller {
     pub gid: u32,
 }
 
+/// Who opens for writing: the process, and the election term's fence it
+/// belongs to, if any (its handle stays fenced by that term).
+pub(super) struct Opener {
+    pub who: proc_info::Ident,
+    pub fence: Option<u32>,
+}
+
 /// How an open was granted.
 #[derive(Debug, Clone, Copy)]
 pub struct Opened {
@@ -145,10 +152,8 @@ pub struct Core {
     pub(super) handles: DashMap<u64, Arc<Handle>>,
     pub(super) files: DashMap<u64, Arc<OpenFile>>,
     next_fh: AtomicU64,
-    /// Process groups that `elect` registered under a term of an election
-    /// file: pgid -> (election file, epoch). Once that term is over the
-    /// daemon refuses every write and open for writing from the group.
-    pub(super) fences: DashMap<u32, (u64, u64)>,
+    /// The process trees of election terms' commands (see `fencing`).
+    pub(super) fences: super::fencing::Fences,
     /// Drops the kernel's cached pages and attributes of an inode (set by
     /// the daemon once the session exists).
     pub(super) invalidator: std::sync::OnceLock<Invalidator>,
@@ -197,6 +202,7 @@ impl Core {
                 }),
             ),
         };
+        let owner = format!("{host}:{}", data_dir.display());
         let leases = Arc::new(LeaseManager::new(cfg, clock, epochs, host.clone()));
         let bad = Arc::new(BadReplicas::default());
         let ctx = Arc::new(StreamCtx {
@@ -223,7 +229,7 @@ impl Core {
             handles: DashMap::new(),
             files: DashMap::new(),
             next_fh: AtomicU64::new(1),
-            fences: DashMap::new(),
+            fences: super::fencing::Fences::new(owner),
             invalidator: std::sync::OnceLock::new(),
             page_cache: DashMap::new(),
             waiter_tids: DashMap::new(),
@@ -301,21 +307,23 @@ impl Core {
         // OPENDIR, the kernel keeps special files to itself), and anything
         // read before the grant could be stale by then.
         let who = proc_info::identity(caller.pid);
-        if let Err(e) = self.check_fence(who.pgid) {
+        let fence = self.fence_of(caller.pid, Some(&who));
+        if let Err(e) = self.check_fenced(fence) {
             return reply(Err(e));
         }
+        let opener = Opener { who, fence };
         if let Some(cl) = self.cluster.clone() {
             // Claiming waits on the network: not on a request thread.
             let me = self.clone();
             self.ctx.rt.spawn_blocking(move || {
-                if let Err(e) = me.claim(&*cl, ino, fh, flags, caller.pid, &who) {
+                if let Err(e) = me.claim(&*cl, ino, fh, flags, caller.pid, &opener.who) {
                     return reply(Err(e));
                 }
-                me.acquire_local(ino, fh, flags, caller, who, reply)
+                me.acquire_local(ino, fh, flags, caller, opener, reply)
             });
             return;
         }
-        self.acquire_local(ino, fh, flags, caller, who, reply)
+        self.acquire_local(ino, fh, flags, caller, opener, reply)
     }
 
     /// A read-only handle (also what a write open of anything but a regular
@@ -337,7 +345,7 @@ impl Core {
             cached: mode != ReadMode::Direct,
             epoch: 0,
             tgid: 0,
-            pgid: 0,
+            fence: None,
             flushed: Default::default(),
             stream: None,
         };
@@ -364,9 +372,10 @@ impl Core {
         fh: u64,
         flags: i32,
         caller: Caller,
-        who: proc_info::Ident,
+        opener: Opener,
         reply: Reply<Opened>,
     ) {
+        let who = &opener.who;
         let holder = Holder {
             host: self.host.clone(),
             pid: who.tgid,
@@ -378,7 +387,7 @@ impl Core {
         let cont: Box<dyn FnOnce(Result<Grant, LeaseError>) + Send> = Box::new(move |g| {
             me.waiter_tids.remove(&fh);
             match g {
-                Ok(grant) => me.granted(ino, fh, flags, who, grant, reply),
+                Ok(grant) => me.granted(ino, fh, flags, opener, grant, reply),
                 Err(e) => {
                     me.unclaim(ino, fh);
                     reply(Err(e.into()))
@@ -434,10 +443,11 @@ impl Core {
         ino: u64,
         fh: u64,
         flags: i32,
-        who: proc_info::Ident,
+        opener: Opener,
         grant: Grant,
         reply: Reply<Opened>,
     ) {
+        let Opener { who, fence } = opener;
         let inode = match self.meta.get(ino) {
             Ok(i) if i.kind == Kind::File => i,
             r => {
@@ -476,7 +486,7 @@ impl Core {
             cached: false,
             epoch: grant.epoch,
             tgid: who.tgid,
-            pgid: who.pgid,
+            fence,
             flushed: Default::default(),
             stream: Some(stream.clone()),
         };
@@ -716,6 +726,7 @@ impl Core {
                 me.cache_idle(h.ino);
                 me.leases.release(h.ino, h.fh);
                 me.unclaim(h.ino, h.fh);
+                me.lease_left_term(h.ino);
             }
             if h.cached {
                 me.cached_closed(h.ino);
@@ -815,6 +826,9 @@ impl Core {
         caller: Caller,
         reply: Reply<()>,
     ) {
+        if let Err(e) = self.may_change(caller) {
+            return reply(Err(e));
+        }
         let own = fh
             .and_then(|f| self.handle(f).ok())
             .filter(|h| h.write)

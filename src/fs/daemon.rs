@@ -171,6 +171,11 @@ impl Daemon {
             spec.data.clone(),
             instance,
         );
+        // Before anything is served: the commands of terms that ended with
+        // the previous daemon are refused from the first request on.
+        if core.load_fences()? > 0 {
+            core.sweep_fences();
+        }
         let n = core.startup_recovery()?;
         if n > 0 {
             tracing::info!("recovered {n} file(s) left under construction");

@@ -8,6 +8,7 @@ mod clustered;
 pub mod control;
 pub mod core;
 pub mod daemon;
+mod fencing;
 mod handles;
 mod leasing;
 mod maintenance;
@@ -15,3 +16,4 @@ pub mod namespace;
 pub mod proc_info;
 
 pub use self::core::Core;
+pub use self::fencing::TermRegistration;

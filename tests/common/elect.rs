@@ -86,6 +86,29 @@ impl Drop for Candidate {
     }
 }
 
+/// Whether any process of group (or session) `pgid` is alive and not a
+/// zombie: a command whose stopped elector cannot reap it is gone once
+/// only its zombie is left.
+pub fn group_alive(pgid: u32) -> bool {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .any(|pid| {
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                return false;
+            };
+            let Some((_, rest)) = stat.rsplit_once(')') else {
+                return false;
+            };
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            f.first() != Some(&"Z")
+                && (f.get(2) == Some(&pgid.to_string().as_str())
+                    || f.get(3) == Some(&pgid.to_string().as_str()))
+        })
+}
+
 /// The election's audit table, through `leasefs elect DIR --history --json`
 /// (over etcd the same through every daemon).
 pub fn history(m: &Mount, dir: &str) -> Vec<serde_json::Value> {
