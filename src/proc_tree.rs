@@ -243,8 +243,9 @@ mod tests {
 
     #[test]
     fn stat_fields_survive_odd_command_names() {
-        let s = parse_stat("42 (a) b (c)) S 1 40 41 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 9876 0 0")
-            .expect("parse");
+        let s =
+            parse_stat("42 (a) b (c)) S 1 40 41 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 9876 0 0")
+                .expect("parse");
         assert_eq!(
             s,
             Stat {

@@ -363,7 +363,16 @@ fn a_leader_that_misses_its_renew_deadline_steps_down_and_competes_again() {
     let second = wait_leader(&m, "solo", e1, Duration::from_secs(10))
         .unwrap_or_else(|| panic!("not re-elected\n{}", a.log()));
     assert!(group.gone(), "the command of the lost term still runs");
-    let h = history(&m, "solo");
+    let e2 = second["epoch"].as_u64().expect("epoch");
+    // The term's record comes before its `elected`.
+    let mut h = Vec::new();
+    wait_until(Duration::from_secs(10), || {
+        h = history(&m, "solo");
+        events(&h, "elected")
+            .last()
+            .and_then(|e| e["epoch"].as_u64())
+            == Some(e2)
+    });
     let lost = events(&h, "lost");
     assert_eq!(lost.len(), 1, "{h:#?}");
     let why = lost[0]["why"].as_str().unwrap_or("");
@@ -371,7 +380,6 @@ fn a_leader_that_misses_its_renew_deadline_steps_down_and_competes_again() {
         why.contains("renew deadline missed") && !why.contains("fenced"),
         "{why}"
     );
-    let e2 = second["epoch"].as_u64().expect("epoch");
     let elected = events(&h, "elected");
     assert_eq!(elected.last().and_then(|e| e["epoch"].as_u64()), Some(e2));
     assert!(
@@ -638,7 +646,8 @@ fn a_killed_leaders_grandchildren_cannot_act_in_the_next_term() {
     let e1 = first["epoch"].as_u64().expect("epoch");
     let cgroup = first["cgroup"].as_str().is_some();
     assert!(
-        wait_until(Duration::from_secs(10), || count_lines(&out.join("ticks")) >= 2
+        wait_until(Duration::from_secs(10), || count_lines(&out.join("ticks"))
+            >= 2
             && read_pid(&out.join("escaped.pid")).is_some()),
         "the grandchildren did not start\n{}",
         a.log()

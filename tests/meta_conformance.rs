@@ -876,11 +876,26 @@ fn audit_leaves_out_redundant_events(m: &dyn Meta) {
         why: String::new(),
     };
     assert!(m.audit(&ev("elected", "a", 7, 1)).unwrap().is_some());
-    assert_eq!(m.audit(&ev("elected", "b", 7, 2)).unwrap(), None, "second start");
+    assert_eq!(
+        m.audit(&ev("elected", "b", 7, 2)).unwrap(),
+        None,
+        "second start"
+    );
     assert!(m.audit(&ev("preempted", "a", 7, 3)).unwrap().is_some());
-    assert_eq!(m.audit(&ev("expired", "a", 7, 4)).unwrap(), None, "second guess");
-    assert!(m.audit(&ev("lost", "a", 7, 5)).unwrap().is_some(), "late lost");
-    assert_eq!(m.audit(&ev("lost", "a", 7, 5)).unwrap(), None, "a retried write");
+    assert_eq!(
+        m.audit(&ev("expired", "a", 7, 4)).unwrap(),
+        None,
+        "second guess"
+    );
+    assert!(
+        m.audit(&ev("lost", "a", 7, 5)).unwrap().is_some(),
+        "late lost"
+    );
+    assert_eq!(
+        m.audit(&ev("lost", "a", 7, 5)).unwrap(),
+        None,
+        "a retried write"
+    );
     // Another term, another election: independent.
     assert!(m.audit(&ev("expired", "a", 8, 6)).unwrap().is_some());
     let other = AuditEvent {

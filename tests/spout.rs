@@ -429,8 +429,10 @@ fn sigterm_commits_and_another_instance_resumes_without_duplicates() {
         "first",
         &["--exec", &cmd, "--commit-count", "500", "--once"],
     );
-    assert!(wait_until(Duration::from_secs(20), || std::fs::metadata(&out1)
-        .is_ok_and(|m| m.len() > 0)));
+    assert!(wait_until(Duration::from_secs(20), || std::fs::metadata(
+        &out1
+    )
+    .is_ok_and(|m| m.len() > 0)));
     first.signal(libc::SIGTERM);
     first.wait_ok(Duration::from_secs(20));
     let (who, at) = last_entry(&m, "in/.lock/long").expect("lock entry after SIGTERM");
@@ -853,6 +855,10 @@ fn files_with_names_that_are_not_utf8_are_consumed() {
     let mut s = Inst::spawn(&m, "s", &["--once"]);
     s.wait_ok(Duration::from_secs(20));
     assert_eq!(s.stdout_lines(), lines, "{}", s.stderr());
-    assert!(m.path("done").join(name).exists(), "{:?}", names_in(&m, "done"));
+    assert!(
+        m.path("done").join(name).exists(),
+        "{:?}",
+        names_in(&m, "done")
+    );
     assert!(names_in(&m, "in/.lock").is_empty());
 }

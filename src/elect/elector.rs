@@ -242,10 +242,16 @@ impl Elector {
                 warn!(epoch, "the daemon did not register the term: {e}");
             }
             if let Err(e) = file.append_record(&rec) {
-                warn!(epoch, "the term ended before it began: cannot write its record ({e})");
+                warn!(
+                    epoch,
+                    "the term ended before it began: cannot write its record ({e})"
+                );
                 return Ok(None);
             }
-            self.record(ctl, self.event(EventKind::Elected, epoch, elected_why.clone()));
+            self.record(
+                ctl,
+                self.event(EventKind::Elected, epoch, elected_why.clone()),
+            );
         } else {
             let mut began: Result<(), std::io::Error> = Ok(());
             let fd = file.raw_fd();
@@ -259,7 +265,10 @@ impl Elector {
                     began = Err(e);
                     return Err("the term's record could not be written".into());
                 }
-                self.record(ctl, self.event(EventKind::Elected, epoch, elected_why.clone()));
+                self.record(
+                    ctl,
+                    self.event(EventKind::Elected, epoch, elected_why.clone()),
+                );
                 Ok(())
             };
             match command::spawn(&self.command, &env, fd, start) {
@@ -273,21 +282,36 @@ impl Elector {
                     if let Some(pgid) = rec.pgid
                         && let Err(err) = control::unfence(ctl, pgid)
                     {
-                        warn!(pgid, "cannot drop the fence of a command that never ran: {err}");
+                        warn!(
+                            pgid,
+                            "cannot drop the fence of a command that never ran: {err}"
+                        );
                     }
                     if let Err(io) = began {
-                        warn!(epoch, "the term ended before it began: cannot write its record ({io})");
+                        warn!(
+                            epoch,
+                            "the term ended before it began: cannot write its record ({io})"
+                        );
                         return Ok(None);
                     }
-                    if matches!(e, SpawnError::Fence(_)) && file.epoch().is_err_and(|e| lease_gone(&e)) {
-                        warn!(epoch, "the lease was lost before the command could start: {e}");
+                    if matches!(e, SpawnError::Fence(_))
+                        && file.epoch().is_err_and(|e| lease_gone(&e))
+                    {
+                        warn!(
+                            epoch,
+                            "the lease was lost before the command could start: {e}"
+                        );
                         return Ok(None);
                     }
                     if rec.pgid.is_some() {
                         // Recorded as begun: it ends here.
                         self.record(
                             ctl,
-                            self.event(EventKind::Resigned, epoch, format!("command could not start: {e}")),
+                            self.event(
+                                EventKind::Resigned,
+                                epoch,
+                                format!("command could not start: {e}"),
+                            ),
                         );
                     }
                     drop(file);
@@ -553,9 +577,7 @@ impl Elector {
             if let Err(err) = control::audit(ctl, e) {
                 warn!(
                     waiting = q.len(),
-                    "cannot record '{}' (epoch {}) in the audit table yet: {err}",
-                    e.event,
-                    e.epoch
+                    "cannot record '{}' (epoch {}) in the audit table yet: {err}", e.event, e.epoch
                 );
                 return false;
             }

@@ -316,8 +316,8 @@ impl Core {
             .filter(|f| self.term_over(f))
             .map(|f| {
                 let since = *lock(&f.over_since).get_or_insert_with(Instant::now);
-                let elector_idle = f.inherited
-                    || proc_tree::stat(f.rec.pid).is_none_or(|s| s.zombie || s.stopped);
+                let elector_idle =
+                    f.inherited || proc_tree::stat(f.rec.pid).is_none_or(|s| s.zombie || s.stopped);
                 (
                     *f.key(),
                     f.tree(),
@@ -382,7 +382,10 @@ impl Core {
             ),
         };
         if let Err(err) = self.meta.audit(&e) {
-            tracing::warn!(epoch = e.epoch, "cannot record the preemption of a term: {err}");
+            tracing::warn!(
+                epoch = e.epoch,
+                "cannot record the preemption of a term: {err}"
+            );
         }
     }
 }
@@ -455,7 +458,11 @@ mod tests {
     }
 
     fn caller(pid: u32) -> Caller {
-        Caller { pid, uid: 0, gid: 0 }
+        Caller {
+            pid,
+            uid: 0,
+            gid: 0,
+        }
     }
 
     fn file(kind: Kind) -> Node {
@@ -504,30 +511,46 @@ mod tests {
         let s = setup();
         let c = core(&s);
         let me = caller(std::process::id());
-        let leader = c.mknode(ROOT_INO, b"LEADER", file(Kind::File), me).expect("LEADER");
+        let leader = c
+            .mknode(ROOT_INO, b"LEADER", file(Kind::File), me)
+            .expect("LEADER");
         let f = c.mknode(ROOT_INO, b"f", file(Kind::File), me).expect("f");
         let lfh = open(&c, leader.ino, libc::O_WRONLY, me).expect("lead");
         let epoch = c.last_epoch(leader.ino).expect("epoch");
         let mut cmd = command();
         let pgid = cmd.id();
-        c.register_term(leader.ino, &term(pgid, epoch)).expect("fence");
+        c.register_term(leader.ino, &term(pgid, epoch))
+            .expect("fence");
         let it = caller(pgid);
 
         // During the term the command may do anything.
         let ffh = open(&c, f.ino, libc::O_WRONLY | libc::O_APPEND, it).expect("open f");
         assert_eq!(wait(|r| c.write(ffh, 0, b"a\n", r)).expect("write"), 2);
-        c.mknode(ROOT_INO, b"d", file(Kind::Dir), it).expect("mkdir");
+        c.mknode(ROOT_INO, b"d", file(Kind::Dir), it)
+            .expect("mkdir");
 
         // The term ends: the election file's lease is released.
         wait(|r| c.release(lfh, r)).expect("release");
         let refused = [
-            ("mkdir", is_term_over(c.mknode(ROOT_INO, b"d2", file(Kind::Dir), it))),
+            (
+                "mkdir",
+                is_term_over(c.mknode(ROOT_INO, b"d2", file(Kind::Dir), it)),
+            ),
             ("unlink", is_term_over(c.unlink(ROOT_INO, b"f", it))),
             ("rmdir", is_term_over(c.rmdir(ROOT_INO, b"d", it))),
-            ("rename", is_term_over(c.rename(ROOT_INO, b"f", ROOT_INO, b"g", 0, it))),
+            (
+                "rename",
+                is_term_over(c.rename(ROOT_INO, b"f", ROOT_INO, b"g", 0, it)),
+            ),
             ("link", is_term_over(c.link(f.ino, ROOT_INO, b"h", it))),
-            ("setxattr", is_term_over(c.setxattr(f.ino, b"user.x", b"1", 0, it))),
-            ("removexattr", is_term_over(c.removexattr(f.ino, b"user.x", it))),
+            (
+                "setxattr",
+                is_term_over(c.setxattr(f.ino, b"user.x", b"1", 0, it)),
+            ),
+            (
+                "removexattr",
+                is_term_over(c.removexattr(f.ino, b"user.x", it)),
+            ),
             (
                 "chmod",
                 is_term_over(c.set_attrs(
@@ -539,21 +562,31 @@ mod tests {
                     it,
                 )),
             ),
-            ("truncate", is_term_over(wait(|r| c.set_size(f.ino, 0, None, it, r)))),
+            (
+                "truncate",
+                is_term_over(wait(|r| c.set_size(f.ino, 0, None, it, r))),
+            ),
             ("open", is_term_over(open(&c, f.ino, libc::O_WRONLY, it))),
             ("write", is_term_over(wait(|r| c.write(ffh, 2, b"b\n", r)))),
-            ("ioctl", is_term_over(c.ioctl(ffh, crate::fs::core::IOC_RENEW))),
+            (
+                "ioctl",
+                is_term_over(c.ioctl(ffh, crate::fs::core::IOC_RENEW)),
+            ),
         ];
         let let_through: Vec<&str> = refused.iter().filter(|r| !r.1).map(|r| r.0).collect();
         assert!(let_through.is_empty(), "not refused: {let_through:?}");
         // Anyone else is not fenced; reading is never refused.
-        c.mknode(ROOT_INO, b"mine", file(Kind::File), me).expect("others may");
+        c.mknode(ROOT_INO, b"mine", file(Kind::File), me)
+            .expect("others may");
         assert!(c.lookup(ROOT_INO, b"f").is_ok());
 
         // The sweep kills what is left of the tree, then forgets it.
         c.sweep_fences();
         let st = cmd.wait().expect("reaped");
-        assert_eq!(std::os::unix::process::ExitStatusExt::signal(&st), Some(libc::SIGKILL));
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&st),
+            Some(libc::SIGKILL)
+        );
         c.sweep_fences();
         assert!(s.meta.fences(&c.fences.owner).expect("fences").is_empty());
         assert!(c.fences.table.is_empty());
@@ -567,10 +600,13 @@ mod tests {
         {
             let c = core(&s);
             let me = caller(std::process::id());
-            let leader = c.mknode(ROOT_INO, b"LEADER", file(Kind::File), me).expect("LEADER");
+            let leader = c
+                .mknode(ROOT_INO, b"LEADER", file(Kind::File), me)
+                .expect("LEADER");
             let _lfh = open(&c, leader.ino, libc::O_WRONLY, me).expect("lead");
             let epoch = c.last_epoch(leader.ino).expect("epoch");
-            c.register_term(leader.ino, &term(pgid, epoch)).expect("fence");
+            c.register_term(leader.ino, &term(pgid, epoch))
+                .expect("fence");
             c.mknode(ROOT_INO, b"during", file(Kind::Dir), caller(pgid))
                 .expect("during the term");
             // A record of a tree that is gone (its number may be anyone's
@@ -587,13 +623,22 @@ mod tests {
         }
         let c = core(&s);
         assert_eq!(c.load_fences().expect("load"), 1);
-        assert!(is_term_over(c.mknode(ROOT_INO, b"after", file(Kind::Dir), caller(pgid))));
+        assert!(is_term_over(c.mknode(
+            ROOT_INO,
+            b"after",
+            file(Kind::Dir),
+            caller(pgid)
+        )));
         // This process's own number was in the other boot's record: not fenced.
         let me = caller(std::process::id());
-        c.mknode(ROOT_INO, b"mine", file(Kind::Dir), me).expect("not fenced");
+        c.mknode(ROOT_INO, b"mine", file(Kind::Dir), me)
+            .expect("not fenced");
         c.sweep_fences();
         let st = cmd.wait().expect("reaped");
-        assert_eq!(std::os::unix::process::ExitStatusExt::signal(&st), Some(libc::SIGKILL));
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&st),
+            Some(libc::SIGKILL)
+        );
         c.sweep_fences();
         assert!(s.meta.fences(&c.fences.owner).expect("fences").is_empty());
     }

@@ -115,11 +115,16 @@ impl AuditEvent {
     pub fn is_redundant(&self, history: &[AuditEvent]) -> bool {
         let same_term = |e: &&AuditEvent| e.epoch == self.epoch && e.election == self.election;
         match self.event.as_str() {
-            "elected" => history.iter().filter(same_term).any(|e| e.event == "elected"),
-            "expired" | "preempted" => history
+            "elected" => history
                 .iter()
                 .filter(same_term)
-                .any(|e| matches!(e.event.as_str(), "lost" | "resigned" | "expired" | "preempted")),
+                .any(|e| e.event == "elected"),
+            "expired" | "preempted" => history.iter().filter(same_term).any(|e| {
+                matches!(
+                    e.event.as_str(),
+                    "lost" | "resigned" | "expired" | "preempted"
+                )
+            }),
             _ => history.iter().any(|e| e == self),
         }
     }
