@@ -28,7 +28,7 @@ pub enum OpenError {
     /// Someone else holds the lease (`EBUSY`): follow.
     Busy,
     /// A failure that may pass (the lease's recovery failed, an interrupted
-    /// open): log it and try again later.
+    /// open, a daemon being restarted): log it and try again later.
     Transient(io::Error),
     /// Anything else (no such directory, not a leasefs mount, permissions).
     Fatal(io::Error),
@@ -60,7 +60,9 @@ impl LeaderFile {
             Err(e) => {
                 return Err(match e.raw_os_error() {
                     Some(libc::EBUSY) | Some(libc::EAGAIN) => OpenError::Busy,
-                    Some(libc::EINTR) | Some(libc::EIO) => OpenError::Transient(e),
+                    Some(libc::EINTR) | Some(libc::EIO) | Some(libc::ENOTCONN) => {
+                        OpenError::Transient(e)
+                    }
                     _ => OpenError::Fatal(e),
                 });
             }

@@ -54,6 +54,7 @@ pub mod dirs;
 pub mod emit;
 pub mod entry;
 pub mod error;
+pub mod exec;
 pub mod lock;
 pub mod progress;
 pub mod reader;
@@ -62,9 +63,10 @@ pub mod renew;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use emit::{Emitter, ExecEmitter, StdoutEmitter, WriteEmitter};
+pub use emit::{Emitter, StdoutEmitter, WriteEmitter};
 pub use entry::{LogEntry, Offset, Position};
 pub use error::{EmitError, SpoutError};
+pub use exec::ExecEmitter;
 pub use progress::{Progress, Stats};
 
 use crate::sync::{Arc, AtomicBool};
