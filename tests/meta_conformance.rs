@@ -920,7 +920,9 @@ fn fences_per_owner(m: &dyn Meta) {
         pgid,
         start_ticks: 1000 + pgid as u64,
         boot_id: "boot".into(),
-        cgroup: (pgid % 2 == 0).then(|| format!("/leasefs-elect.1.{pgid}")),
+        cgroup: pgid
+            .is_multiple_of(2)
+            .then(|| format!("/leasefs-elect.1.{pgid}")),
         leader: "/el/LEADER".into(),
         ino: 9,
         epoch,

@@ -41,7 +41,10 @@ pub struct SpoutArgs {
     /// Id written into lock files [default: HOST:PID].
     #[arg(long, value_name = "NAME")]
     pub id: Option<String>,
-    /// Write records to the standard input of `sh -c CMD` instead of stdout.
+    /// Write records to the standard input of `sh -c CMD` instead of stdout,
+    /// one command per file: a file counts as delivered when CMD exits 0
+    /// after reading all of it, or as far as CMD acknowledged by writing
+    /// counts of lines handled on fd 3 ($LEASEFS_ACK_FD).
     #[arg(long, value_name = "CMD")]
     pub exec: Option<String>,
     /// Exit once nothing is left to consume (no file, no lock of any instance).
