@@ -35,6 +35,12 @@ pub enum FsError {
     NoXattr,
     #[error("attribute buffer too small")]
     Range,
+    #[error("extended attribute value of {len} bytes is over the limit of {max}")]
+    XattrTooBig { len: usize, max: usize },
+    #[error(
+        "inode {ino} would hold {used} bytes of extended attributes, over the limit of {limit}"
+    )]
+    XattrSpace { ino: u64, used: u64, limit: u64 },
     #[error("bad file handle")]
     BadHandle,
     #[error("not supported: {0}")]
@@ -95,6 +101,8 @@ impl FsError {
             FsError::OutOfOrderWrite { .. } => EINVAL,
             FsError::NoXattr => ENODATA,
             FsError::Range => ERANGE,
+            FsError::XattrTooBig { .. } => E2BIG,
+            FsError::XattrSpace { .. } => ENOSPC,
             FsError::BadHandle => EBADF,
             FsError::Unsupported(_) => EOPNOTSUPP,
             FsError::NoSpace => ENOSPC,

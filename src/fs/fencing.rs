@@ -471,6 +471,7 @@ mod tests {
             mode: 0o644,
             rdev: 0,
             target: None,
+            umask: 0,
         }
     }
 
@@ -525,7 +526,10 @@ mod tests {
 
         // During the term the command may do anything.
         let ffh = open(&c, f.ino, libc::O_WRONLY | libc::O_APPEND, it).expect("open f");
-        assert_eq!(wait(|r| c.write(ffh, 0, b"a\n", r)).expect("write"), 2);
+        assert_eq!(
+            wait(|r| c.write(ffh, 0, b"a\n", (it, false), r)).expect("write"),
+            2
+        );
         c.mknode(ROOT_INO, b"d", file(Kind::Dir), it)
             .expect("mkdir");
 
@@ -567,7 +571,10 @@ mod tests {
                 is_term_over(wait(|r| c.set_size(f.ino, 0, None, it, r))),
             ),
             ("open", is_term_over(open(&c, f.ino, libc::O_WRONLY, it))),
-            ("write", is_term_over(wait(|r| c.write(ffh, 2, b"b\n", r)))),
+            (
+                "write",
+                is_term_over(wait(|r| c.write(ffh, 2, b"b\n", (it, false), r))),
+            ),
             (
                 "ioctl",
                 is_term_over(c.ioctl(ffh, crate::fs::core::IOC_RENEW)),

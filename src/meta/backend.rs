@@ -9,7 +9,8 @@
 use std::path::PathBuf;
 
 use super::types::{
-    AttrChange, AuditEvent, BlockRow, FenceRecord, Inode, Kind, NewNode, UnderConstruction,
+    AttrChange, AuditEvent, BlockRow, DecideXattrs, DirEntry, FenceRecord, Inode, NewNode,
+    StoreSpace, UnderConstruction, XattrEdit, XattrLimits,
 };
 use crate::error::FsResult;
 
@@ -73,8 +74,10 @@ pub trait Meta: Send + Sync {
         noreplace: bool,
         exchange: bool,
     ) -> FsResult<Option<Inode>>;
-    /// Every entry of a directory, sorted by name.
-    fn readdir(&self, dir: u64) -> FsResult<Vec<(Vec<u8>, u64, Kind)>>;
+    /// The entries of `dir` whose cookie is above `after`, in cookie
+    /// order, at most `limit` of them. A page costs O(`limit`), whatever
+    /// the size of the directory.
+    fn readdir(&self, dir: u64, after: u64, limit: usize) -> FsResult<Vec<DirEntry>>;
     fn set_attrs(&self, ino: u64, ch: &AttrChange) -> FsResult<Inode>;
     /// Path of an inode, for logs and listings (first name found).
     fn path_of(&self, ino: u64) -> String;
@@ -85,9 +88,25 @@ pub trait Meta: Send + Sync {
     fn delete_inode(&self, ino: u64) -> FsResult<Vec<BlockRow>>;
     /// Totals for statfs: (files, bytes).
     fn usage(&self) -> FsResult<(u64, u64)>;
+    /// The filesystem the store keeps its data on, when it is local.
+    fn space(&self) -> FsResult<Option<StoreSpace>>;
 
     // ---- xattrs --------------------------------------------------------
     fn getxattr(&self, ino: u64, name: &[u8]) -> FsResult<Vec<u8>>;
+    fn listxattr(&self, ino: u64) -> FsResult<Vec<Vec<u8>>>;
+    /// One read-modify-write of an inode's attributes: reads the inode and
+    /// the values of `names`, lets `decide` say what changes, and commits
+    /// that (ctime stamped) unless it is empty, refusing with
+    /// `XattrSpace` what `limits` do not allow. `decide` may run more than
+    /// once (a retried etcd step) and must have no other effect.
+    fn update_xattrs(
+        &self,
+        ino: u64,
+        names: &[&[u8]],
+        limits: XattrLimits,
+        decide: &mut DecideXattrs<'_>,
+    ) -> FsResult<Inode>;
+
     /// `create` / `replace`: XATTR_CREATE / XATTR_REPLACE semantics.
     fn setxattr(
         &self,
@@ -96,9 +115,32 @@ pub trait Meta: Send + Sync {
         value: &[u8],
         create: bool,
         replace: bool,
-    ) -> FsResult<()>;
-    fn listxattr(&self, ino: u64) -> FsResult<Vec<Vec<u8>>>;
-    fn removexattr(&self, ino: u64, name: &[u8]) -> FsResult<()>;
+    ) -> FsResult<()> {
+        self.update_xattrs(ino, &[name], XattrLimits::NONE, &mut |_, cur| match (
+            &cur[0], create, replace,
+        ) {
+            (Some(_), true, _) => Err(crate::error::FsError::Exists),
+            (None, _, true) => Err(crate::error::FsError::NoXattr),
+            _ => Ok(XattrEdit {
+                set: vec![(name.to_vec(), Some(value.to_vec()))],
+                attrs: None,
+            }),
+        })
+        .map(drop)
+    }
+
+    fn removexattr(&self, ino: u64, name: &[u8]) -> FsResult<()> {
+        self.update_xattrs(ino, &[name], XattrLimits::NONE, &mut |_, cur| {
+            if cur[0].is_none() {
+                return Err(crate::error::FsError::NoXattr);
+            }
+            Ok(XattrEdit {
+                set: vec![(name.to_vec(), None)],
+                attrs: None,
+            })
+        })
+        .map(drop)
+    }
 
     // ---- blocks and files under construction ---------------------------
     /// Applies `changes` atomically; with `durable`, the commit (and every
@@ -147,4 +189,19 @@ pub trait Meta: Send + Sync {
     fn delete_fence(&self, owner: &str, pgid: u32) -> FsResult<()>;
     /// Every fence `owner` recorded.
     fn fences(&self, owner: &str) -> FsResult<Vec<FenceRecord>>;
+}
+
+/// Every entry of `dir`, page by page, in cookie order.
+pub fn list_all(m: &dyn Meta, dir: u64) -> FsResult<Vec<DirEntry>> {
+    const PAGE: usize = 1024;
+    let mut all: Vec<DirEntry> = Vec::new();
+    loop {
+        let after = all.last().map_or(0, |e| e.cookie);
+        let page = m.readdir(dir, after, PAGE)?;
+        let done = page.len() < PAGE;
+        all.extend(page);
+        if done {
+            return Ok(all);
+        }
+    }
 }

@@ -78,23 +78,29 @@ impl Mount {
     }
 
     pub fn with(o: Opts) -> Mount {
-        Self::build(o, None)
+        Self::build(o, None, None)
+    }
+
+    /// As [`Mount::with`], with this data directory (e.g. on a small tmpfs)
+    /// instead of a fresh one in the test's temp dir.
+    pub fn with_data_dir(o: Opts, data: PathBuf) -> Mount {
+        Self::build(o, None, Some(data))
     }
 
     /// As [`Mount::with`], with these datanode directories (in this order)
     /// instead of `o.datanodes` fresh ones: e.g. one on a tmpfs the test
     /// mounted itself (see `faults::Tmpfs`).
     pub fn with_datanode_paths(o: Opts, paths: Vec<PathBuf>) -> Mount {
-        Self::build(o, Some(paths))
+        Self::build(o, Some(paths), None)
     }
 
-    fn build(o: Opts, paths: Option<Vec<PathBuf>>) -> Mount {
+    fn build(o: Opts, paths: Option<Vec<PathBuf>>, data: Option<PathBuf>) -> Mount {
         let dir = tempfile::Builder::new()
             .prefix("leasefs-test")
             .tempdir()
             .expect("tempdir");
         let mnt = dir.path().join("mnt");
-        let data = dir.path().join("data");
+        let data = data.unwrap_or_else(|| dir.path().join("data"));
         std::fs::create_dir_all(&mnt).expect("mkdir mnt");
         let datanodes: Vec<PathBuf> = paths.unwrap_or_else(|| {
             (1..=o.datanodes)
@@ -162,6 +168,30 @@ impl Mount {
 
     pub fn path(&self, rel: &str) -> PathBuf {
         self.mnt.join(rel)
+    }
+
+    /// Lets every user reach the mount point (the test's temp dir is 0700).
+    pub fn open_to_all(&self) {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(self.dir.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod the test dir");
+    }
+
+    /// Runs a shell command as `nobody:nogroup` (with nogroup's
+    /// supplementary groups) in the mount.
+    pub fn sh_as_nobody(&self, script: &str) -> Output {
+        Command::new("setpriv")
+            .args([
+                "--reuid=nobody",
+                "--regid=nogroup",
+                "--init-groups",
+                "bash",
+                "-c",
+            ])
+            .arg(script)
+            .current_dir(&self.mnt)
+            .output()
+            .expect("run setpriv")
     }
 
     /// Unmounts and waits for the daemon to exit.
