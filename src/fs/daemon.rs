@@ -340,6 +340,7 @@ impl Daemon {
         self.stop.store(true, Ordering::Relaxed);
         self.housekeeper.lose(&*self.core.meta, "unmounted");
         self.core.wait_closes(Duration::from_secs(30));
+        self.core.end_all_terms();
         if let Some(s) = &self.shared {
             s.leases.shutdown();
         }

@@ -343,6 +343,31 @@ impl Core {
         }
     }
 
+    /// The daemon stops: every lease ends with it, and so does every term
+    /// it fenced; what is left of their trees is killed and the fences
+    /// forgotten.
+    pub fn end_all_terms(&self) {
+        let all: Vec<(u32, Tree)> = self
+            .fences
+            .table
+            .iter()
+            .map(|f| (*f.key(), f.tree()))
+            .collect();
+        for (pgid, tree) in all {
+            if !tree.gone() {
+                tracing::warn!(
+                    pgid,
+                    "the daemon stops: killing the command of an election term"
+                );
+                tree.kill();
+            }
+            if tree.gone() {
+                tree.remove_cgroup();
+                self.drop_fence(pgid);
+            }
+        }
+    }
+
     /// The lease of `ino` may just have left its term (released,
     /// recovered, lost): sweep now rather than at the next monitor tick.
     pub(super) fn lease_left_term(self: &crate::sync::Arc<Self>, ino: u64) {
