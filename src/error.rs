@@ -57,6 +57,10 @@ pub enum FsError {
     Storage(String, i32),
     #[error("metadata store: {0}")]
     Meta(String),
+    /// A datanode directory that cannot be attached (see
+    /// `pipeline::attach::AttachError`).
+    #[error("{0}")]
+    Datanode(String),
     #[error("i/o error: {0}")]
     Io(String),
     /// A read found replicas under another generation stamp than its block
@@ -111,6 +115,7 @@ impl FsError {
             FsError::TermOver { .. } => EIO,
             FsError::Storage(_, errno) => *errno,
             FsError::Meta(_) => EIO,
+            FsError::Datanode(_) => EIO,
             FsError::Io(_) => EIO,
             FsError::Moved(_) => EIO,
         }

@@ -9,7 +9,7 @@
 mod common;
 
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 
@@ -86,7 +86,7 @@ conformance! {
         audit_order,
         audit_leaves_out_redundant_events,
         fences_per_owner,
-        datanodes_and_replication,
+        datanode_registry_and_replication,
         usage,
         path_of_and_parent_of,
     ],
@@ -154,7 +154,7 @@ macro_rules! assert_err {
     };
 }
 
-fn block(ino: u64, idx: u64, block_id: u64, replicas: Vec<usize>) -> BlockRow {
+fn block(ino: u64, idx: u64, block_id: u64, replicas: Vec<u32>) -> BlockRow {
     BlockRow {
         ino,
         idx,
@@ -162,8 +162,15 @@ fn block(ino: u64, idx: u64, block_id: u64, replicas: Vec<usize>) -> BlockRow {
         gs: 1000 + idx,
         len: 4096,
         finalized: true,
-        replicas,
+        replicas: replicas.into_iter().map(DnId).collect(),
     }
+}
+
+/// Whether block `block_id` is recorded with a replica on datanode `dn`.
+fn on(m: &dyn Meta, block_id: u64, dn: u32) -> bool {
+    m.block_by_id(block_id)
+        .unwrap()
+        .is_some_and(|r| r.block_id == block_id && r.replicas.contains(&DnId(dn)))
 }
 
 fn uc(ino: u64, epoch: u64) -> UnderConstruction {
@@ -1003,20 +1010,20 @@ fn blocks_and_index(m: &dyn Meta) {
         vec![rows[2].clone(), rows[0].clone()]
     );
     assert!(m.blocks(999_999).unwrap().is_empty());
-    assert!(m.block_on(22, 0).unwrap());
-    assert!(m.block_on(22, 2).unwrap());
-    assert!(!m.block_on(22, 1).unwrap());
-    assert!(!m.block_on(99, 0).unwrap());
+    assert!(on(m, 22, 0));
+    assert!(on(m, 22, 2));
+    assert!(!on(m, 22, 1));
+    assert!(!on(m, 99, 0));
     // A row rewritten under a new block id: the old id is no longer there.
     m.commit(&[Change::PutBlock(block(f.ino, 0, 30, vec![1]))], false)
         .unwrap();
-    assert!(!m.block_on(20, 0).unwrap());
-    assert!(m.block_on(30, 1).unwrap());
+    assert!(!on(m, 20, 0));
+    assert!(on(m, 30, 1));
     // Replicas updated under the same id.
     m.commit(&[Change::PutBlock(block(f.ino, 0, 30, vec![2]))], false)
         .unwrap();
-    assert!(!m.block_on(30, 1).unwrap());
-    assert!(m.block_on(30, 2).unwrap());
+    assert!(!on(m, 30, 1));
+    assert!(on(m, 30, 2));
     m.commit(
         &[Change::DropBlocksFrom {
             ino: g.ino,
@@ -1025,8 +1032,8 @@ fn blocks_and_index(m: &dyn Meta) {
         false,
     )
     .unwrap();
-    assert!(!m.block_on(22, 0).unwrap());
-    assert!(!m.block_on(23, 2).unwrap());
+    assert!(!on(m, 22, 0));
+    assert!(!on(m, 23, 2));
     assert_eq!(m.all_blocks().unwrap().len(), 2);
 }
 
@@ -1051,7 +1058,7 @@ fn delete_inode_and_orphans(m: &dyn Meta) {
     assert_err!(m.get(f.ino), FsError::NotFound);
     assert!(m.orphans().unwrap().is_empty());
     assert!(m.blocks(f.ino).unwrap().is_empty());
-    assert!(!m.block_on(40, 0).unwrap());
+    assert!(!on(m, 40, 0));
     assert!(m.list_uc().unwrap().is_empty());
     assert!(m.listxattr(f.ino).unwrap().is_empty());
     assert!(
@@ -1189,16 +1196,97 @@ fn fences_per_owner(m: &dyn Meta) {
     assert_eq!(m.fences("h:/other").unwrap(), vec![f("h:/other", 42, 7)]);
 }
 
-fn datanodes_and_replication(m: &dyn Meta) {
+fn datanode_registry_and_replication(m: &dyn Meta) {
     assert_eq!(m.replication().unwrap(), None);
-    assert!(m.datanodes().unwrap().is_empty());
-    let dirs: Vec<PathBuf> = ["/d/a", "/d/b", "/d/c"].iter().map(PathBuf::from).collect();
-    m.set_datanodes(&dirs, 2).unwrap();
+    m.set_replication(2).unwrap();
     assert_eq!(m.replication().unwrap(), Some(2));
-    assert_eq!(m.datanodes().unwrap(), dirs);
-    m.set_datanodes(&dirs[..1], 1).unwrap();
-    assert_eq!(m.replication().unwrap(), Some(1));
-    assert_eq!(m.datanodes().unwrap(), dirs[..1].to_vec());
+    let fsid = m.filesystem_id().unwrap();
+    assert!(fsid.starts_with("FS-"), "{fsid}");
+    assert_eq!(m.filesystem_id().unwrap(), fsid, "created once");
+    assert!(m.datanode_records().unwrap().is_empty());
+    let a = m.register_datanode("DS-a", Path::new("/d/a")).unwrap();
+    let b = m.register_datanode("DS-b", Path::new("/d/b")).unwrap();
+    assert_eq!((a, b), (DnId(0), DnId(1)));
+    // A known storage keeps its id wherever its directory is now.
+    assert_eq!(
+        m.register_datanode("DS-a", Path::new("/moved/a")).unwrap(),
+        a
+    );
+    assert_eq!(
+        m.datanode_records().unwrap(),
+        vec![
+            DatanodeRecord {
+                id: a,
+                storage_id: Some("DS-a".into()),
+                path: "/moved/a".into(),
+                state: AdminState::Normal,
+            },
+            DatanodeRecord {
+                id: b,
+                storage_id: Some("DS-b".into()),
+                path: "/d/b".into(),
+                state: AdminState::Normal,
+            },
+        ]
+    );
+    // Only a datanode awaiting its identity takes a new storage ID.
+    assert_eq!(m.claim_legacy_datanode(a, "DS-other").unwrap(), "DS-a");
+    assert!(m.claim_legacy_datanode(DnId(7), "DS-x").is_err());
+}
+
+/// What the positional layout recorded (the `--datanode` list of the last
+/// mount) is a registry of `upgrading` datanodes whose ids are their old
+/// places; the first claim of each wins, and registering finishes it.
+fn positional_upgrade(m: &dyn Meta) {
+    assert_eq!(m.replication().unwrap(), Some(2));
+    let recs = m.datanode_records().unwrap();
+    let paths: Vec<(DnId, Option<String>, PathBuf, AdminState)> = recs
+        .into_iter()
+        .map(|r| (r.id, r.storage_id, r.path, r.state))
+        .collect();
+    assert_eq!(
+        paths,
+        vec![
+            (DnId(0), None, "/old/a".into(), AdminState::Upgrading),
+            (DnId(1), None, "/old/b".into(), AdminState::Upgrading),
+        ]
+    );
+    assert_eq!(m.claim_legacy_datanode(DnId(1), "DS-1").unwrap(), "DS-1");
+    assert_eq!(m.claim_legacy_datanode(DnId(1), "DS-9").unwrap(), "DS-1");
+    assert_eq!(
+        m.register_datanode("DS-1", Path::new("/new/b")).unwrap(),
+        DnId(1)
+    );
+    let b = &m.datanode_records().unwrap()[1];
+    assert_eq!(
+        (b.path.as_path(), b.state),
+        (Path::new("/new/b"), AdminState::Normal)
+    );
+    // A new datanode takes the next free id.
+    assert_eq!(
+        m.register_datanode("DS-new", Path::new("/new/c")).unwrap(),
+        DnId(2)
+    );
+}
+
+#[test]
+fn sqlite_database_of_the_positional_layout_is_upgraded_at_open() {
+    let d = tempfile::tempdir().unwrap();
+    let db = d.path().join("meta.db");
+    {
+        let c = rusqlite::Connection::open(&db).unwrap();
+        c.execute_batch(
+            "CREATE TABLE datanodes(idx INTEGER PRIMARY KEY, path TEXT NOT NULL);
+             INSERT INTO datanodes VALUES(0, '/old/a'), (1, '/old/b');
+             CREATE TABLE counters(name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+             INSERT INTO counters VALUES('replication', 2);",
+        )
+        .unwrap();
+    }
+    positional_upgrade(&MetaStore::open(&db, UID, GID).unwrap());
+    // Opening again changes nothing.
+    let m = MetaStore::open(&db, UID, GID).unwrap();
+    assert_eq!(m.datanode_records().unwrap().len(), 3);
 }
 
 fn usage(m: &dyn Meta) {
@@ -1451,6 +1539,22 @@ fn racing_dir_swaps_make_no_cycle(a: &dyn Meta, b: &dyn Meta) {
 mod etcd_only {
     use super::*;
 
+    /// The positional layout's `dn` record becomes the registry at open.
+    #[test]
+    fn etcd_record_of_the_positional_layout_is_upgraded_at_open() {
+        let server = EtcdServer::shared();
+        let (conn, name) = server.connect("positional");
+        let key = conn.key("dn");
+        conn.run(|mut c| async move {
+            c.put(key, r#"{"dirs":["/old/a","/old/b"],"replication":2}"#, None)
+                .await
+        })
+        .unwrap();
+        positional_upgrade(&EtcdMeta::open(conn, UID, GID).unwrap());
+        let again = EtcdMeta::open(server.connect_to(&name), UID, GID).unwrap();
+        assert_eq!(again.datanode_records().unwrap().len(), 3);
+    }
+
     /// A second daemon opening the filesystem sees it as it is: the root
     /// and counters are not initialised twice.
     #[test]
@@ -1481,7 +1585,7 @@ mod etcd_only {
             let ch: Vec<Change> = chunk.iter().cloned().map(Change::PutBlock).collect();
             p.a.commit(&ch, false).unwrap();
         }
-        assert!(p.b.block_on(5000 + n - 1, 0).unwrap());
+        assert!(on(&p.b, 5000 + n - 1, 0));
         let index_keys = || {
             let key = p.etcd.key("bid/");
             p.etcd
@@ -1498,7 +1602,7 @@ mod etcd_only {
         p.a.unlink(ROOT_INO, b"big").unwrap();
         assert_eq!(p.b.delete_inode(f.ino).unwrap(), rows);
         assert!(p.a.all_blocks().unwrap().is_empty());
-        assert!(!p.a.block_on(5000, 0).unwrap());
+        assert!(!on(&p.a, 5000, 0));
         assert_eq!(index_keys(), 0, "stale block index keys");
     }
 

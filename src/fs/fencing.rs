@@ -459,7 +459,7 @@ mod tests {
 
     /// A daemon's core on the setup's data directory.
     fn core(s: &Setup) -> Arc<Core> {
-        let dns = Datanodes::open(&[s.dir.path().join("dn1")], 1, None).expect("datanode");
+        let dns = Datanodes::unregistered(&[s.dir.path().join("dn1")], 1).expect("datanode");
         Core::with_system_clock(
             s.meta.clone(),
             Arc::new(dns),

@@ -216,8 +216,8 @@ impl Core {
         let (files, _) = self.meta.usage()?;
         let mut total = u64::MAX;
         let mut free = u64::MAX;
-        for i in 0..self.dns.len() {
-            if let Some(dn) = self.dns.get(i)
+        for dn in self.dns.attached() {
+            if self.dns.is_alive(dn.id)
                 && let Ok(s) = nix::sys::statvfs::statvfs(&dn.root)
             {
                 let f = s.fragment_size();

@@ -6,11 +6,11 @@
 //! path's multi-row updates are expressed as a list of [`Change`]s so they
 //! too commit as one unit on either backend.
 
-use std::path::PathBuf;
+use std::path::Path;
 
 use super::types::{
-    AttrChange, AuditEvent, BlockRow, DecideXattrs, DirEntry, FenceRecord, Inode, NewNode,
-    StoreSpace, UnderConstruction, XattrEdit, XattrLimits,
+    AttrChange, AuditEvent, BlockRow, DatanodeRecord, DecideXattrs, DirEntry, DnId, FenceRecord,
+    Inode, NewNode, StoreSpace, UnderConstruction, XattrEdit, XattrLimits,
 };
 use crate::error::FsResult;
 
@@ -152,8 +152,9 @@ pub trait Meta: Send + Sync {
     fn blocks(&self, ino: u64) -> FsResult<Vec<BlockRow>>;
     /// Every block of every file, ordered by (ino, idx).
     fn all_blocks(&self) -> FsResult<Vec<BlockRow>>;
-    /// Whether block `block_id` is recorded with a replica on datanode `dn`.
-    fn block_on(&self, block_id: u64, dn: usize) -> FsResult<bool>;
+    /// The row of block `block_id`, if a file still has it (a point read:
+    /// the orphan sweep asks it again before deleting anything).
+    fn block_by_id(&self, block_id: u64) -> FsResult<Option<BlockRow>>;
     fn list_uc(&self) -> FsResult<Vec<UnderConstruction>>;
     /// One file's under-construction entry (a point read: write-opens over
     /// etcd ask this for every file they claim).
@@ -167,12 +168,27 @@ pub trait Meta: Send + Sync {
     /// the first; epochs stay strictly increasing across restarts.
     fn reserve_epochs(&self, n: u64) -> FsResult<u64>;
 
+    // ---- datanode registry -------------------------------------------------
+    /// The filesystem's ID, created with it: every datanode's identity file
+    /// names it, so a directory of another filesystem is recognised.
+    fn filesystem_id(&self) -> FsResult<String>;
+    /// Every datanode the filesystem has recorded, by id.
+    fn datanode_records(&self) -> FsResult<Vec<DatanodeRecord>>;
+    /// Records that storage `storage_id`, whose identity file is on disk,
+    /// was attached at `path`; returns its id, a new one for a storage not
+    /// seen before. An `upgrading` record of it becomes `normal`. Durable.
+    fn register_datanode(&self, storage_id: &str, path: &Path) -> FsResult<DnId>;
+    /// Gives the positional-layout datanode `id` the storage ID
+    /// `storage_id`, unless it has one already (another daemon's, or an
+    /// interrupted upgrade's); returns the one it has afterwards. Durable:
+    /// the identity file is written only after this.
+    fn claim_legacy_datanode(&self, id: DnId, storage_id: &str) -> FsResult<String>;
+
     // ---- mount configuration and audit ---------------------------------
-    /// Records the datanode directories, so that offline tools find them.
-    fn set_datanodes(&self, dirs: &[PathBuf], replication: usize) -> FsResult<()>;
+    /// Records the replication factor of this mount, for offline tools.
+    fn set_replication(&self, replication: usize) -> FsResult<()>;
     /// The replication factor of the last mount, if recorded.
     fn replication(&self) -> FsResult<Option<usize>>;
-    fn datanodes(&self) -> FsResult<Vec<PathBuf>>;
     /// Appends one election event durably, unless it is redundant with
     /// the election's events ([`AuditEvent::is_redundant`], judged in the
     /// same atomic step); returns its sequence number, or `None` when it

@@ -1,9 +1,13 @@
 //! The records every metadata backend stores: inodes, blocks, files under
-//! construction, election audit events and election fences.
+//! construction, the datanode registry, election audit events and
+//! election fences.
 
+use std::path::PathBuf;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
+
+pub use crate::storage::identity::DnId;
 
 pub const ROOT_INO: u64 = 1;
 
@@ -74,7 +78,51 @@ pub struct BlockRow {
     pub gs: u64,
     pub len: u64,
     pub finalized: bool,
-    pub replicas: Vec<usize>,
+    /// The datanodes holding replicas, by registry id (never by place in
+    /// the `--datanode` list).
+    pub replicas: Vec<DnId>,
+}
+
+/// The registry's record of one datanode (a storage directory).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DatanodeRecord {
+    pub id: DnId,
+    /// The storage ID in the directory's identity file; `None` for a
+    /// datanode of the positional layout not yet given one.
+    pub storage_id: Option<String>,
+    /// Where the directory was last attached.
+    pub path: PathBuf,
+    pub state: AdminState,
+}
+
+/// What an operator (or an upgrade) made of a datanode; whether it is up
+/// (live, full, dead) is known only to running daemons.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AdminState {
+    /// Recorded by the positional layout (its id is its old place in the
+    /// `--datanode` list) and not yet given an identity file: the upgrade
+    /// at mount finishes it.
+    Upgrading,
+    /// Takes part in placement while it is live.
+    Normal,
+}
+
+impl AdminState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AdminState::Upgrading => "upgrading",
+            AdminState::Normal => "normal",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<AdminState> {
+        match s {
+            "upgrading" => Some(AdminState::Upgrading),
+            "normal" => Some(AdminState::Normal),
+            _ => None,
+        }
+    }
 }
 
 /// A file under construction, persisted with its holder as in HDFS.

@@ -4,11 +4,12 @@
 //! plus the read path and lease (block) recovery that share its view of
 //! replicas.
 
+pub mod attach;
 pub mod datanodes;
 pub mod reader;
 pub mod recovery;
 pub mod stream;
 mod streamer;
 
-pub use datanodes::Datanodes;
+pub use datanodes::{Datanodes, Health};
 pub use stream::{Done, OutputStream, StreamCtx};

@@ -11,8 +11,9 @@
 
 use super::stream::{Done, Job, OutputStream, Packet, State};
 use crate::error::{FsError, FsResult};
-use crate::meta::{BlockRow, Change, Meta, now_ns};
-use crate::storage::datanode::{Datanode, ReplicaWriter};
+use crate::meta::{BlockRow, Change, DnId, Meta, now_ns};
+use crate::pipeline::datanodes::FULL_BELOW;
+use crate::storage::datanode::{Datanode, ReplicaWriter, StorageError};
 use crate::storage::replica::ChunkAccumulator;
 use crate::sync::{Arc, lock};
 
@@ -22,7 +23,7 @@ pub(crate) struct Pipe {
     crcs: Vec<u32>,
     /// Blocks finalised since the last sync: (block id, gs, datanodes).
     /// Closing promises no durability; `fsync` syncs these too.
-    unsynced: Vec<(u64, u64, Vec<usize>)>,
+    unsynced: Vec<(u64, u64, Vec<DnId>)>,
     /// The file's under-construction record is in the metadata store.
     uc_recorded: bool,
     /// No block from this index on exists: none did when the stream
@@ -36,7 +37,7 @@ struct OpenBlock {
     row: BlockRow,
     /// File offset of the block's first byte.
     start: u64,
-    writers: Vec<(usize, ReplicaWriter)>,
+    writers: Vec<(DnId, ReplicaWriter)>,
     acc: ChunkAccumulator,
 }
 
@@ -225,7 +226,7 @@ impl OutputStream {
         {
             tracing::warn!(
                 ino = self.ino,
-                datanode = b.writers[k].0,
+                datanode = %b.writers[k].0,
                 "dead datanode leaves the pipeline"
             );
             self.rebuild_pipeline(b, k, boff)?;
@@ -235,7 +236,9 @@ impl OutputStream {
             for (k, (dn, w)) in b.writers.iter_mut().enumerate() {
                 self.ctx.dns.fault_delay(*dn);
                 if let Err(e) = w.write_packet(boff, &p.data, crcs) {
-                    tracing::warn!(ino = self.ino, datanode = *dn, "replica write failed: {e}");
+                    tracing::warn!(ino = self.ino, datanode = %dn, "replica write failed: {e}");
+                    // ENOSPC: full (still readable), not dead.
+                    self.ctx.dns.mark_failed(*dn, &e);
                     failed = Some(k);
                     break;
                 }
@@ -255,7 +258,6 @@ impl OutputStream {
     /// cut every replica back to that prefix so the packet can be resent.
     fn rebuild_pipeline(&self, b: &mut OpenBlock, failed: usize, acked: u64) -> FsResult<()> {
         let (bad_dn, _) = b.writers.remove(failed);
-        self.ctx.dns.mark_dead(bad_dn);
         let dns = &self.ctx.dns;
         let new_gs = self.meta().alloc("next_gs")?;
         let old = std::mem::take(&mut b.writers);
@@ -270,19 +272,26 @@ impl OutputStream {
                 Ok(w) => writers.push((dn, w)),
                 Err(e) => {
                     tracing::warn!(
-                        datanode = dn,
+                        datanode = %dn,
                         "dropping replica during pipeline recovery: {e}"
                     );
-                    dns.mark_dead(dn);
+                    dns.mark_failed(dn, &e);
                 }
             }
         }
-        let mut used: Vec<usize> = writers.iter().map(|(d, _)| *d).collect();
+        let mut used: Vec<DnId> = writers.iter().map(|(d, _)| *d).collect();
         used.push(bad_dn);
         if let Some(&(src_dn, _)) = writers.first()
             && writers.len() < dns.replication
         {
-            for spare in dns.choose(dns.replication - writers.len(), &used) {
+            // Spares with room for the acknowledged prefix and more, tried
+            // in turn until the pipeline is whole again (a full datanode is
+            // left out, and one that fills during the copy is passed over).
+            let room = acked.saturating_add(FULL_BELOW);
+            for spare in dns.choose_with_room(dns.len(), &used, room) {
+                if writers.len() >= dns.replication {
+                    break;
+                }
                 let (Some(src), Some(dst)) = (dns.get(src_dn), dns.get(spare)) else {
                     continue;
                 };
@@ -297,7 +306,12 @@ impl OutputStream {
                     .and_then(|_| dst.reopen_rbw(b.row.block_id, new_gs, acked));
                 match r {
                     Ok(w) => writers.push((spare, w)),
-                    Err(e) => tracing::warn!(datanode = spare, "spare datanode failed: {e}"),
+                    Err(e) => {
+                        tracing::warn!(datanode = %spare, "spare datanode failed: {e}");
+                        if matches!(e, StorageError::NoSpace { .. }) {
+                            dns.mark_failed(spare, &e);
+                        }
+                    }
                 }
             }
         }
@@ -348,8 +362,8 @@ impl OutputStream {
                     match node.create_rbw(block_id, gs) {
                         Ok(w) => writers.push((dn, w)),
                         Err(e) => {
-                            tracing::warn!(datanode = dn, "cannot create replica: {e}");
-                            self.ctx.dns.mark_dead(dn);
+                            tracing::warn!(datanode = %dn, "cannot create replica: {e}");
+                            self.ctx.dns.mark_failed(dn, &e);
                         }
                     }
                 }
@@ -397,7 +411,7 @@ impl OutputStream {
                     match r {
                         Ok(w) => writers.push((dn, w)),
                         Err(e) => {
-                            tracing::warn!(datanode = dn, "replica not reopened for append: {e}")
+                            tracing::warn!(datanode = %dn, "replica not reopened for append: {e}")
                         }
                     }
                 }
@@ -428,7 +442,7 @@ impl OutputStream {
     fn finalize(
         &self,
         mut b: OpenBlock,
-        unsynced: &mut Vec<(u64, u64, Vec<usize>)>,
+        unsynced: &mut Vec<(u64, u64, Vec<DnId>)>,
     ) -> FsResult<(BlockRow, u64)> {
         let len = b.row.len;
         let mut ok = Vec::new();
@@ -438,7 +452,7 @@ impl OutputStream {
             };
             match node.finalize_written(w, b.row.block_id, b.row.gs, len) {
                 Ok(()) => ok.push(dn),
-                Err(e) => tracing::warn!(datanode = dn, "finalize failed: {e}"),
+                Err(e) => tracing::warn!(datanode = %dn, "finalize failed: {e}"),
             }
         }
         if ok.is_empty() {
@@ -501,7 +515,7 @@ impl OutputStream {
                 let r = node.sync_fs().map_err(FsError::from);
                 if let Err(e) = &r {
                     tracing::warn!(
-                        datanode = node.index,
+                        datanode = %node.id,
                         "syncfs failed, syncing file by file: {e}"
                     );
                 }
@@ -538,7 +552,7 @@ impl OutputStream {
             tracing::warn!(
                 ino = self.ino,
                 block,
-                datanode = dn,
+                datanode = %dn,
                 "replica sync failed: {e}"
             );
             self.ctx.bad.report(block, dn);
@@ -559,7 +573,7 @@ impl OutputStream {
     fn file_syncs(
         &self,
         pipe: &Pipe,
-        unsynced: &[(u64, u64, Vec<usize>)],
+        unsynced: &[(u64, u64, Vec<DnId>)],
         who: Replica,
     ) -> FsResult<Vec<SyncJob>> {
         let (block, dn) = who;
@@ -680,7 +694,7 @@ impl OutputStream {
                     };
                     match node.truncate(row.block_id, row.gs, new_gs, len) {
                         Ok(()) => ok.push(dn),
-                        Err(e) => tracing::warn!(datanode = dn, "replica truncate failed: {e}"),
+                        Err(e) => tracing::warn!(datanode = %dn, "replica truncate failed: {e}"),
                     }
                 }
                 if ok.is_empty() {
@@ -710,8 +724,8 @@ impl OutputStream {
     }
 }
 
-/// A replica: (block id, datanode index).
-type Replica = (u64, usize);
+/// A replica: (block id, datanode id).
+type Replica = (u64, DnId);
 /// One file's (or one replica's) part of an fsync.
 type SyncTask = Box<dyn FnOnce() -> FsResult<()> + Send>;
 /// A job's result for each replica it covers (`None`: the metadata store).

@@ -18,7 +18,7 @@ mod records;
 mod stm;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::Arc;
 
 use records::*;
@@ -87,7 +87,13 @@ impl EtcdMeta {
                     s.set_counter(name, first);
                 }
             }
-            Ok(())
+            if s.get(FILESYSTEM_ID)?.is_none() {
+                s.put(
+                    FILESYSTEM_ID,
+                    crate::storage::identity::new_filesystem_id().into_bytes(),
+                );
+            }
+            data::upgrade_positional_datanodes(s)
         })?;
         let me = EtcdMeta {
             etcd,
@@ -160,12 +166,6 @@ impl EtcdMeta {
                 .map(|(_, b)| b)
                 .collect())
         })
-    }
-
-    fn datanode_record(&self) -> FsResult<Datanodes> {
-        Ok(self
-            .run(|s| s.get_json::<Datanodes>(DATANODES))?
-            .unwrap_or_default())
     }
 }
 
@@ -365,8 +365,8 @@ impl Meta for EtcdMeta {
         self.scan_blocks(BLOCKS)
     }
 
-    fn block_on(&self, block_id: u64, dn: usize) -> FsResult<bool> {
-        self.run(|s| data::block_on(s, block_id, dn))
+    fn block_by_id(&self, block_id: u64) -> FsResult<Option<BlockRow>> {
+        self.run(|s| data::block_by_id(s, block_id))
     }
 
     fn uc(&self, ino: u64) -> FsResult<Option<UnderConstruction>> {
@@ -401,28 +401,41 @@ impl Meta for EtcdMeta {
         Ok(self.add_to_counter("epoch_reserved", n)? + 1)
     }
 
-    fn set_datanodes(&self, dirs: &[PathBuf], replication: usize) -> FsResult<()> {
-        let rec = Datanodes {
-            dirs: dirs
-                .iter()
-                .map(|d| d.to_string_lossy().into_owned())
-                .collect(),
-            replication: Some(replication),
-        };
-        self.run(|s| s.put_json(DATANODES, &rec))
+    fn filesystem_id(&self) -> FsResult<String> {
+        let v = self
+            .run(|s| s.get(FILESYSTEM_ID))?
+            .ok_or_else(|| FsError::Meta("the filesystem ID is missing in etcd".into()))?;
+        String::from_utf8(v).map_err(|_| FsError::Meta("corrupt filesystem ID in etcd".into()))
+    }
+
+    fn datanode_records(&self) -> FsResult<Vec<DatanodeRecord>> {
+        self.run(|s| {
+            Ok(s.scan_json::<DatanodeRecord>(DATANODES)?
+                .into_iter()
+                .map(|(_, r)| r)
+                .collect())
+        })
+    }
+
+    fn register_datanode(&self, storage_id: &str, path: &Path) -> FsResult<DnId> {
+        self.run(|s| data::register_datanode(s, storage_id, path))
+    }
+
+    fn claim_legacy_datanode(&self, id: DnId, storage_id: &str) -> FsResult<String> {
+        self.run(|s| data::claim_legacy_datanode(s, id, storage_id))
+    }
+
+    fn set_replication(&self, replication: usize) -> FsResult<()> {
+        self.run(|s| {
+            s.set_counter(data::REPLICATION, replication as u64);
+            Ok(())
+        })
     }
 
     fn replication(&self) -> FsResult<Option<usize>> {
-        Ok(self.datanode_record()?.replication)
-    }
-
-    fn datanodes(&self) -> FsResult<Vec<PathBuf>> {
         Ok(self
-            .datanode_record()?
-            .dirs
-            .into_iter()
-            .map(PathBuf::from)
-            .collect())
+            .run(|s| s.counter(data::REPLICATION))?
+            .map(|r| r as usize))
     }
 
     /// Sequence numbers come from one counter, so they order the events of

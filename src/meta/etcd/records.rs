@@ -15,7 +15,11 @@
 //! | `uc/<ino>`                        | [`UnderConstruction`] (JSON)    |
 //! | `c/<name>`                        | counter, decimal                |
 //! | `a/<election hex>/<seq>`          | [`AuditEvent`] (JSON)           |
-//! | `dn`                              | [`Datanodes`] (JSON)            |
+//! | `fsid`                            | the filesystem ID               |
+//! | `dn/<id>`                         | [`DatanodeRecord`] (JSON)       |
+//! | `dn`                              | [`PositionalDatanodes`] (JSON): |
+//! |                                   | the positional layout's list,   |
+//! |                                   | turned into `dn/` at open       |
 //!
 //! Numbers are 16 hex digits, so keys sort like the numbers; names are hex
 //! so they sort like the bytes (SQLite's BLOB order) and may hold any byte.
@@ -59,7 +63,9 @@ fn num(s: &str) -> FsResult<u64> {
 pub(super) const INODES: &str = "i/";
 pub(super) const BLOCKS: &str = "b/";
 pub(super) const UCS: &str = "uc/";
-pub(super) const DATANODES: &str = "dn";
+pub(super) const POSITIONAL_DATANODES: &str = "dn";
+pub(super) const DATANODES: &str = "dn/";
+pub(super) const FILESYSTEM_ID: &str = "fsid";
 
 pub(super) fn inode_key(ino: u64) -> String {
     format!("i/{ino:016x}")
@@ -100,6 +106,10 @@ pub(super) fn block_index_key(block_id: u64) -> String {
 pub(super) fn uc_key(ino: u64) -> String {
     format!("uc/{ino:016x}")
 }
+pub(super) fn datanode_key(id: DnId) -> String {
+    format!("{DATANODES}{:016x}", id.0)
+}
+
 pub(super) fn counter_key(name: &str) -> String {
     format!("c/{name}")
 }
@@ -164,8 +174,10 @@ pub(super) struct BlockAt {
     pub idx: u64,
 }
 
+/// What the positional layout recorded: the `--datanode` list of the last
+/// mount, whose places block rows name.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub(super) struct Datanodes {
+pub(super) struct PositionalDatanodes {
     pub dirs: Vec<String>,
     pub replication: Option<usize>,
 }

@@ -9,6 +9,7 @@
 use std::path::{Path, PathBuf};
 
 mod dentries;
+mod registry;
 mod schema;
 mod xattrs;
 
@@ -90,7 +91,7 @@ fn row_to_block(r: &rusqlite::Row<'_>) -> rusqlite::Result<BlockRow> {
     })
 }
 
-fn replicas_text(r: &[usize]) -> String {
+fn replicas_text(r: &[DnId]) -> String {
     r.iter()
         .map(|d| d.to_string())
         .collect::<Vec<_>>()
@@ -139,6 +140,7 @@ impl MetaStore {
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         conn.execute_batch(schema::SCHEMA)?;
         schema::upgrade(&conn)?;
+        registry::init(&conn)?;
         let now = now_ns();
         conn.execute(
             &format!(
@@ -595,14 +597,13 @@ impl Meta for MetaStore {
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
-    /// Whether block `block_id` is recorded with a replica on datanode `dn`.
-    fn block_on(&self, block_id: u64, dn: usize) -> FsResult<bool> {
+    fn block_by_id(&self, block_id: u64) -> FsResult<Option<BlockRow>> {
         let c = lock(&self.conn);
-        let reps: Option<String> = c
-            .prepare_cached("SELECT replicas FROM blocks WHERE block_id = ?1")?
-            .query_row([block_id as i64], |r| r.get(0))
-            .optional()?;
-        Ok(reps.is_some_and(|r| r.split(',').any(|d| d.parse() == Ok(dn))))
+        Ok(c.prepare_cached(
+            "SELECT ino, idx, block_id, gs, len, finalized, replicas FROM blocks WHERE block_id = ?1",
+        )?
+        .query_row([block_id as i64], row_to_block)
+        .optional()?)
     }
 
     /// A fresh id of `counter` (`next_block`, `next_gs`): unique across
@@ -719,21 +720,28 @@ impl Meta for MetaStore {
         self.with_tx(|tx| xattrs::update(tx, ino, names, limits, decide))
     }
 
-    /// Records the datanode directories of this mount, so that offline
-    /// tools (`fsck --data`) find them.
-    fn set_datanodes(&self, dirs: &[std::path::PathBuf], replication: usize) -> FsResult<()> {
+    fn filesystem_id(&self) -> FsResult<String> {
+        registry::filesystem_id(&lock(&self.conn))
+    }
+
+    fn datanode_records(&self) -> FsResult<Vec<DatanodeRecord>> {
+        registry::records(&lock(&self.conn))
+    }
+
+    fn register_datanode(&self, storage_id: &str, path: &Path) -> FsResult<DnId> {
+        self.durable(|tx| registry::register(tx, storage_id, path))
+    }
+
+    fn claim_legacy_datanode(&self, id: DnId, storage_id: &str) -> FsResult<String> {
+        self.durable(|tx| registry::claim_legacy(tx, id, storage_id))
+    }
+
+    fn set_replication(&self, replication: usize) -> FsResult<()> {
         self.with_tx(|tx| {
             tx.execute(
                 "INSERT OR REPLACE INTO counters VALUES('replication', ?1)",
                 [replication as i64],
             )?;
-            tx.execute("DELETE FROM datanodes", [])?;
-            for (i, d) in dirs.iter().enumerate() {
-                tx.execute(
-                    "INSERT INTO datanodes VALUES(?1, ?2)",
-                    params![i as i64, d.to_string_lossy()],
-                )?;
-            }
             Ok(())
         })
     }
@@ -748,17 +756,6 @@ impl Meta for MetaStore {
         )
         .optional()?
         .map(|v| v as usize))
-    }
-
-    fn datanodes(&self) -> FsResult<Vec<std::path::PathBuf>> {
-        let c = lock(&self.conn);
-        let mut st = c.prepare("SELECT path FROM datanodes ORDER BY idx")?;
-        let rows = st.query_map([], |r| r.get::<_, String>(0))?;
-        Ok(rows
-            .collect::<Result<Vec<_>, _>>()?
-            .into_iter()
-            .map(std::path::PathBuf::from)
-            .collect())
     }
 
     /// Appends one election event (the audit table operators query).

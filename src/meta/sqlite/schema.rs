@@ -82,14 +82,39 @@ CREATE TABLE IF NOT EXISTS election_fences(
   PRIMARY KEY(owner, pgid)
 );
 CREATE TABLE IF NOT EXISTS datanodes(
-  idx INTEGER PRIMARY KEY,
-  path TEXT NOT NULL
+  id INTEGER PRIMARY KEY,
+  storage_id TEXT UNIQUE,
+  path TEXT NOT NULL,
+  state TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS settings(
+  name TEXT PRIMARY KEY,
+  value TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS counters(
   name TEXT PRIMARY KEY,
   value INTEGER NOT NULL
 );
 INSERT OR IGNORE INTO counters VALUES('next_ino', 2), ('next_block', 1), ('next_gs', 1000), ('epoch_reserved', 0), ('next_cookie', 3);
+";
+
+/// The positional layout's `datanodes(idx, path)` table becomes the
+/// registry: each row keeps its id (its old place in the `--datanode`
+/// list, which block rows name) and awaits an identity file. One
+/// transaction, so a crash leaves either table whole.
+pub const UPGRADE_POSITIONAL_DATANODES: &str = "
+BEGIN;
+ALTER TABLE datanodes RENAME TO datanodes_positional;
+CREATE TABLE datanodes(
+  id INTEGER PRIMARY KEY,
+  storage_id TEXT UNIQUE,
+  path TEXT NOT NULL,
+  state TEXT NOT NULL
+);
+INSERT INTO datanodes(id, storage_id, path, state)
+  SELECT idx, NULL, path, 'upgrading' FROM datanodes_positional;
+DROP TABLE datanodes_positional;
+COMMIT;
 ";
 
 /// Indexes on columns an upgrade may have to add first.
