@@ -202,7 +202,13 @@ impl Core {
                 }),
             ),
         };
-        let owner = format!("{host}:{}", data_dir.display());
+        // The same for every mount of this data directory, however named.
+        let owner = format!(
+            "{host}:{}",
+            std::fs::canonicalize(&data_dir)
+                .unwrap_or_else(|_| data_dir.clone())
+                .display()
+        );
         let leases = Arc::new(LeaseManager::new(cfg, clock, epochs, host.clone()));
         let bad = Arc::new(BadReplicas::default());
         let ctx = Arc::new(StreamCtx {
