@@ -1162,6 +1162,15 @@ fn audit_leaves_out_redundant_events(m: &dyn Meta) {
         .map(|e| format!("{} {}", e.event, e.epoch))
         .collect();
     assert_eq!(kinds, ["elected 7", "preempted 7", "lost 7", "expired 8"]);
+    // Without an epoch (housekeeping leadership), every event counts.
+    let hk = |event: &str| AuditEvent {
+        election: "housekeeping".into(),
+        ..ev(event, "daemon 1", 0, 9)
+    };
+    for e in ["elected", "lost", "elected"] {
+        assert!(m.audit(&hk(e)).unwrap().is_some(), "{e}");
+    }
+    assert_eq!(m.audit_history("housekeeping").unwrap().len(), 3);
 }
 
 /// Fences are kept per daemon lineage, replaced by process group, and

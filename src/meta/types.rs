@@ -160,7 +160,12 @@ impl AuditEvent {
     /// same event again (a retried write whose answer was lost). Backends
     /// leave such events out, so that every term has one start, and an
     /// elector and the daemon may both try to record how a term ended.
+    /// Events without an epoch (0: the daemons' housekeeping leadership)
+    /// are never left out.
     pub fn is_redundant(&self, history: &[AuditEvent]) -> bool {
+        if self.epoch == 0 {
+            return false;
+        }
         let same_term = |e: &&AuditEvent| e.epoch == self.epoch && e.election == self.election;
         match self.event.as_str() {
             "elected" => history
