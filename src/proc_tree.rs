@@ -133,6 +133,29 @@ pub fn remove_cgroup(rel: &str) -> io::Result<()> {
     }
 }
 
+/// Removes the empty command cgroups of electors that are gone (killed
+/// along with their daemon, so that nobody removed them), beside this
+/// process's own cgroup.
+pub fn remove_stale_cgroups() {
+    let (Some(root), Some(own)) = (cgroup2_root(), cgroup_of(std::process::id())) else {
+        return;
+    };
+    let Ok(dir) = std::fs::read_dir(root.join(own.trim_start_matches('/'))) else {
+        return;
+    };
+    for e in dir.flatten() {
+        let name = e.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(CGROUP_PREFIX)) else {
+            continue;
+        };
+        let elector = rest.split('.').next().and_then(|p| p.parse::<u32>().ok());
+        if elector.is_some_and(|p| stat(p).is_none_or(|s| s.zombie)) {
+            // Fails (EBUSY) while a process is left in it: then it stays.
+            let _ = std::fs::remove_dir(e.path());
+        }
+    }
+}
+
 /// Every live process in `/proc` whose session is `sid`.
 fn session_members(sid: u32) -> Vec<u32> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
@@ -259,6 +282,28 @@ mod tests {
         let me = stat(std::process::id()).expect("own stat");
         assert_eq!(me.pgid, nix::unistd::getpgrp().as_raw() as u32);
         assert!(!me.zombie);
+    }
+
+    #[test]
+    fn cgroups_of_dead_electors_are_removed_and_live_ones_kept() {
+        // An elector that is gone: a child that has exited and been reaped.
+        let dead = std::process::Command::new("true")
+            .spawn()
+            .and_then(|mut c| c.wait().map(|_| c.id()))
+            .expect("spawn true");
+        let stale = format!("{CGROUP_PREFIX}{dead}.1");
+        let live = format!("{CGROUP_PREFIX}{}.1", std::process::id());
+        let (Ok(stale_rel), Ok(live_rel)) = (create_cgroup(&stale), create_cgroup(&live)) else {
+            eprintln!("no writable cgroup2 here: nothing to check");
+            return;
+        };
+        remove_stale_cgroups();
+        let stale_gone = !cgroup_dir(&stale_rel).expect("dir").exists();
+        let live_kept = cgroup_dir(&live_rel).expect("dir").exists();
+        let _ = remove_cgroup(&stale_rel);
+        let _ = remove_cgroup(&live_rel);
+        assert!(stale_gone, "the cgroup of a dead elector was left behind");
+        assert!(live_kept, "the cgroup of a live elector was removed");
     }
 
     #[test]

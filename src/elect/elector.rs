@@ -123,6 +123,7 @@ impl Elector {
 
     fn compete(&self, ctl: &dyn Control, stop: &AtomicBool) -> Result<Outcome, ElectError> {
         self.timing.validate()?;
+        crate::proc_tree::remove_stale_cgroups();
         std::fs::create_dir_all(&self.dir).map_err(|source| ElectError::Dir {
             path: self.dir.clone(),
             source,
