@@ -146,6 +146,12 @@ pub struct Check<'a> {
     /// Apply the grace to finalized replicas too (automatic housekeeping is
     /// conservative; an operator's `fsck --repair` removes them at once).
     pub grace_finalized: bool,
+    /// Repairs a file left open while writers may be at work (online):
+    /// `Ok(true)` recovered, `Ok(false)` it has a live lease after all (the
+    /// live set above was taken before the files under construction were
+    /// read, and a writer may have opened the file since). `None`: no
+    /// writer can be at work (offline, at mount): recovered directly.
+    pub left_open: Option<&'a (dyn Fn(u64) -> Result<bool, String> + Sync)>,
     /// Beside orphans, also delete copies of a block on datanodes its row
     /// does not list, once the row's own replicas are all there (excess or
     /// stale copies; never at mount).
@@ -229,8 +235,21 @@ pub fn run(c: &Check<'_>) -> Result<Report, String> {
                 repaired: false,
             };
             if c.repair {
-                match crate::pipeline::recovery::recover_file(c.meta, c.dns, uc.ino) {
-                    Ok(_) => p.repaired = true,
+                let recovered = match c.left_open {
+                    Some(f) => f(uc.ino),
+                    None => crate::pipeline::recovery::recover_file(c.meta, c.dns, uc.ino)
+                        .map(|_| true)
+                        .map_err(|e| e.to_string()),
+                };
+                match recovered {
+                    Ok(true) => p.repaired = true,
+                    // Opened by a writer since the live set was taken.
+                    Ok(false) => {
+                        if let Some(f) = r.open_for_write.last_mut() {
+                            f.live = true;
+                        }
+                        continue;
+                    }
                     Err(e) => p.detail.push_str(&format!("; recovery failed: {e}")),
                 }
             }

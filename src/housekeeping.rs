@@ -64,6 +64,7 @@ impl Housekeeper {
         };
         let busy = core.busy_blocks(&live);
         let suspect: HashSet<(u64, crate::meta::DnId)> = core.bad.list().into_iter().collect();
+        let left_open = |ino| core.recover_left_open(ino);
         let c = Check {
             meta: &*core.meta,
             dns: &core.dns,
@@ -77,6 +78,7 @@ impl Housekeeper {
             excess: true,
             orphan_grace: fsck::ORPHAN_GRACE,
             grace_finalized: true,
+            left_open: Some(&left_open),
         };
         match fsck::run(&c) {
             Ok(r) => {

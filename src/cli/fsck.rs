@@ -114,5 +114,6 @@ fn offline(data: &Path, repair: bool) -> Result<Report, String> {
         // No daemon runs on this data directory: nothing is being created.
         orphan_grace: std::time::Duration::ZERO,
         grace_finalized: false,
+        left_open: None,
     })
 }

@@ -48,10 +48,12 @@ pub struct Caller {
     pub gid: u32,
 }
 
-/// Who opens for writing: the process, and the election term's fence it
-/// belongs to, if any (its handle stays fenced by that term).
+/// Who opens for writing: the process, its uid (who may see the holder's
+/// details), and the election term's fence it belongs to, if any (its
+/// handle stays fenced by that term).
 pub(super) struct Opener {
     pub who: proc_info::Ident,
+    pub uid: u32,
     pub fence: Option<u32>,
 }
 
@@ -211,6 +213,7 @@ impl Core {
         );
         let leases = Arc::new(LeaseManager::new(cfg, clock, epochs, host.clone()));
         let bad = Arc::new(BadReplicas::default());
+        let budget = crate::pipeline::Budget::new(opts.write_buffer_packets(), rt.clone());
         let ctx = Arc::new(StreamCtx {
             bad: bad.clone(),
             meta: meta.clone(),
@@ -220,6 +223,7 @@ impl Core {
             max_in_flight: opts.max_packets_in_flight,
             publish_lengths: cluster.is_some(),
             sync_by_fs: opts.sync_by_fs,
+            budget,
         });
         Arc::new(Core {
             meta,
@@ -304,7 +308,7 @@ impl Core {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         if !write {
             return match self.meta.get(ino) {
-                Ok(inode) => self.open_reader(fh, &inode, reply),
+                Ok(inode) => self.open_reader(fh, &inode, caller.uid, reply),
                 Err(e) => reply(Err(e)),
             };
         }
@@ -317,26 +321,31 @@ impl Core {
         if let Err(e) = self.check_fenced(fence) {
             return reply(Err(e));
         }
-        let opener = Opener { who, fence };
+        let opener = Opener {
+            who,
+            uid: caller.uid,
+            fence,
+        };
         if let Some(cl) = self.cluster.clone() {
             // Claiming waits on the network: not on a request thread.
             let me = self.clone();
             self.ctx.rt.spawn_blocking(move || {
-                if let Err(e) = me.claim(&*cl, ino, fh, flags, caller.pid, &opener.who) {
-                    return reply(Err(e));
-                }
-                me.acquire_local(ino, fh, flags, caller, opener, reply)
+                let left = match me.claim(&*cl, ino, fh, flags, caller.pid, &opener.who) {
+                    Ok(left) => left,
+                    Err(e) => return reply(Err(e)),
+                };
+                me.acquire_local(ino, fh, flags, caller, opener, left, reply)
             });
             return;
         }
-        self.acquire_local(ino, fh, flags, caller, opener, reply)
+        self.acquire_local(ino, fh, flags, caller, opener, None, reply)
     }
 
     /// A read-only handle (also what a write open of anything but a regular
     /// file gets). A file nobody changes is read through the page cache;
     /// one under construction directly, so that readers never see bytes
     /// not yet acknowledged nor a zero-filled last page (`cache`).
-    fn open_reader(&self, fh: u64, inode: &Inode, reply: Reply<Opened>) {
+    fn open_reader(&self, fh: u64, inode: &Inode, uid: u32, reply: Reply<Opened>) {
         let ino = inode.ino;
         let mode = if inode.kind == Kind::File {
             self.read_mode(ino)
@@ -352,6 +361,7 @@ impl Core {
             epoch: 0,
             tgid: 0,
             fence: None,
+            uid,
             flushed: Default::default(),
             stream: None,
         };
@@ -372,6 +382,9 @@ impl Core {
 
     /// Takes the file's lease among this daemon's handles (the whole
     /// decision on a lone daemon).
+    /// `wait`: what is left of a wait begun in the queue across daemons
+    /// (`None`: `lease_wait`).
+    #[allow(clippy::too_many_arguments)]
     fn acquire_local(
         self: &Arc<Self>,
         ino: u64,
@@ -379,6 +392,7 @@ impl Core {
         flags: i32,
         caller: Caller,
         opener: Opener,
+        wait: Option<Duration>,
         reply: Reply<Opened>,
     ) {
         let who = &opener.who;
@@ -412,7 +426,7 @@ impl Core {
             }
         });
         let take = || lock(&slot).take();
-        match self.leases.acquire(ino, holder, opts, cb) {
+        match self.leases.acquire_within(ino, holder, opts, wait, cb) {
             Ok(Acquire::Granted(g)) => {
                 if let Some(c) = take() {
                     c(Ok(g))
@@ -453,7 +467,7 @@ impl Core {
         grant: Grant,
         reply: Reply<Opened>,
     ) {
-        let Opener { who, fence } = opener;
+        let Opener { who, uid, fence } = opener;
         let inode = match self.meta.get(ino) {
             Ok(i) if i.kind == Kind::File => i,
             r => {
@@ -461,7 +475,7 @@ impl Core {
                 self.unclaim(ino, fh);
                 return match r {
                     Ok(i) if i.kind == Kind::Dir => reply(Err(FsError::IsDir)),
-                    Ok(i) => self.open_reader(fh, &i, reply),
+                    Ok(i) => self.open_reader(fh, &i, uid, reply),
                     Err(e) => reply(Err(e)),
                 };
             }
@@ -493,6 +507,7 @@ impl Core {
             epoch: grant.epoch,
             tgid: who.tgid,
             fence,
+            uid,
             flushed: Default::default(),
             stream: Some(stream.clone()),
         };
@@ -691,7 +706,11 @@ impl Core {
         );
     }
 
-    /// close(): every byte of this writer acknowledged by all replicas.
+    /// close(): every byte of this writer acknowledged by all replicas,
+    /// and the file closed as far as its metadata goes (last block
+    /// finalised, length committed), so that a failed commit (`ENOSPC` of
+    /// a full metadata store) is what `close()` returns: FUSE's RELEASE
+    /// comes after `close()` has returned, and its errors reach nobody.
     /// Only a close by the process that opened the handle counts as the
     /// holder closing (for the reopen grace): a child closing an inherited
     /// copy (exec) does not.
@@ -704,7 +723,7 @@ impl Core {
         // The holder's main thread needs no /proc read to be recognised.
         let by_holder = caller.pid == h.tgid || proc_info::identity(caller.pid).tgid == h.tgid;
         let me = self.clone();
-        stream.flush(Box::new(move |r| {
+        stream.close(Box::new(move |r| {
             if r.is_ok() && by_holder {
                 h.flushed.store(true, Ordering::Relaxed);
                 me.leases.note_flush(h.ino, h.fh);

@@ -260,6 +260,11 @@ impl Core {
         Ok(())
     }
 
+    /// The election file (inode) whose term fenced the tree of `pgid`.
+    pub fn fenced_election(&self, pgid: u32) -> Option<u64> {
+        self.fences.table.get(&pgid).map(|f| f.rec.ino)
+    }
+
     /// Forgets the fence of `pgid` (its elector stopped the whole tree).
     pub fn unregister_fence(&self, pgid: u32) {
         self.drop_fence(pgid);
@@ -532,6 +537,21 @@ mod tests {
         matches!(r, Err(FsError::TermOver { .. }))
     }
 
+    /// Whether a control request of process `who` (as root) was refused
+    /// because its term is over.
+    fn control(c: &Arc<Core>, who: Caller, req: serde_json::Value) -> bool {
+        let peer = crate::fs::control::Peer {
+            pid: who.pid,
+            uid: 0,
+            gid: 0,
+            groups: Vec::new(),
+        };
+        let a = crate::fs::control::requests::answer(c, std::path::Path::new("/mnt"), &peer, &req);
+        a["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("election term is over"))
+    }
+
     #[test]
     fn every_change_by_an_ended_terms_tree_is_refused_and_the_tree_stopped() {
         let s = setup();
@@ -604,9 +624,24 @@ mod tests {
                 "ioctl",
                 is_term_over(c.ioctl(ffh, crate::fs::core::IOC_RENEW)),
             ),
+            // The control socket's changes, root's included: above all,
+            // the tree may not drop its own fence.
+            (
+                "control unfence",
+                control(&c, it, serde_json::json!({"op": "unfence", "pgid": pgid})),
+            ),
+            (
+                "control recover",
+                control(&c, it, serde_json::json!({"op": "recover", "path": "/f"})),
+            ),
+            (
+                "control fsck repair",
+                control(&c, it, serde_json::json!({"op": "fsck", "repair": true})),
+            ),
         ];
         let let_through: Vec<&str> = refused.iter().filter(|r| !r.1).map(|r| r.0).collect();
         assert!(let_through.is_empty(), "not refused: {let_through:?}");
+        assert!(c.fenced_election(pgid).is_some(), "the fence was dropped");
         // Anyone else is not fenced; reading is never refused.
         c.mknode(ROOT_INO, b"mine", file(Kind::File), me)
             .expect("others may");

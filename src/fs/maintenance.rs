@@ -54,6 +54,7 @@ impl Core {
             excess: false,
             orphan_grace: Duration::ZERO,
             grace_finalized: false,
+            left_open: None,
         })
         .map_err(FsError::Io)?;
         for p in swept.problems.iter().filter(|p| p.repaired) {
@@ -92,12 +93,50 @@ impl Core {
             .collect()
     }
 
+    /// Recovers a file the store has under construction while no live
+    /// lease was seen, as one whose holder is gone; `Ok(false)` when it has
+    /// a live lease (or another daemon's claim) after all: fsck's and
+    /// housekeeping's view of live leases is taken before they read the
+    /// files under construction, and a writer may have opened the file
+    /// since. The lease is taken for the recovery (writers wait or get
+    /// `EBUSY` meanwhile), so recovery never races a writer's stream.
+    pub fn recover_left_open(&self, ino: u64) -> Result<bool, String> {
+        let pseudo = u64::MAX - ino;
+        let cl = match &self.cluster {
+            Some(cl) => match cl.claim(ino, pseudo, &self.recovery_claimant())? {
+                crate::lease::cluster::Claim::Mine { .. } => Some(cl),
+                crate::lease::cluster::Claim::Busy(_) => return Ok(false),
+            },
+            None => None,
+        };
+        let last = self.meta.get(ino).map(|i| i.last_epoch).unwrap_or(0);
+        let r = match self.leases.recover_orphan(ino, last, None) {
+            None => Ok(false),
+            Some(_) => {
+                let r = match self.meta.uc(ino) {
+                    Ok(Some(_)) => self.recover(ino, RecoveryReason::HolderGone).map(|_| true),
+                    // Closed meanwhile.
+                    Ok(None) => Ok(false),
+                    Err(e) => Err(e),
+                };
+                self.leases
+                    .finish_recovery(ino, r.as_ref().map(drop).map_err(|e| e.to_string()));
+                r.map_err(|e| e.to_string())
+            }
+        };
+        if let Some(cl) = cl {
+            cl.unclaim(ino, pseudo);
+        }
+        r
+    }
+
     /// An online fsck against the running daemon's view.
     pub fn fsck(&self, repair: bool) -> Result<crate::fsck::Report, String> {
         let live = self
             .live_files()
             .ok_or("cannot tell which files other daemons are writing")?;
         let busy = self.busy_blocks(&live);
+        let left_open = |ino| self.recover_left_open(ino);
         crate::fsck::run(&crate::fsck::Check {
             meta: &*self.meta,
             dns: &self.dns,
@@ -111,6 +150,7 @@ impl Core {
             excess: true,
             orphan_grace: crate::fsck::ORPHAN_GRACE,
             grace_finalized: false,
+            left_open: Some(&left_open),
         })
     }
 }

@@ -5,11 +5,13 @@
 //! replicas.
 
 pub mod attach;
+pub mod budget;
 pub mod datanodes;
 pub mod reader;
 pub mod recovery;
 pub mod stream;
 mod streamer;
 
+pub use budget::Budget;
 pub use datanodes::{Datanodes, Health};
 pub use stream::{Done, OutputStream, StreamCtx};
