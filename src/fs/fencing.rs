@@ -549,7 +549,7 @@ mod tests {
         let a = crate::fs::control::requests::answer(c, std::path::Path::new("/mnt"), &peer, &req);
         a["error"]
             .as_str()
-            .is_some_and(|e| e.contains("election term is over"))
+            .is_some_and(|e| e.starts_with("permission denied: the election term"))
     }
 
     #[test]

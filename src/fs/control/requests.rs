@@ -88,7 +88,7 @@ fn not_fenced(core: &Core, peer: &Peer) -> Result<(), Refusal> {
         gid: peer.gid,
     };
     core.may_change(caller)
-        .map_err(|e| Refusal::Denied(format!("{e}: this process's election term is over")))
+        .map_err(|e| Refusal::Denied(e.to_string()))
 }
 
 /// The holder's pid and process name are the holder's user's business.
