@@ -9,6 +9,7 @@
 use std::path::{Path, PathBuf};
 
 mod dentries;
+mod elections;
 mod registry;
 mod schema;
 mod xattrs;
@@ -197,27 +198,6 @@ impl MetaStore {
                 .execute(params![ino as i64, size as i64])?,
         };
         Ok(())
-    }
-
-    /// The events of `election` (of one term only, with `epoch`), oldest
-    /// first.
-    fn history_in(c: &Connection, election: &str, epoch: Option<u64>) -> FsResult<Vec<AuditEvent>> {
-        let mut st = c.prepare(
-            "SELECT election, event, who, host, pid, epoch, at_ms, why FROM election_audit WHERE election = ?1 AND (?2 IS NULL OR epoch = ?2) ORDER BY id",
-        )?;
-        let rows = st.query_map(params![election, epoch.map(|e| e as i64)], |r| {
-            Ok(AuditEvent {
-                election: r.get(0)?,
-                event: r.get(1)?,
-                who: r.get(2)?,
-                host: r.get(3)?,
-                pid: r.get::<_, i64>(4)? as u32,
-                epoch: r.get::<_, i64>(5)? as u64,
-                at_ms: r.get::<_, i64>(6)? as u64,
-                why: r.get(7)?,
-            })
-        })?;
-        Ok(rows.collect::<Result<_, _>>()?)
     }
 
     fn blocks_in(c: &Connection, ino: u64) -> FsResult<Vec<BlockRow>> {
@@ -760,75 +740,24 @@ impl Meta for MetaStore {
 
     /// Appends one election event (the audit table operators query).
     fn audit(&self, e: &AuditEvent) -> FsResult<Option<i64>> {
-        self.durable(|tx| {
-            if e.is_redundant(&Self::history_in(tx, &e.election, Some(e.epoch))?) {
-                return Ok(None);
-            }
-            tx.execute(
-                "INSERT INTO election_audit(election, event, who, host, pid, epoch, at_ms, why) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-                params![e.election, e.event, e.who, e.host, e.pid as i64, e.epoch as i64, e.at_ms as i64, e.why],
-            )?;
-            Ok(Some(tx.last_insert_rowid()))
-        })
+        self.durable(|tx| elections::audit(tx, e))
     }
 
     /// The events of one election, oldest first.
     fn audit_history(&self, election: &str) -> FsResult<Vec<AuditEvent>> {
-        let c = lock(&self.conn);
-        Self::history_in(&c, election, None)
+        elections::history(&lock(&self.conn), election, None)
     }
 
     fn put_fence(&self, f: &FenceRecord) -> FsResult<()> {
-        self.durable(|tx| {
-            tx.execute(
-                "INSERT OR REPLACE INTO election_fences(owner, pgid, start_ticks, boot_id, cgroup, leader, ino, epoch, who, pid) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
-                params![
-                    f.owner,
-                    f.pgid as i64,
-                    f.start_ticks as i64,
-                    f.boot_id,
-                    f.cgroup,
-                    f.leader,
-                    f.ino as i64,
-                    f.epoch as i64,
-                    f.who,
-                    f.pid as i64
-                ],
-            )?;
-            Ok(())
-        })
+        self.durable(|tx| elections::put_fence(tx, f))
     }
 
     fn delete_fence(&self, owner: &str, pgid: u32) -> FsResult<()> {
-        self.durable(|tx| {
-            tx.execute(
-                "DELETE FROM election_fences WHERE owner = ?1 AND pgid = ?2",
-                params![owner, pgid as i64],
-            )?;
-            Ok(())
-        })
+        self.durable(|tx| elections::delete_fence(tx, owner, pgid))
     }
 
     fn fences(&self, owner: &str) -> FsResult<Vec<FenceRecord>> {
-        let c = lock(&self.conn);
-        let mut st = c.prepare(
-            "SELECT owner, pgid, start_ticks, boot_id, cgroup, leader, ino, epoch, who, pid FROM election_fences WHERE owner = ?1 ORDER BY pgid",
-        )?;
-        let rows = st.query_map([owner], |r| {
-            Ok(FenceRecord {
-                owner: r.get(0)?,
-                pgid: r.get::<_, i64>(1)? as u32,
-                start_ticks: r.get::<_, i64>(2)? as u64,
-                boot_id: r.get(3)?,
-                cgroup: r.get(4)?,
-                leader: r.get(5)?,
-                ino: r.get::<_, i64>(6)? as u64,
-                epoch: r.get::<_, i64>(7)? as u64,
-                who: r.get(8)?,
-                pid: r.get::<_, i64>(9)? as u32,
-            })
-        })?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        elections::fences(&lock(&self.conn), owner)
     }
 
     fn space(&self) -> FsResult<Option<StoreSpace>> {
