@@ -27,6 +27,7 @@ pub mod lease;
 pub mod meta;
 pub mod metrics;
 pub mod pipeline;
+pub mod proc_tree;
 pub mod spout;
 pub mod storage;
 pub mod sync;

@@ -22,13 +22,17 @@ use serde_json::{Value, json};
 use super::Admin;
 use crate::meta::DnId;
 
-/// Answers one request `op` (a name starting with `datanode_`).
-pub fn answer(admin: &Admin, op: &str, req: &Value, may_change: bool) -> Value {
-    let changes = matches!(
+/// Whether request `op` changes the mount's datanodes.
+pub fn changes(op: &str) -> bool {
+    matches!(
         op,
         "datanode_add" | "datanode_decommission" | "datanode_remove" | "datanode_balance"
-    );
-    if changes && !may_change {
+    )
+}
+
+/// Answers one request `op` (a name starting with `datanode_`).
+pub fn answer(admin: &Admin, op: &str, req: &Value, may_change: bool) -> Value {
+    if changes(op) && !may_change {
         return json!({"error": "permission denied: datanode changes are for root and the user who mounted"});
     }
     let dir = || -> Result<&Path, String> {

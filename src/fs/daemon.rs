@@ -249,6 +249,11 @@ impl Daemon {
         if let Some(listener) = metrics {
             serve_metrics(&core, &rt, listener);
         }
+        // Before anything is served: the commands of terms that ended with
+        // the previous daemon are refused from the first request on.
+        if core.load_fences()? > 0 {
+            core.sweep_fences();
+        }
         let n = core.startup_recovery()?;
         if n > 0 {
             tracing::info!("recovered {n} file(s) left under construction");
@@ -441,6 +446,7 @@ impl Daemon {
         self.stop.store(true, Ordering::Relaxed);
         self.housekeeper.lose(&*self.core.meta, "unmounted");
         self.core.wait_closes(Duration::from_secs(30));
+        self.core.end_all_terms();
         if let Some(s) = &self.shared {
             s.leases.shutdown();
         }

@@ -10,6 +10,7 @@ pub mod contained;
 pub mod control;
 pub mod core;
 pub mod daemon;
+mod fencing;
 mod handles;
 mod leasing;
 mod maintenance;
@@ -20,3 +21,4 @@ mod stats;
 pub mod xattrs;
 
 pub use self::core::Core;
+pub use self::fencing::TermRegistration;
