@@ -217,7 +217,7 @@ fn run(
         per.join(", ")
     );
     if failures == 0 && last.is_empty() {
-        let _ = std::fs::remove_dir_all(&r.rig.work.join("backing"));
+        let _ = std::fs::remove_dir_all(r.rig.work.join("backing"));
     }
     Ok(failures + last.len())
 }

@@ -240,10 +240,10 @@ impl Rig {
             wait_until(Duration::from_secs(20), || fusermount(&["-u"], &self.mnt));
             fusermount(&["-u", "-z"], &self.mnt);
         }
-        if let Some(pid) = self.daemon.take() {
-            if !wait_until(Duration::from_secs(20), || !alive(pid)) {
-                kill9(pid);
-            }
+        if let Some(pid) = self.daemon.take()
+            && !wait_until(Duration::from_secs(20), || !alive(pid))
+        {
+            kill9(pid);
         }
         let _ = self.power_off();
     }
