@@ -9,6 +9,7 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
+use crate::error::FsResult;
 use crate::meta::{BlockRow, Change, Meta};
 use crate::pipeline::Datanodes;
 use crate::storage::datanode::{ReplicaState, StorageError};
@@ -116,6 +117,34 @@ pub struct Check<'a> {
     /// Apply the grace to finalized replicas too (automatic housekeeping is
     /// conservative; an operator's `fsck --repair` removes them at once).
     pub grace_finalized: bool,
+    /// Keeps writers off a file while a repair changes it; `None` when a
+    /// writer holds it now (it may have opened it since the check began).
+    /// Online this is the lease manager's pin; offline [`no_writers`].
+    pub pin: &'a dyn Fn(u64) -> Option<Pinned<'a>>,
+    /// Recovers a file left under construction (called pinned).
+    pub recover: &'a dyn Fn(u64) -> FsResult<u64>,
+}
+
+/// A file kept from writers while a repair changes it; let go on drop.
+pub struct Pinned<'a>(Option<Box<dyn FnOnce() + 'a>>);
+
+impl<'a> Pinned<'a> {
+    pub fn new(release: impl FnOnce() + 'a) -> Pinned<'a> {
+        Pinned(Some(Box::new(release)))
+    }
+}
+
+impl Drop for Pinned<'_> {
+    fn drop(&mut self) {
+        if let Some(f) = self.0.take() {
+            f()
+        }
+    }
+}
+
+/// The pin of an offline check: no daemon, so no writer.
+pub fn no_writers<'a>(_: u64) -> Option<Pinned<'a>> {
+    Some(Pinned(None))
 }
 
 struct Progress {
@@ -209,7 +238,18 @@ pub fn run(c: &Check<'_>) -> Result<Report, String> {
                 repaired: false,
             };
             if c.repair {
-                match crate::pipeline::recovery::recover_file(c.meta, c.dns, uc.ino) {
+                // Only with the file kept from writers, and only if it is
+                // still under construction then: a writer may have opened
+                // it since the check began, or be closing it right now
+                // (its lease goes only after its close is recorded).
+                let Some(_pin) = (c.pin)(uc.ino) else {
+                    continue;
+                };
+                match c.meta.uc(uc.ino) {
+                    Ok(Some(_)) => {}
+                    _ => continue,
+                }
+                match (c.recover)(uc.ino) {
                     Ok(_) => p.repaired = true,
                     Err(e) => p.detail.push_str(&format!("; recovery failed: {e}")),
                 }
@@ -223,13 +263,23 @@ pub fn run(c: &Check<'_>) -> Result<Report, String> {
     Ok(r)
 }
 
-fn check_block(c: &Check<'_>, b: &BlockRow, path: &str, r: &mut Report) {
-    let mut good = Vec::new();
-    let mut bad = Vec::new();
+/// What the replicas of one block were found to be.
+#[derive(Default)]
+struct Inspection {
+    good: Vec<usize>,
+    bad: Vec<(usize, ProblemKind, String)>,
+    /// Replicas whose generation stamp lags the recorded one: (datanode,
+    /// stamp found). The metadata recorded a change (a bump, a truncation,
+    /// recovery) durably before making it on the replicas; a crash in
+    /// between leaves them behind, still members of the block.
+    lagging: Vec<(usize, u64)>,
+}
+
+fn inspect(c: &Check<'_>, b: &BlockRow) -> Inspection {
+    let mut ins = Inspection::default();
     for &dn in &b.replicas {
-        r.replicas += 1;
         let Some(node) = c.dns.get(dn) else {
-            bad.push((
+            ins.bad.push((
                 dn,
                 ProblemKind::MissingReplica,
                 format!("datanode {dn} is not configured"),
@@ -237,13 +287,18 @@ fn check_block(c: &Check<'_>, b: &BlockRow, path: &str, r: &mut Report) {
             continue;
         };
         if !c.dns.is_alive(dn) {
-            bad.push((dn, ProblemKind::MissingReplica, "datanode is dead".into()));
+            ins.bad
+                .push((dn, ProblemKind::MissingReplica, "datanode is dead".into()));
             continue;
         }
         let data_len = match node.stat_replica(b.block_id, b.gs) {
             Ok((_, len)) => len,
+            Err(StorageError::StaleGenStamp { found, .. }) if found < b.gs => {
+                ins.lagging.push((dn, found));
+                continue;
+            }
             Err(StorageError::StaleGenStamp { found, .. }) => {
-                bad.push((
+                ins.bad.push((
                     dn,
                     ProblemKind::StaleReplica,
                     format!("generation stamp {found} (expected {})", b.gs),
@@ -251,21 +306,23 @@ fn check_block(c: &Check<'_>, b: &BlockRow, path: &str, r: &mut Report) {
                 continue;
             }
             Err(StorageError::Missing { .. }) => {
-                bad.push((dn, ProblemKind::MissingReplica, "no replica files".into()));
+                ins.bad
+                    .push((dn, ProblemKind::MissingReplica, "no replica files".into()));
                 continue;
             }
             Err(e) => {
-                bad.push((dn, ProblemKind::MissingReplica, e.to_string()));
+                ins.bad
+                    .push((dn, ProblemKind::MissingReplica, e.to_string()));
                 continue;
             }
         };
         if !b.finalized {
             // Being written or left open: its length is settled by recovery.
-            good.push(dn);
+            ins.good.push(dn);
             continue;
         }
         if data_len != b.len {
-            bad.push((
+            ins.bad.push((
                 dn,
                 ProblemKind::BadLength,
                 format!("length {data_len} (expected {})", b.len),
@@ -273,80 +330,296 @@ fn check_block(c: &Check<'_>, b: &BlockRow, path: &str, r: &mut Report) {
             continue;
         }
         if !c.deep && !c.suspect.contains(&(b.block_id, dn)) {
-            good.push(dn);
+            ins.good.push(dn);
             continue;
         }
         match node.valid_prefix(b.block_id, b.gs) {
-            Ok(n) if n >= b.len => good.push(dn),
-            Ok(n) => bad.push((
+            Ok(n) if n >= b.len => ins.good.push(dn),
+            Ok(n) => ins.bad.push((
                 dn,
                 ProblemKind::CorruptReplica,
                 format!("checksum mismatch at byte {n}"),
             )),
-            Err(e) => bad.push((dn, ProblemKind::CorruptReplica, e.to_string())),
+            Err(e) => ins
+                .bad
+                .push((dn, ProblemKind::CorruptReplica, e.to_string())),
         }
     }
+    ins
+}
+
+fn check_block(c: &Check<'_>, b: &BlockRow, path: &str, r: &mut Report) {
+    r.replicas += b.replicas.len() as u64;
+    let ins = inspect(c, b);
+    let want = c.dns.replication;
+    let healthy = ins.bad.is_empty() && ins.lagging.is_empty() && ins.good.len() >= want;
     let repairable = c.repair && b.finalized && !c.busy_blocks.contains(&b.block_id);
-    let mut row = b.clone();
-    for (dn, kind, detail) in bad {
-        let mut repaired = false;
-        if repairable && !good.is_empty() {
-            if let Some(node) = c.dns.get(dn)
-                && c.dns.is_alive(dn)
-            {
-                let _ = node.delete(b.block_id);
-            }
-            row.replicas.retain(|d| *d != dn);
-            repaired = true;
-        }
-        r.problems.push(Problem {
-            kind,
-            path: path.to_string(),
-            block: Some(b.block_id),
-            datanode: Some(dn),
-            detail,
-            repaired,
-        });
-    }
-    if good.is_empty() {
-        r.problems.push(Problem {
-            kind: ProblemKind::MissingBlock,
-            path: path.to_string(),
-            block: Some(b.block_id),
-            datanode: None,
-            detail: "no good replica left".into(),
-            repaired: false,
-        });
+    if healthy || !repairable {
+        // A block being written (or left open) is settled by recovery:
+        // its lagging replicas are members, not problems.
+        let lagging_ok = !b.finalized;
+        report(b, path, &ins, lagging_ok, want, None, r);
         return;
     }
-    let want = c.dns.replication;
-    if good.len() < want {
-        let mut p = Problem {
-            kind: ProblemKind::UnderReplicated,
-            path: path.to_string(),
-            block: Some(b.block_id),
-            datanode: None,
-            detail: format!("{} of {} replicas", good.len(), want),
-            repaired: false,
-        };
-        if repairable {
-            let added = replicate(c.dns, &row, &good, want);
-            let mut now: Vec<usize> = good.clone();
-            now.extend(&added);
-            row.replicas = now.clone();
-            p.repaired = now.len() >= want;
-            if !p.repaired {
-                p.detail
-                    .push_str(&format!("; only {} datanodes could take a copy", now.len()));
-            }
+    repair_block(c, b, path, ins, r);
+}
+
+/// Records the problems of an inspection; `fixed` says what a repair did
+/// (`None`: nothing was repaired). `lagging_ok`: lagging replicas are
+/// members in good standing (a block being written or left open, which
+/// recovery settles).
+fn report(
+    b: &BlockRow,
+    path: &str,
+    ins: &Inspection,
+    lagging_ok: bool,
+    want: usize,
+    fixed: Option<&Repaired>,
+    r: &mut Report,
+) {
+    let problem = |kind, dn: Option<usize>, detail: String, repaired| Problem {
+        kind,
+        path: path.to_string(),
+        block: Some(b.block_id),
+        datanode: dn,
+        detail,
+        repaired,
+    };
+    for (dn, kind, detail) in &ins.bad {
+        let repaired = fixed.is_some_and(|f| f.dropped.contains(dn));
+        r.problems
+            .push(problem(*kind, Some(*dn), detail.clone(), repaired));
+    }
+    if !lagging_ok {
+        for (dn, found) in &ins.lagging {
+            let repaired = fixed.is_some_and(|f| f.settled.iter().any(|(d, _)| d == dn));
+            let detail = format!(
+                "generation stamp {found} lags the recorded {} (a change recorded before a crash did not reach this replica)",
+                b.gs
+            );
+            r.problems.push(problem(
+                ProblemKind::StaleReplica,
+                Some(*dn),
+                detail,
+                repaired,
+            ));
+        }
+    }
+    let usable = ins.good.len() + if lagging_ok { ins.lagging.len() } else { 0 };
+    if usable == 0 {
+        r.problems.push(problem(
+            ProblemKind::MissingBlock,
+            None,
+            "no good replica left".into(),
+            false,
+        ));
+    } else if usable < want {
+        let have = fixed.map(|f| f.now.len());
+        let mut p = problem(
+            ProblemKind::UnderReplicated,
+            None,
+            format!("{usable} of {want} replicas"),
+            have.is_some_and(|h| h >= want),
+        );
+        if let Some(h) = have.filter(|h| *h < want) {
+            p.detail
+                .push_str(&format!("; only {h} datanodes could take a copy"));
         }
         r.problems.push(p);
     }
-    if row.replicas != b.replicas
-        && let Err(e) = c.meta.commit(&[Change::PutBlock(row.clone())], false)
+}
+
+/// What a repair did.
+#[derive(Default)]
+struct Repaired {
+    /// Replicas taken out of the block (and deleted).
+    dropped: Vec<usize>,
+    /// Lagging replicas brought to the recorded state (with the stamp
+    /// they had).
+    settled: Vec<(usize, u64)>,
+    /// The replicas the block has now.
+    now: Vec<usize>,
+}
+
+/// Repairs one finalized block: lagging replicas settled, missing or bad
+/// ones replaced by copies of a good one, and a block no replica holds
+/// whole cut back to what survives (a never-synced tail a power cut took).
+/// Copies are made first (they take time); then, with the file kept from
+/// writers, the block must still be as inspected for the repair to be
+/// recorded, durably, before any bad replica is deleted.
+fn repair_block(c: &Check<'_>, b: &BlockRow, path: &str, mut ins: Inspection, r: &mut Report) {
+    let want = c.dns.replication;
+    let mut added = Vec::new();
+    let usable = ins.good.len() + ins.lagging.len();
+    if !ins.good.is_empty() && usable < want {
+        added = replicate(c.dns, b, &ins.good, want - ins.lagging.len());
+    }
+    let forget_copies = |added: &[usize]| {
+        for dn in added {
+            if let Some(node) = c.dns.get(*dn) {
+                let _ = node.delete_recorded(b.block_id, b.gs);
+            }
+        }
+    };
+    let Some(_pin) = (c.pin)(b.ino) else {
+        // A writer has the file now: the next round looks again.
+        forget_copies(&added);
+        report(b, path, &ins, false, want, None, r);
+        return;
+    };
+    let current = c
+        .meta
+        .blocks(b.ino)
+        .ok()
+        .and_then(|rows| rows.into_iter().find(|x| x.block_id == b.block_id));
+    if current.as_ref() != Some(b) {
+        // Changed since the check read it (written, truncated, removed).
+        forget_copies(&added);
+        return;
+    }
+    let mut done = Repaired::default();
+    for (dn, found) in std::mem::take(&mut ins.lagging) {
+        let Some(node) = c.dns.get(dn) else { continue };
+        let whole = node
+            .valid_prefix(b.block_id, found)
+            .is_ok_and(|n| n >= b.len);
+        match whole.then(|| node.settle(b.block_id, found, b.gs, b.len)) {
+            Some(Ok(())) => {
+                tracing::info!(
+                    block = b.block_id,
+                    datanode = dn,
+                    gs = b.gs,
+                    "lagging replica settled"
+                );
+                done.settled.push((dn, found));
+                ins.good.push(dn);
+            }
+            _ => ins.bad.push((
+                dn,
+                ProblemKind::StaleReplica,
+                format!(
+                    "generation stamp {found} (expected {}) and not the recorded block",
+                    b.gs
+                ),
+            )),
+        }
+    }
+    if ins.good.is_empty() {
+        match cut_lost_tail(c, b, path) {
+            Some(detail) => r.problems.push(Problem {
+                kind: ProblemKind::MissingBlock,
+                path: path.to_string(),
+                block: Some(b.block_id),
+                datanode: None,
+                detail,
+                repaired: true,
+            }),
+            None => report(b, path, &ins, false, want, None, r),
+        }
+        return;
+    }
+    let mut row = b.clone();
+    row.replicas = ins.good.clone();
+    row.replicas.extend(&added);
+    done.now = row.replicas.clone();
+    done.dropped = ins.bad.iter().map(|(dn, _, _)| *dn).collect();
+    if (row.replicas != b.replicas)
+        && let Err(e) = c.meta.commit(&[Change::PutBlock(row.clone())], true)
     {
         tracing::error!(block = b.block_id, "cannot record repaired replicas: {e}");
+        forget_copies(&added);
+        report(b, path, &ins, false, want, None, r);
+        return;
     }
+    for dn in &done.dropped {
+        if let Some(node) = c.dns.get(*dn)
+            && c.dns.is_alive(*dn)
+            && !row.replicas.contains(dn)
+        {
+            let _ = node.delete(b.block_id);
+        }
+    }
+    ins.lagging = done.settled.clone();
+    report(b, path, &ins, false, want, Some(&done), r);
+}
+
+/// A finalized block none of whose replicas holds it whole, yet some hold
+/// a clean prefix of it (every chunk they have checks out): the tail of a
+/// file that was never fsynced, lost to a power cut (its metadata was made
+/// durable by another file's fsync, its replicas' last bytes were not).
+/// The file is cut to what survives, durably, and the loss is logged.
+/// Returns what was done, or `None` when some replica is corrupt inside
+/// (damage, not a lost tail: left for the operator).
+fn cut_lost_tail(c: &Check<'_>, b: &BlockRow, path: &str) -> Option<String> {
+    let mut best: Option<u64> = None;
+    let mut holders: Vec<(usize, u64)> = Vec::new();
+    for &dn in &b.replicas {
+        let Some(node) = c.dns.get(dn) else { continue };
+        let Some(info) = node.find(b.block_id) else {
+            continue;
+        };
+        if info.gs > b.gs {
+            continue;
+        }
+        match node.clean_prefix(b.block_id, info.gs) {
+            Ok(Some(n)) => {
+                best = Some(best.unwrap_or(0).max(n.min(b.len)));
+                holders.push((dn, info.gs));
+            }
+            Ok(None) => return None,
+            Err(_) => {}
+        }
+    }
+    let keep = best.unwrap_or(0);
+    let inode = c.meta.get(b.ino).ok()?;
+    let start = b.idx * inode.block_size.max(1);
+    let mut ch = vec![Change::DropBlocksFrom {
+        ino: b.ino,
+        from: if keep == 0 { b.idx } else { b.idx + 1 },
+    }];
+    let mut row = b.clone();
+    if keep > 0 {
+        row.len = keep;
+        row.gs = c.meta.alloc("next_gs").ok()?;
+        row.replicas = holders.iter().map(|(dn, _)| *dn).collect();
+        ch.push(Change::PutBlock(row.clone()));
+    }
+    let end = start + keep;
+    ch.push(Change::SetSize {
+        ino: b.ino,
+        size: end.min(inode.size),
+        touch: None,
+    });
+    let gone = match c.meta.commit(&ch, true) {
+        Ok(g) => g,
+        Err(e) => {
+            tracing::error!(block = b.block_id, "cannot cut a lost block: {e}");
+            return None;
+        }
+    };
+    for (dn, found) in &holders {
+        let Some(node) = c.dns.get(*dn) else { continue };
+        let r = if keep > 0 {
+            node.settle(b.block_id, *found, row.gs, keep)
+        } else {
+            node.delete(b.block_id)
+        };
+        if let Err(e) = r {
+            tracing::warn!(block = b.block_id, datanode = dn, "replica not cut: {e}");
+        }
+    }
+    c.dns.delete_blocks(
+        &gone
+            .into_iter()
+            .filter(|g| g.block_id != b.block_id)
+            .collect::<Vec<_>>(),
+    );
+    let msg = format!(
+        "no replica held the block's {} bytes (data never made durable, lost to a crash); the file now ends at byte {end} (was {})",
+        b.len, inode.size
+    );
+    tracing::warn!(path, block = b.block_id, "{msg}");
+    Some(msg)
 }
 
 /// Copies a finalized block from a good replica to live datanodes that do
@@ -377,8 +650,16 @@ pub fn replicate(dns: &Datanodes, b: &BlockRow, good: &[usize], want: usize) -> 
     added
 }
 
-/// Replica files that no block references.
+/// Replica files that no block references. Deleted only once the
+/// metadata that stopped referencing them is durable: a power cut must not
+/// bring back a block whose replicas are gone.
 fn orphans(c: &Check<'_>, blocks: &[BlockRow], r: &mut Report) {
+    if c.repair
+        && let Err(e) = c.meta.sync_if_needed()
+    {
+        tracing::warn!("orphan replicas kept: cannot make the metadata durable: {e}");
+        return;
+    }
     let known: HashMap<u64, &BlockRow> = blocks.iter().map(|b| (b.block_id, b)).collect();
     for i in 0..c.dns.len() {
         let Some(node) = c.dns.get(i) else { continue };

@@ -76,6 +76,8 @@ impl Housekeeper {
             orphans: true,
             orphan_grace: fsck::ORPHAN_GRACE,
             grace_finalized: true,
+            pin: &|ino| core.pin(ino),
+            recover: &|ino| core.recover(ino, crate::lease::RecoveryReason::HolderGone),
         };
         match fsck::run(&c) {
             Ok(r) => {

@@ -86,6 +86,7 @@ fn offline(data: &Path, repair: bool) -> Result<Report, String> {
         .unwrap_or(dirs.len().min(3));
     let dns = Datanodes::open(&dirs, replication, None).map_err(|e| e.to_string())?;
     dns.heartbeat();
+    let recover = |ino| crate::pipeline::recovery::recover_file(&meta, &dns, ino);
     fsck::run(&Check {
         meta: &meta,
         dns: &dns,
@@ -99,5 +100,7 @@ fn offline(data: &Path, repair: bool) -> Result<Report, String> {
         // No daemon runs on this data directory: nothing is being created.
         orphan_grace: std::time::Duration::ZERO,
         grace_finalized: false,
+        pin: &fsck::no_writers,
+        recover: &recover,
     })
 }

@@ -51,6 +51,8 @@ impl Core {
             orphans: true,
             orphan_grace: Duration::ZERO,
             grace_finalized: false,
+            pin: &|ino| self.pin(ino),
+            recover: &|ino| self.recover(ino, RecoveryReason::HolderGone),
         })
         .map_err(FsError::Io)?;
         for p in swept.problems.iter().filter(|p| p.repaired) {
@@ -107,6 +109,16 @@ impl Core {
             orphans: true,
             orphan_grace: crate::fsck::ORPHAN_GRACE,
             grace_finalized: false,
+            pin: &|ino| self.pin(ino),
+            recover: &|ino| self.recover(ino, RecoveryReason::HolderGone),
         })
+    }
+
+    /// Keeps writers off `ino` while a repair changes it (see
+    /// `fsck::Check::pin`): `None` when a writer holds it.
+    pub fn pin(&self, ino: u64) -> Option<crate::fsck::Pinned<'_>> {
+        self.leases
+            .pin(ino)
+            .then(|| crate::fsck::Pinned::new(move || self.leases.unpin(ino)))
     }
 }

@@ -11,9 +11,9 @@ use crate::sync::Arc;
 struct Counter(u64);
 
 impl EpochSource for Counter {
-    fn next(&mut self, _file: FileId) -> u64 {
+    fn next(&mut self, _file: FileId) -> Result<u64, String> {
         self.0 += 1;
-        self.0
+        Ok(self.0)
     }
 }
 

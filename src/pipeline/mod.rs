@@ -5,6 +5,7 @@
 //! replicas.
 
 pub mod datanodes;
+pub mod durable;
 pub mod reader;
 pub mod recovery;
 pub mod stream;

@@ -483,12 +483,18 @@ impl Run {
             let Ok(o) = out else { return false };
             last = String::from_utf8_lossy(&o.stdout).into_owned();
             if last.contains("MissingBlock") && p.is_empty() {
-                p.push(format!("fsck reports a block no datanode holds:\n{last}"));
+                p.push(format!(
+                    "fsck reports a block no datanode holds:\n{}",
+                    head(&last)
+                ));
             }
             o.status.success()
         });
         if !ok {
-            p.push(format!("fsck not clean 15 s after the mount:\n{last}"));
+            p.push(format!(
+                "fsck not clean 15 s after the mount:\n{}",
+                head(&last)
+            ));
         }
         p
     }
@@ -514,4 +520,19 @@ impl Run {
             }
         }
     }
+}
+
+/// The first lines of a long report.
+fn head(text: &str) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = lines
+        .iter()
+        .take(12)
+        .copied()
+        .collect::<Vec<_>>()
+        .join("\n");
+    if lines.len() > 12 {
+        out.push_str(&format!("\n... ({} more lines)", lines.len() - 12));
+    }
+    out
 }
