@@ -450,9 +450,8 @@ struct Repaired {
 fn repair_block(c: &Check<'_>, b: &BlockRow, path: &str, mut ins: Inspection, r: &mut Report) {
     let want = c.dns.replication;
     let mut added = Vec::new();
-    let usable = ins.good.len() + ins.lagging.len();
-    if !ins.good.is_empty() && usable < want {
-        added = replicate(c.dns, b, &ins.good, want - ins.lagging.len());
+    if !ins.good.is_empty() && ins.good.len() < want {
+        added = replicate(c.dns, b, &ins.good, want);
     }
     let forget_copies = |added: &[usize]| {
         for dn in added {
@@ -478,6 +477,18 @@ fn repair_block(c: &Check<'_>, b: &BlockRow, path: &str, mut ins: Inspection, r:
         return;
     }
     let mut done = Repaired::default();
+    // Lagging replicas are settled only when none is at the recorded stamp
+    // (a crash between the record and every replica); beside good ones
+    // they are stale, replaced by copies.
+    if !ins.good.is_empty() {
+        for (dn, found) in std::mem::take(&mut ins.lagging) {
+            ins.bad.push((
+                dn,
+                ProblemKind::StaleReplica,
+                format!("generation stamp {found} (expected {})", b.gs),
+            ));
+        }
+    }
     for (dn, found) in std::mem::take(&mut ins.lagging) {
         let Some(node) = c.dns.get(dn) else { continue };
         let whole = node
@@ -597,12 +608,13 @@ fn cut_lost_tail(c: &Check<'_>, b: &BlockRow, path: &str) -> Option<String> {
             return None;
         }
     };
-    for (dn, found) in &holders {
-        let Some(node) = c.dns.get(*dn) else { continue };
-        let r = if keep > 0 {
-            node.settle(b.block_id, *found, row.gs, keep)
-        } else {
-            node.delete(b.block_id)
+    // Recorded: now the replicas follow (those the block keeps cut and
+    // restamped, the others deleted: they hold nothing it keeps).
+    for &dn in &b.replicas {
+        let Some(node) = c.dns.get(dn) else { continue };
+        let r = match holders.iter().find(|(d, _)| *d == dn) {
+            Some((_, found)) if keep > 0 => node.settle(b.block_id, *found, row.gs, keep),
+            _ => node.delete(b.block_id),
         };
         if let Err(e) = r {
             tracing::warn!(block = b.block_id, datanode = dn, "replica not cut: {e}");

@@ -22,7 +22,7 @@ use crate::lease::{
 };
 use crate::meta::{Inode, Kind, Meta, UnderConstruction};
 use crate::pipeline::reader::{self, BadReplicas};
-use crate::pipeline::{Datanodes, OutputStream, StreamCtx, durable};
+use crate::pipeline::{Datanodes, OutputStream, StreamCtx};
 use crate::sync::{Arc, AtomicU64, Mutex, Ordering, lock};
 
 /// ioctl: the caller takes over renewal of its lease (client renewal).
@@ -57,85 +57,6 @@ pub struct Opened {
     pub direct_io: bool,
     /// Keep the kernel's pages of earlier opens (they match the file).
     pub keep_cache: bool,
-}
-
-/// How many epochs one durable reservation takes.
-const EPOCH_BATCH: u64 = 1024;
-
-/// Epochs reserved from the metadata store in batches, so that a grant
-/// needs no commit. Each reservation is durable before any epoch of it is
-/// handed out (a power cut must never let an epoch repeat: fencing depends
-/// on it), and the next batch is reserved in the background once half of
-/// the current one is used, so a grant never waits for the disk unless the
-/// store fell behind. A reservation that fails fails the grant.
-struct StoreEpochs {
-    meta: Arc<dyn Meta>,
-    rt: tokio::runtime::Handle,
-    next: u64,
-    end: u64,
-    /// The first epoch of a batch reserved ahead (or why that failed).
-    spare: Arc<Mutex<Option<FsResult<u64>>>>,
-    refilling: Arc<crate::sync::AtomicBool>,
-}
-
-impl StoreEpochs {
-    fn new(meta: Arc<dyn Meta>, rt: tokio::runtime::Handle) -> StoreEpochs {
-        let s = StoreEpochs {
-            meta,
-            rt,
-            next: 0,
-            end: 0,
-            spare: Arc::default(),
-            refilling: Arc::default(),
-        };
-        s.refill();
-        s
-    }
-
-    /// Reserves the next batch in the background.
-    fn refill(&self) {
-        if self.refilling.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        let (meta, spare, refilling) = (
-            self.meta.clone(),
-            self.spare.clone(),
-            self.refilling.clone(),
-        );
-        self.rt.spawn_blocking(move || {
-            let r = meta.reserve_epochs(EPOCH_BATCH);
-            if let Err(e) = &r {
-                tracing::error!("cannot reserve epochs: {e}");
-            }
-            *lock(&spare) = Some(r);
-            refilling.store(false, Ordering::Release);
-        });
-    }
-}
-
-impl EpochSource for StoreEpochs {
-    fn next(&mut self, _file: u64) -> Result<u64, String> {
-        if self.next >= self.end {
-            let first = match lock(&self.spare).take() {
-                // (A batch reserved before one taken synchronously lies
-                // below it: never used.)
-                Some(Ok(first)) if first >= self.end => first,
-                // None ready (or it failed): reserve now, or fail the grant.
-                _ => self
-                    .meta
-                    .reserve_epochs(EPOCH_BATCH)
-                    .map_err(|e| format!("cannot reserve epochs durably: {e}"))?,
-            };
-            self.next = first;
-            self.end = first + EPOCH_BATCH;
-        }
-        if self.end - self.next == EPOCH_BATCH / 2 {
-            self.refill();
-        }
-        let e = self.next;
-        self.next += 1;
-        Ok(e)
-    }
 }
 
 /// The cluster side of a daemon that shares its namespace (etcd): claims
@@ -218,7 +139,7 @@ pub struct Core {
     pending_closes: Mutex<usize>,
     /// Blocks whose replicas wait for deletion, and whether the deleting
     /// worker runs (see `delete_replicas`).
-    doomed: Arc<Mutex<(Vec<crate::meta::BlockRow>, bool)>>,
+    pub(super) doomed: Arc<Mutex<(Vec<crate::meta::BlockRow>, bool)>>,
 }
 
 impl Core {
@@ -244,7 +165,10 @@ impl Core {
         };
         let (cluster, epochs): (_, Box<dyn EpochSource>) = match cluster {
             Some(c) => (Some(c.cluster), c.epochs),
-            None => (None, Box::new(StoreEpochs::new(meta.clone(), rt.clone()))),
+            None => (
+                None,
+                Box::new(super::epochs::StoreEpochs::new(meta.clone(), rt.clone())),
+            ),
         };
         let leases = Arc::new(LeaseManager::new(cfg, clock, epochs, host.clone()));
         let bad = Arc::new(BadReplicas::default());
@@ -719,39 +643,6 @@ impl Core {
         }));
     }
 
-    /// fsync: acknowledged by all replicas, then data, checksums and
-    /// metadata durable on every replica and in the metadata store. Through
-    /// any descriptor, as POSIX asks: one that never wrote (read-only, or
-    /// opened for writing and idle) makes durable what the file's writer
-    /// has written so far and every block earlier writers finished.
-    pub fn fsync(self: &Arc<Self>, fh: u64, reply: Reply<()>) {
-        let h = match self.handle(fh) {
-            Ok(h) => h,
-            Err(e) => return reply(Err(e)),
-        };
-        if let Some(stream) = h.stream.clone() {
-            if let Err(e) = self.writable(&h) {
-                return reply(Err(e));
-            }
-            return stream.sync(reply);
-        }
-        let (ctx, ino) = (self.ctx.clone(), h.ino);
-        match self.stream_of(ino) {
-            // Another descriptor writes it: through its stream, after what
-            // it queued. A stream that failed meanwhile (its writer fenced)
-            // leaves what its replicas hold, synced as any closed file's.
-            Some(stream) => stream.sync(Box::new(move |r| match r {
-                Ok(()) => reply(Ok(())),
-                Err(_) => reply(durable::sync_file(&ctx, ino)),
-            })),
-            None => {
-                self.ctx
-                    .rt
-                    .spawn_blocking(move || reply(durable::sync_file(&ctx, ino)));
-            }
-        }
-    }
-
     /// The handle and stream of a descriptor that may still write, or
     /// `None` for a read-only one.
     fn writer(&self, fh: u64) -> FsResult<Option<(Arc<Handle>, Arc<OutputStream>)>> {
@@ -861,47 +752,6 @@ impl Core {
             Ok(blocks) => self.delete_replicas(blocks),
             Err(e) => tracing::error!(ino, "cannot delete inode: {e}"),
         }
-    }
-
-    /// Deletes the replicas of blocks the metadata no longer names, once
-    /// that is durable: a power cut must never bring back a block whose
-    /// replicas are gone. Deletions queue for one worker, which makes the
-    /// metadata durable once per batch (an `rm -rf` costs a few syncs, not
-    /// one per file).
-    pub(crate) fn delete_replicas(&self, blocks: Vec<crate::meta::BlockRow>) {
-        if blocks.is_empty() {
-            return;
-        }
-        let start = {
-            let mut q = lock(&self.doomed);
-            q.0.extend(blocks);
-            !std::mem::replace(&mut q.1, true)
-        };
-        if !start {
-            return;
-        }
-        let (dns, meta, doomed) = (self.dns.clone(), self.meta.clone(), self.doomed.clone());
-        self.ctx.rt.spawn_blocking(move || {
-            loop {
-                let batch = {
-                    let mut q = lock(&doomed);
-                    if q.0.is_empty() {
-                        q.1 = false;
-                        return;
-                    }
-                    std::mem::take(&mut q.0)
-                };
-                match meta.sync_if_needed() {
-                    Ok(()) => dns.delete_blocks(&batch),
-                    // Kept: the orphan sweep removes them once the
-                    // metadata is durable.
-                    Err(e) => tracing::error!(
-                        "replicas of {} removed blocks kept: cannot make the metadata durable: {e}",
-                        batch.len()
-                    ),
-                }
-            }
-        });
     }
 
     pub(crate) fn is_open(&self, ino: u64) -> bool {

@@ -8,6 +8,8 @@ mod clustered;
 pub mod control;
 pub mod core;
 pub mod daemon;
+mod durability;
+mod epochs;
 mod handles;
 mod leasing;
 mod maintenance;

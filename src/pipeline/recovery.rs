@@ -8,9 +8,9 @@
 //! restamped (and before any is deleted), as HDFS's NameNode records a
 //! new generation stamp before datanodes use it: a crash in between leaves
 //! replicas whose stamps lag the record. So a replica the block lists
-//! counts whatever its stamp, as long as it does not lead the record (a
-//! replica dropped from a pipeline leaves the list; the list is the
-//! membership).
+//! counts even with a lagging stamp when no replica reached the record
+//! (never one whose stamp leads it; a replica dropped from a pipeline
+//! leaves the list: the list is the membership).
 
 use crate::error::{FsError, FsResult};
 use crate::meta::{Change, Meta, now_ns};
@@ -48,6 +48,21 @@ pub fn recover_file(meta: &dyn Meta, dns: &Datanodes, ino: u64) -> FsResult<u64>
                 "replica missing in recovery"
             ),
         }
+    }
+    // Replicas at the recorded stamp, if any reached it; lagging ones only
+    // when none did (a crash between the record and every replica).
+    if lens.iter().any(|(_, gs, _)| *gs == last.gs) {
+        lens.retain(|(dn, gs, _)| {
+            let keep = *gs == last.gs;
+            if !keep {
+                tracing::warn!(
+                    datanode = dn,
+                    found = gs,
+                    "lagging replica left out of recovery"
+                );
+            }
+            keep
+        });
     }
     let start = last.idx * bs;
     let len = lens.iter().map(|(_, _, n)| *n).min().unwrap_or(0);

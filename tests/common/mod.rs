@@ -8,6 +8,7 @@
 pub mod elect;
 pub mod etcd;
 pub mod faults;
+pub mod powercut;
 pub mod spout;
 
 use std::path::{Path, PathBuf};
@@ -78,23 +79,29 @@ impl Mount {
     }
 
     pub fn with(o: Opts) -> Mount {
-        Self::build(o, None)
+        Self::build(o, None, None)
     }
 
     /// As [`Mount::with`], with these datanode directories (in this order)
     /// instead of `o.datanodes` fresh ones: e.g. one on a tmpfs the test
     /// mounted itself (see `faults::Tmpfs`).
     pub fn with_datanode_paths(o: Opts, paths: Vec<PathBuf>) -> Mount {
-        Self::build(o, Some(paths))
+        Self::build(o, Some(paths), None)
     }
 
-    fn build(o: Opts, paths: Option<Vec<PathBuf>>) -> Mount {
+    /// As [`Mount::with_datanode_paths`], with this data directory too
+    /// (e.g. both on a filesystem whose power the test cuts).
+    pub fn with_paths(o: Opts, data: PathBuf, paths: Vec<PathBuf>) -> Mount {
+        Self::build(o, Some(paths), Some(data))
+    }
+
+    fn build(o: Opts, paths: Option<Vec<PathBuf>>, data: Option<PathBuf>) -> Mount {
         let dir = tempfile::Builder::new()
             .prefix("leasefs-test")
             .tempdir()
             .expect("tempdir");
         let mnt = dir.path().join("mnt");
-        let data = dir.path().join("data");
+        let data = data.unwrap_or_else(|| dir.path().join("data"));
         std::fs::create_dir_all(&mnt).expect("mkdir mnt");
         let datanodes: Vec<PathBuf> = paths.unwrap_or_else(|| {
             (1..=o.datanodes)

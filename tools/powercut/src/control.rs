@@ -1,6 +1,6 @@
 //! The control socket: one command line in, one reply line out
-//! (`ok ...` or `error ...`). Commands: `cut`, `fail DIR ERRNO`,
-//! `heal [DIR]`, `status`.
+//! (`ok ...` or `error ...`). Commands: `cut`, `fail DIR ERRNO [sync]`,
+//! `heal [DIR]`, `commit-namespace`, `status`.
 
 use std::ffi::OsString;
 use std::io::{self, BufRead, BufReader, Write};
@@ -57,17 +57,25 @@ fn run(cmd: &str, shared: &Shared) -> String {
                 format!("error {msg}; {}", r.errors.join("; "))
             }
         }
-        ["fail", dir, name] => match ERRNOS.iter().find(|(n, _)| n == name) {
-            Some((_, e)) => {
-                shared
-                    .faults
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(OsString::from(dir), *e);
-                format!("ok changes under {dir} fail with {name}")
+        ["fail", dir, name, rest @ ..] if rest.is_empty() || rest == ["sync"] => {
+            match ERRNOS.iter().find(|(n, _)| n == name) {
+                Some((_, e)) => {
+                    let only_sync = !rest.is_empty();
+                    shared
+                        .faults
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(OsString::from(dir), (*e, only_sync));
+                    let what = if only_sync { "fsyncs" } else { "changes" };
+                    format!("ok {what} under {dir} fail with {name}")
+                }
+                None => format!("error unknown errno {name}"),
             }
-            None => format!("error unknown errno {name}"),
-        },
+        }
+        ["commit-namespace"] => {
+            let n = shared.journal.commit_namespace();
+            format!("ok {n} namespace changes made durable")
+        }
         ["heal"] => {
             shared
                 .faults

@@ -45,8 +45,9 @@ pub struct Shared {
     pub journal: Journal,
     /// `true` once the power is cut.
     pub cut: RwLock<bool>,
-    /// Injected faults: top-level directory name -> errno of its changes.
-    pub faults: Mutex<HashMap<OsString, i32>>,
+    /// Injected faults: top-level directory name -> errno of its changes
+    /// (and whether only its fsyncs fail).
+    pub faults: Mutex<HashMap<OsString, (i32, bool)>>,
 }
 
 impl Shared {
@@ -195,13 +196,25 @@ impl PowerCut {
 
     /// The injected error of changes below `node`'s top-level directory.
     fn fault(&self, node: &Node) -> Result<(), Errno> {
-        let Some(d) = &node.domain else {
-            return Ok(());
-        };
-        match lock(&self.shared.faults).get(d) {
-            Some(e) => Err(Errno::from_i32(*e)),
-            None => Ok(()),
+        match self.injected(node) {
+            Some((e, false)) => Err(Errno::from_i32(e)),
+            _ => Ok(()),
         }
+    }
+
+    /// The injected error of fsyncs below `node`'s top-level directory:
+    /// a fault of every change with `EIO`, or one of fsyncs only.
+    fn sync_fault(&self, node: &Node) -> Result<(), Errno> {
+        match self.injected(node) {
+            Some((e, true)) => Err(Errno::from_i32(e)),
+            Some((libc::EIO, false)) => Err(Errno::EIO),
+            _ => Ok(()),
+        }
+    }
+
+    fn injected(&self, node: &Node) -> Option<(i32, bool)> {
+        let d = node.domain.as_ref()?;
+        lock(&self.shared.faults).get(d).copied()
     }
 
     fn attr(&self, ino: u64, key: Key, st: &FileStat) -> FileAttr {
@@ -779,11 +792,7 @@ impl Filesystem for PowerCut {
     fn fsync(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, _ds: bool, reply: ReplyEmpty) {
         let _p = on!(self, reply);
         let n = get!(self.node(ino), reply);
-        if let Err(e) = self.fault(&n)
-            && e.code() == libc::EIO
-        {
-            return reply.error(e);
-        }
+        get!(self.sync_fault(&n), reply);
         self.shared.journal.sync_file(n.key);
         reply.ok()
     }
@@ -845,6 +854,7 @@ impl Filesystem for PowerCut {
     ) {
         let _p = on!(self, reply);
         let n = get!(self.node(ino), reply);
+        get!(self.sync_fault(&n), reply);
         self.shared.journal.sync_dir(n.key);
         reply.ok()
     }

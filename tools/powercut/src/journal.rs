@@ -338,6 +338,18 @@ impl Journal {
         }
     }
 
+    /// Every pending namespace change made durable (a journal commit that
+    /// writes back no file data, as a filesystem does on its own timer).
+    pub fn commit_namespace(&self) -> usize {
+        let mut ns = lock(&self.ns);
+        let done: Vec<Pending> = ns.pending.drain(..).collect();
+        let n = done.len();
+        for p in done {
+            self.forget_trash(&mut ns, p.undo);
+        }
+        n
+    }
+
     /// Links the trash holds to `key` (not shown in `stat`'s link count).
     pub fn trash_links(&self, key: Key) -> u32 {
         lock(&self.ns).trash_links.get(&key).copied().unwrap_or(0)

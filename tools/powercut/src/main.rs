@@ -8,8 +8,13 @@
 //! ```text
 //! powercut mount BACKING MOUNTPOINT --control SOCK   serve until unmounted
 //! powercut cut SOCK                                  the power cut
-//! powercut fail SOCK DIR ENOSPC|EIO|EDQUOT|EROFS     changes under top-level DIR fail
+//! powercut fail SOCK DIR ENOSPC|EIO|EDQUOT|EROFS [--sync]
+//!                                                    changes (or only fsyncs) under
+//!                                                    top-level DIR fail
 //! powercut heal SOCK [DIR]                           end injected faults
+//! powercut commit-namespace SOCK                     every pending namespace change
+//!                                                    durable, no file data (a
+//!                                                    journal commit on its own)
 //! powercut status SOCK
 //! ```
 //!
@@ -55,7 +60,13 @@ enum Cmd {
         control: PathBuf,
         dir: String,
         errno: String,
+        /// Only fsyncs fail (writes succeed).
+        #[arg(long)]
+        sync: bool,
     },
+    /// Make every pending namespace change durable, but no file data (what
+    /// a filesystem's periodic journal commit may do on its own).
+    CommitNamespace { control: PathBuf },
     /// End injected faults (of DIR, or all).
     Heal {
         control: PathBuf,
@@ -83,7 +94,12 @@ fn main() -> ExitCode {
             control,
             dir,
             errno,
-        } => (control, format!("fail {dir} {errno}")),
+            sync,
+        } => (
+            control,
+            format!("fail {dir} {errno}{}", if sync { " sync" } else { "" }),
+        ),
+        Cmd::CommitNamespace { control } => (control, "commit-namespace".to_string()),
         Cmd::Heal { control, dir } => (control, format!("heal {}", dir.unwrap_or_default())),
         Cmd::Status { control } => (control, "status".to_string()),
     };
