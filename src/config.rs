@@ -21,7 +21,7 @@ pub struct MountOptions {
     /// heavy unrelated writers, whose dirty data `syncfs` would also wait for).
     pub sync_by_fs: bool,
     /// Test-only fault: (datanode index, delay per packet).
-    pub test_slow_datanode: Option<(usize, Duration)>,
+    pub test_slow_datanode: Option<(crate::meta::DnId, Duration)>,
     /// Generic mount flags (`ro`, `noexec`, ...) passed to the kernel.
     pub kernel_flags: Vec<fuser::MountOption>,
 }
@@ -130,8 +130,8 @@ impl MountOptions {
                 "test_slow_datanode" => {
                     let (dn, ms) = value
                         .split_once(':')
-                        .ok_or_else(|| bad("expected INDEX:MILLISECONDS".into()))?;
-                    let dn = dn.parse().map_err(|_| bad("bad datanode index".into()))?;
+                        .ok_or_else(|| bad("expected ID:MILLISECONDS".into()))?;
+                    let dn = dn.parse().map_err(|_| bad("bad datanode id".into()))?;
                     let ms = ms.parse().map_err(|_| bad("bad milliseconds".into()))?;
                     self.test_slow_datanode = Some((dn, Duration::from_millis(ms)));
                 }

@@ -35,6 +35,12 @@ pub enum FsError {
     NoXattr,
     #[error("attribute buffer too small")]
     Range,
+    #[error("extended attribute value of {len} bytes is over the limit of {max}")]
+    XattrTooBig { len: usize, max: usize },
+    #[error(
+        "inode {ino} would hold {used} bytes of extended attributes, over the limit of {limit}"
+    )]
+    XattrSpace { ino: u64, used: u64, limit: u64 },
     #[error("bad file handle")]
     BadHandle,
     #[error("not supported: {0}")]
@@ -51,6 +57,10 @@ pub enum FsError {
     Storage(String, i32),
     #[error("metadata store: {0}")]
     Meta(String),
+    /// A datanode directory that cannot be attached (see
+    /// `pipeline::attach::AttachError`).
+    #[error("{0}")]
+    Datanode(String),
     #[error("i/o error: {0}")]
     Io(String),
     /// A read found replicas under another generation stamp than its block
@@ -95,6 +105,8 @@ impl FsError {
             FsError::OutOfOrderWrite { .. } => EINVAL,
             FsError::NoXattr => ENODATA,
             FsError::Range => ERANGE,
+            FsError::XattrTooBig { .. } => E2BIG,
+            FsError::XattrSpace { .. } => ENOSPC,
             FsError::BadHandle => EBADF,
             FsError::Unsupported(_) => EOPNOTSUPP,
             FsError::NoSpace => ENOSPC,
@@ -103,6 +115,7 @@ impl FsError {
             FsError::TermOver { .. } => EIO,
             FsError::Storage(_, errno) => *errno,
             FsError::Meta(_) => EIO,
+            FsError::Datanode(_) => EIO,
             FsError::Io(_) => EIO,
             FsError::Moved(_) => EIO,
         }

@@ -10,8 +10,9 @@ use std::time::{Duration, SystemTime};
 use serde::{Deserialize, Serialize};
 
 use crate::error::FsResult;
-use crate::meta::{BlockRow, Change, Meta};
+use crate::meta::{BlockRow, Change, DnId, Meta};
 use crate::pipeline::Datanodes;
+use crate::pipeline::datanodes::{DatanodeStatus, FULL_BELOW, Health};
 use crate::storage::datanode::{ReplicaState, StorageError};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -24,8 +25,20 @@ pub enum ProblemKind {
     UnderReplicated,
     MissingBlock,
     LeftOpen,
+    /// A replica file of a block no file has.
     OrphanReplica,
-    DeadDatanode,
+    /// A copy of a block on a datanode its row does not list, while every
+    /// replica the row lists is there (a datanode back from the dead, a
+    /// copy left by pipeline recovery): not needed, and no fault.
+    ExcessReplica,
+}
+
+impl ProblemKind {
+    /// Whether it makes the filesystem unhealthy (fsck exits 1 until it is
+    /// repaired).
+    pub fn is_fault(self) -> bool {
+        self != ProblemKind::ExcessReplica
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -33,7 +46,7 @@ pub struct Problem {
     pub kind: ProblemKind,
     pub path: String,
     pub block: Option<u64>,
-    pub datanode: Option<usize>,
+    pub datanode: Option<DnId>,
     pub detail: String,
     pub repaired: bool,
 }
@@ -55,34 +68,51 @@ pub struct Report {
     pub blocks: u64,
     pub replicas: u64,
     pub replication: usize,
+    /// Live or full (their replicas can be read).
     pub datanodes_alive: usize,
     pub datanodes: usize,
+    /// Every recorded datanode and its state (live, full, dead): listed
+    /// apart from the problems, which are about blocks and files only.
+    pub datanode_states: Vec<DatanodeStatus>,
     pub open_for_write: Vec<OpenFile>,
     pub problems: Vec<Problem>,
 }
 
 impl Report {
-    /// 0 healthy (or everything repaired), 1 problems remain.
-    pub fn exit_code(&self) -> u8 {
-        if self.problems.iter().all(|p| p.repaired) {
-            0
-        } else {
-            1
-        }
+    fn unrepaired_faults(&self) -> usize {
+        self.problems
+            .iter()
+            .filter(|p| !p.repaired && p.kind.is_fault())
+            .count()
     }
 
+    /// 0 healthy (or everything repaired), 1 problems remain.
+    pub fn exit_code(&self) -> u8 {
+        if self.unrepaired_faults() == 0 { 0 } else { 1 }
+    }
+
+    /// The status and counters; the status says whether every block is
+    /// whole (no block missing, corrupt or under-replicated, no file left
+    /// open), whatever state the datanodes are in.
     pub fn summary(&self) -> String {
-        let open = self.problems.iter().filter(|p| !p.repaired).count();
-        let fixed = self.problems.len() - open;
-        let status = if open == 0 { "HEALTHY" } else { "CORRUPT" };
+        let fixed = self.problems.iter().filter(|p| p.repaired).count();
+        let status = if self.unrepaired_faults() == 0 {
+            "HEALTHY"
+        } else {
+            "CORRUPT"
+        };
+        let count = |h: Health| self.datanode_states.iter().filter(|d| d.state == h).count();
         format!(
-            "Status: {status}\n Files: {}\n Blocks: {}\n Replicas: {}\n Replication: {}\n Datanodes alive: {}/{}\n Open for write: {}\n Problems: {} ({} repaired)",
+            "Status: {status}\n Files: {}\n Blocks: {}\n Replicas: {}\n Replication: {}\n Datanodes alive: {}/{} ({} live, {} full, {} dead)\n Open for write: {}\n Problems: {} ({} repaired)",
             self.files,
             self.blocks,
             self.replicas,
             self.replication,
             self.datanodes_alive,
             self.datanodes,
+            count(Health::Live),
+            count(Health::Full),
+            count(Health::Dead),
             self.open_for_write.len(),
             self.problems.len(),
             fixed
@@ -108,8 +138,8 @@ pub struct Check<'a> {
     /// replicas (reported by reads) and checks the rest by presence,
     /// generation stamp and length.
     pub deep: bool,
-    pub suspect: HashSet<(u64, usize)>,
-    /// Also delete unreferenced replica files...
+    pub suspect: HashSet<(u64, DnId)>,
+    /// Also delete replica files of blocks no file has...
     pub orphans: bool,
     /// ...once they are this old (writers create replica files just before
     /// recording their block; at mount there are no writers yet).
@@ -117,6 +147,10 @@ pub struct Check<'a> {
     /// Apply the grace to finalized replicas too (automatic housekeeping is
     /// conservative; an operator's `fsck --repair` removes them at once).
     pub grace_finalized: bool,
+    /// Beside orphans, also delete copies of a block on datanodes its row
+    /// does not list, once the row's own replicas are all there (excess or
+    /// stale copies; never at mount).
+    pub excess: bool,
     /// Keeps writers off a file while a repair changes it; `None` when a
     /// writer holds it now (it may have opened it since the check began).
     /// Online this is the lease manager's pin; offline [`no_writers`].
@@ -175,28 +209,14 @@ impl Progress {
 }
 
 pub fn run(c: &Check<'_>) -> Result<Report, String> {
+    let states = c.dns.statuses();
     let mut r = Report {
         replication: c.dns.replication,
-        datanodes: c.dns.len(),
-        datanodes_alive: (0..c.dns.len()).filter(|i| c.dns.is_alive(*i)).count(),
+        datanodes: states.len(),
+        datanodes_alive: states.iter().filter(|d| d.state != Health::Dead).count(),
+        datanode_states: states,
         ..Report::default()
     };
-    for i in 0..c.dns.len() {
-        if !c.dns.is_alive(i) {
-            r.problems.push(Problem {
-                kind: ProblemKind::DeadDatanode,
-                path: c
-                    .dns
-                    .get(i)
-                    .map(|d| d.root.display().to_string())
-                    .unwrap_or_default(),
-                block: None,
-                datanode: Some(i),
-                detail: "datanode failed its heartbeat".into(),
-                repaired: false,
-            });
-        }
-    }
     let (files, _) = c.meta.usage().map_err(|e| e.to_string())?;
     r.files = files;
     let blocks = c.meta.all_blocks().map_err(|e| e.to_string())?;
@@ -266,31 +286,30 @@ pub fn run(c: &Check<'_>) -> Result<Report, String> {
 /// What the replicas of one block were found to be.
 #[derive(Default)]
 struct Inspection {
-    good: Vec<usize>,
-    bad: Vec<(usize, ProblemKind, String)>,
+    good: Vec<DnId>,
+    bad: Vec<(DnId, ProblemKind, String)>,
+    /// Replicas on dead datanodes (not attached, or failing heartbeats):
+    /// unreadable for now, so the block counts as under-replicated; they
+    /// stay recorded until the block has its replicas elsewhere.
+    dead: Vec<DnId>,
     /// Replicas whose generation stamp lags the recorded one: (datanode,
     /// stamp found). The metadata recorded a change (a bump, a truncation,
     /// recovery) durably before making it on the replicas; a crash in
     /// between leaves them behind, still members of the block.
-    lagging: Vec<(usize, u64)>,
+    lagging: Vec<(DnId, u64)>,
 }
 
 fn inspect(c: &Check<'_>, b: &BlockRow) -> Inspection {
     let mut ins = Inspection::default();
     for &dn in &b.replicas {
-        let Some(node) = c.dns.get(dn) else {
-            ins.bad.push((
-                dn,
-                ProblemKind::MissingReplica,
-                format!("datanode {dn} is not configured"),
-            ));
-            continue;
-        };
-        if !c.dns.is_alive(dn) {
-            ins.bad
-                .push((dn, ProblemKind::MissingReplica, "datanode is dead".into()));
+        if c.dns.health(dn) == Health::Dead {
+            ins.dead.push(dn);
             continue;
         }
+        let Some(node) = c.dns.get(dn) else {
+            ins.dead.push(dn);
+            continue;
+        };
         let data_len = match node.stat_replica(b.block_id, b.gs) {
             Ok((_, len)) => len,
             Err(StorageError::StaleGenStamp { found, .. }) if found < b.gs => {
@@ -377,7 +396,7 @@ fn report(
     fixed: Option<&Repaired>,
     r: &mut Report,
 ) {
-    let problem = |kind, dn: Option<usize>, detail: String, repaired| Problem {
+    let problem = |kind, dn: Option<DnId>, detail: String, repaired| Problem {
         kind,
         path: path.to_string(),
         block: Some(b.block_id),
@@ -407,18 +426,26 @@ fn report(
     }
     let usable = ins.good.len() + if lagging_ok { ins.lagging.len() } else { 0 };
     if usable == 0 {
-        r.problems.push(problem(
-            ProblemKind::MissingBlock,
-            None,
-            "no good replica left".into(),
-            false,
-        ));
+        let detail = if ins.dead.is_empty() {
+            "no good replica left".to_string()
+        } else {
+            format!(
+                "no good replica on a live datanode (dead: {})",
+                list(&ins.dead)
+            )
+        };
+        r.problems
+            .push(problem(ProblemKind::MissingBlock, None, detail, false));
     } else if usable < want {
-        let have = fixed.map(|f| f.now.len());
+        let have = fixed.map(|f| f.good_now);
+        let mut detail = format!("{usable} of {want} replicas");
+        if !ins.dead.is_empty() {
+            detail.push_str(&format!(" (on dead datanodes: {})", list(&ins.dead)));
+        }
         let mut p = problem(
             ProblemKind::UnderReplicated,
             None,
-            format!("{usable} of {want} replicas"),
+            detail,
             have.is_some_and(|h| h >= want),
         );
         if let Some(h) = have.filter(|h| *h < want) {
@@ -433,12 +460,12 @@ fn report(
 #[derive(Default)]
 struct Repaired {
     /// Replicas taken out of the block (and deleted).
-    dropped: Vec<usize>,
+    dropped: Vec<DnId>,
     /// Lagging replicas brought to the recorded state (with the stamp
     /// they had).
-    settled: Vec<(usize, u64)>,
-    /// The replicas the block has now.
-    now: Vec<usize>,
+    settled: Vec<(DnId, u64)>,
+    /// Good replicas the block has now.
+    good_now: usize,
 }
 
 /// Repairs one finalized block: lagging replicas settled, missing or bad
@@ -453,7 +480,7 @@ fn repair_block(c: &Check<'_>, b: &BlockRow, path: &str, mut ins: Inspection, r:
     if !ins.good.is_empty() && ins.good.len() < want {
         added = replicate(c.dns, b, &ins.good, want);
     }
-    let forget_copies = |added: &[usize]| {
+    let forget_copies = |added: &[DnId]| {
         for dn in added {
             if let Some(node) = c.dns.get(*dn) {
                 let _ = node.delete_recorded(b.block_id, b.gs);
@@ -498,7 +525,7 @@ fn repair_block(c: &Check<'_>, b: &BlockRow, path: &str, mut ins: Inspection, r:
             Some(Ok(())) => {
                 tracing::info!(
                     block = b.block_id,
-                    datanode = dn,
+                    datanode = %dn,
                     gs = b.gs,
                     "lagging replica settled"
                 );
@@ -515,7 +542,7 @@ fn repair_block(c: &Check<'_>, b: &BlockRow, path: &str, mut ins: Inspection, r:
             )),
         }
     }
-    if ins.good.is_empty() {
+    if ins.good.is_empty() && ins.dead.is_empty() {
         match cut_lost_tail(c, b, path) {
             Some(detail) => r.problems.push(Problem {
                 kind: ProblemKind::MissingBlock,
@@ -529,10 +556,20 @@ fn repair_block(c: &Check<'_>, b: &BlockRow, path: &str, mut ins: Inspection, r:
         }
         return;
     }
+    if ins.good.is_empty() {
+        // Its bytes may be on the dead datanodes: wait for them.
+        report(b, path, &ins, false, want, None, r);
+        return;
+    }
     let mut row = b.clone();
     row.replicas = ins.good.clone();
     row.replicas.extend(&added);
-    done.now = row.replicas.clone();
+    done.good_now = row.replicas.len();
+    if row.replicas.len() < want {
+        // Still short: the dead datanodes' copies stay recorded, for
+        // when they come back.
+        row.replicas.extend(&ins.dead);
+    }
     done.dropped = ins.bad.iter().map(|(dn, _, _)| *dn).collect();
     if (row.replicas != b.replicas)
         && let Err(e) = c.meta.commit(&[Change::PutBlock(row.clone())], true)
@@ -563,7 +600,7 @@ fn repair_block(c: &Check<'_>, b: &BlockRow, path: &str, mut ins: Inspection, r:
 /// (damage, not a lost tail: left for the operator).
 fn cut_lost_tail(c: &Check<'_>, b: &BlockRow, path: &str) -> Option<String> {
     let mut best: Option<u64> = None;
-    let mut holders: Vec<(usize, u64)> = Vec::new();
+    let mut holders: Vec<(DnId, u64)> = Vec::new();
     for &dn in &b.replicas {
         let Some(node) = c.dns.get(dn) else { continue };
         let Some(info) = node.find(b.block_id) else {
@@ -617,7 +654,7 @@ fn cut_lost_tail(c: &Check<'_>, b: &BlockRow, path: &str) -> Option<String> {
             _ => node.delete(b.block_id),
         };
         if let Err(e) = r {
-            tracing::warn!(block = b.block_id, datanode = dn, "replica not cut: {e}");
+            tracing::warn!(block = b.block_id, datanode = %dn, "replica not cut: {e}");
         }
     }
     c.dns.delete_blocks(
@@ -634,47 +671,62 @@ fn cut_lost_tail(c: &Check<'_>, b: &BlockRow, path: &str) -> Option<String> {
     Some(msg)
 }
 
-/// Copies a finalized block from a good replica to live datanodes that do
-/// not hold it until there are `want`; returns the datanodes added.
-pub fn replicate(dns: &Datanodes, b: &BlockRow, good: &[usize], want: usize) -> Vec<usize> {
+fn list(ids: &[DnId]) -> String {
+    ids.iter()
+        .map(|d| d.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Copies a finalized block from a good replica to live datanodes with
+/// room that do not hold it until there are `want`; returns the datanodes
+/// added.
+pub fn replicate(dns: &Datanodes, b: &BlockRow, good: &[DnId], want: usize) -> Vec<DnId> {
     let mut added = Vec::new();
     let Some(src) = good.first().and_then(|d| dns.get(*d)) else {
         return added;
     };
     let need = want.saturating_sub(good.len());
-    for dn in dns.choose(dns.len(), good) {
+    for dn in dns.choose_with_room(dns.len(), good, b.len.saturating_add(FULL_BELOW)) {
         if added.len() >= need {
             break;
         }
         let Some(dst) = dns.get(dn) else { continue };
         match dst.copy_replica_from(src, b.block_id, b.gs, b.len, ReplicaState::Finalized) {
             Ok(()) => {
-                tracing::info!(block = b.block_id, datanode = dn, "block re-replicated");
+                tracing::info!(block = b.block_id, datanode = %dn, "block re-replicated");
                 added.push(dn);
             }
-            Err(e) => tracing::warn!(
-                block = b.block_id,
-                datanode = dn,
-                "re-replication failed: {e}"
-            ),
+            Err(e) => {
+                tracing::warn!(
+                    block = b.block_id,
+                    datanode = %dn,
+                    "re-replication failed: {e}"
+                );
+                if matches!(e, StorageError::NoSpace { .. }) {
+                    dns.mark_failed(dn, &e);
+                }
+            }
         }
     }
     added
 }
 
-/// Replica files that no block references. Deleted only once the
-/// metadata that stopped referencing them is durable: a power cut must not
-/// bring back a block whose replicas are gone.
+/// Replica files no block needs: those of blocks no file has (always),
+/// and, with [`Check::excess`], copies of a block on datanodes its row
+/// does not list, once every replica the row lists is there. Nothing else
+/// is ever deleted here, and only after the metadata that says so is
+/// durable.
 fn orphans(c: &Check<'_>, blocks: &[BlockRow], r: &mut Report) {
     if c.repair
         && let Err(e) = c.meta.sync_if_needed()
     {
-        tracing::warn!("orphan replicas kept: cannot make the metadata durable: {e}");
+        tracing::error!("orphan sweep skipped: the metadata cannot be made durable: {e}");
         return;
     }
     let known: HashMap<u64, &BlockRow> = blocks.iter().map(|b| (b.block_id, b)).collect();
-    for i in 0..c.dns.len() {
-        let Some(node) = c.dns.get(i) else { continue };
+    for node in c.dns.attached() {
+        let i = node.id;
         if !c.dns.is_alive(i) {
             continue;
         }
@@ -697,23 +749,48 @@ fn orphans(c: &Check<'_>, blocks: &[BlockRow], r: &mut Report) {
             if young {
                 continue;
             }
+            // The table read at the start may be older than this replica's
+            // block (a file created during the run): look again first.
+            let (kind, detail) = match c.meta.block_by_id(info.block) {
+                Ok(None) => (ProblemKind::OrphanReplica, "replica of no file".to_string()),
+                Ok(Some(row)) if !row.replicas.contains(&i) && c.excess && is_whole(c, &row) => (
+                    ProblemKind::ExcessReplica,
+                    format!(
+                        "copy of a block whose {} recorded replicas are all there (generation stamp {}, the block's is {})",
+                        row.replicas.len(),
+                        info.gs,
+                        row.gs
+                    ),
+                ),
+                // Recorded here, or possibly still needed, or unknown.
+                Ok(Some(_)) | Err(_) => continue,
+            };
             let mut p = Problem {
-                kind: ProblemKind::OrphanReplica,
+                kind,
                 path: info.data_path.display().to_string(),
                 block: Some(info.block),
                 datanode: Some(i),
-                detail: "replica of no file".into(),
+                detail,
                 repaired: false,
             };
-            // The table read at the start may be older than this replica's
-            // block (a file created during the run): look again first.
-            if c.meta.block_on(info.block, i).unwrap_or(true) {
-                continue;
-            }
             if c.repair {
                 p.repaired = node.delete(info.block).is_ok();
             }
             r.problems.push(p);
         }
     }
+}
+
+/// Whether a finalized block has at least the replication factor of
+/// replicas recorded, each on a live datanode at the block's generation
+/// stamp and length: then no other copy of it is needed.
+fn is_whole(c: &Check<'_>, row: &BlockRow) -> bool {
+    row.finalized
+        && row.replicas.len() >= c.dns.replication
+        && row.replicas.iter().all(|&dn| {
+            c.dns.is_alive(dn)
+                && c.dns.get(dn).is_some_and(|n| {
+                    matches!(n.stat_replica(row.block_id, row.gs), Ok((ReplicaState::Finalized, len)) if len == row.len)
+                })
+        })
 }

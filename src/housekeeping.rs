@@ -63,7 +63,7 @@ impl Housekeeper {
             return;
         };
         let busy = core.busy_blocks(&live);
-        let suspect: HashSet<(u64, usize)> = core.bad.list().into_iter().collect();
+        let suspect: HashSet<(u64, crate::meta::DnId)> = core.bad.list().into_iter().collect();
         let c = Check {
             meta: &*core.meta,
             dns: &core.dns,
@@ -74,6 +74,7 @@ impl Housekeeper {
             deep: false,
             suspect: suspect.clone(),
             orphans: true,
+            excess: true,
             orphan_grace: fsck::ORPHAN_GRACE,
             grace_finalized: true,
             pin: &|ino| core.pin(ino),

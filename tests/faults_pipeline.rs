@@ -187,14 +187,11 @@ fn a_datanode_directory_removed_mid_write_is_dropped_and_the_writer_sees_no_erro
         verify_replica(&m.datanodes[dn], b.id, Some(b.gs), &src).unwrap_or_else(|e| panic!("{e}"));
     }
     assert_same(&read_cold(&m, "big"), &src, "big read back");
-    // The only problem left is the missing directory itself.
-    let (_, rep) = m.fsck_json();
-    for (kind, _, dn) in problems(&rep) {
-        assert!(
-            kind == "dead_datanode" && dn == Some(victim as u64),
-            "unexpected problem {kind}: {rep}"
-        );
-    }
+    // Every block is whole; the missing directory is a dead datanode.
+    let (code, rep) = m.fsck_json();
+    assert_eq!(code, 0, "{rep}");
+    assert!(problems(&rep).is_empty(), "{rep}");
+    assert_eq!(datanode_state(&rep, victim as u64), "dead", "{rep}");
 }
 
 #[test]
@@ -298,4 +295,109 @@ fn fsync_succeeds_when_a_datanode_holding_an_earlier_block_of_the_file_is_remove
     let mut want = vec![b'x'; 1_300_000];
     want.extend(vec![b'y'; 1_000_000]);
     assert!(read_cold(&m, "big") == want);
+}
+
+/// A datanode whose disk filled during a write is full, not dead: it
+/// answers heartbeats, takes no new replica, and fsck's status says the
+/// blocks are whole (HEALTHY) while listing it as full.
+#[test]
+fn a_full_datanode_is_alive_out_of_placement_and_fsck_is_healthy_once_repaired() {
+    let tmpfs = Tmpfs::new("8m");
+    let disk = tempfile::tempdir().unwrap();
+    let mut dns = vec![tmpfs.path.clone()];
+    dns.extend(disk_dns(&disk, 3));
+    let m = Mount::with_datanode_paths(
+        Opts {
+            datanodes: 4,
+            replication: Some(3),
+            o: vec![],
+            args: Vec::new(),
+        },
+        dns,
+    );
+    let src = pattern(16 * MIB, 5);
+    let srcp = scratch(&m, "big.src", &src);
+    let mut w = Writer::start(&m, &srcp, "big", MIB, 0, 4);
+    assert_eq!(
+        w.result(Duration::from_secs(60)),
+        format!("ok {}", 16 * MIB)
+    );
+    wait_closed(&m, "big");
+
+    // Heartbeats (every 3 s) find the disk full.
+    let mut last = serde_json::Value::Null;
+    let full = wait_until(Duration::from_secs(10), || {
+        last = m.fsck_json().1;
+        datanode_state(&last, 0) == "full"
+    });
+    assert!(full, "the full tmpfs is not reported full: {last}");
+    let f = m.fsck(&["--repair"]);
+    assert_eq!(f.code, 0, "{f:?}");
+    let f = m.fsck(&[]);
+    assert!(
+        f.code == 0 && f.stdout.contains("Status: HEALTHY") && f.stdout.contains("1 full"),
+        "{f:?}\nlog:\n{}",
+        m.log()
+    );
+    let (code, r) = m.fsck_json();
+    assert_eq!((code, r["datanodes_alive"].as_u64()), (0, Some(4)), "{r}");
+    for b in blocks_of(&m, "big") {
+        assert_eq!(b.replicas.len(), 3, "{b:?}");
+        for &dn in &b.replicas {
+            verify_replica(&m.datanodes[dn], b.id, Some(b.gs), &src)
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+    // Out of placement: new blocks go to the others.
+    m.put("small", b"after the disk filled\n");
+    let b = wait_closed(&m, "small");
+    assert_eq!(b[0].replicas.len(), 3, "{b:?}");
+    assert!(
+        !b[0].replicas.contains(&0),
+        "placed on the full datanode: {b:?}"
+    );
+}
+
+/// Pipeline recovery after ENOSPC takes a spare with room for the block so
+/// far: a datanode too small for it is passed over, so the block does not
+/// stay under-replicated until housekeeping.
+#[test]
+fn pipeline_recovery_after_enospc_takes_a_spare_with_room() {
+    let big = Tmpfs::new("8m");
+    let small = Tmpfs::new("4m");
+    let disk = tempfile::tempdir().unwrap();
+    let d = disk_dns(&disk, 3);
+    // The first pipeline is 0 1 2; the rotation then offers 3 (the small
+    // tmpfs) as the first spare when 0 fills.
+    let dns = vec![
+        big.path.clone(),
+        d[0].clone(),
+        d[1].clone(),
+        small.path.clone(),
+        d[2].clone(),
+    ];
+    let m = Mount::with_datanode_paths(
+        Opts {
+            datanodes: 5,
+            replication: Some(3),
+            o: vec!["housekeeping_interval=3600".into()],
+            args: Vec::new(),
+        },
+        dns,
+    );
+    let src = pattern(16 * MIB, 6);
+    let srcp = scratch(&m, "big.src", &src);
+    let mut w = Writer::start(&m, &srcp, "big", MIB, 0, 4);
+    assert_eq!(
+        w.result(Duration::from_secs(60)),
+        format!("ok {}", 16 * MIB)
+    );
+    let blocks = wait_closed(&m, "big");
+    let b = &blocks[0];
+    let mut reps = b.replicas.clone();
+    reps.sort();
+    assert_eq!(reps, vec![1, 2, 4], "{b:?}\nlog:\n{}", m.log());
+    for &dn in &b.replicas {
+        verify_replica(&m.datanodes[dn], b.id, Some(b.gs), &src).unwrap_or_else(|e| panic!("{e}"));
+    }
 }

@@ -9,7 +9,7 @@
 mod common;
 
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 
@@ -77,12 +77,14 @@ conformance! {
         symlink_readlink,
         set_attrs,
         xattrs,
+        xattr_updates_and_limits,
+        cookies_follow_inodes,
         commit_batches,
         blocks_and_index,
         delete_inode_and_orphans,
         reserve_epochs_monotonic,
         audit_order,
-        datanodes_and_replication,
+        datanode_registry_and_replication,
         usage,
         path_of_and_parent_of,
     ],
@@ -92,6 +94,7 @@ conformance! {
         racing_create_one_wins,
         racing_renames_keep_tree_consistent,
         racing_dir_swaps_make_no_cycle,
+        listing_survives_changes,
     ]
 }
 
@@ -106,6 +109,7 @@ fn node(kind: Kind) -> NewNode<'static> {
         rdev: 0,
         target: None,
         block_size: 1 << 20,
+        xattrs: Vec::new(),
     }
 }
 
@@ -121,8 +125,17 @@ fn nlink(m: &dyn Meta, ino: u64) -> u32 {
     m.get(ino).unwrap().nlink
 }
 
+/// Every entry of `dir` as (name, ino, kind), in listing order.
+fn entries(m: &dyn Meta, dir: u64) -> Vec<(Vec<u8>, u64, Kind)> {
+    list_all(m, dir)
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.name, e.ino, e.kind))
+        .collect()
+}
+
 fn names(m: &dyn Meta, dir: u64) -> Vec<Vec<u8>> {
-    m.readdir(dir).unwrap().into_iter().map(|e| e.0).collect()
+    entries(m, dir).into_iter().map(|e| e.0).collect()
 }
 
 macro_rules! assert_err {
@@ -139,7 +152,7 @@ macro_rules! assert_err {
     };
 }
 
-fn block(ino: u64, idx: u64, block_id: u64, replicas: Vec<usize>) -> BlockRow {
+fn block(ino: u64, idx: u64, block_id: u64, replicas: Vec<u32>) -> BlockRow {
     BlockRow {
         ino,
         idx,
@@ -147,8 +160,15 @@ fn block(ino: u64, idx: u64, block_id: u64, replicas: Vec<usize>) -> BlockRow {
         gs: 1000 + idx,
         len: 4096,
         finalized: true,
-        replicas,
+        replicas: replicas.into_iter().map(DnId).collect(),
     }
+}
+
+/// Whether block `block_id` is recorded with a replica on datanode `dn`.
+fn on(m: &dyn Meta, block_id: u64, dn: u32) -> bool {
+    m.block_by_id(block_id)
+        .unwrap()
+        .is_some_and(|r| r.block_id == block_id && r.replicas.contains(&DnId(dn)))
 }
 
 fn uc(ino: u64, epoch: u64) -> UnderConstruction {
@@ -184,7 +204,7 @@ fn check_tree(m: &dyn Meta) {
     let mut stack = vec![ROOT_INO];
     while let Some(d) = stack.pop() {
         assert!(seen.insert(d), "directory {d} reached twice: a cycle");
-        let entries = m.readdir(d).unwrap();
+        let entries = entries(m, d);
         let subdirs = entries.iter().filter(|e| e.2 == Kind::Dir).count() as u32;
         assert_eq!(nlink(m, d), 2 + subdirs, "nlink of directory {d}");
         for (name, ino, kind) in entries {
@@ -211,7 +231,7 @@ fn create_lookup_readdir_getattr(m: &dyn Meta) {
     let root = m.get(ROOT_INO).unwrap();
     assert_eq!((root.kind, root.nlink, root.mode), (Kind::Dir, 2, 0o755));
     assert_eq!((root.uid, root.gid), (UID, GID));
-    assert!(m.readdir(ROOT_INO).unwrap().is_empty());
+    assert!(entries(m, ROOT_INO).is_empty());
 
     let before = root.mtime;
     let mut n = node(Kind::File);
@@ -239,16 +259,15 @@ fn create_lookup_readdir_getattr(m: &dyn Meta) {
     assert_eq!((p.kind, p.rdev), (Kind::Fifo, 9));
     assert_ne!(f.ino, d.ino);
 
-    // Names are bytes, listed in byte order.
-    for n in [&b"\xff"[..], b"a\x00b", b"B", b"a", b"a b"] {
+    // Names are bytes, listed in the order they were made.
+    let more = [&b"\xff"[..], b"a\x00b", b"B", b"a", b"a b"];
+    for n in more {
         m.create(ROOT_INO, n, node(Kind::File)).unwrap();
     }
     let listed = names(m, ROOT_INO);
-    let mut sorted = listed.clone();
-    sorted.sort();
-    assert_eq!(listed, sorted);
-    assert_eq!(listed.len(), 7);
-    let e = m.readdir(ROOT_INO).unwrap();
+    assert_eq!(listed[..2], [b"f".to_vec(), b"d".to_vec()]);
+    assert_eq!(listed[2..], more.map(<[u8]>::to_vec));
+    let e = entries(m, ROOT_INO);
     assert!(e.contains(&(b"d".to_vec(), d.ino, Kind::Dir)));
     assert!(e.contains(&(b"f".to_vec(), f.ino, Kind::File)));
     assert_eq!(m.lookup(ROOT_INO, b"a\x00b").unwrap().kind, Kind::File);
@@ -260,8 +279,8 @@ fn create_lookup_readdir_getattr(m: &dyn Meta) {
     assert_err!(m.lookup(ROOT_INO, b"nope"), FsError::NotFound);
     assert_err!(m.lookup(f.ino, b"x"), FsError::NotDir);
     assert_err!(m.lookup(999_999, b"x"), FsError::NotFound);
-    assert_err!(m.readdir(f.ino), FsError::NotDir);
-    assert_err!(m.readdir(999_999), FsError::NotFound);
+    assert_err!(m.readdir(f.ino, 0, 10), FsError::NotDir);
+    assert_err!(m.readdir(999_999, 0, 10), FsError::NotFound);
     assert_err!(m.get(999_999), FsError::NotFound);
 }
 
@@ -323,7 +342,7 @@ fn link_unlink_rmdir(m: &dyn Meta) {
     assert_err!(m.get(d.ino), FsError::NotFound);
     assert_err!(m.getxattr(d.ino, b"user.k"), FsError::NoXattr);
     assert_eq!(nlink(m, ROOT_INO), 2);
-    assert!(m.readdir(ROOT_INO).unwrap().is_empty());
+    assert!(entries(m, ROOT_INO).is_empty());
 }
 
 fn rename_plain(m: &dyn Meta) {
@@ -598,6 +617,239 @@ fn xattrs(m: &dyn Meta) {
     assert_eq!(m.getxattr(f.ino, b"user.b").unwrap(), b"3");
 }
 
+fn xattr_updates_and_limits(m: &dyn Meta) {
+    let f = mkfile(m, ROOT_INO, "f");
+    // One step reads the values, and commits new ones with a mode.
+    let i = m
+        .update_xattrs(f.ino, &[b"user.a"], XattrLimits::NONE, &mut |i, cur| {
+            assert_eq!((i.ino, cur), (f.ino, &[None][..]));
+            Ok(XattrEdit {
+                set: vec![(b"user.a".to_vec(), Some(b"1".to_vec()))],
+                attrs: Some(AttrChange {
+                    mode: Some(0o640),
+                    ..AttrChange::default()
+                }),
+            })
+        })
+        .unwrap();
+    assert_eq!(i.mode, 0o640);
+    assert_eq!(m.get(f.ino).unwrap(), i);
+    assert!(i.ctime >= f.ctime);
+    assert_eq!(m.getxattr(f.ino, b"user.a").unwrap(), b"1");
+    // A refusal and an empty edit change nothing.
+    let refuse = &mut |_: &Inode, _: &[Option<Vec<u8>>]| -> Result<XattrEdit, FsError> {
+        Err(FsError::Access)
+    };
+    assert_err!(
+        m.update_xattrs(f.ino, &[b"user.a"], XattrLimits::NONE, refuse),
+        FsError::Access
+    );
+    let same = m
+        .update_xattrs(
+            f.ino,
+            &[b"user.a", b"user.z"],
+            XattrLimits::NONE,
+            &mut |_, cur| {
+                assert_eq!(cur, &[Some(b"1".to_vec()), None][..]);
+                Ok(XattrEdit::default())
+            },
+        )
+        .unwrap();
+    assert_eq!(same, i);
+    // Limits: "user.a" + 1 byte is 7 bytes, names "user.a\0" 7.
+    let put = |name: &[u8], len: usize, lim: XattrLimits| {
+        m.update_xattrs(f.ino, &[], lim, &mut |_, _| {
+            Ok(XattrEdit {
+                set: vec![(name.to_vec(), Some(vec![b'v'; len]))],
+                attrs: None,
+            })
+        })
+    };
+    let lim = XattrLimits {
+        total: 100,
+        names: 1000,
+    };
+    put(b"user.b", 60, lim).unwrap();
+    assert_err!(
+        put(b"user.c", 30, lim),
+        FsError::XattrSpace {
+            used: 109,
+            limit: 100,
+            ..
+        }
+    );
+    assert_err!(m.getxattr(f.ino, b"user.c"), FsError::NoXattr);
+    put(b"user.b", 87, lim).unwrap();
+    let names = XattrLimits {
+        total: u64::MAX,
+        names: 20,
+    };
+    assert_err!(put(b"user.cc", 0, names), FsError::XattrSpace { .. });
+    // Shrinking an inode that is over the limits is allowed.
+    let tight = XattrLimits {
+        total: 10,
+        names: 10,
+    };
+    put(b"user.b", 3, tight).unwrap();
+    m.update_xattrs(f.ino, &[], tight, &mut |_, _| {
+        Ok(XattrEdit {
+            set: vec![(b"user.a".to_vec(), None)],
+            attrs: None,
+        })
+    })
+    .unwrap();
+    assert_eq!(m.listxattr(f.ino).unwrap(), vec![b"user.b".to_vec()]);
+    // A node born with attributes.
+    let mut n = node(Kind::Dir);
+    n.xattrs = vec![(b"system.posix_acl_default".to_vec(), b"acl".to_vec())];
+    let d = m.create(ROOT_INO, b"d", n).unwrap();
+    assert_eq!(
+        m.getxattr(d.ino, b"system.posix_acl_default").unwrap(),
+        b"acl"
+    );
+    // Only a local store has a filesystem of its own to report.
+    let space = m.space().unwrap();
+    match m.backend() {
+        "sqlite" => assert!(space.is_some_and(|s| s.total_bytes >= s.avail_bytes)),
+        _ => assert_eq!(space, None),
+    }
+}
+
+// ---- listings --------------------------------------------------------------
+
+/// name -> cookie of every entry of `dir`.
+fn cookies(m: &dyn Meta, dir: u64) -> HashMap<Vec<u8>, u64> {
+    list_all(m, dir)
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.name, e.cookie))
+        .collect()
+}
+
+fn cookies_follow_inodes(m: &dyn Meta) {
+    let d = mkdir(m, ROOT_INO, "d");
+    let o = mkdir(m, ROOT_INO, "o");
+    for n in ["a", "b", "c", "x"] {
+        mkfile(m, d.ino, n);
+    }
+    let c0 = cookies(m, d.ino);
+    assert!(c0.values().all(|&c| c >= FIRST_COOKIE));
+    assert_eq!(c0.values().collect::<HashSet<_>>().len(), 4);
+    // Listed in cookie order, a page at a time.
+    let all = list_all(m, d.ino).unwrap();
+    assert!(all.windows(2).all(|w| w[0].cookie < w[1].cookie));
+    let page = m.readdir(d.ino, all[0].cookie, 2).unwrap();
+    assert_eq!(page, all[1..3]);
+    assert!(m.readdir(d.ino, all[3].cookie, 10).unwrap().is_empty());
+    assert!(m.readdir(d.ino, 0, 0).unwrap().is_empty());
+    // A rename keeps the inode's place; an exchange swaps the places.
+    m.rename(d.ino, b"a", d.ino, b"z", false, false).unwrap();
+    m.rename(d.ino, b"b", d.ino, b"c", false, true).unwrap();
+    let c1 = cookies(m, d.ino);
+    assert_eq!(
+        (c1[&b"z"[..]], c1[&b"c"[..]], c1[&b"b"[..]]),
+        (c0[&b"a"[..]], c0[&b"b"[..]], c0[&b"c"[..]])
+    );
+    // A move takes it along; replacing an entry drops the replaced place.
+    m.rename(d.ino, b"x", o.ino, b"x", false, false).unwrap();
+    assert_eq!(cookies(m, o.ino)[&b"x"[..]], c0[&b"x"[..]]);
+    m.rename(d.ino, b"z", d.ino, b"c", false, false).unwrap();
+    let c2 = cookies(m, d.ino);
+    assert_eq!(c2.len(), 2);
+    assert_eq!(c2[&b"c"[..]], c0[&b"a"[..]]);
+    // A new name (a link) gets a place of its own.
+    let b = m.lookup(d.ino, b"b").unwrap();
+    m.link(b.ino, d.ino, b"l").unwrap();
+    let c3 = cookies(m, d.ino);
+    assert!(!c0.values().any(|&c| c == c3[&b"l"[..]]));
+}
+
+/// A listing read a few entries at a time while another daemon removes,
+/// adds and renames entries between the pages: each entry that stayed is
+/// returned exactly once, an entry renamed within the directory once
+/// under one of its names, and nothing twice.
+fn listing_survives_changes(a: &dyn Meta, b: &dyn Meta) {
+    const N: usize = 200;
+    /// Pages between which the directory changes.
+    const ROUNDS: usize = 20;
+    let d = mkdir(a, ROOT_INO, "d");
+    let o = mkdir(a, ROOT_INO, "o");
+    for k in 0..N {
+        mkfile(a, d.ino, &format!("f{k:03}"));
+    }
+    let name = |k: usize| format!("f{k:03}");
+    let mut listed: Vec<Vec<u8>> = Vec::new();
+    let mut after = 0;
+    let mut round = 0;
+    loop {
+        let page = a.readdir(d.ino, after, 7).unwrap();
+        assert!(page.len() <= 7);
+        if page.is_empty() {
+            break;
+        }
+        for e in &page {
+            assert!(e.cookie > after, "cookies go up within a listing");
+            after = e.cookie;
+        }
+        listed.extend(page.into_iter().map(|e| e.name));
+        if round == ROUNDS {
+            continue;
+        }
+        round += 1;
+        let k = 3 * round;
+        b.unlink(d.ino, name(k).as_bytes()).unwrap();
+        b.unlink(d.ino, name(N - 1 - k).as_bytes()).unwrap();
+        b.rename(
+            d.ino,
+            name(k + 1).as_bytes(),
+            d.ino,
+            format!("r{k:03}").as_bytes(),
+            false,
+            false,
+        )
+        .unwrap();
+        b.rename(
+            d.ino,
+            name(k + 2).as_bytes(),
+            o.ino,
+            name(k + 2).as_bytes(),
+            false,
+            false,
+        )
+        .unwrap();
+        mkfile(b, d.ino, &format!("new{round:03}"));
+    }
+    assert!(
+        3 * round + 2 < N - 1 - 3 * round,
+        "the test's own sets overlap"
+    );
+    let mut count: HashMap<Vec<u8>, usize> = HashMap::new();
+    for n in &listed {
+        *count.entry(n.clone()).or_default() += 1;
+    }
+    assert!(count.values().all(|&c| c == 1), "listed twice: {count:?}");
+    let seen = |n: &str| count.get(n.as_bytes()).copied().unwrap_or(0);
+    let touched =
+        |k: usize| (1..=round).any(|r| (3 * r..=3 * r + 2).contains(&k) || k == N - 1 - 3 * r);
+    for k in (0..N).filter(|&k| !touched(k)) {
+        assert_eq!(
+            seen(&name(k)),
+            1,
+            "{} stayed and was not listed once",
+            name(k)
+        );
+    }
+    for r in 1..=round {
+        let k = 3 * r + 1;
+        assert_eq!(
+            seen(&name(k)) + seen(&format!("r{k:03}")),
+            1,
+            "{} renamed in place",
+            name(k)
+        );
+    }
+}
+
 // ---- blocks and files under construction --------------------------------
 
 fn commit_batches(m: &dyn Meta) {
@@ -756,20 +1008,20 @@ fn blocks_and_index(m: &dyn Meta) {
         vec![rows[2].clone(), rows[0].clone()]
     );
     assert!(m.blocks(999_999).unwrap().is_empty());
-    assert!(m.block_on(22, 0).unwrap());
-    assert!(m.block_on(22, 2).unwrap());
-    assert!(!m.block_on(22, 1).unwrap());
-    assert!(!m.block_on(99, 0).unwrap());
+    assert!(on(m, 22, 0));
+    assert!(on(m, 22, 2));
+    assert!(!on(m, 22, 1));
+    assert!(!on(m, 99, 0));
     // A row rewritten under a new block id: the old id is no longer there.
     m.commit(&[Change::PutBlock(block(f.ino, 0, 30, vec![1]))], false)
         .unwrap();
-    assert!(!m.block_on(20, 0).unwrap());
-    assert!(m.block_on(30, 1).unwrap());
+    assert!(!on(m, 20, 0));
+    assert!(on(m, 30, 1));
     // Replicas updated under the same id.
     m.commit(&[Change::PutBlock(block(f.ino, 0, 30, vec![2]))], false)
         .unwrap();
-    assert!(!m.block_on(30, 1).unwrap());
-    assert!(m.block_on(30, 2).unwrap());
+    assert!(!on(m, 30, 1));
+    assert!(on(m, 30, 2));
     m.commit(
         &[Change::DropBlocksFrom {
             ino: g.ino,
@@ -778,8 +1030,8 @@ fn blocks_and_index(m: &dyn Meta) {
         false,
     )
     .unwrap();
-    assert!(!m.block_on(22, 0).unwrap());
-    assert!(!m.block_on(23, 2).unwrap());
+    assert!(!on(m, 22, 0));
+    assert!(!on(m, 23, 2));
     assert_eq!(m.all_blocks().unwrap().len(), 2);
 }
 
@@ -804,7 +1056,7 @@ fn delete_inode_and_orphans(m: &dyn Meta) {
     assert_err!(m.get(f.ino), FsError::NotFound);
     assert!(m.orphans().unwrap().is_empty());
     assert!(m.blocks(f.ino).unwrap().is_empty());
-    assert!(!m.block_on(40, 0).unwrap());
+    assert!(!on(m, 40, 0));
     assert!(m.list_uc().unwrap().is_empty());
     assert!(m.listxattr(f.ino).unwrap().is_empty());
     assert!(
@@ -859,16 +1111,97 @@ fn audit_order(m: &dyn Meta) {
     assert!(m.audit_history("/e").unwrap().is_empty());
 }
 
-fn datanodes_and_replication(m: &dyn Meta) {
+fn datanode_registry_and_replication(m: &dyn Meta) {
     assert_eq!(m.replication().unwrap(), None);
-    assert!(m.datanodes().unwrap().is_empty());
-    let dirs: Vec<PathBuf> = ["/d/a", "/d/b", "/d/c"].iter().map(PathBuf::from).collect();
-    m.set_datanodes(&dirs, 2).unwrap();
+    m.set_replication(2).unwrap();
     assert_eq!(m.replication().unwrap(), Some(2));
-    assert_eq!(m.datanodes().unwrap(), dirs);
-    m.set_datanodes(&dirs[..1], 1).unwrap();
-    assert_eq!(m.replication().unwrap(), Some(1));
-    assert_eq!(m.datanodes().unwrap(), dirs[..1].to_vec());
+    let fsid = m.filesystem_id().unwrap();
+    assert!(fsid.starts_with("FS-"), "{fsid}");
+    assert_eq!(m.filesystem_id().unwrap(), fsid, "created once");
+    assert!(m.datanode_records().unwrap().is_empty());
+    let a = m.register_datanode("DS-a", Path::new("/d/a")).unwrap();
+    let b = m.register_datanode("DS-b", Path::new("/d/b")).unwrap();
+    assert_eq!((a, b), (DnId(0), DnId(1)));
+    // A known storage keeps its id wherever its directory is now.
+    assert_eq!(
+        m.register_datanode("DS-a", Path::new("/moved/a")).unwrap(),
+        a
+    );
+    assert_eq!(
+        m.datanode_records().unwrap(),
+        vec![
+            DatanodeRecord {
+                id: a,
+                storage_id: Some("DS-a".into()),
+                path: "/moved/a".into(),
+                state: AdminState::Normal,
+            },
+            DatanodeRecord {
+                id: b,
+                storage_id: Some("DS-b".into()),
+                path: "/d/b".into(),
+                state: AdminState::Normal,
+            },
+        ]
+    );
+    // Only a datanode awaiting its identity takes a new storage ID.
+    assert_eq!(m.claim_legacy_datanode(a, "DS-other").unwrap(), "DS-a");
+    assert!(m.claim_legacy_datanode(DnId(7), "DS-x").is_err());
+}
+
+/// What the positional layout recorded (the `--datanode` list of the last
+/// mount) is a registry of `upgrading` datanodes whose ids are their old
+/// places; the first claim of each wins, and registering finishes it.
+fn positional_upgrade(m: &dyn Meta) {
+    assert_eq!(m.replication().unwrap(), Some(2));
+    let recs = m.datanode_records().unwrap();
+    let paths: Vec<(DnId, Option<String>, PathBuf, AdminState)> = recs
+        .into_iter()
+        .map(|r| (r.id, r.storage_id, r.path, r.state))
+        .collect();
+    assert_eq!(
+        paths,
+        vec![
+            (DnId(0), None, "/old/a".into(), AdminState::Upgrading),
+            (DnId(1), None, "/old/b".into(), AdminState::Upgrading),
+        ]
+    );
+    assert_eq!(m.claim_legacy_datanode(DnId(1), "DS-1").unwrap(), "DS-1");
+    assert_eq!(m.claim_legacy_datanode(DnId(1), "DS-9").unwrap(), "DS-1");
+    assert_eq!(
+        m.register_datanode("DS-1", Path::new("/new/b")).unwrap(),
+        DnId(1)
+    );
+    let b = &m.datanode_records().unwrap()[1];
+    assert_eq!(
+        (b.path.as_path(), b.state),
+        (Path::new("/new/b"), AdminState::Normal)
+    );
+    // A new datanode takes the next free id.
+    assert_eq!(
+        m.register_datanode("DS-new", Path::new("/new/c")).unwrap(),
+        DnId(2)
+    );
+}
+
+#[test]
+fn sqlite_database_of_the_positional_layout_is_upgraded_at_open() {
+    let d = tempfile::tempdir().unwrap();
+    let db = d.path().join("meta.db");
+    {
+        let c = rusqlite::Connection::open(&db).unwrap();
+        c.execute_batch(
+            "CREATE TABLE datanodes(idx INTEGER PRIMARY KEY, path TEXT NOT NULL);
+             INSERT INTO datanodes VALUES(0, '/old/a'), (1, '/old/b');
+             CREATE TABLE counters(name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+             INSERT INTO counters VALUES('replication', 2);",
+        )
+        .unwrap();
+    }
+    positional_upgrade(&MetaStore::open(&db, UID, GID).unwrap());
+    // Opening again changes nothing.
+    let m = MetaStore::open(&db, UID, GID).unwrap();
+    assert_eq!(m.datanode_records().unwrap().len(), 3);
 }
 
 fn usage(m: &dyn Meta) {
@@ -1004,7 +1337,7 @@ fn racing_create_one_wins(a: &dyn Meta, b: &dyn Meta) {
     for (k, w) in wins.iter().enumerate() {
         assert_eq!(w.load(Ordering::Relaxed), 1, "winners of n{k}");
     }
-    assert_eq!(a.readdir(d.ino).unwrap().len(), names);
+    assert_eq!(entries(a, d.ino).len(), names);
     assert_eq!(nlink(b, d.ino), 2 + names as u32 / 2);
     check_tree(a);
 }
@@ -1121,6 +1454,22 @@ fn racing_dir_swaps_make_no_cycle(a: &dyn Meta, b: &dyn Meta) {
 mod etcd_only {
     use super::*;
 
+    /// The positional layout's `dn` record becomes the registry at open.
+    #[test]
+    fn etcd_record_of_the_positional_layout_is_upgraded_at_open() {
+        let server = EtcdServer::shared();
+        let (conn, name) = server.connect("positional");
+        let key = conn.key("dn");
+        conn.run(|mut c| async move {
+            c.put(key, r#"{"dirs":["/old/a","/old/b"],"replication":2}"#, None)
+                .await
+        })
+        .unwrap();
+        positional_upgrade(&EtcdMeta::open(conn, UID, GID).unwrap());
+        let again = EtcdMeta::open(server.connect_to(&name), UID, GID).unwrap();
+        assert_eq!(again.datanode_records().unwrap().len(), 3);
+    }
+
     /// A second daemon opening the filesystem sees it as it is: the root
     /// and counters are not initialised twice.
     #[test]
@@ -1151,7 +1500,7 @@ mod etcd_only {
             let ch: Vec<Change> = chunk.iter().cloned().map(Change::PutBlock).collect();
             p.a.commit(&ch, false).unwrap();
         }
-        assert!(p.b.block_on(5000 + n - 1, 0).unwrap());
+        assert!(on(&p.b, 5000 + n - 1, 0));
         let index_keys = || {
             let key = p.etcd.key("bid/");
             p.etcd
@@ -1168,8 +1517,60 @@ mod etcd_only {
         p.a.unlink(ROOT_INO, b"big").unwrap();
         assert_eq!(p.b.delete_inode(f.ino).unwrap(), rows);
         assert!(p.a.all_blocks().unwrap().is_empty());
-        assert!(!p.a.block_on(5000, 0).unwrap());
+        assert!(!on(&p.a, 5000, 0));
         assert_eq!(index_keys(), 0, "stale block index keys");
+    }
+
+    /// A filesystem written before listing cookies existed (entries
+    /// without a cookie and no `o/` listing) is upgraded when a daemon
+    /// opens it: every entry is listed again, each once.
+    #[test]
+    fn entries_without_cookies_are_upgraded() {
+        let p = etcd("cookie_upgrade");
+        let d = mkdir(&p.a, ROOT_INO, "d");
+        for k in 0..120 {
+            mkfile(&p.a, d.ino, &format!("f{k}"));
+        }
+        let raw = |prefix: &str| {
+            let key = p.etcd.key(prefix);
+            p.etcd
+                .run(|mut c| async move {
+                    let o = etcd_client::GetOptions::new().with_prefix();
+                    c.get(key, Some(o)).await
+                })
+                .unwrap()
+                .kvs()
+                .iter()
+                .map(|kv| (kv.key().to_vec(), kv.value().to_vec()))
+                .collect::<Vec<_>>()
+        };
+        // Back to the old layout.
+        for (k, v) in raw("d/") {
+            let mut rec: serde_json::Value = serde_json::from_slice(&v).unwrap();
+            rec.as_object_mut().unwrap().remove("cookie");
+            let v = serde_json::to_vec(&rec).unwrap();
+            p.etcd
+                .run(|mut c| async move { c.put(k, v, None).await })
+                .unwrap();
+        }
+        for k in [p.etcd.key("o/"), p.etcd.key("c/layout")] {
+            p.etcd
+                .run(|mut c| async move {
+                    let o = etcd_client::DeleteOptions::new().with_prefix();
+                    c.delete(k, Some(o)).await
+                })
+                .unwrap();
+        }
+        assert!(list_all(&p.a, d.ino).unwrap().is_empty());
+        let late = EtcdMeta::open(p.etcd.clone(), UID, GID).unwrap();
+        let listed = cookies(&late, d.ino);
+        assert_eq!(listed.len(), 120);
+        assert_eq!(listed.values().collect::<HashSet<_>>().len(), 120);
+        assert_eq!(cookies(&late, ROOT_INO).len(), 1);
+        // New entries get cookies of their own.
+        mkfile(&late, d.ino, "new");
+        assert_eq!(cookies(&p.b, d.ino).len(), 121);
+        check_tree(&late);
     }
 
     /// A step too large for one Txn fails whole: nothing of it is applied.

@@ -212,3 +212,30 @@ fn one_housekeeping_leader_among_daemons() {
         "no leader after the leader was killed"
     );
 }
+
+/// Each daemon recognises the shared datanode directories by their
+/// identity files, so each may list them in its own order.
+#[test]
+fn daemons_may_list_the_shared_datanodes_in_any_order() {
+    let etcd = EtcdServer::start();
+    let dn = tempfile::tempdir().expect("tempdir");
+    let dns = shared_datanodes(&dn);
+    let a = daemon(&etcd, "order", &dns, &[]);
+    let reversed: Vec<_> = dns.iter().rev().cloned().collect();
+    let b = daemon(&etcd, "order", &reversed, &[]);
+    let from_a = common::faults::pattern(300_000, 1);
+    let from_b = common::faults::pattern(300_000, 2);
+    a.put("from-a", &from_a);
+    b.put("from-b", &from_b);
+    for (m, name, want) in [(&b, "from-a", &from_a), (&a, "from-b", &from_b)] {
+        assert!(
+            wait_until(Duration::from_secs(5), || std::fs::read(m.path(name))
+                .is_ok_and(|got| got == *want)),
+            "{name} does not read back on the other daemon"
+        );
+    }
+    for m in [&a, &b] {
+        let (code, r) = m.fsck_json();
+        assert_eq!((code, r["datanodes_alive"].as_u64()), (0, Some(3)), "{r}");
+    }
+}

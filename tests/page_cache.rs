@@ -217,8 +217,18 @@ fn a_cached_follower_never_sees_zeros_or_unacknowledged_bytes_while_a_writer_app
 
     let written = Arc::new(AtomicU64::new(5_000));
     let done = Arc::new(AtomicBool::new(false));
+    // What the follower has read so far: every 50 writes the writer waits
+    // until the follower has caught up, so the follower reads the file
+    // while it grows however the threads are scheduled on a loaded machine.
+    let caught_up = Arc::new(AtomicU64::new(5_000));
     let writer = {
-        let (f, p, written, done) = (f.clone(), p.clone(), written.clone(), done.clone());
+        let (f, p, written, done, caught_up) = (
+            f.clone(),
+            p.clone(),
+            written.clone(),
+            done.clone(),
+            caught_up.clone(),
+        );
         std::thread::spawn(move || {
             let w = OpenOptions::new().write(true).open(&f).unwrap();
             let mut pos = 5_000usize;
@@ -228,7 +238,11 @@ fn a_cached_follower_never_sees_zeros_or_unacknowledged_bytes_while_a_writer_app
                 pos += n;
                 written.store(pos as u64, Ordering::SeqCst);
                 if i % 50 == 0 {
-                    std::thread::sleep(Duration::from_millis(5));
+                    let deadline = Instant::now() + Duration::from_secs(30);
+                    while caught_up.load(Ordering::SeqCst) < pos as u64 {
+                        assert!(Instant::now() < deadline, "follower never reached {pos}");
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
                 }
             }
             drop(w);
@@ -252,6 +266,7 @@ fn a_cached_follower_never_sees_zeros_or_unacknowledged_bytes_while_a_writer_app
         same(&got, &p[seen..seen + got.len()], "follower's new bytes");
         if !got.is_empty() {
             seen += got.len();
+            caught_up.store(seen as u64, Ordering::SeqCst);
             steps += 1;
             if let Some(a) = acked(&f) {
                 assert!(

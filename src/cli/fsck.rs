@@ -11,7 +11,7 @@ use super::client::{ask, find_mount};
 use super::fail;
 use crate::fsck::{self, Check, Report};
 use crate::meta::{Meta, MetaStore};
-use crate::pipeline::Datanodes;
+use crate::pipeline::Health;
 
 pub fn run(
     mountpoint: Option<&Path>,
@@ -50,6 +50,23 @@ pub fn run(
                 .unwrap_or_default();
             println!("{}:{block}{dn} {:?}: {}{fixed}", p.path, p.kind, p.detail);
         }
+        for d in report
+            .datanode_states
+            .iter()
+            .filter(|d| d.state != Health::Live)
+        {
+            let detail = d
+                .detail
+                .as_deref()
+                .map(|w| format!(": {w}"))
+                .unwrap_or_default();
+            println!(
+                "{}: datanode {} {}{detail}",
+                d.path.display(),
+                d.id,
+                format!("{:?}", d.state).to_uppercase()
+            );
+        }
         println!("{}", report.summary());
     }
     ExitCode::from(report.exit_code())
@@ -76,15 +93,12 @@ fn offline(data: &Path, repair: bool) -> Result<Report, String> {
     let _lock = crate::fs::daemon::lock_data_dir(data)
         .map_err(|e| format!("{e}; run fsck on its mountpoint instead"))?;
     let meta = MetaStore::open(&db, 0, 0).map_err(|e| e.to_string())?;
-    let dirs = meta.datanodes().map_err(|e| e.to_string())?;
-    if dirs.is_empty() {
+    let replication = meta.replication().map_err(|e| e.to_string())?;
+    let mut dns = crate::pipeline::attach::recorded(&meta, 1).map_err(|e| e.to_string())?;
+    if dns.is_empty() {
         return Err(format!("{} records no datanodes", data.display()));
     }
-    let replication = meta
-        .replication()
-        .map_err(|e| e.to_string())?
-        .unwrap_or(dirs.len().min(3));
-    let dns = Datanodes::open(&dirs, replication, None).map_err(|e| e.to_string())?;
+    dns.replication = replication.unwrap_or(dns.len().min(3));
     dns.heartbeat();
     let recover = |ino| crate::pipeline::recovery::recover_file(&meta, &dns, ino);
     fsck::run(&Check {
@@ -97,6 +111,7 @@ fn offline(data: &Path, repair: bool) -> Result<Report, String> {
         deep: true,
         suspect: Default::default(),
         orphans: true,
+        excess: true,
         // No daemon runs on this data directory: nothing is being created.
         orphan_grace: std::time::Duration::ZERO,
         grace_finalized: false,

@@ -17,7 +17,7 @@ use super::attr::Attr;
 use super::core::{Caller, Core};
 use super::namespace::Node;
 use crate::error::FsError;
-use crate::meta::{AttrChange, Kind};
+use crate::meta::{AttrChange, DirEntry, Kind};
 use crate::sync::Arc;
 
 /// Attribute and entry cache lifetime for files nobody is writing. Files
@@ -157,7 +157,12 @@ impl Filesystem for Adapter {
         // pages once the open succeeds, before checking that truncating is
         // allowed (ETXTBSY), which crashed a program running from the file.
         // O_TRUNC then comes as a SETATTR through the new descriptor.
+        // POSIX_ACL: the kernel checks permissions against ACLs and leaves
+        // the mode/ACL rules to the core; DONT_MASK: the umask comes to
+        // the core, which ignores it under a default ACL.
         let want = InitFlags::FUSE_HANDLE_KILLPRIV_V2
+            | InitFlags::FUSE_POSIX_ACL
+            | InitFlags::FUSE_DONT_MASK
             | InitFlags::FUSE_BIG_WRITES
             | InitFlags::FUSE_PARALLEL_DIROPS
             // mmap (running a program from the mount) of files opened
@@ -271,12 +276,12 @@ impl Filesystem for Adapter {
         let Some(kind) = Kind::from_mode(mode) else {
             return reply.error(Errno::EINVAL);
         };
-        let _ = umask; // the kernel applied it already
         let node = Node {
             kind,
             mode,
             rdev,
             target: None,
+            umask,
         };
         self.mknode(parent, name, node, caller(req), reply)
     }
@@ -287,7 +292,7 @@ impl Filesystem for Adapter {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         reply: ReplyEntry,
     ) {
         let node = Node {
@@ -295,6 +300,7 @@ impl Filesystem for Adapter {
             mode,
             rdev: 0,
             target: None,
+            umask,
         };
         self.mknode(parent, name, node, caller(req), reply)
     }
@@ -322,6 +328,7 @@ impl Filesystem for Adapter {
             mode: 0o777,
             rdev: 0,
             target: Some(target.as_os_str().as_bytes().to_vec()),
+            umask: 0,
         };
         self.mknode(parent, link_name, node, caller(req), reply)
     }
@@ -394,20 +401,22 @@ impl Filesystem for Adapter {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
         self.core.write(
             fh.0,
             offset,
             data,
+            (caller(req), kill),
             Box::new(move |r| match r {
                 Ok(n) => reply.written(n),
                 Err(e) => reply.error(errno(&e)),
@@ -459,21 +468,15 @@ impl Filesystem for Adapter {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        self.run(move |c| match c.readdir(ino.0) {
-            Ok(entries) => {
-                for (i, (name, ino, kind)) in entries.iter().enumerate().skip(offset as usize) {
-                    if reply.add(
-                        INodeNo(*ino),
-                        (i + 1) as u64,
-                        file_type(*kind),
-                        OsStr::from_bytes(name),
-                    ) {
-                        break;
-                    }
-                }
-                reply.ok()
+        self.run(move |c| {
+            let mut add = |e: &DirEntry| {
+                let name = OsStr::from_bytes(&e.name);
+                reply.add(INodeNo(e.ino), e.cookie, file_type(e.kind), name)
+            };
+            match c.readdir(ino.0, offset, &mut add) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(&e)),
             }
-            Err(e) => reply.error(errno(&e)),
         })
     }
 
@@ -506,7 +509,7 @@ impl Filesystem for Adapter {
 
     fn setxattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         name: &OsStr,
         value: &[u8],
@@ -514,8 +517,8 @@ impl Filesystem for Adapter {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        let (name, value) = (name.as_bytes().to_vec(), value.to_vec());
-        self.run(move |c| empty(reply, c.setxattr(ino.0, &name, &value, flags)))
+        let (name, value, who) = (name.as_bytes().to_vec(), value.to_vec(), caller(req));
+        self.run(move |c| empty(reply, c.setxattr(ino.0, &name, &value, flags, who)))
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
@@ -537,9 +540,9 @@ impl Filesystem for Adapter {
         })
     }
 
-    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let name = name.as_bytes().to_vec();
-        self.run(move |c| empty(reply, c.removexattr(ino.0, &name)))
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let (name, who) = (name.as_bytes().to_vec(), caller(req));
+        self.run(move |c| empty(reply, c.removexattr(ino.0, &name, who)))
     }
 
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
@@ -553,13 +556,13 @@ impl Filesystem for Adapter {
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         flags: i32,
         reply: ReplyCreate,
     ) {
         let c = caller(req);
         let name = name.as_bytes().to_vec();
-        self.run(move |core| create(core, parent, &name, mode, flags, c, reply))
+        self.run(move |core| create(core, parent, &name, (mode, umask), flags, c, reply))
     }
 
     fn fallocate(
@@ -614,7 +617,7 @@ fn create(
     core: &Arc<Core>,
     parent: INodeNo,
     name: &[u8],
-    mode: u32,
+    (mode, umask): (u32, u32),
     flags: i32,
     c: Caller,
     reply: ReplyCreate,
@@ -630,6 +633,7 @@ fn create(
                 mode,
                 rdev: 0,
                 target: None,
+                umask,
             },
             c,
         ) {

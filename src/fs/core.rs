@@ -11,7 +11,7 @@ use dashmap::DashMap;
 use super::attr::Attr;
 use super::cache::{PageCache, ReadMode};
 use super::handles::{Handle, OpenFile};
-use super::proc_info;
+use super::{privs, proc_info};
 use crate::clock::{Clock, SystemClock};
 use crate::config::MountOptions;
 use crate::error::{FsError, FsResult};
@@ -457,6 +457,8 @@ impl Core {
         };
         let of = self.open_file(ino);
         *lock(&of.stream) = Some(stream.clone());
+        of.privs
+            .store(self.privs_at_open(&inode), Ordering::Relaxed);
         self.register(h);
         self.epochs.insert(ino, grant.epoch);
         tracing::debug!(ino, fh, epoch = grant.epoch, "write lease granted");
@@ -570,6 +572,34 @@ impl Core {
         r
     }
 
+    /// Writes through `fh`. `kill_suidgid` is the kernel's word that the
+    /// caller lacks CAP_FSETID: the write then clears setuid and setgid
+    /// (`privs`) before its bytes go anywhere.
+    pub fn write(
+        self: &Arc<Self>,
+        fh: u64,
+        offset: u64,
+        data: &[u8],
+        (caller, kill_suidgid): (Caller, bool),
+        reply: Reply<u32>,
+    ) {
+        let h = match self.handle(fh) {
+            Ok(h) => h,
+            Err(e) => return reply(Err(e)),
+        };
+        if h.stream.is_none() {
+            return reply(Err(FsError::BadHandle));
+        }
+        if let Err(e) = self.writable(&h) {
+            tracing::warn!(ino = h.ino, fh, "write refused: {e}");
+            return reply(Err(e));
+        }
+        if self.privs_to_drop(h.ino, kill_suidgid) {
+            return self.drop_privs_then_write(h, offset, data, (caller, kill_suidgid), reply);
+        }
+        self.write_checked(&h, offset, data, reply)
+    }
+
     /// Appends through the handle's stream; the reply may wait for acks
     /// (backpressure). O_APPEND writes go to the real end of the file.
     ///
@@ -580,18 +610,17 @@ impl Core {
     /// arrives, and a page it read while the end was there (zero-filled
     /// past it) must not survive that, nor may the size pass unacknowledged
     /// bytes.
-    pub fn write(self: &Arc<Self>, fh: u64, offset: u64, data: &[u8], reply: Reply<u32>) {
-        let h = match self.handle(fh) {
-            Ok(h) => h,
-            Err(e) => return reply(Err(e)),
-        };
+    pub(super) fn write_checked(
+        self: &Arc<Self>,
+        h: &Handle,
+        offset: u64,
+        data: &[u8],
+        reply: Reply<u32>,
+    ) {
+        let fh = h.fh;
         let Some(stream) = h.stream.as_ref() else {
             return reply(Err(FsError::BadHandle));
         };
-        if let Err(e) = self.writable(&h) {
-            tracing::warn!(ino = h.ino, fh, "write refused: {e}");
-            return reply(Err(e));
-        }
         if h.flushed.swap(false, Ordering::Relaxed) {
             self.leases.note_write(h.ino, fh);
         }
@@ -771,6 +800,12 @@ impl Core {
         caller: Caller,
         reply: Reply<()>,
     ) {
+        // A truncation drops privileges as a write does, once it is done.
+        let me = self.clone();
+        let reply: Reply<()> = Box::new(move |r| match r {
+            Ok(()) => reply(me.drop_privs(ino, caller, privs::Kill::UnlessCapFsetid)),
+            Err(e) => reply(Err(e)),
+        });
         let own = fh
             .and_then(|f| self.handle(f).ok())
             .filter(|h| h.write)

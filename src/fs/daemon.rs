@@ -15,7 +15,6 @@ use crate::error::{FsError, FsResult};
 use crate::etcd::Etcd;
 use crate::etcd::leases::{EtcdLeases, keep_alive_loop};
 use crate::meta::{EtcdMeta, Meta, MetaStore};
-use crate::pipeline::Datanodes;
 use crate::sync::{Arc, AtomicBool, Ordering};
 
 /// Interval of datanode heartbeats (HDFS: 3 s).
@@ -132,26 +131,17 @@ impl Daemon {
                 (meta as Arc<dyn Meta>, Some(Shared { etcd, leases }))
             }
         };
-        // Replicas name datanodes by index: every daemon of a shared
-        // namespace must list the same directories in the same order.
-        let recorded = meta.datanodes()?;
-        if shared.is_some() && !recorded.is_empty() && recorded != spec.datanodes {
-            return Err(FsError::Invalid(format!(
-                "the datanodes of this filesystem are {}; every daemon must give the same --datanode list",
-                recorded
-                    .iter()
-                    .map(|d| d.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            )));
-        }
-        let dns = Arc::new(Datanodes::open(
+        // Each directory is recognised by its identity file, whatever its
+        // place in the list (daemons sharing a namespace may list theirs in
+        // any order); recorded datanodes left out are dead for this mount.
+        let dns = Arc::new(crate::pipeline::attach::attach(
+            &*meta,
             &spec.datanodes,
             spec.replication,
             spec.opts.test_slow_datanode,
         )?);
         dns.heartbeat();
-        meta.set_datanodes(&spec.datanodes, spec.replication)?;
+        meta.set_replication(spec.replication)?;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .max_blocking_threads(1024)

@@ -2,7 +2,7 @@
 //! share: the one output stream of a file and how many opens remain.
 
 use crate::pipeline::OutputStream;
-use crate::sync::{Arc, AtomicBool, Mutex};
+use crate::sync::{Arc, AtomicBool, AtomicU8, Mutex};
 
 /// One open file description.
 pub struct Handle {
@@ -26,4 +26,8 @@ pub struct Handle {
 pub struct OpenFile {
     pub opens: Mutex<usize>,
     pub stream: Mutex<Option<Arc<OutputStream>>>,
+    /// What a write must drop first (`privs::MODE`, `privs::CAPS`), as
+    /// known since a writer opened the file; kept current by this daemon's
+    /// chmod and setxattr.
+    pub privs: AtomicU8,
 }

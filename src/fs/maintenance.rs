@@ -29,16 +29,18 @@ impl Core {
         for ino in self.meta.orphans()? {
             self.delete_inode(ino);
         }
-        // Copies (re-replication, pipeline spares) a crash interrupted.
-        for i in 0..self.dns.len() {
-            if let Some(dn) = self.dns.get(i)
-                && let Err(e) = dn.clean_tmp()
-            {
-                tracing::warn!(datanode = i, "cannot clean tmp/: {e}");
+        // Copies (re-replication, pipeline spares) a crash interrupted:
+        // never recorded anywhere.
+        for dn in self.dns.attached() {
+            if let Err(e) = dn.clean_tmp() {
+                tracing::warn!(datanode = %dn.id, "cannot clean tmp/: {e}");
             }
         }
-        // Replica files of blocks that were never recorded (a crash between
-        // creating a replica and committing its block) or were dropped.
+        // Replica files of blocks no file has (a crash between creating a
+        // replica and committing its block, or a delete that did not get to
+        // them), on datanodes recognised by their identity files. Nothing
+        // writes yet, so no grace is needed; copies of recorded blocks are
+        // never touched here (housekeeping decides on those).
         let swept = crate::fsck::run(&crate::fsck::Check {
             meta: &*self.meta,
             dns: &self.dns,
@@ -49,6 +51,7 @@ impl Core {
             deep: false,
             suspect: Default::default(),
             orphans: true,
+            excess: false,
             orphan_grace: Duration::ZERO,
             grace_finalized: false,
             pin: &|ino| self.pin(ino),
@@ -107,6 +110,7 @@ impl Core {
             deep: true,
             suspect: Default::default(),
             orphans: true,
+            excess: true,
             orphan_grace: crate::fsck::ORPHAN_GRACE,
             grace_finalized: false,
             pin: &|ino| self.pin(ino),

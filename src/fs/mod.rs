@@ -1,6 +1,7 @@
 //! The filesystem: [`core::Core`] holds the semantics and is driven by unit
 //! tests and by [`adapter`], which only translates fuser requests.
 
+pub mod acl;
 pub mod adapter;
 pub mod attr;
 pub mod cache;
@@ -14,6 +15,8 @@ mod handles;
 mod leasing;
 mod maintenance;
 pub mod namespace;
+mod privs;
 pub mod proc_info;
+pub mod xattrs;
 
 pub use self::core::Core;

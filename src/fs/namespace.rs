@@ -1,21 +1,19 @@
 //! Namespace operations of [`Core`]: thin rules over the metadata store
-//! (ownership of new nodes, when an unlinked file really goes) and the
-//! virtual `user.leasefs.*` attributes.
+//! (ownership and permissions of new nodes, when an unlinked file really
+//! goes, listings that stay consistent while a directory changes) and
+//! `statfs`.
 
 use super::attr::Attr;
 use super::core::{Caller, Core};
 use crate::error::{FsError, FsResult};
-use crate::meta::{AttrChange, Inode, Kind, NewNode, ROOT_INO};
-
-pub const XATTR_LEASE: &str = "user.leasefs.lease";
-pub const XATTR_EPOCH: &str = "user.leasefs.epoch";
-pub const XATTR_STREAM: &str = "user.leasefs.stream";
-pub const XATTR_DATA: &str = "user.leasefs.data";
-/// On the mount root: the soft limit in milliseconds, so clients that renew
-/// their own leases (spout, elect) can pick a safe renewal interval.
-pub const XATTR_SOFT_LIMIT: &str = "user.leasefs.soft_limit_ms";
+use crate::meta::{AttrChange, DirEntry, FIRST_COOKIE, Inode, Kind, NewNode};
 
 const NAME_MAX: usize = 255;
+
+/// Entries read from the store per page of a listing. A FUSE reply (4 to
+/// 128 KiB) holds from about a hundred to a few thousand; it is filled
+/// from as many pages as it takes.
+const LISTING_PAGE: usize = 512;
 
 /// What `mknode` creates.
 pub struct Node {
@@ -24,6 +22,9 @@ pub struct Node {
     pub rdev: u32,
     /// A symlink's target.
     pub target: Option<Vec<u8>>,
+    /// The creating process's umask; applied unless the directory has a
+    /// default ACL.
+    pub umask: u32,
 }
 
 fn check_name(name: &[u8]) -> FsResult<()> {
@@ -42,15 +43,19 @@ impl Core {
 
     /// Creates a node owned by the caller; in a setgid directory it takes
     /// the directory's group (and a new directory keeps the setgid bit).
+    /// Its permissions come from the directory's default ACL, or else from
+    /// the mode and umask (see `new_node_acls`).
     pub fn mknode(&self, parent: u64, name: &[u8], node: Node, caller: Caller) -> FsResult<Attr> {
         let Node {
             kind,
             mode,
             rdev,
             target,
+            umask,
         } = node;
         check_name(name)?;
         let dir = self.meta.get(parent)?;
+        let (mode, xattrs) = self.new_node_acls(parent, kind, mode & 0o7777, umask)?;
         let mut mode = mode & 0o7777;
         let gid = if dir.mode & libc::S_ISGID != 0 {
             if kind == Kind::Dir {
@@ -71,6 +76,7 @@ impl Core {
                 rdev,
                 target: target.as_deref(),
                 block_size: self.opts.block_size,
+                xattrs,
             },
         )?;
         Ok(Attr::from_inode(&i))
@@ -127,14 +133,43 @@ impl Core {
         self.meta.readlink(ino)
     }
 
-    /// `.` and `..` followed by the entries, as (name, ino, kind).
-    pub fn readdir(&self, ino: u64) -> FsResult<Vec<(Vec<u8>, u64, Kind)>> {
-        let mut v = vec![
-            (b".".to_vec(), ino, Kind::Dir),
-            (b"..".to_vec(), self.meta.parent_of(ino)?, Kind::Dir),
-        ];
-        v.extend(self.meta.readdir(ino)?);
-        Ok(v)
+    /// Lists directory `ino` from FUSE offset `offset` on, handing each
+    /// entry to `add` until it says the reply is full (and the entry did
+    /// not fit). An entry's offset is its cookie (`.` and `..` are 1 and
+    /// 2), so offsets stay valid while entries come and go: each entry
+    /// present for the whole listing is returned exactly once, and a page
+    /// costs the same in a directory of any size.
+    pub fn readdir(
+        &self,
+        ino: u64,
+        offset: u64,
+        add: &mut dyn FnMut(&DirEntry) -> bool,
+    ) -> FsResult<()> {
+        let dot = |name: &[u8], ino: u64, cookie: u64| DirEntry {
+            name: name.to_vec(),
+            ino,
+            kind: Kind::Dir,
+            cookie,
+        };
+        if offset < 1 && add(&dot(b".", ino, 1)) {
+            return Ok(());
+        }
+        if offset < 2 && add(&dot(b"..", self.meta.parent_of(ino)?, 2)) {
+            return Ok(());
+        }
+        let mut after = offset.max(FIRST_COOKIE - 1);
+        loop {
+            let page = self.meta.readdir(ino, after, LISTING_PAGE)?;
+            for e in &page {
+                if add(e) {
+                    return Ok(());
+                }
+                after = e.cookie;
+            }
+            if page.len() < LISTING_PAGE {
+                return Ok(());
+            }
+        }
     }
 
     /// chmod/chown/utimens. Ownership changes by a non-root caller clear
@@ -158,103 +193,24 @@ impl Core {
             }
         }
         let i = match (ch.mtime, self.stream_of(ino)) {
-            (Some(m), Some(stream)) => stream.set_mtime(m, || self.meta.set_attrs(ino, &ch))?,
-            _ => self.meta.set_attrs(ino, &ch)?,
+            (Some(m), Some(stream)) => stream.set_mtime(m, || self.commit_attrs(ino, &ch))?,
+            _ => self.commit_attrs(ino, &ch)?,
         };
         let mut a = self.getattr(i.ino)?;
         a.ctime = i.ctime;
         Ok(a)
     }
 
-    pub fn getxattr(&self, ino: u64, name: &[u8]) -> FsResult<Vec<u8>> {
-        match std::str::from_utf8(name).unwrap_or("") {
-            XATTR_LEASE => {
-                let mut info = self.leases.info(ino);
-                info.epoch = self.last_epoch(ino)?;
-                let free = info.state == crate::lease::LeaseState::Free;
-                let mut v = serde_json::to_value(&info).map_err(|e| FsError::Io(e.to_string()))?;
-                // Free here, but maybe held on another daemon of the
-                // namespace: shown with the daemon that holds it.
-                let remote = match &self.cluster {
-                    Some(cl) if free => cl.remote_holder(ino),
-                    _ => None,
-                };
-                if let Some(o) = v.as_object_mut() {
-                    o.remove("file");
-                    if let Some(c) = remote {
-                        o.insert("state".into(), "held".into());
-                        o.insert("holder".into(), format!("{}:{}", c.host, c.pid).into());
-                        o.insert("comm".into(), c.comm.into());
-                        o.insert("opened_wall_ms".into(), c.since_ms.into());
-                        o.insert("daemon".into(), c.mount_id.into());
-                    }
-                }
-                Ok(v.to_string().into_bytes())
-            }
-            XATTR_EPOCH => Ok(self.last_epoch(ino)?.to_string().into_bytes()),
-            XATTR_STREAM => self
-                .stream_stats_json(ino)
-                .map(String::into_bytes)
-                .ok_or(FsError::NoXattr),
-            XATTR_DATA if ino == ROOT_INO => {
-                Ok(self.data_dir.to_string_lossy().into_owned().into_bytes())
-            }
-            XATTR_SOFT_LIMIT if ino == ROOT_INO => {
-                Ok(self.opts.soft_limit.as_millis().to_string().into_bytes())
-            }
-            _ => self.meta.getxattr(ino, name),
-        }
-    }
-
-    fn is_virtual(name: &[u8]) -> bool {
-        name.starts_with(b"user.leasefs.")
-    }
-
-    pub fn setxattr(&self, ino: u64, name: &[u8], value: &[u8], flags: i32) -> FsResult<()> {
-        if Self::is_virtual(name) {
-            return Err(FsError::NotPermitted(
-                "user.leasefs.* attributes are read-only",
-            ));
-        }
-        if value.len() > 65536 {
-            return Err(FsError::Range);
-        }
-        self.meta.setxattr(
-            ino,
-            name,
-            value,
-            flags & libc::XATTR_CREATE != 0,
-            flags & libc::XATTR_REPLACE != 0,
-        )
-    }
-
-    pub fn listxattr(&self, ino: u64) -> FsResult<Vec<Vec<u8>>> {
-        let mut v = Vec::new();
-        if self.meta.get(ino)?.kind == Kind::File {
-            v.push(XATTR_LEASE.as_bytes().to_vec());
-            v.push(XATTR_EPOCH.as_bytes().to_vec());
-        }
-        v.extend(self.meta.listxattr(ino)?);
-        Ok(v)
-    }
-
-    pub fn removexattr(&self, ino: u64, name: &[u8]) -> FsResult<()> {
-        if Self::is_virtual(name) {
-            return Err(FsError::NotPermitted(
-                "user.leasefs.* attributes are read-only",
-            ));
-        }
-        self.meta.removexattr(ino, name)
-    }
-
     /// (total blocks, free blocks, files) in 4 KiB blocks, from the
-    /// fullest live datanode (every block needs room on several of them).
+    /// fullest live datanode (every block needs room on several of them);
+    /// free is also at most what the metadata store's filesystem has left,
+    /// since nothing can be created once that is full.
     pub fn statfs(&self) -> FsResult<(u64, u64, u64)> {
         let (files, _) = self.meta.usage()?;
         let mut total = u64::MAX;
         let mut free = u64::MAX;
-        for i in 0..self.dns.len() {
-            if let Some(dn) = self.dns.get(i)
+        for dn in self.dns.attached() {
+            if self.dns.is_alive(dn.id)
                 && let Ok(s) = nix::sys::statvfs::statvfs(&dn.root)
             {
                 let f = s.fragment_size();
@@ -265,6 +221,9 @@ impl Core {
         if total == u64::MAX {
             total = 0;
             free = 0;
+        }
+        if let Some(m) = self.meta.space()? {
+            free = free.min(m.avail_bytes / 4096);
         }
         Ok((total, free, files))
     }

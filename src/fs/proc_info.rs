@@ -1,6 +1,9 @@
 //! Facts about the process behind a request, read from /proc: the lease
-//! holder's identity, and whether a waiting opener has a signal pending
-//! (fuser does not pass FUSE_INTERRUPT on, so Ctrl-C is noticed here).
+//! holder's identity, whether a waiting opener has a signal pending
+//! (fuser does not pass FUSE_INTERRUPT on, so Ctrl-C is noticed here), and
+//! the credentials that decide whether setuid and setgid bits survive a
+//! change (fuser does not pass SETATTR's `FATTR_KILL_SUIDGID` on, and FUSE
+//! carries no supplementary groups).
 
 /// Who a request comes from, as the lease holder is recorded.
 #[derive(Debug, Clone, Default)]
@@ -101,6 +104,56 @@ fn identity_from_status(tid: u32) -> Ident {
     id
 }
 
+/// The credentials of a thread that the kernel's setgid rules look at.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Creds {
+    /// Filesystem group id and supplementary groups.
+    pub fsgid: u32,
+    pub groups: Vec<u32>,
+    /// CAP_FSETID in the effective set: the caller may keep setuid and
+    /// setgid bits through changes.
+    pub cap_fsetid: bool,
+}
+
+impl Creds {
+    pub fn in_group(&self, gid: u32) -> bool {
+        self.fsgid == gid || self.groups.contains(&gid)
+    }
+}
+
+/// `CAP_FSETID` of linux/capability.h.
+const CAP_FSETID: u32 = 4;
+
+/// Credentials of thread `tid` (which is blocked in the request's system
+/// call, so they cannot change meanwhile). A thread that is gone is in no
+/// group and has no capability.
+pub fn creds(tid: u32) -> Creds {
+    let status = read_status(tid).unwrap_or_default();
+    let mut c = Creds {
+        fsgid: u32::MAX,
+        ..Creds::default()
+    };
+    for line in status.lines() {
+        if let Some(v) = line.strip_prefix("Gid:") {
+            // real, effective, saved, filesystem
+            c.fsgid = v
+                .split_whitespace()
+                .nth(3)
+                .and_then(|g| g.parse().ok())
+                .unwrap_or(u32::MAX);
+        } else if let Some(v) = line.strip_prefix("Groups:") {
+            c.groups = v
+                .split_whitespace()
+                .filter_map(|g| g.parse().ok())
+                .collect();
+        } else if let Some(v) = line.strip_prefix("CapEff:") {
+            let caps = u64::from_str_radix(v.trim(), 16).unwrap_or(0);
+            c.cap_fsetid = caps & (1 << CAP_FSETID) != 0;
+        }
+    }
+    c
+}
+
 /// Signals whose default action neither ends the process nor interrupts
 /// anything: a pending one of these does not cancel a waiting open unless
 /// the program catches it (job control, SIGCHLD, SIGWINCH, SIGURG).
@@ -191,6 +244,19 @@ mod tests {
         assert_eq!(id.tgid, std::process::id());
         assert!(!id.comm.is_empty());
         assert_eq!(id.pgid, nix::unistd::getpgrp().as_raw() as u32);
+    }
+
+    #[test]
+    fn creds_of_this_process() {
+        let c = creds(std::process::id());
+        assert_eq!(c.fsgid, nix::unistd::getegid().as_raw());
+        for g in nix::unistd::getgroups().unwrap() {
+            assert!(c.in_group(g.as_raw()));
+        }
+        // CI runs as root, with every capability.
+        assert_eq!(c.cap_fsetid, nix::unistd::geteuid().is_root());
+        let gone = creds(u32::MAX - 7);
+        assert!(!gone.in_group(0) && !gone.cap_fsetid);
     }
 
     #[test]

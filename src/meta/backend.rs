@@ -6,9 +6,12 @@
 //! path's multi-row updates are expressed as a list of [`Change`]s so they
 //! too commit as one unit on either backend.
 
-use std::path::PathBuf;
+use std::path::Path;
 
-use super::types::{AttrChange, AuditEvent, BlockRow, Inode, Kind, NewNode, UnderConstruction};
+use super::types::{
+    AttrChange, AuditEvent, BlockRow, DatanodeRecord, DecideXattrs, DirEntry, DnId, Inode, NewNode,
+    StoreSpace, UnderConstruction, XattrEdit, XattrLimits,
+};
 use crate::error::FsResult;
 
 /// One change of a write-path commit; see [`Meta::commit`].
@@ -71,8 +74,10 @@ pub trait Meta: Send + Sync {
         noreplace: bool,
         exchange: bool,
     ) -> FsResult<Option<Inode>>;
-    /// Every entry of a directory, sorted by name.
-    fn readdir(&self, dir: u64) -> FsResult<Vec<(Vec<u8>, u64, Kind)>>;
+    /// The entries of `dir` whose cookie is above `after`, in cookie
+    /// order, at most `limit` of them. A page costs O(`limit`), whatever
+    /// the size of the directory.
+    fn readdir(&self, dir: u64, after: u64, limit: usize) -> FsResult<Vec<DirEntry>>;
     fn set_attrs(&self, ino: u64, ch: &AttrChange) -> FsResult<Inode>;
     /// Path of an inode, for logs and listings (first name found).
     fn path_of(&self, ino: u64) -> String;
@@ -83,9 +88,25 @@ pub trait Meta: Send + Sync {
     fn delete_inode(&self, ino: u64) -> FsResult<Vec<BlockRow>>;
     /// Totals for statfs: (files, bytes).
     fn usage(&self) -> FsResult<(u64, u64)>;
+    /// The filesystem the store keeps its data on, when it is local.
+    fn space(&self) -> FsResult<Option<StoreSpace>>;
 
     // ---- xattrs --------------------------------------------------------
     fn getxattr(&self, ino: u64, name: &[u8]) -> FsResult<Vec<u8>>;
+    fn listxattr(&self, ino: u64) -> FsResult<Vec<Vec<u8>>>;
+    /// One read-modify-write of an inode's attributes: reads the inode and
+    /// the values of `names`, lets `decide` say what changes, and commits
+    /// that (ctime stamped) unless it is empty, refusing with
+    /// `XattrSpace` what `limits` do not allow. `decide` may run more than
+    /// once (a retried etcd step) and must have no other effect.
+    fn update_xattrs(
+        &self,
+        ino: u64,
+        names: &[&[u8]],
+        limits: XattrLimits,
+        decide: &mut DecideXattrs<'_>,
+    ) -> FsResult<Inode>;
+
     /// `create` / `replace`: XATTR_CREATE / XATTR_REPLACE semantics.
     fn setxattr(
         &self,
@@ -94,9 +115,32 @@ pub trait Meta: Send + Sync {
         value: &[u8],
         create: bool,
         replace: bool,
-    ) -> FsResult<()>;
-    fn listxattr(&self, ino: u64) -> FsResult<Vec<Vec<u8>>>;
-    fn removexattr(&self, ino: u64, name: &[u8]) -> FsResult<()>;
+    ) -> FsResult<()> {
+        self.update_xattrs(ino, &[name], XattrLimits::NONE, &mut |_, cur| match (
+            &cur[0], create, replace,
+        ) {
+            (Some(_), true, _) => Err(crate::error::FsError::Exists),
+            (None, _, true) => Err(crate::error::FsError::NoXattr),
+            _ => Ok(XattrEdit {
+                set: vec![(name.to_vec(), Some(value.to_vec()))],
+                attrs: None,
+            }),
+        })
+        .map(drop)
+    }
+
+    fn removexattr(&self, ino: u64, name: &[u8]) -> FsResult<()> {
+        self.update_xattrs(ino, &[name], XattrLimits::NONE, &mut |_, cur| {
+            if cur[0].is_none() {
+                return Err(crate::error::FsError::NoXattr);
+            }
+            Ok(XattrEdit {
+                set: vec![(name.to_vec(), None)],
+                attrs: None,
+            })
+        })
+        .map(drop)
+    }
 
     // ---- blocks and files under construction ---------------------------
     /// Applies `changes` atomically; with `durable`, the commit (and every
@@ -108,8 +152,9 @@ pub trait Meta: Send + Sync {
     fn blocks(&self, ino: u64) -> FsResult<Vec<BlockRow>>;
     /// Every block of every file, ordered by (ino, idx).
     fn all_blocks(&self) -> FsResult<Vec<BlockRow>>;
-    /// Whether block `block_id` is recorded with a replica on datanode `dn`.
-    fn block_on(&self, block_id: u64, dn: usize) -> FsResult<bool>;
+    /// The row of block `block_id`, if a file still has it (a point read:
+    /// the orphan sweep asks it again before deleting anything).
+    fn block_by_id(&self, block_id: u64) -> FsResult<Option<BlockRow>>;
     fn list_uc(&self) -> FsResult<Vec<UnderConstruction>>;
     /// One file's under-construction entry (a point read: write-opens over
     /// etcd ask this for every file they claim).
@@ -123,14 +168,44 @@ pub trait Meta: Send + Sync {
     /// the first; epochs stay strictly increasing across restarts.
     fn reserve_epochs(&self, n: u64) -> FsResult<u64>;
 
+    // ---- datanode registry -------------------------------------------------
+    /// The filesystem's ID, created with it: every datanode's identity file
+    /// names it, so a directory of another filesystem is recognised.
+    fn filesystem_id(&self) -> FsResult<String>;
+    /// Every datanode the filesystem has recorded, by id.
+    fn datanode_records(&self) -> FsResult<Vec<DatanodeRecord>>;
+    /// Records that storage `storage_id`, whose identity file is on disk,
+    /// was attached at `path`; returns its id, a new one for a storage not
+    /// seen before. An `upgrading` record of it becomes `normal`. Durable.
+    fn register_datanode(&self, storage_id: &str, path: &Path) -> FsResult<DnId>;
+    /// Gives the positional-layout datanode `id` the storage ID
+    /// `storage_id`, unless it has one already (another daemon's, or an
+    /// interrupted upgrade's); returns the one it has afterwards. Durable:
+    /// the identity file is written only after this.
+    fn claim_legacy_datanode(&self, id: DnId, storage_id: &str) -> FsResult<String>;
+
     // ---- mount configuration and audit ---------------------------------
-    /// Records the datanode directories, so that offline tools find them.
-    fn set_datanodes(&self, dirs: &[PathBuf], replication: usize) -> FsResult<()>;
+    /// Records the replication factor of this mount, for offline tools.
+    fn set_replication(&self, replication: usize) -> FsResult<()>;
     /// The replication factor of the last mount, if recorded.
     fn replication(&self) -> FsResult<Option<usize>>;
-    fn datanodes(&self) -> FsResult<Vec<PathBuf>>;
     /// Appends one election event durably; returns its sequence number.
     fn audit(&self, e: &AuditEvent) -> FsResult<i64>;
     /// The events of one election, oldest first.
     fn audit_history(&self, election: &str) -> FsResult<Vec<AuditEvent>>;
+}
+
+/// Every entry of `dir`, page by page, in cookie order.
+pub fn list_all(m: &dyn Meta, dir: u64) -> FsResult<Vec<DirEntry>> {
+    const PAGE: usize = 1024;
+    let mut all: Vec<DirEntry> = Vec::new();
+    loop {
+        let after = all.last().map_or(0, |e| e.cookie);
+        let page = m.readdir(dir, after, PAGE)?;
+        let done = page.len() < PAGE;
+        all.extend(page);
+        if done {
+            return Ok(all);
+        }
+    }
 }

@@ -11,7 +11,7 @@ pub mod etcd;
 pub mod sqlite;
 mod types;
 
-pub use backend::{Change, Meta};
+pub use backend::{Change, Meta, list_all};
 pub use etcd::EtcdMeta;
 pub use sqlite::MetaStore;
 pub use types::*;

@@ -1,9 +1,12 @@
 //! The records every metadata backend stores: inodes, blocks, files under
-//! construction and election audit events.
+//! construction, the datanode registry and election audit events.
 
+use std::path::PathBuf;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
+
+pub use crate::storage::identity::DnId;
 
 pub const ROOT_INO: u64 = 1;
 
@@ -74,7 +77,51 @@ pub struct BlockRow {
     pub gs: u64,
     pub len: u64,
     pub finalized: bool,
-    pub replicas: Vec<usize>,
+    /// The datanodes holding replicas, by registry id (never by place in
+    /// the `--datanode` list).
+    pub replicas: Vec<DnId>,
+}
+
+/// The registry's record of one datanode (a storage directory).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DatanodeRecord {
+    pub id: DnId,
+    /// The storage ID in the directory's identity file; `None` for a
+    /// datanode of the positional layout not yet given one.
+    pub storage_id: Option<String>,
+    /// Where the directory was last attached.
+    pub path: PathBuf,
+    pub state: AdminState,
+}
+
+/// What an operator (or an upgrade) made of a datanode; whether it is up
+/// (live, full, dead) is known only to running daemons.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AdminState {
+    /// Recorded by the positional layout (its id is its old place in the
+    /// `--datanode` list) and not yet given an identity file: the upgrade
+    /// at mount finishes it.
+    Upgrading,
+    /// Takes part in placement while it is live.
+    Normal,
+}
+
+impl AdminState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AdminState::Upgrading => "upgrading",
+            AdminState::Normal => "normal",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<AdminState> {
+        match s {
+            "upgrading" => Some(AdminState::Upgrading),
+            "normal" => Some(AdminState::Normal),
+            _ => None,
+        }
+    }
 }
 
 /// A file under construction, persisted with its holder as in HDFS.
@@ -113,6 +160,111 @@ pub struct NewNode<'a> {
     pub rdev: u32,
     pub target: Option<&'a [u8]>,
     pub block_size: u64,
+    /// Extended attributes the node is born with (the ACLs it inherits),
+    /// stored in the same step as the node itself.
+    pub xattrs: Vec<Xattr>,
+}
+
+/// The first cookie a directory entry can have: FUSE offsets 1 and 2 are
+/// `.` and `..`, so an entry's cookie is its offset in a listing.
+pub const FIRST_COOKIE: u64 = 3;
+
+/// One entry of a directory listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntry {
+    pub name: Vec<u8>,
+    pub ino: u64,
+    pub kind: Kind,
+    /// The entry's place in listings of its directory: unique in the
+    /// directory, never reused, and carried along when the inode is
+    /// renamed, so a listing resumed after a cookie returns every entry
+    /// that stayed in place exactly once, whatever was added or removed.
+    pub cookie: u64,
+}
+
+/// An extended attribute: name and value.
+pub type Xattr = (Vec<u8>, Vec<u8>);
+
+/// How [`crate::meta::Meta::update_xattrs`] decides its change from the
+/// inode and the current values of the attributes it asked for.
+pub type DecideXattrs<'a> =
+    dyn FnMut(&Inode, &[Option<Vec<u8>>]) -> crate::error::FsResult<XattrEdit> + 'a;
+
+/// What [`crate::meta::Meta::update_xattrs`] changes, decided from the
+/// inode and the current values of the attributes it asked for.
+#[derive(Debug, Default, Clone)]
+pub struct XattrEdit {
+    /// `(name, Some(value))` sets, `(name, None)` removes.
+    pub set: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    /// Attribute changes committed in the same step (the mode an access
+    /// ACL implies, a chmod with the ACL it rewrites).
+    pub attrs: Option<AttrChange>,
+}
+
+impl XattrEdit {
+    pub fn is_empty(&self) -> bool {
+        self.set.is_empty() && self.attrs.is_none()
+    }
+}
+
+/// How much extended-attribute data one inode may hold; see
+/// [`XattrLimits::check`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct XattrLimits {
+    /// Names and values of all of an inode's attributes together.
+    pub total: u64,
+    /// Its list of names as `listxattr` returns it (each name and a NUL).
+    pub names: u64,
+}
+
+impl XattrLimits {
+    pub const NONE: XattrLimits = XattrLimits {
+        total: u64::MAX,
+        names: u64::MAX,
+    };
+
+    /// Refuses (`XattrSpace`) a change that would leave the inode over a
+    /// limit and uses more than before; `existing` are (name, value length)
+    /// of every stored attribute. A change that shrinks is always allowed,
+    /// so an inode over the limits can still be cleaned up.
+    pub fn check(
+        &self,
+        ino: u64,
+        existing: &[(Vec<u8>, u64)],
+        set: &[(Vec<u8>, Option<Vec<u8>>)],
+    ) -> crate::error::FsResult<()> {
+        let usage = |entries: &mut dyn Iterator<Item = (usize, u64)>| {
+            entries.fold((0u64, 0u64), |(t, n), (name, value)| {
+                (t + name as u64 + value, n + name as u64 + 1)
+            })
+        };
+        let before = usage(&mut existing.iter().map(|(n, v)| (n.len(), *v)));
+        let mut after_map: std::collections::BTreeMap<&[u8], u64> =
+            existing.iter().map(|(n, v)| (n.as_slice(), *v)).collect();
+        for (n, v) in set {
+            match v {
+                Some(v) => after_map.insert(n.as_slice(), v.len() as u64),
+                None => after_map.remove(n.as_slice()),
+            };
+        }
+        let after = usage(&mut after_map.iter().map(|(n, v)| (n.len(), *v)));
+        let grows = after.0 > before.0 || after.1 > before.1;
+        if grows && (after.0 > self.total || after.1 > self.names) {
+            return Err(crate::error::FsError::XattrSpace {
+                ino,
+                used: after.0,
+                limit: self.total,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Size of the filesystem that holds a metadata store, for `statfs`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreSpace {
+    pub total_bytes: u64,
+    pub avail_bytes: u64,
 }
 
 /// Attribute changes of `setattr` (size is handled by the write path).

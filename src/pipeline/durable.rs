@@ -18,12 +18,12 @@ use std::collections::HashSet;
 
 use super::stream::StreamCtx;
 use crate::error::{FsError, FsResult};
-use crate::meta::{BlockRow, Change};
+use crate::meta::{BlockRow, Change, DnId};
 use crate::storage::datanode::Datanode;
 use crate::sync::{Arc, lock};
 
-/// A replica: (block id, datanode index).
-pub(crate) type Replica = (u64, usize);
+/// A replica: (block id, datanode id).
+pub(crate) type Replica = (u64, DnId);
 /// One file's (or one replica's) part of an fsync.
 pub(crate) type SyncTask = Box<dyn FnOnce() -> FsResult<()> + Send>;
 /// A job's result for each replica it covers (`None`: the metadata store).
@@ -82,7 +82,7 @@ pub(crate) fn sync_replicas(
             let r = node.sync_fs().map_err(FsError::from);
             if let Err(e) = &r {
                 tracing::warn!(
-                    datanode = node.index,
+                    datanode = %node.id,
                     "syncfs failed, syncing file by file: {e}"
                 );
             }
@@ -137,7 +137,7 @@ pub(crate) fn drop_failed(
 ) -> FsResult<Vec<BlockRow>> {
     let mut changed = Vec::new();
     for row in rows.iter_mut() {
-        let failed: Vec<(usize, &FsError)> = results
+        let failed: Vec<(DnId, &FsError)> = results
             .iter()
             .filter_map(|((b, dn), r)| match r {
                 Err(e) if *b == row.block_id => Some((*dn, e)),
@@ -151,7 +151,7 @@ pub(crate) fn drop_failed(
             tracing::warn!(
                 ino,
                 block = row.block_id,
-                datanode = *dn,
+                datanode = %dn,
                 "replica sync failed; the replica leaves the block: {e}"
             );
             ctx.bad.report(row.block_id, *dn);

@@ -4,6 +4,7 @@
 //! plus the read path and lease (block) recovery that share its view of
 //! replicas.
 
+pub mod attach;
 pub mod datanodes;
 pub mod durable;
 pub mod reader;
@@ -11,5 +12,5 @@ pub mod recovery;
 pub mod stream;
 mod streamer;
 
-pub use datanodes::Datanodes;
+pub use datanodes::{Datanodes, Health};
 pub use stream::{Done, OutputStream, StreamCtx};

@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 
 use crate::error::{FsError, FsResult};
-use crate::meta::BlockRow;
+use crate::meta::{BlockRow, DnId};
 use crate::pipeline::Datanodes;
 use crate::storage::datanode::StorageError;
 use crate::sync::{Mutex, lock};
@@ -13,17 +13,17 @@ use crate::sync::{Mutex, lock};
 /// Replicas that failed a read, as (block id, datanode).
 #[derive(Default)]
 pub struct BadReplicas {
-    set: Mutex<BTreeSet<(u64, usize)>>,
+    set: Mutex<BTreeSet<(u64, DnId)>>,
 }
 
 impl BadReplicas {
-    pub fn report(&self, block: u64, dn: usize) {
+    pub fn report(&self, block: u64, dn: DnId) {
         lock(&self.set).insert((block, dn));
     }
-    pub fn list(&self) -> Vec<(u64, usize)> {
+    pub fn list(&self) -> Vec<(u64, DnId)> {
         lock(&self.set).iter().copied().collect()
     }
-    pub fn clear(&self, block: u64, dn: usize) {
+    pub fn clear(&self, block: u64, dn: DnId) {
         lock(&self.set).remove(&(block, dn));
     }
 }
@@ -34,7 +34,7 @@ impl BadReplicas {
 pub struct Skipped {
     pub block: u64,
     pub gs: u64,
-    pub dn: usize,
+    pub dn: DnId,
     pub why: String,
 }
 
@@ -136,11 +136,11 @@ fn read_block(
     Err(FsError::Io(why))
 }
 
-fn report(bad: &BadReplicas, b: &BlockRow, dn: usize, why: &str) {
+fn report(bad: &BadReplicas, b: &BlockRow, dn: DnId, why: &str) {
     report_replica(bad, b.block_id, dn, why)
 }
 
-pub fn report_replica(bad: &BadReplicas, block: u64, dn: usize, why: &str) {
-    tracing::warn!(block, datanode = dn, "bad replica skipped: {why}");
+pub fn report_replica(bad: &BadReplicas, block: u64, dn: DnId, why: &str) {
+    tracing::warn!(block, datanode = %dn, "bad replica skipped: {why}");
     bad.report(block, dn);
 }

@@ -34,16 +34,16 @@ pub fn recover_file(meta: &dyn Meta, dns: &Datanodes, ino: u64) -> FsResult<u64>
         match node.find(last.block_id) {
             Some(info) if info.gs <= last.gs => match node.valid_prefix(last.block_id, info.gs) {
                 Ok(n) => lens.push((dn, info.gs, n)),
-                Err(e) => tracing::warn!(datanode = dn, "replica unusable in recovery: {e}"),
+                Err(e) => tracing::warn!(datanode = %dn, "replica unusable in recovery: {e}"),
             },
             Some(info) => tracing::warn!(
-                datanode = dn,
+                datanode = %dn,
                 found = info.gs,
                 recorded = last.gs,
                 "replica with a stamp the metadata never recorded ignored in recovery"
             ),
             None => tracing::warn!(
-                datanode = dn,
+                datanode = %dn,
                 block = last.block_id,
                 "replica missing in recovery"
             ),
@@ -56,7 +56,7 @@ pub fn recover_file(meta: &dyn Meta, dns: &Datanodes, ino: u64) -> FsResult<u64>
             let keep = *gs == last.gs;
             if !keep {
                 tracing::warn!(
-                    datanode = dn,
+                    datanode = %dn,
                     found = gs,
                     "lagging replica left out of recovery"
                 );
@@ -65,6 +65,26 @@ pub fn recover_file(meta: &dyn Meta, dns: &Datanodes, ino: u64) -> FsResult<u64>
         });
     }
     let start = last.idx * bs;
+    // No replica could be read, but some sit on datanodes that are not
+    // attached or failing: their bytes may be there. Dropping the block
+    // now would be a guess; the file stays under construction until they
+    // come back (or the operator removes them).
+    let unreachable: Vec<_> = last
+        .replicas
+        .iter()
+        .filter(|d| dns.get(**d).is_none() || !dns.is_alive(**d))
+        .collect();
+    if lens.is_empty() && !unreachable.is_empty() {
+        return Err(FsError::Io(format!(
+            "no replica of block {} could be read, and some are on dead datanodes ({}): recovery waits for them",
+            last.block_id,
+            unreachable
+                .iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
     let len = lens.iter().map(|(_, _, n)| *n).min().unwrap_or(0);
     if len == 0 {
         // Nothing of the block survived, or it never held a byte: the
@@ -121,7 +141,7 @@ pub fn recover_file(meta: &dyn Meta, dns: &Datanodes, ino: u64) -> FsResult<u64>
         let Some(node) = dns.get(dn) else { continue };
         match node.settle(last.block_id, found, new_gs, len) {
             Ok(()) => ok.push(dn),
-            Err(e) => tracing::warn!(datanode = dn, "replica not recovered: {e}"),
+            Err(e) => tracing::warn!(datanode = %dn, "replica not recovered: {e}"),
         }
     }
     if ok.is_empty() {

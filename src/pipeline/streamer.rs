@@ -12,8 +12,9 @@
 use super::durable::{self, Replica, SyncJob};
 use super::stream::{Done, Job, OutputStream, Packet, State};
 use crate::error::{FsError, FsResult};
-use crate::meta::{BlockRow, Change, Meta, now_ns};
-use crate::storage::datanode::ReplicaWriter;
+use crate::meta::{BlockRow, Change, DnId, Meta, now_ns};
+use crate::pipeline::datanodes::FULL_BELOW;
+use crate::storage::datanode::{ReplicaWriter, StorageError};
 use crate::storage::replica::ChunkAccumulator;
 use crate::sync::{Arc, lock};
 
@@ -37,7 +38,7 @@ struct OpenBlock {
     row: BlockRow,
     /// File offset of the block's first byte.
     start: u64,
-    writers: Vec<(usize, ReplicaWriter)>,
+    writers: Vec<(DnId, ReplicaWriter)>,
     acc: ChunkAccumulator,
     /// Every replica synced since the last byte was written.
     synced: bool,
@@ -228,7 +229,7 @@ impl OutputStream {
         {
             tracing::warn!(
                 ino = self.ino,
-                datanode = b.writers[k].0,
+                datanode = %b.writers[k].0,
                 "dead datanode leaves the pipeline"
             );
             self.rebuild_pipeline(b, k, boff)?;
@@ -238,7 +239,9 @@ impl OutputStream {
             for (k, (dn, w)) in b.writers.iter_mut().enumerate() {
                 self.ctx.dns.fault_delay(*dn);
                 if let Err(e) = w.write_packet(boff, &p.data, crcs) {
-                    tracing::warn!(ino = self.ino, datanode = *dn, "replica write failed: {e}");
+                    tracing::warn!(ino = self.ino, datanode = %dn, "replica write failed: {e}");
+                    // ENOSPC: full (still readable), not dead.
+                    self.ctx.dns.mark_failed(*dn, &e);
                     failed = Some(k);
                     break;
                 }
@@ -259,7 +262,6 @@ impl OutputStream {
     /// cut every replica back to that prefix so the packet can be resent.
     fn rebuild_pipeline(&self, b: &mut OpenBlock, failed: usize, acked: u64) -> FsResult<()> {
         let (bad_dn, _) = b.writers.remove(failed);
-        self.ctx.dns.mark_dead(bad_dn);
         let dns = &self.ctx.dns;
         if b.writers.is_empty() {
             return Err(FsError::Io(format!(
@@ -289,19 +291,26 @@ impl OutputStream {
                 Ok(w) => writers.push((dn, w)),
                 Err(e) => {
                     tracing::warn!(
-                        datanode = dn,
+                        datanode = %dn,
                         "dropping replica during pipeline recovery: {e}"
                     );
-                    dns.mark_dead(dn);
+                    dns.mark_failed(dn, &e);
                 }
             }
         }
-        let mut used: Vec<usize> = writers.iter().map(|(d, _)| *d).collect();
+        let mut used: Vec<DnId> = writers.iter().map(|(d, _)| *d).collect();
         used.push(bad_dn);
         if let Some(&(src_dn, _)) = writers.first()
             && writers.len() < dns.replication
         {
-            for spare in dns.choose(dns.replication - writers.len(), &used) {
+            // Spares with room for the acknowledged prefix and more, tried
+            // in turn until the pipeline is whole again (a full datanode is
+            // left out, and one that fills during the copy is passed over).
+            let room = acked.saturating_add(FULL_BELOW);
+            for spare in dns.choose_with_room(dns.len(), &used, room) {
+                if writers.len() >= dns.replication {
+                    break;
+                }
                 let (Some(src), Some(dst)) = (dns.get(src_dn), dns.get(spare)) else {
                     continue;
                 };
@@ -316,7 +325,12 @@ impl OutputStream {
                     .and_then(|_| dst.reopen_rbw(b.row.block_id, new_gs, acked));
                 match r {
                     Ok(w) => writers.push((spare, w)),
-                    Err(e) => tracing::warn!(datanode = spare, "spare datanode failed: {e}"),
+                    Err(e) => {
+                        tracing::warn!(datanode = %spare, "spare datanode failed: {e}");
+                        if matches!(e, StorageError::NoSpace { .. }) {
+                            dns.mark_failed(spare, &e);
+                        }
+                    }
                 }
             }
         }
@@ -369,8 +383,8 @@ impl OutputStream {
                     match node.create_rbw(block_id, gs) {
                         Ok(w) => writers.push((dn, w)),
                         Err(e) => {
-                            tracing::warn!(datanode = dn, "cannot create replica: {e}");
-                            self.ctx.dns.mark_dead(dn);
+                            tracing::warn!(datanode = %dn, "cannot create replica: {e}");
+                            self.ctx.dns.mark_failed(dn, &e);
                         }
                     }
                 }
@@ -436,7 +450,7 @@ impl OutputStream {
                     match r {
                         Ok(w) => writers.push((dn, w)),
                         Err(e) => {
-                            tracing::warn!(datanode = dn, "replica not reopened for append: {e}")
+                            tracing::warn!(datanode = %dn, "replica not reopened for append: {e}")
                         }
                     }
                 }
@@ -473,7 +487,7 @@ impl OutputStream {
             };
             match node.finalize_written(w, b.row.block_id, b.row.gs, len) {
                 Ok(()) => ok.push(dn),
-                Err(e) => tracing::warn!(datanode = dn, "finalize failed: {e}"),
+                Err(e) => tracing::warn!(datanode = %dn, "finalize failed: {e}"),
             }
         }
         if ok.is_empty() {
@@ -688,7 +702,7 @@ impl OutputStream {
                 };
                 match node.truncate(row.block_id, row.gs, rec.gs, rec.len) {
                     Ok(()) => ok.push(dn),
-                    Err(e) => tracing::warn!(datanode = dn, "replica truncate failed: {e}"),
+                    Err(e) => tracing::warn!(datanode = %dn, "replica truncate failed: {e}"),
                 }
             }
             if ok.is_empty() {

@@ -1,7 +1,9 @@
 //! A datanode: one storage directory holding block replicas.
 //!
-//! Layout: `DN/rbw/` (replicas being written), `DN/finalized/` (finished
-//! replicas), `DN/tmp/` (copies in progress, heartbeat probes). A replica of
+//! Layout: `DN/VERSION` (the directory's identity, see
+//! [`super::identity`]), `DN/rbw/` (replicas being written),
+//! `DN/finalized/` (finished replicas), `DN/tmp/` (copies in progress,
+//! heartbeat probes). A replica of
 //! block `id` with generation stamp `gs` is the data file `blk_<id>` and the
 //! checksum file `blk_<id>_<gs>.meta` (see [`super::checksum`]), both in
 //! `rbw/` or both in `finalized/`.
@@ -18,10 +20,13 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use super::checksum::{CHUNK_SIZE, chunk_crcs, crc_offset, encode_header, meta_len_for};
+use super::identity::{DnId, Identity};
 /// Re-exported: the writer and reader of one replica live in
 /// [`super::replica`].
 pub use super::replica::{ReplicaReader, ReplicaWriter};
 use super::replica::{fsync_dir, shrink};
+
+mod health;
 use crate::sync::{AtomicU64, Ordering};
 
 /// Errors of the storage layer; each variant carries the facts needed to
@@ -46,7 +51,7 @@ pub enum StorageError {
         offset: u64,
     },
     #[error("block {block} has no replica on datanode {dn}")]
-    Missing { block: u64, dn: usize },
+    Missing { block: u64, dn: DnId },
     #[error("block {block}: replica has generation stamp {found}, wanted {wanted}")]
     StaleGenStamp { block: u64, found: u64, wanted: u64 },
     #[error("bad checksum file {}: {reason}", .path.display())]
@@ -58,6 +63,16 @@ pub enum StorageError {
         replica: PathBuf,
         len: u64,
         wanted: u64,
+    },
+    /// An identity file that cannot be trusted (see [`super::identity`]).
+    #[error("bad datanode identity file {}: {reason}", .path.display())]
+    BadIdentity { path: PathBuf, reason: String },
+    /// The directory holds another datanode than the one opened there.
+    #[error("{} now holds another datanode ({found}, expected {wanted})", .path.display())]
+    OtherIdentity {
+        path: PathBuf,
+        found: String,
+        wanted: String,
     },
     /// A packet that does not continue the replica (caller bug).
     #[error("bad packet for {}: {reason}", .path.display())]
@@ -88,6 +103,8 @@ impl StorageError {
             | StorageError::Missing { .. }
             | StorageError::StaleGenStamp { .. }
             | StorageError::BadMeta { .. }
+            | StorageError::BadIdentity { .. }
+            | StorageError::OtherIdentity { .. }
             | StorageError::TooShort { .. }
             | StorageError::BadPacket { .. } => libc::EIO,
         }
@@ -190,8 +207,12 @@ static TMP_SEQ: AtomicU64 = AtomicU64::new(0);
 /// One storage directory.
 #[derive(Debug)]
 pub struct Datanode {
-    pub index: usize,
+    /// The registry's id of this storage: what block rows record.
+    pub id: DnId,
     pub root: PathBuf,
+    /// The identity file the directory had when it was opened; heartbeats
+    /// check that it still does.
+    identity: Option<Identity>,
     /// `rbw/` and `finalized/`, indexed by [`ReplicaState::idx`].
     dirs: [PathBuf; 2],
     tmp: PathBuf,
@@ -209,9 +230,10 @@ pub struct Datanode {
 }
 
 impl Datanode {
-    /// Opens the datanode at `root`, creating `rbw/`, `finalized/` and
-    /// `tmp/` as needed.
-    pub fn open(index: usize, root: &Path) -> Result<Self, StorageError> {
+    /// Opens the datanode `id` at `root`, creating `rbw/`, `finalized/` and
+    /// `tmp/` as needed. `identity` is what its identity file says (`None`
+    /// only for directories used without one, as in unit tests).
+    pub fn open(id: DnId, root: &Path, identity: Option<Identity>) -> Result<Self, StorageError> {
         let dirs = ReplicaState::ALL.map(|s| root.join(s.dir_name()));
         let tmp = root.join("tmp");
         for d in dirs.iter().chain([&tmp]) {
@@ -228,14 +250,15 @@ impl Datanode {
         let syncfs_barrier = fs_type != nix::sys::statfs::FUSE_SUPER_MAGIC;
         if !syncfs_barrier {
             tracing::info!(
-                datanode = index,
+                datanode = %id,
                 root = %root.display(),
                 "datanode on a FUSE filesystem, where syncfs does not reach the daemon: its replicas are synced file by file"
             );
         }
         Ok(Datanode {
-            index,
+            id,
             root: root.to_path_buf(),
+            identity,
             dirs,
             tmp,
             root_fd,
@@ -248,6 +271,11 @@ impl Datanode {
     /// each replica needs its own syncs).
     pub fn syncfs_is_barrier(&self) -> bool {
         self.syncfs_barrier
+    }
+
+    /// The storage ID of its identity file, if it has one.
+    pub fn storage_id(&self) -> Option<&str> {
+        self.identity.as_ref().map(|i| i.storage_id.as_str())
     }
 
     /// The filesystem this datanode lives on (its device number).
@@ -291,7 +319,7 @@ impl Datanode {
         };
         if exists(&self.data_path(ReplicaState::Finalized, block))? {
             tracing::warn!(
-                dn = self.index,
+                dn = %self.id,
                 block,
                 "removing a leftover finalized replica"
             );
@@ -300,7 +328,7 @@ impl Datanode {
         let data = match create() {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                tracing::warn!(dn = self.index, block, "removing a leftover rbw replica");
+                tracing::warn!(dn = %self.id, block, "removing a leftover rbw replica");
                 self.delete(block)?;
                 create().map_err(|e| StorageError::io(&data_path, e))?
             }
@@ -368,7 +396,7 @@ impl Datanode {
     /// [`Self::lookup`]).
     pub fn find(&self, block: u64) -> Option<ReplicaInfo> {
         self.lookup(block).unwrap_or_else(|e| {
-            tracing::warn!(dn = self.index, block, error = %e, "replica lookup failed");
+            tracing::warn!(dn = %self.id, block, error = %e, "replica lookup failed");
             None
         })
     }
@@ -728,43 +756,6 @@ impl Datanode {
         meta.sync_all().map_err(|e| StorageError::io(tmp_meta, e))
     }
 
-    /// The datanode heartbeat: proves the directory can be written (a small
-    /// probe file in `tmp/` is written, fsynced and removed) and returns the
-    /// bytes free for unprivileged use.
-    pub fn heartbeat(&self) -> Result<u64, StorageError> {
-        // A datanode whose directory came back (recreated, remounted) gets
-        // its layout again; a root that is gone stays dead rather than
-        // being recreated on whatever filesystem lies below it.
-        if self.root.is_dir() {
-            for d in [
-                &self.tmp,
-                self.dir(ReplicaState::Rbw),
-                self.dir(ReplicaState::Finalized),
-            ] {
-                fs::create_dir_all(d).map_err(|e| StorageError::io(d, e))?;
-            }
-        }
-        let seq = TMP_SEQ.fetch_add(1, Ordering::Relaxed);
-        let probe = self
-            .tmp
-            .join(format!(".heartbeat.{}.{seq}", std::process::id()));
-        let written = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&probe)
-            .and_then(|f| {
-                f.write_all_at(b"leasefs heartbeat\n", 0)?;
-                f.sync_all()
-            });
-        let removed = fs::remove_file(&probe);
-        written.map_err(|e| StorageError::io(&probe, e))?;
-        removed.map_err(|e| StorageError::io(&probe, e))?;
-        let st = nix::sys::statvfs::statvfs(&self.root)
-            .map_err(|e| StorageError::io(&self.root, io::Error::from(e)))?;
-        Ok((st.blocks_available() as u64).saturating_mul(st.fragment_size() as u64))
-    }
-
     /// Where replica `block`@`gs` is and how long its data is, from a few
     /// `stat`s (no directory scan unless it is missing or stale, which the
     /// error then says).
@@ -839,10 +830,7 @@ impl Datanode {
                 found: info.gs,
                 wanted,
             },
-            Ok(_) => StorageError::Missing {
-                block,
-                dn: self.index,
-            },
+            Ok(_) => StorageError::Missing { block, dn: self.id },
             Err(e) => e,
         }
     }
@@ -948,8 +936,8 @@ mod tests {
             .collect()
     }
 
-    fn dn(dir: &tempfile::TempDir, index: usize) -> Datanode {
-        Datanode::open(index, &dir.path().join(format!("dn{index}"))).unwrap()
+    fn dn(dir: &tempfile::TempDir, index: u32) -> Datanode {
+        Datanode::open(DnId(index), &dir.path().join(format!("dn{index}")), None).unwrap()
     }
 
     /// Writes `data` to a new rbw replica in packets of the given sizes,
@@ -1309,7 +1297,10 @@ mod tests {
         dn.bump_gs(8, 1, 2).unwrap();
         assert!(matches!(
             dn.read(99, 1, 0, &mut buf),
-            Err(StorageError::Missing { block: 99, dn: 2 })
+            Err(StorageError::Missing {
+                block: 99,
+                dn: DnId(2)
+            })
         ));
         assert!(matches!(
             dn.bump_gs(99, 1, 2),
@@ -1531,17 +1522,6 @@ mod tests {
             dn.valid_prefix(1, 1),
             Err(StorageError::BadMeta { .. })
         ));
-    }
-
-    #[test]
-    fn heartbeat_probes_and_reports_free_space() {
-        let dir = tempfile::tempdir().unwrap();
-        let dn = dn(&dir, 0);
-        assert!(dn.heartbeat().unwrap() > 0);
-        assert_eq!(fs::read_dir(dn.root.join("tmp")).unwrap().count(), 0);
-        // A datanode whose directory is gone fails its heartbeat.
-        fs::remove_dir_all(&dn.root).unwrap();
-        assert!(matches!(dn.heartbeat(), Err(StorageError::Io { .. })));
     }
 
     #[test]

@@ -3,4 +3,5 @@
 
 pub mod checksum;
 pub mod datanode;
+pub mod identity;
 pub mod replica;

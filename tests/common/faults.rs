@@ -140,7 +140,9 @@ pub fn drop_caches() {
     let _ = std::fs::write("/proc/sys/vm/drop_caches", "3");
 }
 
-/// One row of the block table, read from `DATA/meta.db`.
+/// One row of the block table, read from `DATA/meta.db`. `replicas` are
+/// datanode ids, which on a fresh mount are the places in its
+/// `--datanode` list (`Mount::datanodes`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Block {
     pub ino: u64,
@@ -176,7 +178,7 @@ pub fn all_blocks(data: &Path) -> Vec<Block> {
                 gs: b.gs,
                 len: b.len,
                 finalized: b.finalized,
-                replicas: b.replicas,
+                replicas: b.replicas.into_iter().map(|d| d.0 as usize).collect(),
             })
             .collect();
     }
@@ -391,6 +393,17 @@ impl Mount {
             .map(str::to_string)
             .collect()
     }
+}
+
+/// The state fsck reports for datanode `id` (live, full, dead), or "?"
+/// when it lists no such datanode.
+pub fn datanode_state(report: &serde_json::Value, id: u64) -> String {
+    report["datanode_states"]
+        .as_array()
+        .and_then(|a| a.iter().find(|d| d["id"].as_u64() == Some(id)))
+        .and_then(|d| d["state"].as_str())
+        .unwrap_or("?")
+        .to_string()
 }
 
 /// (kind, block, datanode) of every problem of an fsck JSON report.

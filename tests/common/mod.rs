@@ -82,6 +82,12 @@ impl Mount {
         Self::build(o, None, None)
     }
 
+    /// As [`Mount::with`], with this data directory (e.g. on a small tmpfs)
+    /// instead of a fresh one in the test's temp dir.
+    pub fn with_data_dir(o: Opts, data: PathBuf) -> Mount {
+        Self::build(o, None, Some(data))
+    }
+
     /// As [`Mount::with`], with these datanode directories (in this order)
     /// instead of `o.datanodes` fresh ones: e.g. one on a tmpfs the test
     /// mounted itself (see `faults::Tmpfs`).
@@ -95,11 +101,26 @@ impl Mount {
         Self::build(o, Some(paths), Some(data))
     }
 
+    /// As [`Mount::with_datanode_paths`], in `dir`, which may already
+    /// hold a data directory (`dir/data`, e.g. unpacked from a fixture).
+    pub fn in_dir(o: Opts, dir: tempfile::TempDir, paths: Vec<PathBuf>) -> Mount {
+        Self::build_in(o, Some(paths), None, dir)
+    }
+
     fn build(o: Opts, paths: Option<Vec<PathBuf>>, data: Option<PathBuf>) -> Mount {
         let dir = tempfile::Builder::new()
             .prefix("leasefs-test")
             .tempdir()
             .expect("tempdir");
+        Self::build_in(o, paths, data, dir)
+    }
+
+    fn build_in(
+        o: Opts,
+        paths: Option<Vec<PathBuf>>,
+        data: Option<PathBuf>,
+        dir: tempfile::TempDir,
+    ) -> Mount {
         let mnt = dir.path().join("mnt");
         let data = data.unwrap_or_else(|| dir.path().join("data"));
         std::fs::create_dir_all(&mnt).expect("mkdir mnt");
@@ -148,18 +169,55 @@ impl Mount {
 
     /// Mounts (again) with the same data directory and options.
     pub fn mount(&mut self) {
-        let out = Command::new(bin())
-            .arg("mount")
-            .arg(&self.mnt)
-            .args(&self.args)
-            .output()
-            .expect("run leasefs mount");
+        let out = self.try_mount();
         assert!(
             out.status.success(),
             "mount failed: {}{}",
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
+    }
+
+    /// Runs `leasefs mount` with this mount's arguments and returns its
+    /// output, whether it mounted or was refused.
+    pub fn try_mount(&mut self) -> Output {
+        let out = Command::new(bin())
+            .arg("mount")
+            .arg(&self.mnt)
+            .args(&self.args)
+            .output()
+            .expect("run leasefs mount");
+        if out.status.success() {
+            self.note_pid();
+        }
+        out
+    }
+
+    /// Gives the next [`Mount::mount`] this `--datanode` list (in this
+    /// order) and replication factor.
+    pub fn set_datanodes(&mut self, paths: Vec<PathBuf>, replication: Option<usize>) {
+        let mut args = Vec::new();
+        let mut it = std::mem::take(&mut self.args).into_iter();
+        while let Some(a) = it.next() {
+            if a == "--datanode" || a == "--replication" {
+                it.next();
+            } else {
+                args.push(a);
+            }
+        }
+        for d in &paths {
+            args.push("--datanode".into());
+            args.push(d.display().to_string());
+        }
+        if let Some(r) = replication {
+            args.push("--replication".into());
+            args.push(r.to_string());
+        }
+        self.args = args;
+        self.datanodes = paths;
+    }
+
+    fn note_pid(&mut self) {
         let lock = std::fs::read_to_string(self.data.join("lock")).unwrap_or_default();
         self.pid = lock
             .trim()
@@ -169,6 +227,30 @@ impl Mount {
 
     pub fn path(&self, rel: &str) -> PathBuf {
         self.mnt.join(rel)
+    }
+
+    /// Lets every user reach the mount point (the test's temp dir is 0700).
+    pub fn open_to_all(&self) {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(self.dir.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod the test dir");
+    }
+
+    /// Runs a shell command as `nobody:nogroup` (with nogroup's
+    /// supplementary groups) in the mount.
+    pub fn sh_as_nobody(&self, script: &str) -> Output {
+        Command::new("setpriv")
+            .args([
+                "--reuid=nobody",
+                "--regid=nogroup",
+                "--init-groups",
+                "bash",
+                "-c",
+            ])
+            .arg(script)
+            .current_dir(&self.mnt)
+            .output()
+            .expect("run setpriv")
     }
 
     /// Unmounts and waits for the daemon to exit.

@@ -1,5 +1,5 @@
-//! The write path's commits, the inode deletion that frees blocks, and the
-//! block index.
+//! The write path's commits, the inode deletion that frees blocks, the
+//! block index, and the datanode registry.
 
 use super::records::*;
 use super::stm::{Stm, prefix_end};
@@ -79,13 +79,92 @@ pub(super) fn delete_inode(s: &mut Stm<'_>, ino: u64) -> FsResult<Vec<BlockRow>>
     Ok(blocks)
 }
 
-/// Whether block `block_id` is recorded with a replica on datanode `dn`:
-/// through the `bid/` index, checked against the row itself (an index key
-/// may outlive its row for a moment, see `Stm::delete_later`).
-pub(super) fn block_on(s: &mut Stm<'_>, block_id: u64, dn: usize) -> FsResult<bool> {
+/// The row of block `block_id`: through the `bid/` index, checked
+/// against the row itself (an index key may outlive its row for a moment,
+/// see `Stm::delete_later`).
+pub(super) fn block_by_id(s: &mut Stm<'_>, block_id: u64) -> FsResult<Option<BlockRow>> {
     let Some(at) = s.get_json::<BlockAt>(&block_index_key(block_id))? else {
-        return Ok(false);
+        return Ok(None);
     };
     let row: Option<BlockRow> = s.get_json(&block_key(at.ino, at.idx))?;
-    Ok(row.is_some_and(|r| r.block_id == block_id && r.replicas.contains(&dn)))
+    Ok(row.filter(|r| r.block_id == block_id))
+}
+
+/// Turns the positional layout's datanode list into registry records:
+/// each keeps its place as its id and awaits an identity file.
+pub(super) fn upgrade_positional_datanodes(s: &mut Stm<'_>) -> FsResult<()> {
+    let Some(old) = s.get_json::<PositionalDatanodes>(POSITIONAL_DATANODES)? else {
+        return Ok(());
+    };
+    for (i, dir) in old.dirs.iter().enumerate() {
+        let id = DnId(i as u32);
+        if s.get(&datanode_key(id))?.is_none() {
+            let rec = DatanodeRecord {
+                id,
+                storage_id: None,
+                path: dir.into(),
+                state: AdminState::Upgrading,
+            };
+            s.put_json(&datanode_key(id), &rec)?;
+        }
+    }
+    if let Some(r) = old.replication
+        && s.counter(REPLICATION)?.is_none()
+    {
+        s.set_counter(REPLICATION, r as u64);
+    }
+    s.delete(POSITIONAL_DATANODES);
+    Ok(())
+}
+
+/// The counter holding the replication factor of the last mount.
+pub(super) const REPLICATION: &str = "replication";
+
+/// [`crate::meta::Meta::register_datanode`] in one attempt.
+pub(super) fn register_datanode(
+    s: &mut Stm<'_>,
+    storage_id: &str,
+    path: &std::path::Path,
+) -> FsResult<DnId> {
+    let all: Vec<DatanodeRecord> = s
+        .scan_json(DATANODES)?
+        .into_iter()
+        .map(|(_, r)| r)
+        .collect();
+    let mut rec = match all
+        .iter()
+        .find(|r| r.storage_id.as_deref() == Some(storage_id))
+    {
+        Some(r) => r.clone(),
+        None => DatanodeRecord {
+            id: DnId(all.iter().map(|r| r.id.0 + 1).max().unwrap_or(0)),
+            storage_id: Some(storage_id.to_string()),
+            path: path.to_path_buf(),
+            state: AdminState::Normal,
+        },
+    };
+    rec.path = path.to_path_buf();
+    if rec.state == AdminState::Upgrading {
+        rec.state = AdminState::Normal;
+    }
+    s.put_json(&datanode_key(rec.id), &rec)?;
+    Ok(rec.id)
+}
+
+/// [`crate::meta::Meta::claim_legacy_datanode`] in one attempt.
+pub(super) fn claim_legacy_datanode(
+    s: &mut Stm<'_>,
+    id: DnId,
+    storage_id: &str,
+) -> FsResult<String> {
+    let key = datanode_key(id);
+    let mut rec: DatanodeRecord = s
+        .get_json(&key)?
+        .ok_or_else(|| crate::error::FsError::Meta(format!("datanode {id} is not recorded")))?;
+    if let Some(sid) = &rec.storage_id {
+        return Ok(sid.clone());
+    }
+    rec.storage_id = Some(storage_id.to_string());
+    s.put_json(&key, &rec)?;
+    Ok(storage_id.to_string())
 }

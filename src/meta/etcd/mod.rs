@@ -18,7 +18,7 @@ mod records;
 mod stm;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::Arc;
 
 use records::*;
@@ -34,12 +34,17 @@ use crate::sync::{Mutex, lock};
 const ID_BATCH: u64 = 1024;
 
 /// The counters and their first values on a new filesystem (as in SQLite).
-const COUNTERS: [(&str, u64); 4] = [
+const COUNTERS: [(&str, u64); 5] = [
     ("next_ino", 2),
     ("next_block", 1),
     ("next_gs", 1000),
     ("epoch_reserved", 0),
+    ("next_cookie", FIRST_COOKIE),
 ];
+
+/// The key layout this code writes; `layout` counter values below it are
+/// upgraded at open.
+const LAYOUT: u64 = 2;
 
 pub struct EtcdMeta {
     etcd: Arc<Etcd>,
@@ -82,11 +87,60 @@ impl EtcdMeta {
                     s.set_counter(name, first);
                 }
             }
-            Ok(())
+            if s.get(FILESYSTEM_ID)?.is_none() {
+                s.put(
+                    FILESYSTEM_ID,
+                    crate::storage::identity::new_filesystem_id().into_bytes(),
+                );
+            }
+            data::upgrade_positional_datanodes(s)
         })?;
-        Ok(EtcdMeta {
+        let me = EtcdMeta {
             etcd,
             pool: Mutex::new(HashMap::new()),
+        };
+        me.upgrade()?;
+        Ok(me)
+    }
+
+    /// Gives every directory entry written before listing cookies existed
+    /// (layout 1) its cookie and its `o/` listing key, a page of entries
+    /// per step. Steps are idempotent, so daemons mounting at once may
+    /// share the work.
+    fn upgrade(&self) -> FsResult<()> {
+        if self.run(|s| s.counter("layout"))?.unwrap_or(1) >= LAYOUT {
+            return Ok(());
+        }
+        // Three keys written per entry, within etcd's 128 operations.
+        const PAGE: usize = 40;
+        let mut from = "d/".to_string();
+        let end = prefix_end("d/");
+        loop {
+            let next = self.run(|s| {
+                let page = s.scan(&from, &end, Some(PAGE))?;
+                let mut cookie = s.counter("next_cookie")?.unwrap_or(FIRST_COOKIE);
+                for (k, v) in &page {
+                    let mut d: Dentry = decode(k, v)?;
+                    if d.cookie != 0 {
+                        continue;
+                    }
+                    let (parent, name) = parse_name_key(k)?;
+                    d.cookie = cookie;
+                    cookie += 1;
+                    s.set_entry(parent, &name, d, None)?;
+                }
+                s.set_counter("next_cookie", cookie);
+                let last = page.last().filter(|_| page.len() == PAGE);
+                Ok(last.map(|(k, _)| format!("{k}\0")))
+            })?;
+            match next {
+                Some(k) => from = k,
+                None => break,
+            }
+        }
+        self.run(|s| {
+            s.set_counter("layout", LAYOUT);
+            Ok(())
         })
     }
 
@@ -112,12 +166,6 @@ impl EtcdMeta {
                 .map(|(_, b)| b)
                 .collect())
         })
-    }
-
-    fn datanode_record(&self) -> FsResult<Datanodes> {
-        Ok(self
-            .run(|s| s.get_json::<Datanodes>(DATANODES))?
-            .unwrap_or_default())
     }
 }
 
@@ -147,9 +195,12 @@ impl Meta for EtcdMeta {
 
     fn create(&self, parent: u64, name: &[u8], n: NewNode<'_>) -> FsResult<Inode> {
         // Outside the retried step: an attempt that runs again keeps its id.
-        let ino = self.alloc("next_ino")?;
+        let ids = namespace::Ids {
+            ino: self.alloc("next_ino")?,
+            cookie: self.alloc("next_cookie")?,
+        };
         let now = now_ns();
-        self.run(|s| namespace::create(s, parent, name, &n, ino, now))
+        self.run(|s| namespace::create(s, parent, name, &n, &ids, now))
     }
 
     fn readlink(&self, ino: u64) -> FsResult<Vec<u8>> {
@@ -163,7 +214,8 @@ impl Meta for EtcdMeta {
 
     fn link(&self, ino: u64, parent: u64, name: &[u8]) -> FsResult<Inode> {
         let now = now_ns();
-        self.run(|s| namespace::link(s, ino, parent, name, now))
+        let cookie = self.alloc("next_cookie")?;
+        self.run(|s| namespace::link(s, ino, (parent, name), cookie, now))
     }
 
     fn unlink(&self, parent: u64, name: &[u8]) -> FsResult<Inode> {
@@ -197,12 +249,31 @@ impl Meta for EtcdMeta {
         self.run(|s| namespace::rename(s, &r, now))
     }
 
-    fn readdir(&self, dir: u64) -> FsResult<Vec<(Vec<u8>, u64, Kind)>> {
+    /// One range read of the directory's `o/` keys from the cookie on.
+    fn readdir(&self, dir: u64, after: u64, limit: usize) -> FsResult<Vec<DirEntry>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let from = listed_key(dir, after.saturating_add(1));
+        let end = prefix_end(&listing_of(dir));
         self.run(|s| {
             s.require_dir(dir)?;
-            s.scan_json::<Dentry>(&dentries_of(dir))?
+            s.scan(&from, &end, Some(limit))?
                 .into_iter()
-                .map(|(k, d)| Ok((name_in(&k)?, d.ino, d.kind)))
+                .map(|(k, v)| {
+                    let l: Listed = decode(&k, &v)?;
+                    let cookie = k
+                        .rsplit('/')
+                        .next()
+                        .and_then(|c| u64::from_str_radix(c, 16).ok())
+                        .ok_or_else(|| FsError::Meta(format!("bad listing key {k}")))?;
+                    Ok(DirEntry {
+                        name: unhex(&l.name)?,
+                        ino: l.ino,
+                        kind: l.kind,
+                        cookie,
+                    })
+                })
                 .collect()
         })
     }
@@ -249,16 +320,15 @@ impl Meta for EtcdMeta {
             .ok_or(FsError::NoXattr)
     }
 
-    fn setxattr(
+    fn update_xattrs(
         &self,
         ino: u64,
-        name: &[u8],
-        value: &[u8],
-        create: bool,
-        replace: bool,
-    ) -> FsResult<()> {
+        names: &[&[u8]],
+        limits: XattrLimits,
+        decide: &mut DecideXattrs<'_>,
+    ) -> FsResult<Inode> {
         let now = now_ns();
-        self.run(|s| namespace::setxattr(s, ino, name, value, (create, replace), now))
+        self.run(|s| namespace::update_xattrs(s, ino, names, limits, &mut *decide, now))
     }
 
     fn listxattr(&self, ino: u64) -> FsResult<Vec<Vec<u8>>> {
@@ -271,9 +341,10 @@ impl Meta for EtcdMeta {
         })
     }
 
-    fn removexattr(&self, ino: u64, name: &[u8]) -> FsResult<()> {
-        let now = now_ns();
-        self.run(|s| namespace::removexattr(s, ino, name, now))
+    /// etcd keeps its data on its own servers: their space is etcd's
+    /// quota, not a local filesystem.
+    fn space(&self) -> FsResult<Option<StoreSpace>> {
+        Ok(None)
     }
 
     /// One Txn; etcd has made it durable on a quorum when it returns, so
@@ -294,8 +365,8 @@ impl Meta for EtcdMeta {
         self.scan_blocks(BLOCKS)
     }
 
-    fn block_on(&self, block_id: u64, dn: usize) -> FsResult<bool> {
-        self.run(|s| data::block_on(s, block_id, dn))
+    fn block_by_id(&self, block_id: u64) -> FsResult<Option<BlockRow>> {
+        self.run(|s| data::block_by_id(s, block_id))
     }
 
     fn uc(&self, ino: u64) -> FsResult<Option<UnderConstruction>> {
@@ -330,28 +401,41 @@ impl Meta for EtcdMeta {
         Ok(self.add_to_counter("epoch_reserved", n)? + 1)
     }
 
-    fn set_datanodes(&self, dirs: &[PathBuf], replication: usize) -> FsResult<()> {
-        let rec = Datanodes {
-            dirs: dirs
-                .iter()
-                .map(|d| d.to_string_lossy().into_owned())
-                .collect(),
-            replication: Some(replication),
-        };
-        self.run(|s| s.put_json(DATANODES, &rec))
+    fn filesystem_id(&self) -> FsResult<String> {
+        let v = self
+            .run(|s| s.get(FILESYSTEM_ID))?
+            .ok_or_else(|| FsError::Meta("the filesystem ID is missing in etcd".into()))?;
+        String::from_utf8(v).map_err(|_| FsError::Meta("corrupt filesystem ID in etcd".into()))
+    }
+
+    fn datanode_records(&self) -> FsResult<Vec<DatanodeRecord>> {
+        self.run(|s| {
+            Ok(s.scan_json::<DatanodeRecord>(DATANODES)?
+                .into_iter()
+                .map(|(_, r)| r)
+                .collect())
+        })
+    }
+
+    fn register_datanode(&self, storage_id: &str, path: &Path) -> FsResult<DnId> {
+        self.run(|s| data::register_datanode(s, storage_id, path))
+    }
+
+    fn claim_legacy_datanode(&self, id: DnId, storage_id: &str) -> FsResult<String> {
+        self.run(|s| data::claim_legacy_datanode(s, id, storage_id))
+    }
+
+    fn set_replication(&self, replication: usize) -> FsResult<()> {
+        self.run(|s| {
+            s.set_counter(data::REPLICATION, replication as u64);
+            Ok(())
+        })
     }
 
     fn replication(&self) -> FsResult<Option<usize>> {
-        Ok(self.datanode_record()?.replication)
-    }
-
-    fn datanodes(&self) -> FsResult<Vec<PathBuf>> {
         Ok(self
-            .datanode_record()?
-            .dirs
-            .into_iter()
-            .map(PathBuf::from)
-            .collect())
+            .run(|s| s.counter(data::REPLICATION))?
+            .map(|r| r as usize))
     }
 
     /// Sequence numbers come from one counter, so they order the events of

@@ -10,14 +10,22 @@ use crate::meta::types::*;
 /// More ancestors than this means a cycle in the stored tree.
 const MAX_DEPTH: usize = 4096;
 
+/// Ids a step was given before it started (so a retried attempt keeps
+/// them): the new inode's number and its entry's cookie.
+pub(super) struct Ids {
+    pub ino: u64,
+    pub cookie: u64,
+}
+
 pub(super) fn create(
     s: &mut Stm<'_>,
     parent: u64,
     name: &[u8],
     n: &NewNode<'_>,
-    ino: u64,
+    ids: &Ids,
     now: i64,
 ) -> FsResult<Inode> {
+    let ino = ids.ino;
     s.require_dir(parent)?;
     if s.lookup_in(parent, name)?.is_some() {
         return Err(FsError::Exists);
@@ -43,7 +51,15 @@ pub(super) fn create(
         inode: inode.clone(),
         target: n.target.map(hex),
     })?;
-    s.set_entry(parent, name, Dentry { ino, kind: n.kind }, None)?;
+    let d = Dentry {
+        ino,
+        kind: n.kind,
+        cookie: ids.cookie,
+    };
+    s.set_entry(parent, name, d, None)?;
+    for (k, v) in &n.xattrs {
+        s.put(&xattr_key(ino, k), v.clone());
+    }
     s.touch_dir(parent, is_dir as i64, now)?;
     Ok(inode)
 }
@@ -51,8 +67,8 @@ pub(super) fn create(
 pub(super) fn link(
     s: &mut Stm<'_>,
     ino: u64,
-    parent: u64,
-    name: &[u8],
+    (parent, name): (u64, &[u8]),
+    cookie: u64,
     now: i64,
 ) -> FsResult<Inode> {
     s.require_dir(parent)?;
@@ -64,7 +80,7 @@ pub(super) fn link(
         return Err(FsError::Exists);
     }
     let kind = r.inode.kind;
-    s.set_entry(parent, name, Dentry { ino, kind }, None)?;
+    s.set_entry(parent, name, Dentry { ino, kind, cookie }, None)?;
     r.inode.nlink += 1;
     r.inode.ctime = now;
     s.put_inode(&r)?;
@@ -79,7 +95,7 @@ pub(super) fn unlink(s: &mut Stm<'_>, parent: u64, name: &[u8], now: i64) -> FsR
     if r.inode.kind == Kind::Dir {
         return Err(FsError::IsDir);
     }
-    s.remove_entry(parent, name, d.ino);
+    s.remove_entry(parent, name, d);
     r.inode.nlink = r.inode.nlink.saturating_sub(1);
     r.inode.ctime = now;
     s.put_inode(&r)?;
@@ -106,7 +122,7 @@ pub(super) fn rmdir(s: &mut Stm<'_>, parent: u64, name: &[u8], now: i64) -> FsRe
     if !s.is_empty_dir(d.ino)? {
         return Err(FsError::NotEmpty);
     }
-    s.remove_entry(parent, name, d.ino);
+    s.remove_entry(parent, name, d);
     drop_dir(s, d.ino);
     s.touch_dir(parent, -1, now)?;
     Ok(d.ino)
@@ -159,19 +175,23 @@ pub(super) fn rename(s: &mut Stm<'_>, r: &Rename<'_>, now: i64) -> FsResult<Opti
             "cannot move a directory into itself".into(),
         ));
     }
+    // Cookies move with their inodes, so that a listing meets each renamed
+    // inode once in a directory, at its old place.
     let src_d = Dentry {
-        ino: src.ino,
         kind: src_i.kind,
+        ..src
     };
     if r.exchange {
         let dst = dst.ok_or(FsError::NotFound)?;
         let dst_i = s.inode(dst.ino)?.inode;
         let dst_d = Dentry {
-            ino: dst.ino,
             kind: dst_i.kind,
+            ..dst
         };
-        s.set_entry(parent, name, dst_d, Some(src.ino))?;
-        s.set_entry(newparent, newname, src_d, Some(dst.ino))?;
+        s.remove_entry(parent, name, src);
+        s.remove_entry(newparent, newname, dst);
+        s.set_entry(parent, name, dst_d, None)?;
+        s.set_entry(newparent, newname, src_d, None)?;
         if parent != newparent {
             let d_src = src_dir as i64;
             let d_dst = (dst_i.kind == Kind::Dir) as i64;
@@ -208,8 +228,8 @@ pub(super) fn rename(s: &mut Stm<'_>, r: &Rename<'_>, now: i64) -> FsResult<Opti
             }
         }
     }
-    s.remove_entry(parent, name, src.ino);
-    s.set_entry(newparent, newname, src_d, dst.map(|d| d.ino))?;
+    s.remove_entry(parent, name, src);
+    s.set_entry(newparent, newname, src_d, dst)?;
     let dir_delta = src_dir as i64;
     if parent != newparent {
         s.touch_dir(parent, -dir_delta, now)?;
@@ -228,33 +248,48 @@ pub(super) fn set_attrs(s: &mut Stm<'_>, ino: u64, ch: &AttrChange, now: i64) ->
     Ok(r.inode)
 }
 
-pub(super) fn setxattr(
+/// The body of `update_xattrs`. Reading the inode makes a concurrent
+/// change of its attributes (which rewrites it: ctime) a conflict, so the
+/// limits hold at the commit.
+pub(super) fn update_xattrs(
     s: &mut Stm<'_>,
     ino: u64,
-    name: &[u8],
-    value: &[u8],
-    (create, replace): (bool, bool),
+    names: &[&[u8]],
+    limits: XattrLimits,
+    decide: &mut DecideXattrs<'_>,
     now: i64,
-) -> FsResult<()> {
-    let key = xattr_key(ino, name);
-    let exists = s.get(&key)?.is_some();
-    if create && exists {
-        return Err(FsError::Exists);
+) -> FsResult<Inode> {
+    let mut r = s.inode(ino)?;
+    let current = names
+        .iter()
+        .map(|n| s.get(&xattr_key(ino, n)))
+        .collect::<FsResult<Vec<_>>>()?;
+    let edit = decide(&r.inode, &current)?;
+    if edit.is_empty() {
+        return Ok(r.inode);
     }
-    if replace && !exists {
-        return Err(FsError::NoXattr);
+    if edit.set.iter().any(|(_, v)| v.is_some()) {
+        let p = xattrs_of(ino);
+        let sizes = s
+            .scan(&p, &super::stm::prefix_end(&p), None)?
+            .into_iter()
+            .map(|(k, v)| Ok((name_in(&k)?, v.len() as u64)))
+            .collect::<FsResult<Vec<_>>>()?;
+        limits.check(ino, &sizes, &edit.set)?;
     }
-    s.put(&key, value.to_vec());
-    bump_ctime(s, ino, now)
-}
-
-pub(super) fn removexattr(s: &mut Stm<'_>, ino: u64, name: &[u8], now: i64) -> FsResult<()> {
-    let key = xattr_key(ino, name);
-    if s.get(&key)?.is_none() {
-        return Err(FsError::NoXattr);
+    for (name, value) in &edit.set {
+        let key = xattr_key(ino, name);
+        match value {
+            Some(v) => s.put(&key, v.clone()),
+            None => s.delete(&key),
+        }
     }
-    s.delete(&key);
-    bump_ctime(s, ino, now)
+    match &edit.attrs {
+        Some(ch) => ch.apply(&mut r.inode, now),
+        None => r.inode.ctime = now,
+    }
+    s.put_inode(&r)?;
+    Ok(r.inode)
 }
 
 /// Path of an inode through its first names; `<ino N>` where the chain

@@ -6,7 +6,8 @@
 //! | key                               | value                           |
 //! |-----------------------------------|---------------------------------|
 //! | `i/<ino>`                         | [`InodeRec`] (JSON)             |
-//! | `d/<parent>/<name hex>`           | [`Dentry`]: child ino and kind  |
+//! | `d/<parent>/<name hex>`           | [`Dentry`]: child ino, kind, cookie |
+//! | `o/<parent>/<cookie>`             | [`Listed`]: the entry, for listings |
 //! | `p/<ino>/<parent>/<name hex>`     | empty: one per name of `ino`    |
 //! | `x/<ino>/<name hex>`              | the xattr's raw value           |
 //! | `b/<ino>/<idx>`                   | [`BlockRow`] (JSON)             |
@@ -14,11 +15,16 @@
 //! | `uc/<ino>`                        | [`UnderConstruction`] (JSON)    |
 //! | `c/<name>`                        | counter, decimal                |
 //! | `a/<election hex>/<seq>`          | [`AuditEvent`] (JSON)           |
-//! | `dn`                              | [`Datanodes`] (JSON)            |
+//! | `fsid`                            | the filesystem ID               |
+//! | `dn/<id>`                         | [`DatanodeRecord`] (JSON)       |
+//! | `dn`                              | [`PositionalDatanodes`] (JSON): |
+//! |                                   | the positional layout's list,   |
+//! |                                   | turned into `dn/` at open       |
 //!
 //! Numbers are 16 hex digits, so keys sort like the numbers; names are hex
 //! so they sort like the bytes (SQLite's BLOB order) and may hold any byte.
-//! `p/` lets `path_of` and `..` find a name of an inode without a scan.
+//! `p/` lets `path_of` and `..` find a name of an inode without a scan;
+//! `o/` lists a directory in cookie order, a page per range read.
 
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
@@ -57,7 +63,9 @@ fn num(s: &str) -> FsResult<u64> {
 pub(super) const INODES: &str = "i/";
 pub(super) const BLOCKS: &str = "b/";
 pub(super) const UCS: &str = "uc/";
-pub(super) const DATANODES: &str = "dn";
+pub(super) const POSITIONAL_DATANODES: &str = "dn";
+pub(super) const DATANODES: &str = "dn/";
+pub(super) const FILESYSTEM_ID: &str = "fsid";
 
 pub(super) fn inode_key(ino: u64) -> String {
     format!("i/{ino:016x}")
@@ -70,6 +78,12 @@ pub(super) fn dentries_of(dir: u64) -> String {
 }
 pub(super) fn name_key(ino: u64, parent: u64, name: &[u8]) -> String {
     format!("p/{ino:016x}/{parent:016x}/{}", hex(name))
+}
+pub(super) fn listed_key(parent: u64, cookie: u64) -> String {
+    format!("o/{parent:016x}/{cookie:016x}")
+}
+pub(super) fn listing_of(dir: u64) -> String {
+    format!("o/{dir:016x}/")
 }
 pub(super) fn names_of(ino: u64) -> String {
     format!("p/{ino:016x}/")
@@ -92,6 +106,10 @@ pub(super) fn block_index_key(block_id: u64) -> String {
 pub(super) fn uc_key(ino: u64) -> String {
     format!("uc/{ino:016x}")
 }
+pub(super) fn datanode_key(id: DnId) -> String {
+    format!("{DATANODES}{:016x}", id.0)
+}
+
 pub(super) fn counter_key(name: &str) -> String {
     format!("c/{name}")
 }
@@ -107,7 +125,8 @@ pub(super) fn name_in(key: &str) -> FsResult<Vec<u8>> {
     unhex(key.rsplit('/').next().unwrap_or_default())
 }
 
-/// (parent, name) from a `p/<ino>/<parent>/<name>` key.
+/// (parent, name) from a `p/<ino>/<parent>/<name>` or a
+/// `d/<parent>/<name>` key.
 pub(super) fn parse_name_key(key: &str) -> FsResult<(u64, Vec<u8>)> {
     let mut it = key.rsplit('/');
     let name = unhex(it.next().unwrap_or_default())?;
@@ -128,6 +147,19 @@ pub(super) struct InodeRec {
 pub(super) struct Dentry {
     pub ino: u64,
     pub kind: Kind,
+    /// Its place in listings; 0 in entries written before cookies existed
+    /// (given one at the next mount, see `EtcdMeta::open`).
+    #[serde(default)]
+    pub cookie: u64,
+}
+
+/// A directory entry as its directory's listing holds it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(super) struct Listed {
+    /// The name, hex.
+    pub name: String,
+    pub ino: u64,
+    pub kind: Kind,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
@@ -136,8 +168,10 @@ pub(super) struct BlockAt {
     pub idx: u64,
 }
 
+/// What the positional layout recorded: the `--datanode` list of the last
+/// mount, whose places block rows name.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub(super) struct Datanodes {
+pub(super) struct PositionalDatanodes {
     pub dirs: Vec<String>,
     pub replication: Option<usize>,
 }
@@ -206,26 +240,33 @@ impl Stm<'_> {
         self.get_json(&dentry_key(parent, name))
     }
 
-    /// Points `parent/name` at `ino`, replacing the entry's previous target
-    /// `old` if there was one; keeps the `p/` names in step.
+    /// Points `parent/name` at `d`, replacing the entry `old` that was
+    /// there, if any; keeps the `p/` names and the `o/` listing in step.
     pub fn set_entry(
         &mut self,
         parent: u64,
         name: &[u8],
         d: Dentry,
-        old: Option<u64>,
+        old: Option<Dentry>,
     ) -> FsResult<()> {
         if let Some(o) = old {
-            self.delete(&name_key(o, parent, name));
+            self.delete(&name_key(o.ino, parent, name));
+            self.delete(&listed_key(parent, o.cookie));
         }
         self.put_json(&dentry_key(parent, name), &d)?;
         self.put(&name_key(d.ino, parent, name), Vec::new());
-        Ok(())
+        let listed = Listed {
+            name: hex(name),
+            ino: d.ino,
+            kind: d.kind,
+        };
+        self.put_json(&listed_key(parent, d.cookie), &listed)
     }
 
-    pub fn remove_entry(&mut self, parent: u64, name: &[u8], ino: u64) {
+    pub fn remove_entry(&mut self, parent: u64, name: &[u8], d: Dentry) {
         self.delete(&dentry_key(parent, name));
-        self.delete(&name_key(ino, parent, name));
+        self.delete(&name_key(d.ino, parent, name));
+        self.delete(&listed_key(parent, d.cookie));
     }
 
     /// Changes the directory's link count and stamps mtime/ctime: every

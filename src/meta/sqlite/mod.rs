@@ -13,9 +13,12 @@
 //! `synchronous=NORMAL` SQLite syncs the WAL before copying it into the
 //! database, the database after, and the WAL's header when it reuses it.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
+mod dentries;
+mod registry;
 mod schema;
+mod xattrs;
 
 use rusqlite::{Connection, OptionalExtension, params};
 
@@ -23,11 +26,14 @@ use super::backend::{Change, Meta};
 use super::types::*;
 use crate::error::{FsError, FsResult};
 use crate::sync::{AtomicU64, Mutex, Ordering, lock};
+use dentries::*;
 
 pub struct MetaStore {
     conn: Mutex<Connection>,
     /// `meta.db-wal`, synced to make commits durable.
-    wal: std::path::PathBuf,
+    wal: PathBuf,
+    /// The directory of the database, whose filesystem `statfs` counts.
+    dir: PathBuf,
     /// Commits made, and how many of them are known durable.
     commits: AtomicU64,
     synced: AtomicU64,
@@ -94,7 +100,7 @@ fn row_to_block(r: &rusqlite::Row<'_>) -> rusqlite::Result<BlockRow> {
     })
 }
 
-fn replicas_text(r: &[usize]) -> String {
+fn replicas_text(r: &[DnId]) -> String {
     r.iter()
         .map(|d| d.to_string())
         .collect::<Vec<_>>()
@@ -110,38 +116,6 @@ fn get_inode(tx: &Connection, ino: u64) -> FsResult<Inode> {
     .query_row([ino as i64], row_to_inode)
     .optional()?
     .ok_or(FsError::NotFound)
-}
-
-fn lookup_in(tx: &Connection, parent: u64, name: &[u8]) -> FsResult<Option<u64>> {
-    Ok(tx
-        .prepare_cached("SELECT ino FROM dentries WHERE parent = ?1 AND name = ?2")?
-        .query_row(params![parent as i64, name], |r| r.get::<_, i64>(0))
-        .optional()?
-        .map(|v| v as u64))
-}
-
-fn touch_dir(tx: &Connection, dir: u64, nlink_delta: i64, now: i64) -> FsResult<()> {
-    tx.prepare_cached(
-        "UPDATE inodes SET mtime = ?2, ctime = ?2, nlink = nlink + ?3 WHERE ino = ?1",
-    )?
-    .execute(params![dir as i64, now, nlink_delta])?;
-    Ok(())
-}
-
-fn require_dir(tx: &Connection, ino: u64) -> FsResult<Inode> {
-    let i = get_inode(tx, ino)?;
-    if i.kind != Kind::Dir {
-        return Err(FsError::NotDir);
-    }
-    Ok(i)
-}
-
-fn is_empty_dir(tx: &Connection, ino: u64) -> FsResult<bool> {
-    Ok(tx
-        .prepare_cached("SELECT 1 FROM dentries WHERE parent = ?1 LIMIT 1")?
-        .query_row([ino as i64], |_| Ok(()))
-        .optional()?
-        .is_none())
 }
 
 /// Runs `f` in a transaction on `c`. BEGIN and COMMIT are cached
@@ -174,6 +148,8 @@ impl MetaStore {
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         conn.execute_batch(schema::SCHEMA)?;
+        schema::upgrade(&conn)?;
+        registry::init(&conn)?;
         let now = now_ns();
         conn.execute(
             &format!(
@@ -183,9 +159,15 @@ impl MetaStore {
         )?;
         let mut wal = path.as_os_str().to_owned();
         wal.push("-wal");
+        let dir = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."))
+            .to_path_buf();
         Ok(MetaStore {
             conn: Mutex::new(conn),
             wal: wal.into(),
+            dir,
             commits: AtomicU64::new(1),
             synced: AtomicU64::new(0),
             pool: Mutex::new(Default::default()),
@@ -350,6 +332,7 @@ impl Meta for MetaStore {
         // From the reserved batch, as block ids: a failed create leaves a
         // gap, which costs nothing.
         let ino = self.alloc("next_ino")?;
+        let cookie = self.alloc("next_cookie")?;
         self.with_tx(|tx| {
             require_dir(tx, parent)?;
             if lookup_in(tx, parent, name)?.is_some() {
@@ -371,8 +354,10 @@ impl Meta for MetaStore {
                 n.block_size as i64,
                 n.target
             ])?;
-            tx.prepare_cached("INSERT INTO dentries VALUES(?1, ?2, ?3)")?
-                .execute(params![parent as i64, name, ino as i64])?;
+            put_entry(tx, parent, name, ino, cookie)?;
+            for (k, v) in &n.xattrs {
+                xattrs::put(tx, ino, k, v)?;
+            }
             touch_dir(tx, parent, if n.kind == Kind::Dir { 1 } else { 0 }, now)?;
             get_inode(tx, ino)
         })
@@ -391,6 +376,7 @@ impl Meta for MetaStore {
     /// A hard link: another name for `ino`.
     fn link(&self, ino: u64, parent: u64, name: &[u8]) -> FsResult<Inode> {
         let now = now_ns();
+        let cookie = self.alloc("next_cookie")?;
         self.with_tx(|tx| {
             require_dir(tx, parent)?;
             let i = get_inode(tx, ino)?;
@@ -400,8 +386,7 @@ impl Meta for MetaStore {
             if lookup_in(tx, parent, name)?.is_some() {
                 return Err(FsError::Exists);
             }
-            tx.prepare_cached("INSERT INTO dentries VALUES(?1, ?2, ?3)")?
-                .execute(params![parent as i64, name, ino as i64])?;
+            put_entry(tx, parent, name, ino, cookie)?;
             tx.prepare_cached("UPDATE inodes SET nlink = nlink + 1, ctime = ?2 WHERE ino = ?1")?
                 .execute(params![ino as i64, now])?;
             touch_dir(tx, parent, 0, now)?;
@@ -467,9 +452,10 @@ impl Meta for MetaStore {
         self.with_tx(|tx| {
             require_dir(tx, parent)?;
             require_dir(tx, newparent)?;
-            let src = lookup_in(tx, parent, name)?.ok_or(FsError::NotFound)?;
+            let (src, src_cookie) = entry_in(tx, parent, name)?.ok_or(FsError::NotFound)?;
             let src_i = get_inode(tx, src)?;
-            let dst = lookup_in(tx, newparent, newname)?;
+            let dst_entry = entry_in(tx, newparent, newname)?;
+            let dst = dst_entry.map(|(ino, _)| ino);
             if dst == Some(src) {
                 return Ok(None);
             }
@@ -494,21 +480,18 @@ impl Meta for MetaStore {
                     "cannot move a directory into itself".into(),
                 ));
             }
-            let set_entry = |p: u64, n: &[u8], ino: u64| -> FsResult<()> {
-                tx.prepare_cached("INSERT OR REPLACE INTO dentries VALUES(?1, ?2, ?3)")?
-                    .execute(params![p as i64, n, ino as i64])?;
-                Ok(())
-            };
             let bump_ctime = |ino: u64| -> FsResult<()> {
                 tx.prepare_cached("UPDATE inodes SET ctime = ?2 WHERE ino = ?1")?
                     .execute(params![ino as i64, now])?;
                 Ok(())
             };
+            // Cookies move with their inodes, so that a listing meets each
+            // renamed inode once in a directory, at its old place.
             if exchange {
-                let dst = dst.ok_or(FsError::NotFound)?;
+                let (dst, dst_cookie) = dst_entry.ok_or(FsError::NotFound)?;
                 let dst_i = get_inode(tx, dst)?;
-                set_entry(parent, name, dst)?;
-                set_entry(newparent, newname, src)?;
+                put_entry(tx, parent, name, dst, dst_cookie)?;
+                put_entry(tx, newparent, newname, src, src_cookie)?;
                 if parent != newparent {
                     let d_src = (src_i.kind == Kind::Dir) as i64;
                     let d_dst = (dst_i.kind == Kind::Dir) as i64;
@@ -551,7 +534,7 @@ impl Meta for MetaStore {
             }
             tx.prepare_cached("DELETE FROM dentries WHERE parent = ?1 AND name = ?2")?
                 .execute(params![parent as i64, name])?;
-            set_entry(newparent, newname, src)?;
+            put_entry(tx, newparent, newname, src, src_cookie)?;
             let dir_delta = (src_i.kind == Kind::Dir) as i64;
             if parent != newparent {
                 touch_dir(tx, parent, -dir_delta, now)?;
@@ -564,19 +547,20 @@ impl Meta for MetaStore {
         })
     }
 
-    /// Every entry of a directory, sorted by name.
-    fn readdir(&self, dir: u64) -> FsResult<Vec<(Vec<u8>, u64, Kind)>> {
+    /// A page of the directory through the `dentries_by_cookie` index.
+    fn readdir(&self, dir: u64, after: u64, limit: usize) -> FsResult<Vec<DirEntry>> {
         let c = lock(&self.conn);
         require_dir(&c, dir)?;
-        let mut st = c.prepare_cached(
-            "SELECT d.name, d.ino, i.kind FROM dentries d JOIN inodes i ON i.ino = d.ino WHERE d.parent = ?1 ORDER BY d.name",
-        )?;
-        let rows = st.query_map([dir as i64], |r| {
-            Ok((
-                r.get::<_, Vec<u8>>(0)?,
-                r.get::<_, i64>(1)? as u64,
-                Kind::from_i64(r.get(2)?),
-            ))
+        let mut st = c.prepare_cached(READDIR_PAGE)?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let after = i64::try_from(after).unwrap_or(i64::MAX);
+        let rows = st.query_map(params![dir as i64, after, limit], |r| {
+            Ok(DirEntry {
+                name: r.get(0)?,
+                ino: r.get::<_, i64>(1)? as u64,
+                kind: Kind::from_i64(r.get(2)?),
+                cookie: r.get::<_, i64>(3)? as u64,
+            })
         })?;
         Ok(rows.collect::<Result<_, _>>()?)
     }
@@ -614,14 +598,13 @@ impl Meta for MetaStore {
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
-    /// Whether block `block_id` is recorded with a replica on datanode `dn`.
-    fn block_on(&self, block_id: u64, dn: usize) -> FsResult<bool> {
+    fn block_by_id(&self, block_id: u64) -> FsResult<Option<BlockRow>> {
         let c = lock(&self.conn);
-        let reps: Option<String> = c
-            .prepare_cached("SELECT replicas FROM blocks WHERE block_id = ?1")?
-            .query_row([block_id as i64], |r| r.get(0))
-            .optional()?;
-        Ok(reps.is_some_and(|r| r.split(',').any(|d| d.parse() == Ok(dn))))
+        Ok(c.prepare_cached(
+            "SELECT ino, idx, block_id, gs, len, finalized, replicas FROM blocks WHERE block_id = ?1",
+        )?
+        .query_row([block_id as i64], row_to_block)
+        .optional()?)
     }
 
     /// A fresh id of `counter` (`next_block`, `next_gs`): unique across
@@ -723,80 +706,45 @@ impl Meta for MetaStore {
     }
 
     fn getxattr(&self, ino: u64, name: &[u8]) -> FsResult<Vec<u8>> {
-        let c = lock(&self.conn);
-        c.prepare_cached("SELECT value FROM xattrs WHERE ino = ?1 AND name = ?2")?
-            .query_row(params![ino as i64, name], |r| r.get(0))
-            .optional()?
-            .ok_or(FsError::NoXattr)
-    }
-
-    /// `flags`: XATTR_CREATE / XATTR_REPLACE semantics.
-    fn setxattr(
-        &self,
-        ino: u64,
-        name: &[u8],
-        value: &[u8],
-        create: bool,
-        replace: bool,
-    ) -> FsResult<()> {
-        let now = now_ns();
-        self.with_tx(|tx| {
-            let exists = tx
-                .prepare_cached("SELECT 1 FROM xattrs WHERE ino = ?1 AND name = ?2")?
-                .query_row(params![ino as i64, name], |_| Ok(()))
-                .optional()?
-                .is_some();
-            if create && exists {
-                return Err(FsError::Exists);
-            }
-            if replace && !exists {
-                return Err(FsError::NoXattr);
-            }
-            tx.prepare_cached("INSERT OR REPLACE INTO xattrs VALUES(?1, ?2, ?3)")?
-                .execute(params![ino as i64, name, value])?;
-            tx.prepare_cached("UPDATE inodes SET ctime = ?2 WHERE ino = ?1")?
-                .execute(params![ino as i64, now])?;
-            Ok(())
-        })
+        xattrs::get(&lock(&self.conn), ino, name)?.ok_or(FsError::NoXattr)
     }
 
     fn listxattr(&self, ino: u64) -> FsResult<Vec<Vec<u8>>> {
-        let c = lock(&self.conn);
-        let mut st = c.prepare_cached("SELECT name FROM xattrs WHERE ino = ?1 ORDER BY name")?;
-        let rows = st.query_map([ino as i64], |r| r.get(0))?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        xattrs::list(&lock(&self.conn), ino)
     }
 
-    fn removexattr(&self, ino: u64, name: &[u8]) -> FsResult<()> {
-        let now = now_ns();
-        self.with_tx(|tx| {
-            let n = tx
-                .prepare_cached("DELETE FROM xattrs WHERE ino = ?1 AND name = ?2")?
-                .execute(params![ino as i64, name])?;
-            if n == 0 {
-                return Err(FsError::NoXattr);
-            }
-            tx.prepare_cached("UPDATE inodes SET ctime = ?2 WHERE ino = ?1")?
-                .execute(params![ino as i64, now])?;
-            Ok(())
-        })
+    fn update_xattrs(
+        &self,
+        ino: u64,
+        names: &[&[u8]],
+        limits: XattrLimits,
+        decide: &mut DecideXattrs<'_>,
+    ) -> FsResult<Inode> {
+        self.with_tx(|tx| xattrs::update(tx, ino, names, limits, decide))
     }
 
-    /// Records the datanode directories of this mount, so that offline
-    /// tools (`fsck --data`) find them.
-    fn set_datanodes(&self, dirs: &[std::path::PathBuf], replication: usize) -> FsResult<()> {
+    fn filesystem_id(&self) -> FsResult<String> {
+        registry::filesystem_id(&lock(&self.conn))
+    }
+
+    fn datanode_records(&self) -> FsResult<Vec<DatanodeRecord>> {
+        registry::records(&lock(&self.conn))
+    }
+
+    fn register_datanode(&self, storage_id: &str, path: &Path) -> FsResult<DnId> {
+        self.durable(|tx| registry::register(tx, storage_id, path))
+    }
+
+    fn claim_legacy_datanode(&self, id: DnId, storage_id: &str) -> FsResult<String> {
+        self.durable(|tx| registry::claim_legacy(tx, id, storage_id))
+    }
+
+    fn set_replication(&self, replication: usize) -> FsResult<()> {
         self.with_tx(|tx| {
             tx.execute(
                 "INSERT OR REPLACE INTO counters VALUES('replication', ?1)",
                 [replication as i64],
             )?;
-            tx.execute("DELETE FROM datanodes", [])?;
-            for (i, d) in dirs.iter().enumerate() {
-                tx.execute(
-                    "INSERT INTO datanodes VALUES(?1, ?2)",
-                    params![i as i64, d.to_string_lossy()],
-                )?;
-            }
             Ok(())
         })
     }
@@ -811,17 +759,6 @@ impl Meta for MetaStore {
         )
         .optional()?
         .map(|v| v as usize))
-    }
-
-    fn datanodes(&self) -> FsResult<Vec<std::path::PathBuf>> {
-        let c = lock(&self.conn);
-        let mut st = c.prepare("SELECT path FROM datanodes ORDER BY idx")?;
-        let rows = st.query_map([], |r| r.get::<_, String>(0))?;
-        Ok(rows
-            .collect::<Result<Vec<_>, _>>()?
-            .into_iter()
-            .map(std::path::PathBuf::from)
-            .collect())
     }
 
     /// Appends one election event (the audit table operators query).
@@ -854,6 +791,16 @@ impl Meta for MetaStore {
             })
         })?;
         Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    fn space(&self) -> FsResult<Option<StoreSpace>> {
+        let s = nix::sys::statvfs::statvfs(&self.dir)
+            .map_err(|e| FsError::Io(format!("statvfs {}: {e}", self.dir.display())))?;
+        let unit = s.fragment_size();
+        Ok(Some(StoreSpace {
+            total_bytes: s.blocks().saturating_mul(unit),
+            avail_bytes: s.blocks_available().saturating_mul(unit),
+        }))
     }
 
     /// Totals for statfs: (files, bytes).
@@ -894,59 +841,4 @@ impl Meta for MetaStore {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn node(kind: Kind) -> NewNode<'static> {
-        NewNode {
-            kind,
-            mode: 0o644,
-            uid: 0,
-            gid: 0,
-            rdev: 0,
-            target: None,
-            block_size: 1 << 20,
-        }
-    }
-
-    #[test]
-    fn namespace_survives_reopen() {
-        let d = tempfile::tempdir().unwrap();
-        let p = d.path().join("m.db");
-        {
-            let m = MetaStore::open(&p, 0, 0).unwrap();
-            let dir = m.create(ROOT_INO, b"d", node(Kind::Dir)).unwrap();
-            m.create(dir.ino, b"f", node(Kind::File)).unwrap();
-        }
-        let m = MetaStore::open(&p, 0, 0).unwrap();
-        let dir = m.lookup(ROOT_INO, b"d").unwrap();
-        assert_eq!(m.lookup(dir.ino, b"f").unwrap().kind, Kind::File);
-        assert_eq!(m.get(ROOT_INO).unwrap().nlink, 3);
-    }
-
-    #[test]
-    fn rename_replaces_and_refuses_loops() {
-        let d = tempfile::tempdir().unwrap();
-        let m = MetaStore::open(&d.path().join("m.db"), 0, 0).unwrap();
-        let a = m.create(ROOT_INO, b"a", node(Kind::File)).unwrap();
-        let b = m.create(ROOT_INO, b"b", node(Kind::File)).unwrap();
-        let gone = m
-            .rename(ROOT_INO, b"a", ROOT_INO, b"b", false, false)
-            .unwrap();
-        assert_eq!(gone.unwrap().ino, b.ino);
-        assert_eq!(m.lookup(ROOT_INO, b"b").unwrap().ino, a.ino);
-        let x = m.create(ROOT_INO, b"x", node(Kind::Dir)).unwrap();
-        let y = m.create(x.ino, b"y", node(Kind::Dir)).unwrap();
-        assert!(m.rename(ROOT_INO, b"x", y.ino, b"z", false, false).is_err());
-        assert!(matches!(m.rmdir(ROOT_INO, b"x"), Err(FsError::NotEmpty)));
-    }
-
-    #[test]
-    fn epochs_reserved_monotonically() {
-        let d = tempfile::tempdir().unwrap();
-        let m = MetaStore::open(&d.path().join("m.db"), 0, 0).unwrap();
-        let a = m.reserve_epochs(100).unwrap();
-        let b = m.reserve_epochs(100).unwrap();
-        assert_eq!(b, a + 100);
-    }
-}
+mod tests;

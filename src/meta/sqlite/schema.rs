@@ -1,4 +1,9 @@
-//! The SQLite schema. Times are nanoseconds since the Unix epoch.
+//! The SQLite schema, and the upgrade of databases an older leasefs made.
+//! Times are nanoseconds since the Unix epoch.
+
+use rusqlite::Connection;
+
+use crate::error::FsResult;
 
 pub const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS inodes(
@@ -22,6 +27,7 @@ CREATE TABLE IF NOT EXISTS dentries(
   parent INTEGER NOT NULL,
   name BLOB NOT NULL,
   ino INTEGER NOT NULL,
+  cookie INTEGER NOT NULL DEFAULT 0,
   PRIMARY KEY(parent, name)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS xattrs(
@@ -63,12 +69,69 @@ CREATE TABLE IF NOT EXISTS election_audit(
 );
 CREATE INDEX IF NOT EXISTS election_audit_by_election ON election_audit(election, id);
 CREATE TABLE IF NOT EXISTS datanodes(
-  idx INTEGER PRIMARY KEY,
-  path TEXT NOT NULL
+  id INTEGER PRIMARY KEY,
+  storage_id TEXT UNIQUE,
+  path TEXT NOT NULL,
+  state TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS settings(
+  name TEXT PRIMARY KEY,
+  value TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS counters(
   name TEXT PRIMARY KEY,
   value INTEGER NOT NULL
 );
-INSERT OR IGNORE INTO counters VALUES('next_ino', 2), ('next_block', 1), ('next_gs', 1000), ('epoch_reserved', 0);
+INSERT OR IGNORE INTO counters VALUES('next_ino', 2), ('next_block', 1), ('next_gs', 1000), ('epoch_reserved', 0), ('next_cookie', 3);
 ";
+
+/// The positional layout's `datanodes(idx, path)` table becomes the
+/// registry: each row keeps its id (its old place in the `--datanode`
+/// list, which block rows name) and awaits an identity file. One
+/// transaction, so a crash leaves either table whole.
+pub const UPGRADE_POSITIONAL_DATANODES: &str = "
+BEGIN;
+ALTER TABLE datanodes RENAME TO datanodes_positional;
+CREATE TABLE datanodes(
+  id INTEGER PRIMARY KEY,
+  storage_id TEXT UNIQUE,
+  path TEXT NOT NULL,
+  state TEXT NOT NULL
+);
+INSERT INTO datanodes(id, storage_id, path, state)
+  SELECT idx, NULL, path, 'upgrading' FROM datanodes_positional;
+DROP TABLE datanodes_positional;
+COMMIT;
+";
+
+/// Indexes on columns an upgrade may have to add first.
+const INDEXES: &str = "
+CREATE INDEX IF NOT EXISTS dentries_by_cookie ON dentries(parent, cookie);
+";
+
+/// Adds what older databases lack, in one transaction: directory entries
+/// made before listing cookies existed get theirs (in name order, which
+/// was the listing order then), and the cookie counter starts above them.
+pub fn upgrade(c: &Connection) -> FsResult<()> {
+    let has_cookie = c
+        .prepare("SELECT 1 FROM pragma_table_info('dentries') WHERE name = 'cookie'")?
+        .exists([])?;
+    if !has_cookie {
+        c.execute_batch(
+            "BEGIN IMMEDIATE;
+             ALTER TABLE dentries ADD COLUMN cookie INTEGER NOT NULL DEFAULT 0;
+             CREATE TEMP TABLE numbered AS
+               SELECT parent, name, 2 + row_number() OVER (ORDER BY parent, name) AS k
+               FROM dentries;
+             CREATE INDEX temp.numbered_by_name ON numbered(parent, name);
+             UPDATE dentries SET cookie = (SELECT k FROM numbered n
+               WHERE n.parent = dentries.parent AND n.name = dentries.name);
+             UPDATE counters SET value = (SELECT COALESCE(MAX(k), 2) + 1 FROM numbered)
+               WHERE name = 'next_cookie';
+             DROP TABLE numbered;
+             COMMIT;",
+        )?;
+    }
+    c.execute_batch(INDEXES)?;
+    Ok(())
+}

@@ -1,0 +1,110 @@
+//! Tests of the SQLite store that need its internals: reopening, the
+//! upgrade of old databases, the query plan of a listing page.
+
+use super::*;
+
+fn node(kind: Kind) -> NewNode<'static> {
+    NewNode {
+        kind,
+        mode: 0o644,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        target: None,
+        block_size: 1 << 20,
+        xattrs: Vec::new(),
+    }
+}
+
+#[test]
+fn namespace_survives_reopen() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("m.db");
+    {
+        let m = MetaStore::open(&p, 0, 0).unwrap();
+        let dir = m.create(ROOT_INO, b"d", node(Kind::Dir)).unwrap();
+        m.create(dir.ino, b"f", node(Kind::File)).unwrap();
+    }
+    let m = MetaStore::open(&p, 0, 0).unwrap();
+    let dir = m.lookup(ROOT_INO, b"d").unwrap();
+    assert_eq!(m.lookup(dir.ino, b"f").unwrap().kind, Kind::File);
+    assert_eq!(m.get(ROOT_INO).unwrap().nlink, 3);
+}
+
+#[test]
+fn rename_replaces_and_refuses_loops() {
+    let d = tempfile::tempdir().unwrap();
+    let m = MetaStore::open(&d.path().join("m.db"), 0, 0).unwrap();
+    let a = m.create(ROOT_INO, b"a", node(Kind::File)).unwrap();
+    let b = m.create(ROOT_INO, b"b", node(Kind::File)).unwrap();
+    let gone = m
+        .rename(ROOT_INO, b"a", ROOT_INO, b"b", false, false)
+        .unwrap();
+    assert_eq!(gone.unwrap().ino, b.ino);
+    assert_eq!(m.lookup(ROOT_INO, b"b").unwrap().ino, a.ino);
+    let x = m.create(ROOT_INO, b"x", node(Kind::Dir)).unwrap();
+    let y = m.create(x.ino, b"y", node(Kind::Dir)).unwrap();
+    assert!(m.rename(ROOT_INO, b"x", y.ino, b"z", false, false).is_err());
+    assert!(matches!(m.rmdir(ROOT_INO, b"x"), Err(FsError::NotEmpty)));
+}
+
+/// A database from before listing cookies: its entries get cookies in
+/// name order (the old listing order) and new entries come after.
+#[test]
+fn entries_without_cookies_are_upgraded() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("m.db");
+    {
+        let m = MetaStore::open(&p, 0, 0).unwrap();
+        for n in ["c", "a", "b"] {
+            m.create(ROOT_INO, n.as_bytes(), node(Kind::File)).unwrap();
+        }
+    }
+    let old = Connection::open(&p).unwrap();
+    old.execute_batch(
+        "DROP INDEX dentries_by_cookie;
+         ALTER TABLE dentries DROP COLUMN cookie;
+         DELETE FROM counters WHERE name = 'next_cookie';",
+    )
+    .unwrap();
+    drop(old);
+    let m = MetaStore::open(&p, 0, 0).unwrap();
+    m.create(ROOT_INO, b"0", node(Kind::File)).unwrap();
+    let listed: Vec<Vec<u8>> = crate::meta::list_all(&m, ROOT_INO)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert_eq!(listed, [b"a", b"b", b"c", b"0"].map(|n| n.to_vec()));
+}
+
+/// A page of a listing is read through the cookie index, so its cost
+/// does not grow with the directory.
+#[test]
+fn listing_pages_use_the_cookie_index() {
+    let d = tempfile::tempdir().unwrap();
+    let m = MetaStore::open(&d.path().join("m.db"), 0, 0).unwrap();
+    let c = lock(&m.conn);
+    let plan: Vec<String> = c
+        .prepare(&format!("EXPLAIN QUERY PLAN {READDIR_PAGE}"))
+        .unwrap()
+        .query_map(params![1, 2, 3], |r| r.get::<_, String>(3))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert!(
+        plan.iter()
+            .any(|l| l.contains("dentries_by_cookie (parent=? AND cookie>?)")),
+        "{plan:?}"
+    );
+    assert!(!plan.iter().any(|l| l.contains("TEMP B-TREE")), "{plan:?}");
+}
+
+#[test]
+fn epochs_reserved_monotonically() {
+    let d = tempfile::tempdir().unwrap();
+    let m = MetaStore::open(&d.path().join("m.db"), 0, 0).unwrap();
+    let a = m.reserve_epochs(100).unwrap();
+    let b = m.reserve_epochs(100).unwrap();
+    assert_eq!(b, a + 100);
+}

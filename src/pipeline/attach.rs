@@ -1,0 +1,417 @@
+//! Which directory is which datanode. At mount each `--datanode` directory
+//! is recognised by its identity file ([`crate::storage::identity`]),
+//! whatever its place in the list, and the metadata's datanode registry
+//! gives its storage ID the compact id block rows record. A directory of
+//! another filesystem is refused; a new, empty one is registered; one of
+//! the positional layout (no identity file) is upgraded in place. Recorded
+//! datanodes left out of the list are dead for this mount. The rules are in
+//! docs/SEMANTICS.md, "Replication and faults".
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::datanodes::{Absent, Datanodes};
+use crate::error::FsError;
+use crate::meta::{AdminState, DatanodeRecord, DnId, Meta};
+use crate::storage::datanode::{Datanode, StorageError};
+use crate::storage::identity::{self, Identity};
+
+/// Why a `--datanode` directory cannot be attached: the mount is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum AttachError {
+    #[error(
+        "datanode {} belongs to another leasefs filesystem ({theirs}; this one is {ours})",
+        .path.display()
+    )]
+    Foreign {
+        path: PathBuf,
+        theirs: String,
+        ours: String,
+    },
+    #[error(
+        "datanodes {} and {} carry the same storage ID {storage_id}: is one a copy of the other?",
+        .first.display(), .second.display()
+    )]
+    Duplicate {
+        first: PathBuf,
+        second: PathBuf,
+        storage_id: String,
+    },
+    #[error(
+        "datanode {} holds replica files but no identity file ({}), and they are not those of a datanode this filesystem recorded",
+        .path.display(), identity::FILE_NAME
+    )]
+    Unidentified { path: PathBuf },
+    #[error("datanode {}: {source}", .path.display())]
+    Storage {
+        path: PathBuf,
+        #[source]
+        source: StorageError,
+    },
+    #[error(transparent)]
+    Meta(#[from] FsError),
+}
+
+impl From<AttachError> for FsError {
+    fn from(e: AttachError) -> Self {
+        match e {
+            AttachError::Meta(e) => e,
+            e => FsError::Datanode(e.to_string()),
+        }
+    }
+}
+
+fn storage(path: &Path) -> impl FnOnce(StorageError) -> AttachError + '_ {
+    move |source| AttachError::Storage {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// A directory attached as datanode `id`.
+struct Attached {
+    id: DnId,
+    root: PathBuf,
+    identity: Identity,
+}
+
+/// Attaches the mount's `--datanode` directories (see the module doc) and
+/// returns every datanode the filesystem records, those not in `dirs` as
+/// dead.
+pub fn attach(
+    meta: &dyn Meta,
+    dirs: &[PathBuf],
+    replication: usize,
+    slow: Option<(DnId, Duration)>,
+) -> Result<Datanodes, AttachError> {
+    let fsid = meta.filesystem_id()?;
+    let records = meta.datanode_records()?;
+    // First look, changing nothing, so that a refused mount leaves every
+    // directory and the registry as they were.
+    let mut identified = Vec::new();
+    let mut unidentified = Vec::new();
+    let mut seen: HashMap<String, PathBuf> = HashMap::new();
+    for dir in dirs {
+        let Some(id) = identity::read(dir).map_err(storage(dir))? else {
+            unidentified.push(dir.clone());
+            continue;
+        };
+        if id.filesystem_id != fsid {
+            return Err(AttachError::Foreign {
+                path: dir.clone(),
+                theirs: id.filesystem_id,
+                ours: fsid,
+            });
+        }
+        if let Some(first) = seen.insert(id.storage_id.clone(), dir.clone()) {
+            return Err(AttachError::Duplicate {
+                first,
+                second: dir.clone(),
+                storage_id: id.storage_id,
+            });
+        }
+        identified.push((dir.clone(), id));
+    }
+    let legacy: Vec<&DatanodeRecord> = records
+        .iter()
+        .filter(|r| r.state == AdminState::Upgrading)
+        .filter(|r| r.storage_id.as_ref().is_none_or(|s| !seen.contains_key(s)))
+        .collect();
+    let (matched, fresh) = match_positional(meta, &legacy, unidentified)?;
+    for dir in &fresh {
+        if Datanode::holds_files(dir).map_err(storage(dir))? {
+            return Err(AttachError::Unidentified { path: dir.clone() });
+        }
+    }
+    let mut attached: Vec<Attached> = Vec::new();
+    for (dir, id) in identified {
+        // Known: its id (an interrupted upgrade is finished here). Unknown:
+        // its file was written but the mount stopped before registering it.
+        let dn = meta.register_datanode(&id.storage_id, &dir)?;
+        attached.push(Attached {
+            id: dn,
+            root: dir,
+            identity: id,
+        });
+    }
+    for (dir, rec) in matched {
+        attached.push(upgrade(meta, &fsid, &dir, rec)?);
+    }
+    for dir in fresh {
+        let id = identity::create(&dir, &Identity::new(&fsid)).map_err(storage(&dir))?;
+        if id.filesystem_id != fsid {
+            return Err(AttachError::Foreign {
+                path: dir,
+                theirs: id.filesystem_id,
+                ours: fsid,
+            });
+        }
+        let dn = meta.register_datanode(&id.storage_id, &dir)?;
+        tracing::info!(datanode = %dn, storage = %id.storage_id, path = %dir.display(), "new datanode registered");
+        attached.push(Attached {
+            id: dn,
+            root: dir,
+            identity: id,
+        });
+    }
+    let ids: HashSet<DnId> = attached.iter().map(|a| a.id).collect();
+    let mut nodes = Vec::new();
+    for a in attached {
+        nodes.push(Datanode::open(a.id, &a.root, Some(a.identity)).map_err(storage(&a.root))?);
+    }
+    // Registrations above changed the records: read them again.
+    let absent = meta
+        .datanode_records()?
+        .into_iter()
+        .filter(|r| !ids.contains(&r.id))
+        .map(|record| {
+            tracing::warn!(
+                datanode = %record.id,
+                path = %record.path.display(),
+                "recorded datanode not in the --datanode list: dead for this mount"
+            );
+            Absent {
+                record,
+                why: "not in the --datanode list".into(),
+            }
+        })
+        .collect();
+    Ok(Datanodes::new(nodes, absent, replication, slow))
+}
+
+/// Directories paired with the records they are, and those left over.
+type Matched<'r> = (Vec<(PathBuf, &'r DatanodeRecord)>, Vec<PathBuf>);
+
+/// Pairs directories without an identity file with the positional
+/// layout's records that await one: by recorded path first, then, for
+/// directories that moved, by the replicas they hold (the block rows say
+/// which blocks each old place held). Returns the pairs and the
+/// directories left over.
+fn match_positional<'r>(
+    meta: &dyn Meta,
+    legacy: &[&'r DatanodeRecord],
+    dirs: Vec<PathBuf>,
+) -> Result<Matched<'r>, AttachError> {
+    let mut pairs = Vec::new();
+    let mut left_dirs = Vec::new();
+    let mut left: Vec<&DatanodeRecord> = legacy.to_vec();
+    for dir in dirs {
+        match left.iter().position(|r| r.path == dir) {
+            Some(k) => pairs.push((dir, left.remove(k))),
+            None => left_dirs.push(dir),
+        }
+    }
+    if left.is_empty() || left_dirs.is_empty() {
+        return Ok((pairs, left_dirs));
+    }
+    let mut held: HashMap<DnId, HashSet<u64>> = HashMap::new();
+    for b in meta.all_blocks()? {
+        for dn in b.replicas {
+            held.entry(dn).or_default().insert(b.block_id);
+        }
+    }
+    // Every (directory, record) pair with the replicas they share, best
+    // first; the greedy choice takes a directory's true place before any
+    // place that holds only some of its blocks.
+    let mut scored = Vec::new();
+    for (d, dir) in left_dirs.iter().enumerate() {
+        if !Datanode::holds_files(dir).map_err(storage(dir))? {
+            continue;
+        }
+        let found = Datanode::block_ids_in(dir).map_err(storage(dir))?;
+        for (k, rec) in left.iter().enumerate() {
+            let set = held.get(&rec.id);
+            let n = found
+                .iter()
+                .filter(|b| set.is_some_and(|s| s.contains(b)))
+                .count();
+            if n > 0 {
+                scored.push((n, d, k));
+            }
+        }
+    }
+    scored.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+    let (mut dir_used, mut rec_used) = (HashSet::new(), HashSet::new());
+    for (_, d, k) in scored {
+        if dir_used.contains(&d) || rec_used.contains(&k) {
+            continue;
+        }
+        dir_used.insert(d);
+        rec_used.insert(k);
+        pairs.push((left_dirs[d].clone(), left[k]));
+    }
+    let rest = left_dirs
+        .into_iter()
+        .enumerate()
+        .filter(|(d, _)| !dir_used.contains(d))
+        .map(|(_, dir)| dir)
+        .collect();
+    Ok((pairs, rest))
+}
+
+/// Upgrades the positional-layout datanode `rec` at `dir` in place: its
+/// storage ID is recorded first (durably), then its identity file is
+/// written, then it is registered as normal. Interrupted anywhere, the
+/// next mount finds the same storage ID and finishes; no replica moves.
+fn upgrade(
+    meta: &dyn Meta,
+    fsid: &str,
+    dir: &Path,
+    rec: &DatanodeRecord,
+) -> Result<Attached, AttachError> {
+    let sid = meta.claim_legacy_datanode(rec.id, &identity::new_storage_id())?;
+    let id = identity::create(dir, &Identity::of(sid.clone(), fsid)).map_err(storage(dir))?;
+    if id.filesystem_id != fsid {
+        return Err(AttachError::Foreign {
+            path: dir.to_path_buf(),
+            theirs: id.filesystem_id,
+            ours: fsid.to_string(),
+        });
+    }
+    if id.storage_id != sid {
+        return Err(AttachError::Storage {
+            path: dir.to_path_buf(),
+            source: StorageError::OtherIdentity {
+                path: dir.to_path_buf(),
+                found: id.storage_id,
+                wanted: sid,
+            },
+        });
+    }
+    let dn = meta.register_datanode(&sid, dir)?;
+    tracing::info!(
+        datanode = %dn,
+        storage = %sid,
+        path = %dir.display(),
+        was = %rec.path.display(),
+        "datanode of the positional layout upgraded in place"
+    );
+    Ok(Attached {
+        id: dn,
+        root: dir.to_path_buf(),
+        identity: id,
+    })
+}
+
+/// The recorded datanodes at their last paths, for tools that run without
+/// a mount (`fsck --data`): a directory whose identity file is not the
+/// recorded one is dead; one of the positional layout not yet upgraded is
+/// taken at its recorded path, as that layout did.
+pub fn recorded(meta: &dyn Meta, replication: usize) -> Result<Datanodes, AttachError> {
+    let fsid = meta.filesystem_id()?;
+    let mut nodes = Vec::new();
+    let mut absent = Vec::new();
+    for rec in meta.datanode_records()? {
+        let path = rec.path.clone();
+        let found = identity::read(&path);
+        let opened = match (found, &rec.storage_id, rec.state) {
+            _ if !path.is_dir() => None,
+            (Ok(None), _, AdminState::Upgrading) => Datanode::open(rec.id, &path, None).ok(),
+            (Ok(Some(id)), Some(sid), _) if id.storage_id == *sid && id.filesystem_id == fsid => {
+                Datanode::open(rec.id, &path, Some(id)).ok()
+            }
+            _ => None,
+        };
+        match opened {
+            Some(n) => nodes.push(n),
+            None => absent.push(Absent {
+                record: rec,
+                why: "its directory is missing, or holds another identity file".into(),
+            }),
+        }
+    }
+    Ok(Datanodes::new(nodes, absent, replication, None))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::meta::MetaStore;
+
+    /// A database of the positional layout recording `dirs` in that order.
+    fn positional_db(at: &Path, dirs: &[&Path]) -> MetaStore {
+        let db = at.join("meta.db");
+        let c = rusqlite::Connection::open(&db).unwrap();
+        c.execute_batch("CREATE TABLE datanodes(idx INTEGER PRIMARY KEY, path TEXT NOT NULL);")
+            .unwrap();
+        for (i, d) in dirs.iter().enumerate() {
+            c.execute(
+                "INSERT INTO datanodes VALUES(?1, ?2)",
+                rusqlite::params![i as i64, d.to_string_lossy()],
+            )
+            .unwrap();
+        }
+        drop(c);
+        MetaStore::open(&db, 0, 0).unwrap()
+    }
+
+    fn mkdirs(t: &tempfile::TempDir, names: &[&str]) -> Vec<PathBuf> {
+        names
+            .iter()
+            .map(|n| {
+                let d = t.path().join(n);
+                std::fs::create_dir_all(&d).unwrap();
+                d
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_interrupted_upgrade_finishes_with_the_storage_id_it_recorded() {
+        let t = tempfile::tempdir().unwrap();
+        let d = mkdirs(&t, &["a", "b"]);
+        let m = positional_db(t.path(), &[&d[0], &d[1]]);
+        let fsid = m.filesystem_id().unwrap();
+        // a: stopped after its storage ID was recorded, before its file.
+        m.claim_legacy_datanode(DnId(0), "DS-a").unwrap();
+        // b: stopped after its file, before it was registered.
+        m.claim_legacy_datanode(DnId(1), "DS-b").unwrap();
+        identity::create(&d[1], &Identity::of("DS-b".into(), &fsid)).unwrap();
+        for _ in 0..2 {
+            let dns = attach(&m, &[d[1].clone(), d[0].clone()], 2, None).unwrap();
+            assert_eq!(dns.get(DnId(0)).unwrap().root, d[0]);
+            assert_eq!(dns.get(DnId(1)).unwrap().root, d[1]);
+            let sids: Vec<String> = d
+                .iter()
+                .map(|d| identity::read(d).unwrap().unwrap().storage_id)
+                .collect();
+            assert_eq!(sids, ["DS-a", "DS-b"]);
+            let recs = m.datanode_records().unwrap();
+            assert!(
+                recs.iter().all(|r| r.state == AdminState::Normal),
+                "{recs:?}"
+            );
+            assert_eq!(recs.len(), 2);
+        }
+    }
+
+    #[test]
+    fn fresh_directories_are_registered_foreign_and_copied_ones_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let d = mkdirs(&t, &["a", "b", "foreign", "copy", "new"]);
+        let m = MetaStore::open(&t.path().join("meta.db"), 0, 0).unwrap();
+        let dns = attach(&m, &d[..2], 2, None).unwrap();
+        assert_eq!(dns.get(DnId(1)).unwrap().root, d[1]);
+        // Reversed: the same ids.
+        let dns = attach(&m, &[d[1].clone(), d[0].clone()], 2, None).unwrap();
+        assert_eq!(dns.get(DnId(0)).unwrap().root, d[0]);
+        // One left out is recorded, and dead.
+        let dns = attach(&m, &d[1..2], 1, None).unwrap();
+        assert_eq!((dns.len(), dns.is_alive(DnId(0))), (2, false));
+
+        identity::create(&d[2], &Identity::new("FS-other")).unwrap();
+        let e = attach(&m, &[d[4].clone(), d[0].clone(), d[2].clone()], 2, None).unwrap_err();
+        assert!(matches!(e, AttachError::Foreign { .. }), "{e}");
+        // A refused mount changed nothing: the new directory is untouched.
+        assert_eq!(std::fs::read_dir(&d[4]).unwrap().count(), 0);
+        std::fs::copy(
+            d[0].join(identity::FILE_NAME),
+            d[3].join(identity::FILE_NAME),
+        )
+        .unwrap();
+        let e = attach(&m, &[d[0].clone(), d[3].clone()], 2, None).unwrap_err();
+        assert!(matches!(e, AttachError::Duplicate { .. }), "{e}");
+        assert_eq!(m.datanode_records().unwrap().len(), 2, "nothing registered");
+    }
+}

@@ -1,0 +1,242 @@
+//! A datanode directory's identity file, `DN/VERSION` (as HDFS's DataNode
+//! `VERSION` file): the directory's storage ID, the ID of the leasefs
+//! filesystem it belongs to, and its layout version. Replicas are recorded
+//! under the compact id the metadata's datanode registry gives a storage
+//! ID, so a directory is recognised by this file wherever it sits in the
+//! `--datanode` list (see docs/SEMANTICS.md, "Replication and faults").
+//!
+//! The file is a few `key=value` lines and is only ever created whole: it
+//! is written to a temporary name, synced, linked into place (which fails
+//! if another daemon created it first: then its file wins), and the
+//! directory is synced.
+
+use std::fmt;
+use std::fs::{self, OpenOptions};
+use std::io::{self, Write};
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::datanode::StorageError;
+use super::replica::fsync_dir;
+
+/// The identity file's name in a datanode directory.
+pub const FILE_NAME: &str = "VERSION";
+
+/// Layout version written by this release. 0 is the positional layout
+/// (no identity file; replicas recorded by place in the `--datanode`
+/// list), which is upgraded in place at mount.
+pub const LAYOUT_VERSION: u32 = 1;
+
+/// A datanode's compact id: what block rows record for each replica. The
+/// registry in the metadata assigns it to a storage ID once and for all.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default,
+)]
+#[serde(transparent)]
+pub struct DnId(pub u32);
+
+impl fmt::Display for DnId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::str::FromStr for DnId {
+    type Err = std::num::ParseIntError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        s.parse().map(DnId)
+    }
+}
+
+/// The contents of an identity file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    /// `DS-<uuid>`, unique to the directory.
+    pub storage_id: String,
+    /// The ID of the filesystem whose metadata records this datanode.
+    pub filesystem_id: String,
+    pub layout_version: u32,
+}
+
+impl Identity {
+    /// A fresh storage of filesystem `filesystem_id`.
+    pub fn new(filesystem_id: &str) -> Identity {
+        Identity::of(new_storage_id(), filesystem_id)
+    }
+
+    /// Storage `storage_id` of filesystem `filesystem_id`, at this layout.
+    pub fn of(storage_id: String, filesystem_id: &str) -> Identity {
+        Identity {
+            storage_id,
+            filesystem_id: filesystem_id.to_string(),
+            layout_version: LAYOUT_VERSION,
+        }
+    }
+
+    fn encode(&self) -> String {
+        format!(
+            "# leasefs datanode identity: do not edit or copy to another directory\n\
+             storageID={}\nfilesystemID={}\nlayoutVersion={}\n",
+            self.storage_id, self.filesystem_id, self.layout_version
+        )
+    }
+
+    fn decode(path: &Path, text: &str) -> Result<Identity, StorageError> {
+        let bad = |reason: String| StorageError::BadIdentity {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let (mut sid, mut fsid, mut layout) = (None, None, None);
+        for line in text.lines().map(str::trim) {
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let (k, v) = line
+                .split_once('=')
+                .ok_or_else(|| bad(format!("line without '=': {line:?}")))?;
+            match k.trim() {
+                "storageID" => sid = Some(v.trim().to_string()),
+                "filesystemID" => fsid = Some(v.trim().to_string()),
+                "layoutVersion" => {
+                    layout = Some(
+                        v.trim()
+                            .parse::<u32>()
+                            .map_err(|_| bad(format!("bad layoutVersion {v:?}")))?,
+                    )
+                }
+                // Keys of later releases are kept out of the way.
+                _ => {}
+            }
+        }
+        let id = Identity {
+            storage_id: sid
+                .filter(|s| !s.is_empty())
+                .ok_or_else(|| bad("no storageID".into()))?,
+            filesystem_id: fsid
+                .filter(|s| !s.is_empty())
+                .ok_or_else(|| bad("no filesystemID".into()))?,
+            layout_version: layout.ok_or_else(|| bad("no layoutVersion".into()))?,
+        };
+        if id.layout_version > LAYOUT_VERSION {
+            return Err(bad(format!(
+                "layout version {} is newer than this release's ({LAYOUT_VERSION})",
+                id.layout_version
+            )));
+        }
+        Ok(id)
+    }
+}
+
+/// A new, unique storage ID.
+pub fn new_storage_id() -> String {
+    format!("DS-{}", uuid::Uuid::new_v4())
+}
+
+/// A new, unique filesystem ID.
+pub fn new_filesystem_id() -> String {
+    format!("FS-{}", uuid::Uuid::new_v4())
+}
+
+/// The identity file of the datanode directory `root`, if it has one.
+pub fn read(root: &Path) -> Result<Option<Identity>, StorageError> {
+    let path = root.join(FILE_NAME);
+    match fs::read_to_string(&path) {
+        Ok(text) => Identity::decode(&path, &text).map(Some),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(StorageError::io(&path, e)),
+    }
+}
+
+/// Gives `root` the identity `id` unless it already has one, crash-safely
+/// (temp file, fsync, link into place, fsync of the directory); returns the
+/// identity the directory has afterwards, which is another one when a
+/// concurrent daemon wrote its file first.
+pub fn create(root: &Path, id: &Identity) -> Result<Identity, StorageError> {
+    let path = root.join(FILE_NAME);
+    let tmp = root.join(format!(
+        ".{FILE_NAME}.{}.{}",
+        std::process::id(),
+        uuid::Uuid::new_v4().simple()
+    ));
+    let written = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&tmp)
+        .and_then(|mut f| {
+            f.write_all(id.encode().as_bytes())?;
+            f.sync_all()
+        });
+    if let Err(e) = written {
+        let _ = fs::remove_file(&tmp);
+        return Err(StorageError::io(&tmp, e));
+    }
+    // A link, not a rename: it never replaces an identity file that
+    // appeared meanwhile.
+    let linked = fs::hard_link(&tmp, &path);
+    let _ = fs::remove_file(&tmp);
+    match linked {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(StorageError::io(&path, e)),
+    }
+    fsync_dir(root)?;
+    read(root)?.ok_or_else(|| StorageError::BadIdentity {
+        path,
+        reason: "vanished right after it was written".into(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_identity_survives_a_round_trip_and_is_never_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(read(dir.path()).unwrap(), None);
+        let a = Identity::new("FS-1");
+        assert!(a.storage_id.starts_with("DS-"));
+        assert_eq!(create(dir.path(), &a).unwrap(), a);
+        assert_eq!(read(dir.path()).unwrap(), Some(a.clone()));
+        // A second writer (another daemon, a retried upgrade) gets the
+        // identity already there.
+        let b = Identity::new("FS-1");
+        assert_ne!(a.storage_id, b.storage_id);
+        assert_eq!(create(dir.path(), &b).unwrap(), a);
+        // No temporary file is left behind.
+        let names: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from(FILE_NAME)]);
+    }
+
+    #[test]
+    fn a_bad_or_newer_identity_file_is_an_error_not_a_guess() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join(FILE_NAME);
+        for (text, why) in [
+            ("storageID=DS-1\nlayoutVersion=1\n", "no filesystemID"),
+            ("storageID=DS-1\nfilesystemID=FS-1\n", "no layoutVersion"),
+            ("garbage\n", "without '='"),
+            (
+                "storageID=DS-1\nfilesystemID=FS-1\nlayoutVersion=99\n",
+                "newer",
+            ),
+        ] {
+            fs::write(&p, text).unwrap();
+            let e = read(dir.path()).unwrap_err().to_string();
+            assert!(e.contains(why), "{text:?}: {e}");
+        }
+        fs::write(
+            &p,
+            "# comment\nstorageID=DS-1\nfilesystemID=FS-1\nlayoutVersion=1\nlater=x\n",
+        )
+        .unwrap();
+        assert_eq!(
+            read(dir.path()).unwrap(),
+            Some(Identity::of("DS-1".into(), "FS-1"))
+        );
+    }
+}
