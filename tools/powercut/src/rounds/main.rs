@@ -148,6 +148,7 @@ fn run(
     leasefs: Option<PathBuf>,
     keep_going: bool,
 ) -> Result<usize, String> {
+    let own_work = work.is_none();
     let work = match work {
         Some(w) => w,
         None => PathBuf::from(format!("/var/tmp/powercut-rounds.{}", std::process::id())),
@@ -217,7 +218,14 @@ fn run(
         per.join(", ")
     );
     if failures == 0 && last.is_empty() {
+        // A run that found nothing leaves nothing (a failed one keeps its
+        // logs, acknowledgement files and disk for a look).
         let _ = std::fs::remove_dir_all(r.rig.work.join("backing"));
+        if own_work {
+            let _ = std::fs::remove_dir_all(&r.rig.work);
+        }
+    } else {
+        println!("powercut-rounds: kept {}", r.rig.work.display());
     }
     Ok(failures + last.len())
 }
