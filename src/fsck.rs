@@ -297,6 +297,10 @@ struct Inspection {
     /// recovery) durably before making it on the replicas; a crash in
     /// between leaves them behind, still members of the block.
     lagging: Vec<(DnId, u64)>,
+    /// Replicas whose stamp is one the metadata never recorded (of these
+    /// `bad` has an entry too): what a bump made on disk before its record
+    /// leaves, as versions before this one did.
+    leading: Vec<(DnId, u64)>,
 }
 
 fn inspect(c: &Check<'_>, b: &BlockRow) -> Inspection {
@@ -322,6 +326,7 @@ fn inspect(c: &Check<'_>, b: &BlockRow) -> Inspection {
                     ProblemKind::StaleReplica,
                     format!("generation stamp {found} (expected {})", b.gs),
                 ));
+                ins.leading.push((dn, found));
                 continue;
             }
             Err(StorageError::Missing { .. }) => {
@@ -412,10 +417,17 @@ fn report(
     if !lagging_ok {
         for (dn, found) in &ins.lagging {
             let repaired = fixed.is_some_and(|f| f.settled.iter().any(|(d, _)| d == dn));
-            let detail = format!(
-                "generation stamp {found} lags the recorded {} (a change recorded before a crash did not reach this replica)",
-                b.gs
-            );
+            let detail = if *found < b.gs {
+                format!(
+                    "generation stamp {found} lags the recorded {} (a change recorded before a crash did not reach this replica)",
+                    b.gs
+                )
+            } else {
+                format!(
+                    "generation stamp {found} leads the recorded {} (its change was never recorded)",
+                    b.gs
+                )
+            };
             r.problems.push(problem(
                 ProblemKind::StaleReplica,
                 Some(*dn),
@@ -540,6 +552,30 @@ fn repair_block(c: &Check<'_>, b: &BlockRow, path: &str, mut ins: Inspection, r:
                     b.gs
                 ),
             )),
+        }
+    }
+    if ins.good.is_empty() {
+        // No replica at or behind the recorded stamp: replicas restamped
+        // on disk by a change whose record was lost (versions before the
+        // record came first could leave every replica so) are the block's
+        // only copies, adopted if they hold it whole.
+        for (dn, found) in std::mem::take(&mut ins.leading) {
+            let Some(node) = c.dns.get(dn) else { continue };
+            let whole = node
+                .valid_prefix(b.block_id, found)
+                .is_ok_and(|n| n >= b.len);
+            if whole && node.settle(b.block_id, found, b.gs, b.len).is_ok() {
+                tracing::warn!(
+                    block = b.block_id,
+                    datanode = %dn,
+                    found,
+                    gs = b.gs,
+                    "replica with a stamp the metadata never recorded adopted"
+                );
+                ins.bad.retain(|(d, _, _)| *d != dn);
+                done.settled.push((dn, found));
+                ins.good.push(dn);
+            }
         }
     }
     if ins.good.is_empty() && ins.dead.is_empty() {
