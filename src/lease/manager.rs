@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use tracing::{debug, info, warn};
 
+use super::deferred::Deferred;
 use super::index::{TimeIndex, UNSET};
 use super::record::{HolderRec, Lease, Waiter};
 use super::types::{
@@ -829,31 +830,6 @@ impl Inner {
             renewed_ms_ago: h.map(|_| now.saturating_sub(renewed) / 1_000_000),
             opened_wall_ms: h.map(|h| h.opened_wall_ms),
             waiters: lease.waiter_count(),
-        }
-    }
-}
-
-/// Callbacks to call, and callbacks to drop unused, once the lock is
-/// released: neither a reply nor a destructor ever runs under the lock.
-#[derive(Default)]
-struct Deferred {
-    calls: Vec<(GrantCallback, Result<Grant, LeaseError>)>,
-    drops: Vec<GrantCallback>,
-}
-
-impl Deferred {
-    fn call(&mut self, cb: GrantCallback, res: Result<Grant, LeaseError>) {
-        self.calls.push((cb, res));
-    }
-
-    fn discard(&mut self, cb: GrantCallback) {
-        self.drops.push(cb);
-    }
-
-    fn run(self) {
-        drop(self.drops);
-        for (cb, res) in self.calls {
-            cb(res);
         }
     }
 }

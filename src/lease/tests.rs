@@ -648,7 +648,10 @@ fn maintenance_pins_only_a_file_nobody_holds_and_writers_wait_for_it() {
     let rx = queue(&mgr, 1, 2, AcquireOpts { nonblock: true });
     clock.advance(secs(3600));
     let tickets = mgr.tick();
-    assert!(tickets.is_empty(), "a pinned file needs no recovery: {tickets:?}");
+    assert!(
+        tickets.is_empty(),
+        "a pinned file needs no recovery: {tickets:?}"
+    );
     assert!(rx.try_recv().is_err(), "granted while pinned");
     assert!(mgr.list().is_empty(), "pins are not leases");
     // ...and gets the lease when it ends.

@@ -8,7 +8,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::fs::Shared;
+use crate::nodes::Shared;
 
 /// Errors a fault may inject, by name.
 const ERRNOS: &[(&str, i32)] = &[

@@ -26,6 +26,7 @@
 mod control;
 mod fs;
 mod journal;
+mod nodes;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -150,12 +151,12 @@ fn mount(
         Ok(fd) => fd,
         Err(e) => return fail(format!("cannot open {}: {e}", trash.display())),
     };
-    let shared = Arc::new(fs::Shared {
+    let shared = Arc::new(nodes::Shared {
         journal: journal::Journal::new(trash_fd),
         cut: RwLock::new(false),
         faults: Mutex::default(),
     });
-    let pc = match fs::PowerCut::new(&root, shared.clone()) {
+    let pc = match nodes::PowerCut::new(&root, shared.clone()) {
         Ok(p) => p,
         Err(e) => return fail(format!("cannot open {}: {e}", root.display())),
     };
