@@ -462,14 +462,14 @@ fig_lease() {
 }
 
 fig_memory() {
-    local secs=5 line kv
-    [[ $quick -eq 1 ]] && secs=3
+    local mib=8 line kv
+    [[ $quick -eq 1 ]] && mib=4
     if [[ ! -x $bin ]]; then
         note "daemon memory: no binary at $bin: n/a"
         return
     fi
-    log "daemon memory: $nwriters writers for $secs s (benches/writers_memory.sh)"
-    if LEASEFS_BIN=$bin BENCH_DIR=$work timeout 600 "$here/writers_memory.sh" "$nwriters" "$secs" \
+    log "daemon memory: $nwriters writers of $mib MiB each (benches/writers_memory.sh)"
+    if LEASEFS_BIN=$bin BENCH_DIR=$work timeout 600 "$here/writers_memory.sh" "$nwriters" "$mib" \
         >"$out/logs/writers_memory.log" 2>&1 &&
         line=$(grep '^result ' "$out/logs/writers_memory.log"); then
         for kv in $line; do

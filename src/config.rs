@@ -13,6 +13,9 @@ pub struct MountOptions {
     pub block_size: u64,
     pub packet_size: u64,
     pub max_packets_in_flight: usize,
+    /// `write_buffer=`: bytes of packets in flight across all streams of
+    /// the mount (beyond each stream's first); writers wait for room.
+    pub write_buffer: u64,
     /// Period of leader-only housekeeping (re-replication, orphan cleanup).
     pub housekeeping_interval: Duration,
     /// fsync makes replicas durable with one `syncfs` per filesystem
@@ -36,6 +39,7 @@ impl Default for MountOptions {
             block_size: 64 << 20,
             packet_size: 64 << 10,
             max_packets_in_flight: 80,
+            write_buffer: 256 << 20,
             housekeeping_interval: Duration::from_secs(30),
             sync_by_fs: true,
             test_slow_datanode: None,
@@ -47,7 +51,7 @@ impl Default for MountOptions {
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum OptionError {
     #[error(
-        "unknown mount option '{0}' (known: soft_limit, hard_limit, monitor_interval, lease_wait, block_size, packet_size, max_packets_in_flight, housekeeping_interval, replica_sync)"
+        "unknown mount option '{0}' (known: soft_limit, hard_limit, monitor_interval, lease_wait, block_size, packet_size, max_packets_in_flight, write_buffer, housekeeping_interval, replica_sync)"
     )]
     Unknown(String),
     #[error("mount option '{key}' has a bad value '{value}': {why}")]
@@ -115,6 +119,7 @@ impl MountOptions {
                 }
                 "block_size" => self.block_size = parse_size(value).map_err(bad)?,
                 "packet_size" => self.packet_size = parse_size(value).map_err(bad)?,
+                "write_buffer" => self.write_buffer = parse_size(value).map_err(bad)?,
                 "max_packets_in_flight" => {
                     self.max_packets_in_flight = value
                         .parse()
@@ -148,6 +153,11 @@ impl MountOptions {
             }
         }
         self.validate()
+    }
+
+    /// The write buffer in packets (what the streams' budget counts).
+    pub fn write_buffer_packets(&self) -> usize {
+        usize::try_from(self.write_buffer / self.packet_size.max(1)).unwrap_or(usize::MAX)
     }
 
     fn validate(&self) -> Result<(), OptionError> {
@@ -223,6 +233,10 @@ mod tests {
         assert!(matches!(o.apply("bogus=1"), Err(OptionError::Unknown(_))));
         assert!(o.apply("packet_size=1000").is_err());
         assert!(o.apply("max_packets_in_flight=x").is_err());
+        let mut w = MountOptions::default();
+        w.apply("write_buffer=16M").unwrap();
+        assert_eq!(w.write_buffer, 16 << 20);
+        assert_eq!(w.write_buffer_packets(), 256);
         let mut o = MountOptions::default();
         assert!(o.apply("replica_sync=disk").is_err());
         assert!(o.sync_by_fs);

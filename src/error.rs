@@ -57,6 +57,11 @@ pub enum FsError {
     Storage(String, i32),
     #[error("metadata store: {0}")]
     Meta(String),
+    /// A filesystem the daemon writes to (the metadata store's, or etcd's
+    /// quota) is full: the caller sees `ENOSPC`, as on a local filesystem,
+    /// not an I/O error.
+    #[error("no space left on device: {0}")]
+    Full(String),
     /// A datanode directory that cannot be attached (see
     /// `pipeline::attach::AttachError`).
     #[error("{0}")]
@@ -78,13 +83,29 @@ impl From<StorageError> for FsError {
 
 impl From<rusqlite::Error> for FsError {
     fn from(e: rusqlite::Error) -> Self {
-        FsError::Meta(e.to_string())
+        if sqlite_full(&e) {
+            FsError::Full(e.to_string())
+        } else {
+            FsError::Meta(e.to_string())
+        }
     }
+}
+
+/// SQLite says `SQLITE_FULL` when a write to the database, its journal or
+/// its WAL meets `ENOSPC` (or `EDQUOT`).
+fn sqlite_full(e: &rusqlite::Error) -> bool {
+    matches!(
+        e,
+        rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::DiskFull
+    )
 }
 
 impl From<std::io::Error> for FsError {
     fn from(e: std::io::Error) -> Self {
-        FsError::Io(e.to_string())
+        match e.raw_os_error() {
+            Some(libc::ENOSPC) | Some(libc::EDQUOT) => FsError::Full(e.to_string()),
+            _ => FsError::Io(e.to_string()),
+        }
     }
 }
 
@@ -115,6 +136,7 @@ impl FsError {
             FsError::TermOver { .. } => EIO,
             FsError::Storage(_, errno) => *errno,
             FsError::Meta(_) => EIO,
+            FsError::Full(_) => ENOSPC,
             FsError::Datanode(_) => EIO,
             FsError::Io(_) => EIO,
             FsError::Moved(_) => EIO,

@@ -263,14 +263,26 @@ pub fn run(c: &Check<'_>) -> Result<Report, String> {
             if c.repair {
                 // Only with the file kept from writers, and only if it is
                 // still under construction then: a writer may have opened
-                // it since the check began, or be closing it right now
-                // (its lease goes only after its close is recorded).
+                // it since the live set was taken, or be closing it right
+                // now (its lease goes only after its close is recorded).
                 let Some(_pin) = (c.pin)(uc.ino) else {
+                    if let Some(f) = r.open_for_write.last_mut() {
+                        f.live = true;
+                    }
                     continue;
                 };
                 match c.meta.uc(uc.ino) {
                     Ok(Some(_)) => {}
-                    _ => continue,
+                    // Closed meanwhile.
+                    Ok(None) => {
+                        r.open_for_write.pop();
+                        continue;
+                    }
+                    Err(e) => {
+                        p.detail.push_str(&format!("; cannot read it again: {e}"));
+                        r.problems.push(p);
+                        continue;
+                    }
                 }
                 match (c.recover)(uc.ino) {
                     Ok(_) => p.repaired = true,

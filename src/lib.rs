@@ -16,6 +16,7 @@ pub mod config;
 pub mod elect;
 pub mod error;
 pub mod etcd;
+pub mod fault;
 pub mod fs;
 pub mod fsck;
 pub mod housekeeping;

@@ -48,24 +48,50 @@ pub(super) fn find_mount(path: &Path) -> Result<(PathBuf, String), String> {
     Ok((mp, rel))
 }
 
-/// Sends one request to the daemon serving `mountpoint`.
+/// Sends one request to the daemon serving `mountpoint`. A daemon busy
+/// with as many connections of this user as it serves at once is asked
+/// again for a few seconds.
 pub(super) fn ask(mountpoint: &Path, req: Value) -> Result<Value, String> {
-    let data = xattr_get(mountpoint, "user.leasefs.data")
-        .map_err(|e| format!("{} is not a leasefs mount ({e})", mountpoint.display()))?;
-    let sock = PathBuf::from(data).join("control.sock");
-    let mut s = UnixStream::connect(&sock)
-        .map_err(|e| format!("cannot reach the daemon at {}: {e}", sock.display()))?;
+    let mut tries = 0;
+    loop {
+        let v = ask_once(mountpoint, &req)?;
+        match v["error"].as_str() {
+            Some(e) if e.starts_with("too many control connections") && tries < 50 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            Some(e) => return Err(e.to_string()),
+            None => return Ok(v),
+        }
+    }
+}
+
+fn ask_once(mountpoint: &Path, req: &Value) -> Result<Value, String> {
+    let mut s = connect(mountpoint)?;
     writeln!(s, "{req}").map_err(|e| format!("control socket: {e}"))?;
     let mut line = String::new();
     BufReader::new(s)
         .read_line(&mut line)
         .map_err(|e| format!("control socket: {e}"))?;
-    let v: Value =
-        serde_json::from_str(&line).map_err(|e| format!("bad answer from daemon: {e}"))?;
-    if let Some(e) = v["error"].as_str() {
-        return Err(e.to_string());
+    serde_json::from_str(&line).map_err(|e| format!("bad answer from daemon: {e}"))
+}
+
+/// Connects to the daemon's control service: its abstract socket (named
+/// by the mount root's `user.leasefs.control`; reachable whatever the
+/// permissions of the data directory), else `DATA/control.sock`.
+fn connect(mountpoint: &Path) -> Result<UnixStream, String> {
+    use std::os::linux::net::SocketAddrExt;
+    if let Ok(name) = xattr_get(mountpoint, "user.leasefs.control")
+        && let Ok(addr) = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())
+        && let Ok(s) = UnixStream::connect_addr(&addr)
+    {
+        return Ok(s);
     }
-    Ok(v)
+    let data = xattr_get(mountpoint, "user.leasefs.data")
+        .map_err(|e| format!("{} is not a leasefs mount ({e})", mountpoint.display()))?;
+    let sock = PathBuf::from(data).join("control.sock");
+    UnixStream::connect(&sock)
+        .map_err(|e| format!("cannot reach the daemon at {}: {e}", sock.display()))
 }
 
 fn xattr_get(path: &Path, name: &str) -> Result<String, String> {

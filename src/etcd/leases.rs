@@ -4,8 +4,12 @@
 //! file. The revision that created the key is the claim's epoch base, so
 //! epochs of one file grow across daemons.
 //!
-//! A writer refused on another daemon leaves `want/<ino>` (bound to its
-//! daemon's liveness lease); the holding daemon then treats it as a local
+//! Writers that wait (`lease_wait`) queue in etcd (`super::queue`), and a
+//! claim is made only in turn: FIFO across daemons, so a file released on
+//! one daemon goes to whoever waited first, on whichever daemon.
+//!
+//! A writer refused on another daemon leaves `want/<ino>/<mount>` (bound
+//! to its daemon's liveness lease); the holding daemon then treats it as a local
 //! contender would: a client-renewed holder silent for the soft limit is
 //! preempted and recovered, and the claim goes with it (HDFS: a create
 //! that meets an expired lease triggers its recovery, and a retry wins).
@@ -20,7 +24,8 @@ use std::time::{Duration, Instant};
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
 
 use super::Etcd;
-use crate::lease::cluster::{Claim, ClaimInfo, Cluster, EPOCH_SEQ_BITS};
+use super::queue;
+use crate::lease::cluster::{Claim, ClaimInfo, Cluster, EPOCH_SEQ_BITS, Ticket, Turn};
 use crate::lease::{EpochSource, FileId, HandleId};
 use std::sync::atomic::{AtomicI64, Ordering};
 
@@ -46,6 +51,8 @@ pub struct EtcdLeases {
     seqs: Arc<Mutex<HashMap<FileId, (u64, u64)>>>,
     /// The etcd lease of this daemon's liveness key `mounts/<id>`.
     mount_lease: AtomicI64,
+    /// Files this daemon has marked wanted (`want/<ino>/<mount>`).
+    wanting: Mutex<HashSet<FileId>>,
 }
 
 /// Epochs `base << 24 | n` for the n-th grant under a file's claim.
@@ -70,8 +77,8 @@ fn claim_key(file: FileId) -> String {
     format!("lease/{file:016x}")
 }
 
-fn want_key(file: FileId) -> String {
-    format!("want/{file:016x}")
+fn want_key(file: FileId, mount_id: &str) -> String {
+    format!("want/{file:016x}/{mount_id}")
 }
 
 fn mount_key(id: &str) -> String {
@@ -93,6 +100,7 @@ impl EtcdLeases {
             moved: Condvar::new(),
             seqs: Arc::new(Mutex::new(HashMap::new())),
             mount_lease: AtomicI64::new(id),
+            wanting: Mutex::new(HashSet::new()),
         }))
     }
 
@@ -203,12 +211,10 @@ impl EtcdLeases {
     /// Files a writer on another daemon was refused and still wants.
     fn wanted(&self) -> HashSet<FileId> {
         let prefix = self.etcd.key("want/");
+        let p = prefix.clone();
         let r = self.etcd.run_within(self.period(), |mut c| async move {
-            c.get(
-                prefix,
-                Some(GetOptions::new().with_prefix().with_keys_only()),
-            )
-            .await
+            c.get(p, Some(GetOptions::new().with_prefix().with_keys_only()))
+                .await
         });
         match r {
             Ok(r) => r
@@ -216,7 +222,8 @@ impl EtcdLeases {
                 .iter()
                 .filter_map(|kv| {
                     let k = std::str::from_utf8(kv.key()).ok()?;
-                    u64::from_str_radix(k.rsplit('/').next()?, 16).ok()
+                    let file = k.strip_prefix(&prefix)?.split('/').next()?;
+                    u64::from_str_radix(file, 16).ok()
                 })
                 .collect(),
             Err(_) => HashSet::new(),
@@ -224,9 +231,12 @@ impl EtcdLeases {
     }
 
     /// Records that a writer here was refused `file` (until this daemon
-    /// goes, or gets the file).
+    /// goes, or gets the file). Once per file until then.
     fn want(&self, file: FileId) {
-        let key = self.etcd.key(&want_key(file));
+        if !lock(&self.wanting).insert(file) {
+            return;
+        }
+        let key = self.etcd.key(&want_key(file, &self.mount_id));
         let (val, lease) = (
             self.mount_id.clone(),
             self.mount_lease.load(Ordering::Relaxed),
@@ -241,7 +251,10 @@ impl EtcdLeases {
     }
 
     fn unwant(&self, file: FileId) {
-        let key = self.etcd.key(&want_key(file));
+        if !lock(&self.wanting).remove(&file) {
+            return;
+        }
+        let key = self.etcd.key(&want_key(file, &self.mount_id));
         if let Err(e) = self
             .etcd
             .run(|mut c| async move { c.delete(key, None).await })
@@ -318,8 +331,11 @@ impl EtcdLeases {
         file: FileId,
         handle: HandleId,
         who: &ClaimInfo,
+        known_free: bool,
     ) -> Result<Claim, String> {
-        if let Some(other) = self.read_claim(file) {
+        // A claim read as free just before needs no second look: the
+        // transaction below settles races.
+        if !known_free && let Some(other) = self.read_claim(file) {
             self.want(file);
             return Ok(Claim::Busy(other));
         }
@@ -383,11 +399,19 @@ impl EtcdLeases {
     }
 }
 
-impl Cluster for EtcdLeases {
-    fn claim(&self, file: FileId, handle: HandleId, who: &ClaimInfo) -> Result<Claim, String> {
-        // Claims of different files go to etcd in parallel; one file's
-        // claim or release is in flight at most once (`moving`), and the
-        // lock order is `moving`, then `claims`.
+impl EtcdLeases {
+    /// Claims `file` (this daemon's claim if it has one, else in etcd).
+    /// Claims of different files go to etcd in parallel; one file's claim
+    /// or release is in flight at most once (`moving`), and the lock order
+    /// is `moving`, then `claims`. `known_free`: etcd showed no claim
+    /// just before.
+    fn claim_now(
+        &self,
+        file: FileId,
+        handle: HandleId,
+        who: &ClaimInfo,
+        mut known_free: bool,
+    ) -> Result<Claim, String> {
         let mut moving = lock(&self.moving);
         loop {
             if let Some(h) = lock(&self.claims).get_mut(&file) {
@@ -397,14 +421,53 @@ impl Cluster for EtcdLeases {
             if !moving.contains(&file) {
                 break;
             }
+            // What etcd showed may have changed while we waited.
+            known_free = false;
             moving = self.moved.wait(moving).unwrap_or_else(|e| e.into_inner());
         }
         moving.insert(file);
         drop(moving);
-        let r = self.claim_in_etcd(file, handle, who);
+        let r = self.claim_in_etcd(file, handle, who, known_free);
         lock(&self.moving).remove(&file);
         self.moved.notify_all();
         r
+    }
+}
+
+impl Cluster for EtcdLeases {
+    fn claim(&self, file: FileId, handle: HandleId, who: &ClaimInfo) -> Result<Claim, String> {
+        self.claim_now(file, handle, who, false)
+    }
+
+    fn claim_in_turn(
+        &self,
+        file: FileId,
+        handle: HandleId,
+        who: &ClaimInfo,
+        pass: Option<Ticket>,
+    ) -> Result<Turn, String> {
+        let (holder, head) = queue::peek(&self.etcd, self.etcd.key(&claim_key(file)), file)?;
+        if let Some(head) = head.filter(|h| Some(*h) != pass) {
+            let claimed = holder.is_some() || lock(&self.claims).contains_key(&file);
+            return Ok(Turn::Queued { head, claimed });
+        }
+        // Another daemon's claim; ours (held, or being made or given up
+        // right now) is for `claim_now` to sort out.
+        let free = holder.is_none();
+        if let Some(other) = holder.filter(|h| h.mount_id != self.mount_id) {
+            self.want(file);
+            return Ok(Turn::Claim(Claim::Busy(other)));
+        }
+        self.claim_now(file, handle, who, free).map(Turn::Claim)
+    }
+
+    fn enqueue(&self, file: FileId, handle: HandleId) -> Result<Ticket, String> {
+        let lease = self.mount_lease.load(Ordering::Relaxed);
+        queue::enqueue(&self.etcd, lease, &self.mount_id, file, handle)
+    }
+
+    fn dequeue(&self, file: FileId, handle: HandleId) {
+        queue::dequeue(&self.etcd, &self.mount_id, file, handle)
     }
 
     fn unclaim(&self, file: FileId, handle: HandleId) {

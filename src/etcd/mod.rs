@@ -13,6 +13,7 @@ use etcd_client::{Client, ConnectOptions};
 
 pub mod election;
 pub mod leases;
+pub mod queue;
 
 use crate::error::{FsError, FsResult};
 
@@ -91,7 +92,14 @@ impl Etcd {
         self.rt
             .block_on(async { tokio::time::timeout(limit, fut).await })
             .map_err(|_| FsError::Meta("etcd request timed out".into()))?
-            .map_err(|e| FsError::Meta(format!("etcd: {e}")))
+            .map_err(|e| {
+                // etcd's NOSPACE alarm: its backend reached its quota.
+                if e.to_string().contains("database space exceeded") {
+                    FsError::Full(format!("etcd: {e}"))
+                } else {
+                    FsError::Meta(format!("etcd: {e}"))
+                }
+            })
     }
 
     /// Spawns a background task on this connection's runtime (keep-alive

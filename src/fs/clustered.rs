@@ -7,19 +7,30 @@ use std::time::{Duration, Instant};
 use super::core::Core;
 use super::proc_info;
 use crate::error::{FsError, FsResult};
-use crate::lease::cluster::{Claim, ClaimInfo, Cluster};
+use crate::lease::cluster::{Claim, ClaimInfo, Cluster, Turn};
 use crate::lease::{LeaseError, RecoveryReason};
 use crate::sync::Arc;
 
-/// How often a writer queued on another daemon's claim (`lease_wait`)
-/// asks again: etcd has no FIFO queue of our own waiters across daemons.
-const CLAIM_RETRY: Duration = Duration::from_millis(100);
+/// How often the head of a file's queue across daemons (`lease_wait`)
+/// tries to claim the file (the others look four times less often).
+const CLAIM_RETRY: Duration = Duration::from_millis(25);
+
+/// How long the head of a file's queue may leave the file unclaimed before
+/// the writers behind it go first: a head that does not claim a free file
+/// within this (it looks every [`CLAIM_RETRY`]) belongs to a daemon that
+/// died; its key lasts until that daemon's liveness lease runs out.
+const STALE_HEAD: Duration = Duration::from_secs(1);
 
 impl Core {
-    /// Claims `ino` for handle `fh`, waiting up to `lease_wait` (unless
-    /// `O_NONBLOCK`) while another daemon holds it, and recovers the file
-    /// first if another daemon left it under construction (that daemon's
-    /// claim ran out, so its holder is fenced: see `EtcdLeases`).
+    /// Claims `ino` for handle `fh`, in turn: while writers of any daemon
+    /// queue for the file, only the first may claim it. With `lease_wait`
+    /// (and no `O_NONBLOCK`) the open joins that queue and waits, FIFO
+    /// across daemons, up to `lease_wait` in all (what is left of it is
+    /// the local wait, if this daemon's own holder still has the file).
+    /// The file is recovered first if another daemon left it under
+    /// construction (that daemon's claim ran out, so its holder is fenced:
+    /// see `EtcdLeases`). Returns what is left of `lease_wait`, if it
+    /// applies.
     pub(super) fn claim(
         &self,
         cl: &dyn Cluster,
@@ -28,7 +39,7 @@ impl Core {
         flags: i32,
         tid: u32,
         who: &proc_info::Ident,
-    ) -> FsResult<()> {
+    ) -> FsResult<Option<Duration>> {
         let info = ClaimInfo {
             mount_id: self.mount_id.clone(),
             host: self.host.to_string(),
@@ -37,35 +48,87 @@ impl Core {
             since_ms: crate::clock::wall_ms(),
             lease_id: 0,
         };
-        let wait = match self.opts.lease_wait {
-            Some(w) if flags & libc::O_NONBLOCK == 0 => w,
-            _ => Duration::ZERO,
+        // As on one daemon: a holder here that has closed (its release in
+        // flight) is waited for, even with O_NONBLOCK.
+        let grace = self
+            .leases
+            .holder_flushed(ino)
+            .then(|| self.leases.config().release_grace);
+        let lease_wait = self
+            .opts
+            .lease_wait
+            .filter(|_| flags & libc::O_NONBLOCK == 0);
+        let wait = match lease_wait {
+            Some(w) => Some(w.max(grace.unwrap_or_default())),
+            None => grace,
         };
-        let until = Instant::now() + wait;
-        loop {
-            match cl.claim(ino, fh, &info).map_err(FsError::Meta)? {
-                Claim::Mine { .. } => break,
-                Claim::Busy(h) => {
-                    if Instant::now() >= until {
-                        tracing::info!(ino, holder = %h.describe(), "file claimed by another daemon");
-                        return Err(LeaseError::Busy {
-                            file: ino,
-                            holder: h.describe(),
-                        }
-                        .into());
-                    }
-                    if proc_info::signal_pending(tid) {
-                        return Err(LeaseError::Interrupted { file: ino }.into());
-                    }
-                    std::thread::sleep(CLAIM_RETRY);
+        let until = Instant::now() + wait.unwrap_or_default();
+        let mut ticket = None;
+        // A head seen leaving the file unclaimed, and since when.
+        let mut idle_head: Option<(u64, Instant)> = None;
+        // An open that does not wait takes a file nobody claims, whoever
+        // queues (their head claims it within tens of milliseconds, or is
+        // gone); it is refused while the file is claimed.
+        let mut jump = None;
+        let r = loop {
+            let pass = match idle_head {
+                _ if jump.is_some() => jump.take(),
+                Some((head, since)) if since.elapsed() >= STALE_HEAD => Some(head),
+                _ => ticket,
+            };
+            let mut behind = false;
+            let refused = match cl.claim_in_turn(ino, fh, &info, pass) {
+                Err(e) => break Err(FsError::Meta(e)),
+                Ok(Turn::Claim(Claim::Mine { .. })) => break Ok(()),
+                Ok(Turn::Claim(Claim::Busy(h))) => {
+                    idle_head = None;
+                    h.describe()
                 }
+                Ok(Turn::Queued { head, claimed }) => {
+                    if wait.is_none() && !claimed && pass != Some(head) {
+                        jump = Some(head);
+                        continue;
+                    }
+                    idle_head = match idle_head {
+                        _ if claimed => None,
+                        Some((h, since)) if h == head => Some((h, since)),
+                        _ => Some((head, Instant::now())),
+                    };
+                    behind = true;
+                    "writers queued before this one".to_string()
+                }
+            };
+            if wait.is_none() || Instant::now() >= until {
+                tracing::info!(ino, holder = %refused, "file busy across daemons");
+                break Err(LeaseError::Busy {
+                    file: ino,
+                    holder: refused,
+                }
+                .into());
             }
+            if proc_info::signal_pending(tid) {
+                break Err(LeaseError::Interrupted { file: ino }.into());
+            }
+            match ticket {
+                None => match cl.enqueue(ino, fh) {
+                    Ok(t) => ticket = Some(t),
+                    Err(e) => break Err(FsError::Meta(e)),
+                },
+                // Writers behind the head only need to see their turn
+                // come: they look less often than the head.
+                Some(_) if behind => std::thread::sleep(CLAIM_RETRY * 4),
+                Some(_) => std::thread::sleep(CLAIM_RETRY),
+            }
+        };
+        if ticket.is_some() {
+            cl.dequeue(ino, fh);
         }
+        r?;
         if let Err(e) = self.recover_foreign(ino) {
             cl.unclaim(ino, fh);
             return Err(e);
         }
-        Ok(())
+        Ok(lease_wait.map(|_| until.saturating_duration_since(Instant::now())))
     }
 
     /// Recovers `ino` if the store says another daemon instance has it
@@ -112,18 +175,23 @@ impl Core {
             .revoke(ino, "another daemon (cluster claim lost)");
     }
 
-    /// At mount over a shared namespace: recover files left under
-    /// construction by daemon instances that are gone, one claim at a time
-    /// (a file another daemon still claims is its business).
-    pub(super) fn startup_recovery_clustered(&self, cl: &Arc<dyn Cluster>) -> FsResult<usize> {
-        let me = ClaimInfo {
+    /// Who claims a file to recover it: the daemon itself.
+    pub(super) fn recovery_claimant(&self) -> ClaimInfo {
+        ClaimInfo {
             mount_id: self.mount_id.clone(),
             host: self.host.to_string(),
             pid: std::process::id(),
             comm: "leasefs-recovery".into(),
             since_ms: crate::clock::wall_ms(),
             lease_id: 0,
-        };
+        }
+    }
+
+    /// At mount over a shared namespace: recover files left under
+    /// construction by daemon instances that are gone, one claim at a time
+    /// (a file another daemon still claims is its business).
+    pub(super) fn startup_recovery_clustered(&self, cl: &Arc<dyn Cluster>) -> FsResult<usize> {
+        let me = self.recovery_claimant();
         let mut n = 0;
         for uc in self.meta.list_uc()? {
             if cl.mount_alive(&uc.mount_id) {

@@ -172,6 +172,7 @@ impl Core {
         };
         let leases = Arc::new(LeaseManager::new(cfg, clock, epochs, host.clone()));
         let bad = Arc::new(BadReplicas::default());
+        let budget = crate::pipeline::Budget::new(opts.write_buffer_packets(), rt.clone());
         let ctx = Arc::new(StreamCtx {
             bad: bad.clone(),
             meta: meta.clone(),
@@ -182,6 +183,7 @@ impl Core {
             publish_lengths: cluster.is_some(),
             sync_by_fs: opts.sync_by_fs,
             synced_files: Default::default(),
+            budget,
         });
         Arc::new(Core {
             meta,
@@ -267,7 +269,7 @@ impl Core {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         if !write {
             return match self.meta.get(ino) {
-                Ok(inode) => self.open_reader(fh, &inode, reply),
+                Ok(inode) => self.open_reader(fh, &inode, caller.uid, reply),
                 Err(e) => reply(Err(e)),
             };
         }
@@ -283,21 +285,22 @@ impl Core {
             // Claiming waits on the network: not on a request thread.
             let me = self.clone();
             self.ctx.rt.spawn_blocking(move || {
-                if let Err(e) = me.claim(&*cl, ino, fh, flags, caller.pid, &who) {
-                    return reply(Err(e));
-                }
-                me.acquire_local(ino, fh, flags, caller, who, reply)
+                let left = match me.claim(&*cl, ino, fh, flags, caller.pid, &who) {
+                    Ok(left) => left,
+                    Err(e) => return reply(Err(e)),
+                };
+                me.acquire_local(ino, fh, flags, caller, who, left, reply)
             });
             return;
         }
-        self.acquire_local(ino, fh, flags, caller, who, reply)
+        self.acquire_local(ino, fh, flags, caller, who, None, reply)
     }
 
     /// A read-only handle (also what a write open of anything but a regular
     /// file gets). A file nobody changes is read through the page cache;
     /// one under construction directly, so that readers never see bytes
     /// not yet acknowledged nor a zero-filled last page (`cache`).
-    fn open_reader(&self, fh: u64, inode: &Inode, reply: Reply<Opened>) {
+    fn open_reader(&self, fh: u64, inode: &Inode, uid: u32, reply: Reply<Opened>) {
         let ino = inode.ino;
         let mode = if inode.kind == Kind::File {
             self.read_mode(ino)
@@ -313,6 +316,7 @@ impl Core {
             epoch: 0,
             tgid: 0,
             pgid: 0,
+            uid,
             flushed: Default::default(),
             stream: None,
         };
@@ -333,6 +337,9 @@ impl Core {
 
     /// Takes the file's lease among this daemon's handles (the whole
     /// decision on a lone daemon).
+    /// `wait`: what is left of a wait begun in the queue across daemons
+    /// (`None`: `lease_wait`).
+    #[allow(clippy::too_many_arguments)]
     fn acquire_local(
         self: &Arc<Self>,
         ino: u64,
@@ -340,6 +347,7 @@ impl Core {
         flags: i32,
         caller: Caller,
         who: proc_info::Ident,
+        wait: Option<Duration>,
         reply: Reply<Opened>,
     ) {
         let holder = Holder {
@@ -353,7 +361,7 @@ impl Core {
         let cont: Box<dyn FnOnce(Result<Grant, LeaseError>) + Send> = Box::new(move |g| {
             me.waiter_tids.remove(&fh);
             match g {
-                Ok(grant) => me.granted(ino, fh, flags, who, grant, reply),
+                Ok(grant) => me.granted(ino, fh, flags, (who, caller.uid), grant, reply),
                 Err(e) => {
                     me.unclaim(ino, fh);
                     reply(Err(e.into()))
@@ -372,7 +380,7 @@ impl Core {
             }
         });
         let take = || lock(&slot).take();
-        match self.leases.acquire(ino, holder, opts, cb) {
+        match self.leases.acquire_within(ino, holder, opts, wait, cb) {
             Ok(Acquire::Granted(g)) => {
                 if let Some(c) = take() {
                     c(Ok(g))
@@ -409,7 +417,7 @@ impl Core {
         ino: u64,
         fh: u64,
         flags: i32,
-        who: proc_info::Ident,
+        (who, uid): (proc_info::Ident, u32),
         grant: Grant,
         reply: Reply<Opened>,
     ) {
@@ -420,7 +428,7 @@ impl Core {
                 self.unclaim(ino, fh);
                 return match r {
                     Ok(i) if i.kind == Kind::Dir => reply(Err(FsError::IsDir)),
-                    Ok(i) => self.open_reader(fh, &i, reply),
+                    Ok(i) => self.open_reader(fh, &i, uid, reply),
                     Err(e) => reply(Err(e)),
                 };
             }
@@ -452,6 +460,7 @@ impl Core {
             epoch: grant.epoch,
             tgid: who.tgid,
             pgid: who.pgid,
+            uid,
             flushed: Default::default(),
             stream: Some(stream.clone()),
         };
@@ -650,7 +659,11 @@ impl Core {
         );
     }
 
-    /// close(): every byte of this writer acknowledged by all replicas.
+    /// close(): every byte of this writer acknowledged by all replicas,
+    /// and the file closed as far as its metadata goes (last block
+    /// finalised, length committed), so that a failed commit (`ENOSPC` of
+    /// a full metadata store) is what `close()` returns: FUSE's RELEASE
+    /// comes after `close()` has returned, and its errors reach nobody.
     /// Only a close by the process that opened the handle counts as the
     /// holder closing (for the reopen grace): a child closing an inherited
     /// copy (exec) does not.
@@ -663,7 +676,7 @@ impl Core {
         // The holder's main thread needs no /proc read to be recognised.
         let by_holder = caller.pid == h.tgid || proc_info::identity(caller.pid).tgid == h.tgid;
         let me = self.clone();
-        stream.flush(Box::new(move |r| {
+        stream.close(Box::new(move |r| {
             if r.is_ok() && by_holder {
                 h.flushed.store(true, Ordering::Relaxed);
                 me.leases.note_flush(h.ino, h.fh);

@@ -15,7 +15,7 @@ use crate::error::{FsError, FsResult};
 use crate::etcd::Etcd;
 use crate::etcd::leases::{EtcdLeases, keep_alive_loop};
 use crate::meta::{EtcdMeta, Meta, MetaStore};
-use crate::sync::{Arc, AtomicBool, Ordering};
+use crate::sync::{Arc, AtomicBool, Mutex, Ordering};
 
 /// Interval of datanode heartbeats (HDFS: 3 s).
 pub const HEARTBEAT: Duration = Duration::from_secs(3);
@@ -23,6 +23,78 @@ pub const HEARTBEAT: Duration = Duration::from_secs(3);
 const INTERRUPT_POLL: Duration = Duration::from_millis(50);
 /// Readahead of the mount, as negotiated with the kernel (`max_readahead`).
 const READAHEAD_KB: u32 = 1024;
+/// Exit status of a daemon taken down by a dead background thread
+/// (`EX_SOFTWARE`).
+pub const FATAL_EXIT: i32 = 70;
+
+/// How a background thread that dies takes the daemon down: the lease
+/// monitor, the renewer, heartbeats, housekeeping, the control server and
+/// the etcd keep-alives are each what some guarantee rests on (expiry,
+/// renewal, liveness, fencing), so the daemon must not run on without one.
+/// It unmounts cleanly when it can (nothing open); otherwise it detaches
+/// the mount and exits at once, as a crash would (files being written are
+/// recovered at the next mount). Either way the exit status is non-zero.
+pub struct Fatal {
+    mountpoint: PathBuf,
+    unmounter: Mutex<Option<fuser::SessionUnmounter>>,
+    why: Mutex<Option<String>>,
+}
+
+impl Fatal {
+    fn new(mountpoint: PathBuf) -> Arc<Fatal> {
+        Arc::new(Fatal {
+            mountpoint,
+            unmounter: Default::default(),
+            why: Default::default(),
+        })
+    }
+
+    /// Thread `thread` died of `why`.
+    pub fn die(&self, thread: &str, why: &str) {
+        tracing::error!(
+            thread,
+            "background thread died ({why}); the daemon cannot run on without it: stopping"
+        );
+        crate::sync::lock(&self.why).get_or_insert_with(|| format!("{thread} died: {why}"));
+        if let Some(mut u) = crate::sync::lock(&self.unmounter).take() {
+            match u.unmount() {
+                Ok(()) => return,
+                Err(e) => tracing::error!("clean unmount impossible ({e}); detaching the mount"),
+            }
+        }
+        detach(&self.mountpoint);
+        std::process::exit(FATAL_EXIT);
+    }
+
+    /// Runs `f` on a thread named `name`; a panic in it is fatal.
+    pub fn spawn(self: &Arc<Self>, name: &str, f: impl FnOnce() + Send + 'static) {
+        let me = self.clone();
+        let thread = name.to_string();
+        let r = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                if let Err(why) = crate::fault::catch(f) {
+                    me.die(&thread, &why);
+                }
+            });
+        if let Err(e) = r {
+            tracing::error!("cannot start {name}: {e}");
+            self.die(name, &format!("cannot start: {e}"));
+        }
+    }
+}
+
+/// Lazily detaches the mount (a crashed daemon's mount would otherwise be
+/// left behind, giving ENOTCONN until `fusermount3 -uz`).
+fn detach(mountpoint: &Path) {
+    if nix::mount::umount2(mountpoint, nix::mount::MntFlags::MNT_DETACH).is_ok() {
+        return;
+    }
+    let _ = std::process::Command::new("fusermount3")
+        .arg("-uz")
+        .arg(mountpoint)
+        .status();
+}
 
 pub struct MountSpec {
     pub mountpoint: PathBuf,
@@ -81,6 +153,7 @@ pub struct Daemon {
     stop: Arc<AtomicBool>,
     housekeeper: Arc<crate::housekeeping::Housekeeper>,
     shared: Option<Shared>,
+    fatal: Arc<Fatal>,
 }
 
 /// The daemon instance that last served this data directory is gone (we
@@ -106,6 +179,8 @@ fn reap_predecessor(data: &Path, leases: &EtcdLeases, me: &str) -> FsResult<()> 
 
 impl Daemon {
     pub fn start(spec: &MountSpec) -> FsResult<Daemon> {
+        crate::fault::install_hook();
+        crate::fault::arm_from_env();
         let lock = lock_data_dir(&spec.data)?;
         let (uid, gid) = (
             nix::unistd::getuid().as_raw(),
@@ -173,25 +248,37 @@ impl Daemon {
             stop,
             housekeeper: Arc::new(crate::housekeeping::Housekeeper::new()),
             shared,
+            fatal: Fatal::new(
+                std::fs::canonicalize(&spec.mountpoint).unwrap_or_else(|_| spec.mountpoint.clone()),
+            ),
         };
         d.spawn_background();
         Ok(d)
     }
 
-    fn every(&self, name: &str, period: Duration, f: impl Fn(&Arc<Core>) + Send + 'static) {
+    /// Runs `f` every `period` on a thread of its own, which is vital
+    /// (see [`Fatal`]). `point` names it for the test-only panic hook
+    /// (`crate::fault`).
+    fn every(
+        &self,
+        name: &str,
+        point: &'static str,
+        period: Duration,
+        f: impl Fn(&Arc<Core>) + Send + 'static,
+    ) {
         let core = self.core.clone();
         let stop = self.stop.clone();
-        let r = std::thread::Builder::new()
-            .name(name.into())
-            .spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    std::thread::sleep(period);
-                    f(&core);
-                }
-            });
-        if let Err(e) = r {
-            tracing::error!("cannot start {name}: {e}");
-        }
+        self.fatal.spawn(name, move || {
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(period);
+                crate::fault::panic_if(point, || {
+                    core.meta
+                        .lookup(crate::meta::ROOT_INO, crate::fault::TRIGGER.as_bytes())
+                        .is_ok()
+                });
+                f(&core);
+            }
+        });
     }
 
     /// The threads of a daemon sharing its namespace: keep-alives of its
@@ -210,31 +297,25 @@ impl Daemon {
                 c.claim_lost(ino)
             }
         });
-        let r = std::thread::Builder::new()
-            .name("etcd-keepalive".into())
-            .spawn(move || keep_alive_loop(leases, preempt, on_lost, stop));
-        if let Err(e) = r {
-            tracing::error!("cannot start etcd keep-alives: {e}");
-        }
+        self.fatal.spawn("etcd-keepalive", move || {
+            keep_alive_loop(leases, preempt, on_lost, stop)
+        });
         let (etcd, meta, hk) = (
             s.etcd.clone(),
             self.core.meta.clone(),
             self.housekeeper.clone(),
         );
         let (id, stop) = (self.core.mount_id.clone(), self.stop.clone());
-        let r = std::thread::Builder::new()
-            .name("hk-election".into())
-            .spawn(move || crate::etcd::election::run(etcd, meta, hk, id, stop));
-        if let Err(e) = r {
-            tracing::error!("cannot start the housekeeping election: {e}");
-        }
+        self.fatal.spawn("hk-election", move || {
+            crate::etcd::election::run(etcd, meta, hk, id, stop)
+        });
     }
 
     fn spawn_background(&self) {
         let o = &self.core.opts;
         // Lease monitor (HDFS LeaseManager.Monitor): expired waits, hard
         // limit, preemption of expired holders that others wait for.
-        self.every("lease-monitor", o.monitor_interval, |core| {
+        self.every("lease-monitor", "monitor", o.monitor_interval, |core| {
             for t in core.leases.tick() {
                 core.spawn_recovery(t);
             }
@@ -242,11 +323,13 @@ impl Daemon {
             core.sweep_fences();
         });
         // Lease renewal for ordinary programs, which cannot renew anything.
-        self.every("lease-renewer", o.soft_limit / 2, |core| {
+        self.every("lease-renewer", "renewer", o.soft_limit / 2, |core| {
             core.leases.renew_daemon_leases();
         });
         // Datanode heartbeats: storage liveness only, never writer liveness.
-        self.every("dn-heartbeat", HEARTBEAT, |core| core.dns.heartbeat());
+        self.every("dn-heartbeat", "heartbeat", HEARTBEAT, |core| {
+            core.dns.heartbeat()
+        });
         // Leader-only housekeeping; a lone daemon leads its namespace,
         // daemons sharing one elect their leader through etcd.
         let hk = self.housekeeper.clone();
@@ -254,13 +337,16 @@ impl Daemon {
             None => hk.take(&*self.core.meta, "sole daemon of this data directory"),
             Some(s) => self.spawn_shared(s),
         }
-        self.every("housekeeping", o.housekeeping_interval, move |core| {
-            hk.round(core)
-        });
+        self.every(
+            "housekeeping",
+            "housekeeping",
+            o.housekeeping_interval,
+            move |core| hk.round(core),
+        );
         // A waiting open whose process got a signal gets EINTR.
         // While opens wait: Ctrl-C gives EINTR, and a wait that runs out
         // (lease_wait) ends on time rather than at the next monitor tick.
-        self.every("waiters", INTERRUPT_POLL, |core| {
+        self.every("waiters", "waiters", INTERRUPT_POLL, |core| {
             if core.leases.waiting().is_empty() {
                 return;
             }
@@ -303,15 +389,22 @@ impl Daemon {
         // would wait for this daemon, which does not serve yet.
         let mountpoint =
             std::fs::canonicalize(&spec.mountpoint).unwrap_or_else(|_| spec.mountpoint.clone());
-        super::control::serve(self.core.clone(), &spec.data, &spec.mountpoint);
-        let mut session = match fuser::Session::new(adapter, &spec.mountpoint, &cfg) {
-            Ok(s) => s,
-            Err(e) => {
-                let msg = format!("cannot mount {}: {e}", spec.mountpoint.display());
-                ready(Err(msg.clone()));
-                return Err(FsError::Io(msg));
-            }
-        };
+        super::control::serve(
+            self.core.clone(),
+            &spec.data,
+            &spec.mountpoint,
+            self.fatal.clone(),
+        );
+        let mut session =
+            match fuser::Session::new(super::contained::Contained(adapter), &spec.mountpoint, &cfg)
+            {
+                Ok(s) => s,
+                Err(e) => {
+                    let msg = format!("cannot mount {}: {e}", spec.mountpoint.display());
+                    ready(Err(msg.clone()));
+                    return Err(FsError::Io(msg));
+                }
+            };
         let notifier = session.notifier();
         self.core.set_invalidator(Arc::new(move |ino, offset, len| {
             // ENOENT: the kernel holds nothing of this inode; fine.
@@ -319,6 +412,7 @@ impl Daemon {
         }));
         raise_readahead(&mountpoint, READAHEAD_KB);
         install_signal_unmount(session.unmount_callable());
+        *crate::sync::lock(&self.fatal.unmounter) = Some(session.unmount_callable());
         ready(Ok(()));
         tracing::info!(mountpoint = %spec.mountpoint.display(), "mounted");
         let r = session.run();
@@ -329,6 +423,10 @@ impl Daemon {
             s.leases.shutdown();
         }
         let _ = std::fs::remove_file(spec.data.join("control.sock"));
+        if let Some(why) = crate::sync::lock(&self.fatal.why).clone() {
+            tracing::error!("unmounted because a background thread died");
+            return Err(FsError::Io(why));
+        }
         tracing::info!("unmounted");
         r.map_err(|e| FsError::Io(e.to_string()))
     }

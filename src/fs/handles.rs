@@ -15,6 +15,8 @@ pub struct Handle {
     pub epoch: u64,
     pub tgid: u32,
     pub pgid: u32,
+    /// The opener's uid: who may see a write handle's holder details.
+    pub uid: u32,
     /// Flushed (close()) with no write since: a conflicting open may wait
     /// for this handle's pending RELEASE instead of failing.
     pub flushed: AtomicBool,

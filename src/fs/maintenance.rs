@@ -119,10 +119,35 @@ impl Core {
     }
 
     /// Keeps writers off `ino` while a repair changes it (see
-    /// `fsck::Check::pin`): `None` when a writer holds it.
+    /// `fsck::Check::pin`): over etcd with the file's cluster claim (taken
+    /// for this daemon, so no other daemon's writer gets it meanwhile),
+    /// here with the lease manager's pin. `None` when a writer holds it,
+    /// on any daemon, or that cannot be known now.
     pub fn pin(&self, ino: u64) -> Option<crate::fsck::Pinned<'_>> {
-        self.leases
-            .pin(ino)
-            .then(|| crate::fsck::Pinned::new(move || self.leases.unpin(ino)))
+        // A handle number no open can have.
+        let pseudo = u64::MAX - ino;
+        let cl = match &self.cluster {
+            Some(cl) => match cl.claim(ino, pseudo, &self.recovery_claimant()) {
+                Ok(crate::lease::cluster::Claim::Mine { .. }) => Some(cl),
+                Ok(crate::lease::cluster::Claim::Busy(_)) => return None,
+                Err(e) => {
+                    tracing::warn!(ino, "cannot claim the file for a repair: {e}");
+                    return None;
+                }
+            },
+            None => None,
+        };
+        if !self.leases.pin(ino) {
+            if let Some(cl) = cl {
+                cl.unclaim(ino, pseudo);
+            }
+            return None;
+        }
+        Some(crate::fsck::Pinned::new(move || {
+            self.leases.unpin(ino);
+            if let Some(cl) = cl {
+                cl.unclaim(ino, pseudo);
+            }
+        }))
     }
 }

@@ -18,6 +18,12 @@ pub const XATTR_DATA: &str = "user.leasefs.data";
 /// On the mount root: the soft limit in milliseconds, so clients that renew
 /// their own leases (spout, elect) can pick a safe renewal interval.
 pub const XATTR_SOFT_LIMIT: &str = "user.leasefs.soft_limit_ms";
+/// On the mount root: the write buffer shared by all streams (bytes
+/// allowed, in use, peak, and how often a writer waited for it).
+pub const XATTR_WRITE_BUFFER: &str = "user.leasefs.write_buffer";
+/// On the mount root: the abstract socket name of the daemon's control
+/// service, for users who cannot reach `DATA/control.sock`.
+pub const XATTR_CONTROL: &str = "user.leasefs.control";
 
 /// The largest value (the kernel's `XATTR_SIZE_MAX`, as XFS allows).
 pub const VALUE_MAX: usize = 64 * 1024;
@@ -47,8 +53,27 @@ impl Core {
             XATTR_SOFT_LIMIT if ino == ROOT_INO => {
                 Ok(self.opts.soft_limit.as_millis().to_string().into_bytes())
             }
+            XATTR_WRITE_BUFFER if ino == ROOT_INO => Ok(self.write_buffer_json()),
+            XATTR_CONTROL if ino == ROOT_INO => super::control::abstract_address()
+                .map(|n| n.as_bytes().to_vec())
+                .ok_or(FsError::NoXattr),
             _ => self.meta.getxattr(ino, name),
         }
+    }
+
+    /// `user.leasefs.write_buffer`: the write buffer's use, in bytes.
+    fn write_buffer_json(&self) -> Vec<u8> {
+        let st = self.ctx.budget.stats();
+        let p = self.ctx.packet_size as u64;
+        serde_json::json!({
+            "bytes": st.units as u64 * p,
+            "used": st.used as u64 * p,
+            "peak": st.peak as u64 * p,
+            "waits": st.waits,
+            "waiting": st.waiting,
+        })
+        .to_string()
+        .into_bytes()
     }
 
     /// `user.leasefs.lease`: the lease as one line of JSON.

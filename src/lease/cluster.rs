@@ -45,12 +45,40 @@ pub enum Claim {
     Busy(ClaimInfo),
 }
 
+/// A place in the queue of writers waiting for a file across daemons.
+pub type Ticket = u64;
+
+/// The answer to a claim made in turn ([`Cluster::claim_in_turn`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Turn {
+    /// The claim was made (or refused by its holder).
+    Claim(Claim),
+    /// A writer queued earlier (`head`) goes first; `claimed`: whether
+    /// some daemon holds the file's claim meanwhile.
+    Queued { head: Ticket, claimed: bool },
+}
+
 /// The cluster side of leases. Calls may wait on the network: never make
 /// them on a FUSE request thread.
 pub trait Cluster: Send + Sync {
     /// Claims `file` for local `handle` (which is about to hold or wait for
-    /// the lease). Several handles of this daemon share one claim.
+    /// the lease), whoever waits for it. Several handles of this daemon
+    /// share one claim.
     fn claim(&self, file: FileId, handle: HandleId, who: &ClaimInfo) -> Result<Claim, String>;
+    /// As [`Cluster::claim`], but only in turn: while writers queue for
+    /// the file, only the head may claim it. `pass` is the head this
+    /// claimant may go before: its own ticket, or a head found stale.
+    fn claim_in_turn(
+        &self,
+        file: FileId,
+        handle: HandleId,
+        who: &ClaimInfo,
+        pass: Option<Ticket>,
+    ) -> Result<Turn, String>;
+    /// Queues `handle` for `file`, FIFO across daemons.
+    fn enqueue(&self, file: FileId, handle: HandleId) -> Result<Ticket, String>;
+    /// Leaves the queue (the wait ended, or the claim was made).
+    fn dequeue(&self, file: FileId, handle: HandleId);
     /// `handle` no longer holds or waits for `file`'s lease; the last one
     /// gives the claim up at once, so another daemon need not wait.
     fn unclaim(&self, file: FileId, handle: HandleId);

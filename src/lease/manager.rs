@@ -105,10 +105,25 @@ impl LeaseManager {
         opts: AcquireOpts,
         cb: GrantCallback,
     ) -> Result<Acquire, LeaseError> {
+        self.acquire_within(file, holder, opts, None, cb)
+    }
+
+    /// As [`Self::acquire`], queueing for at most `wait` instead of
+    /// `lease_wait` when given: what is left of a wait begun elsewhere
+    /// (in the queue across daemons).
+    pub fn acquire_within(
+        &self,
+        file: FileId,
+        holder: Holder,
+        opts: AcquireOpts,
+        wait: Option<Duration>,
+        cb: GrantCallback,
+    ) -> Result<Acquire, LeaseError> {
         // Moved into the state only when the open waits; otherwise dropped
         // here, after the lock is released.
         let mut cb = Some(cb);
-        self.locked(|inner, now, _| inner.acquire(file, holder, opts, &mut cb, now))
+        let wait = wait.map(nanos);
+        self.locked(|inner, now, _| inner.acquire(file, holder, opts, wait, &mut cb, now))
     }
 
     /// The end of an open file description (FUSE `RELEASE`). A holder's lease
@@ -353,6 +368,15 @@ impl LeaseManager {
         out
     }
 
+    /// Whether `file` is held by a holder that flushed and wrote nothing
+    /// since: its release is probably in flight (see `acquire`).
+    pub fn holder_flushed(&self, file: FileId) -> bool {
+        lock(&self.inner)
+            .leases
+            .get(&file)
+            .is_some_and(|l| l.state == LeaseState::Held && l.flushed)
+    }
+
     /// The state of `file`'s lease alone (cheaper than `info`).
     pub fn state(&self, file: FileId) -> LeaseState {
         lock(&self.inner)
@@ -472,6 +496,7 @@ impl Inner {
         file: FileId,
         holder: Holder,
         opts: AcquireOpts,
+        wait: Option<u64>,
         cb: &mut Option<GrantCallback>,
         now: u64,
     ) -> Result<Acquire, LeaseError> {
@@ -482,7 +507,10 @@ impl Inner {
         if let Some(&(file, epoch)) = self.fenced.get(&holder.handle) {
             return Err(LeaseError::Fenced { file, epoch });
         }
-        let lim = self.lim;
+        let lim = Limits {
+            wait: wait.or(self.lim.wait),
+            ..self.lim
+        };
         let Some(lease) = self.leases.get_mut(&file) else {
             return self.grant(file, holder, now).map(Acquire::Granted);
         };

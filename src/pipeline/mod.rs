@@ -5,6 +5,7 @@
 //! replicas.
 
 pub mod attach;
+pub mod budget;
 pub mod datanodes;
 pub mod durable;
 pub mod reader;
@@ -12,5 +13,6 @@ pub mod recovery;
 pub mod stream;
 mod streamer;
 
+pub use budget::Budget;
 pub use datanodes::{Datanodes, Health};
 pub use stream::{Done, OutputStream, StreamCtx};

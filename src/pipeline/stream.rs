@@ -12,6 +12,7 @@ use std::collections::VecDeque;
 use crate::error::{FsError, FsResult};
 use crate::meta::{Meta, UnderConstruction, now_ns};
 use crate::pipeline::Datanodes;
+use crate::pipeline::budget::{Budget, Unit};
 use crate::sync::{Arc, Condvar, Mutex, lock};
 
 /// Completion of a deferred operation.
@@ -35,11 +36,16 @@ pub struct StreamCtx {
     /// started, with nothing changed since but through a live stream (which
     /// tracks its own changes): their fsync syncs only the stream's part.
     pub synced_files: Mutex<std::collections::HashSet<u64>>,
+    /// The mount's write buffer, shared by every stream.
+    pub budget: Arc<Budget>,
 }
 
 pub(crate) struct Packet {
     pub off: u64,
     pub data: Vec<u8>,
+    /// Its share of the write buffer (none for a stream's only packet in
+    /// flight); given back when the packet is dropped.
+    pub unit: Option<Unit>,
 }
 
 /// Ordered work for the worker: packets, and barriers that complete once
@@ -67,6 +73,10 @@ pub(crate) struct State {
     pub jobs: VecDeque<Job>,
     pub in_flight: usize,
     pub peak_in_flight: usize,
+    /// Units of the write buffer handed to this stream and not yet used.
+    pub units: Vec<Unit>,
+    /// Queued for a unit of the write buffer.
+    pub wants_unit: bool,
     pub running: bool,
     /// A write that found the in-flight bound reached: the bytes not yet
     /// in packets, and its completion (replied once all are in packets).
@@ -89,6 +99,8 @@ pub struct OutputStream {
     /// The worker's pipeline of the current block; only the worker (one at
     /// a time, `running`) touches it.
     pub(crate) pipe: Mutex<super::streamer::Pipe>,
+    /// Itself, for the write buffer's queue of waiting streams.
+    me: std::sync::Weak<OutputStream>,
 }
 
 /// A snapshot for xattrs and tests.
@@ -110,7 +122,8 @@ impl OutputStream {
         block_size: u64,
         uc: UnderConstruction,
     ) -> Arc<OutputStream> {
-        Arc::new(OutputStream {
+        Arc::new_cyclic(|me| OutputStream {
+            me: me.clone(),
             ino,
             block_size,
             uc,
@@ -122,6 +135,8 @@ impl OutputStream {
                 jobs: VecDeque::new(),
                 in_flight: 0,
                 peak_in_flight: 0,
+                units: Vec::new(),
+                wants_unit: false,
                 running: false,
                 blocked: None,
                 failed: None,
@@ -203,14 +218,16 @@ impl OutputStream {
         }
     }
 
-    /// Copies as much of `data` into packets as the in-flight bound allows;
-    /// returns how many bytes it took. A full packet is sealed only while
-    /// fewer than `max_packets_in_flight` are unacknowledged.
+    /// Copies as much of `data` into packets as the in-flight bound and
+    /// the write buffer allow; returns how many bytes it took. A full
+    /// packet is sealed only while fewer than `max_packets_in_flight` are
+    /// unacknowledged, and, unless it is the stream's only one in flight,
+    /// with a unit of the write buffer.
     fn copy_in(&self, s: &mut State, data: &[u8]) -> usize {
         let mut taken = 0;
         loop {
             if !s.cur.is_empty() && self.packet_room(s.cur_off, s.cur.len()) == 0 {
-                if s.in_flight >= self.ctx.max_in_flight {
+                if s.in_flight >= self.ctx.max_in_flight || !self.may_seal(s) {
                     return taken;
                 }
                 self.seal_packet(s);
@@ -229,6 +246,56 @@ impl OutputStream {
             s.cur.extend_from_slice(&data[taken..taken + take]);
             s.pos += take as u64;
             taken += take;
+        }
+    }
+
+    /// Whether a full packet may go in flight now: the stream's first one
+    /// always; any other with a unit of the write buffer, taken now or
+    /// handed over earlier. Without one the stream queues for it (once).
+    fn may_seal(&self, s: &mut State) -> bool {
+        if s.in_flight == 0 || !s.units.is_empty() {
+            return true;
+        }
+        if s.wants_unit {
+            return false;
+        }
+        match self.ctx.budget.take(&self.me) {
+            Some(u) => {
+                s.units.push(u);
+                true
+            }
+            None => {
+                s.wants_unit = true;
+                false
+            }
+        }
+    }
+
+    /// The write buffer handed this stream the unit it queued for: a
+    /// blocked write goes on. A unit it no longer needs (its own acks
+    /// unblocked it meanwhile, or it failed) goes back at once.
+    pub(crate) fn unit_granted(self: Arc<Self>, unit: Unit) {
+        let mut s = lock(&self.st);
+        s.wants_unit = false;
+        s.units.push(unit);
+        let done = if s.failed.is_none() {
+            self.resume_blocked(&mut s)
+        } else {
+            None
+        };
+        let spare = if s.blocked.is_none() {
+            std::mem::take(&mut s.units)
+        } else {
+            Vec::new()
+        };
+        let start = self.ensure_running(&mut s);
+        drop(s);
+        drop(spare);
+        if start {
+            self.spawn_worker();
+        }
+        if let Some(done) = done {
+            done(Ok(()))
         }
     }
 
@@ -264,7 +331,16 @@ impl OutputStream {
         let data = std::mem::take(&mut s.cur);
         let off = s.cur_off;
         s.cur_off = off + data.len() as u64;
-        s.jobs.push_back(Job::Packet(Packet { off, data }));
+        // The first packet in flight is the stream's own; others carry a
+        // unit (`may_seal`). A barrier seals a partial packet without
+        // asking: it then borrows the stream's guaranteed slot, at most
+        // one packet over the budget per stream.
+        let unit = if s.in_flight == 0 {
+            None
+        } else {
+            s.units.pop()
+        };
+        s.jobs.push_back(Job::Packet(Packet { off, data, unit }));
         s.in_flight += 1;
         s.peak_in_flight = s.peak_in_flight.max(s.in_flight);
     }
@@ -278,9 +354,45 @@ impl OutputStream {
         true
     }
 
+    /// Runs one job's work with a panic contained to the stream: the job
+    /// gets `EIO` and the stream is failed, so its other waiters get the
+    /// same error at the loop's next turn instead of waiting forever (the
+    /// writer's release then closes the file by lease recovery).
+    pub(crate) fn contained(&self, f: impl FnOnce() -> FsResult<()>) -> FsResult<()> {
+        crate::fault::catch(f).unwrap_or_else(|why| {
+            let e = FsError::Io(format!("stream worker panicked: {why}"));
+            lock(&self.st).failed.get_or_insert_with(|| e.clone());
+            Err(e)
+        })
+    }
+
+    /// The worker ended by a panic outside a job's work (in a completion
+    /// callback): fail the stream and everything still waiting on it, and
+    /// mark the worker stopped so that `abort` and later barriers do not
+    /// wait for it.
+    pub(crate) fn worker_died(&self, why: &str) {
+        let mut s = lock(&self.st);
+        let e = s
+            .failed
+            .get_or_insert_with(|| FsError::Io(format!("stream worker panicked: {why}")))
+            .clone();
+        let cbs = super::streamer::take_callbacks(&mut s);
+        s.running = false;
+        self.idle.notify_all();
+        drop(s);
+        lock(&self.pipe).reset();
+        for d in cbs {
+            d(Err(e.clone()));
+        }
+    }
+
     pub(crate) fn spawn_worker(self: &Arc<Self>) {
         let me = self.clone();
-        self.ctx.rt.spawn_blocking(move || me.drain());
+        self.ctx.rt.spawn_blocking(move || {
+            if let Err(why) = crate::fault::catch(|| me.clone().drain()) {
+                me.worker_died(&why);
+            }
+        });
     }
 
     fn barrier(self: &Arc<Self>, job: impl FnOnce(Done) -> Job, done: Done) {
@@ -314,7 +426,10 @@ impl OutputStream {
         self.barrier(Job::Sync, done)
     }
 
-    /// Flushes, finalises the last block and closes the file.
+    /// Flushes, finalises the last block and records the file closed (its
+    /// length, blocks, and the end of its time under construction). The
+    /// stream stays usable; a close with nothing written since the last
+    /// one does nothing.
     pub fn close(self: &Arc<Self>, done: Done) {
         self.barrier(Job::Close, done)
     }

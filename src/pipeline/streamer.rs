@@ -101,15 +101,18 @@ impl OutputStream {
                 }
             };
             match job {
-                Job::Packet(p) => {
+                Job::Packet(mut p) => {
                     let end = p.off + p.data.len() as u64;
-                    let r = self.send(&mut pipe, &p);
+                    let r = self.contained(|| self.send(&mut pipe, &p));
                     let mut s = lock(&self.st);
                     let mut wake = Vec::new();
                     match r {
                         Ok(()) => {
                             s.acked = s.acked.max(end);
                             s.in_flight -= 1;
+                            // Back to the write buffer first: streams that
+                            // queued for it come before this one's next.
+                            drop(p.unit.take());
                             if let Some(d) = self.resume_blocked(&mut s) {
                                 wake.push(d);
                             }
@@ -128,19 +131,38 @@ impl OutputStream {
                 // the visible length from the stream, and recovery takes
                 // it from the replicas. Readers on other daemons see only
                 // the store, so there the length is published.
-                Job::Flush(d) => d(self.publish_length()),
+                Job::Flush(d) => d(self.contained(|| self.publish_length())),
                 Job::Sync(d) => {
-                    let r = self
-                        .publish_length()
-                        .and_then(|_| self.sync_durably(&mut pipe));
+                    let r = self.contained(|| {
+                        self.publish_length()
+                            .and_then(|_| self.sync_durably(&mut pipe))
+                    });
                     d(r)
                 }
                 Job::Close(d) => {
-                    let r = self.finish(&mut pipe);
+                    let r = self.contained(|| self.finish(&mut pipe));
+                    let mut s = lock(&self.st);
+                    match &r {
+                        // Clean again unless more came in meanwhile: a
+                        // later close (RELEASE) has nothing left to do.
+                        Ok(()) => {
+                            if s.jobs.is_empty() && s.cur.is_empty() && s.blocked.is_none() {
+                                s.dirty = false;
+                            }
+                        }
+                        // The file's close is not recorded: the descriptor
+                        // is done (later calls get the same error) and its
+                        // release closes the file by lease recovery.
+                        Err(e) => {
+                            tracing::error!(ino = self.ino, "close failed: {e}");
+                            s.failed = Some(e.clone());
+                        }
+                    }
+                    drop(s);
                     d(r)
                 }
                 Job::Truncate(size, d) => {
-                    let r = self.apply_truncate(&mut pipe, size);
+                    let r = self.contained(|| self.apply_truncate(&mut pipe, size));
                     if let Err(e) = &r {
                         lock(&self.st).failed = Some(e.clone());
                     } else {
@@ -204,6 +226,9 @@ impl OutputStream {
 
     /// Streams one packet through the pipeline, rebuilding it on failure.
     fn send(&self, pipe: &mut Pipe, p: &Packet) -> FsResult<()> {
+        crate::fault::panic_if("stream", || {
+            p.data.starts_with(crate::fault::TRIGGER.as_bytes())
+        });
         let bs = self.block_size;
         let full = pipe.block.as_ref().is_some_and(|b| p.off >= b.start + bs);
         if full {
@@ -592,7 +617,8 @@ impl OutputStream {
     }
 
     /// Close: finalise the last block, record the length, and end the
-    /// file's time under construction.
+    /// file's time under construction. The stream stays usable: a later
+    /// write reopens the last block for append, as on a closed file.
     fn finish(&self, pipe: &mut Pipe) -> FsResult<()> {
         let last = match pipe.block.take() {
             Some(b) => Some(self.finalize(b, &mut pipe.unsynced)?.0),
@@ -614,6 +640,11 @@ impl OutputStream {
         ch.push(Change::DelUc(self.ino));
         let r = self.meta().commit(&ch, false).map(drop);
         drop(s);
+        if r.is_ok() {
+            // As a stream that starts on a closed file of this length.
+            pipe.uc_recorded = false;
+            pipe.new_from = Some(acked.div_ceil(self.block_size));
+        }
         r
     }
 
@@ -650,6 +681,7 @@ impl OutputStream {
                     &Packet {
                         off,
                         data: zeros[..n].to_vec(),
+                        unit: None,
                     },
                 )?;
                 off += n as u64;

@@ -34,6 +34,8 @@ pub struct Mount {
     pub datanodes: Vec<PathBuf>,
     pub pid: Option<u32>,
     args: Vec<String>,
+    /// More variables in the daemon's environment.
+    env: Vec<(String, String)>,
     /// The etcd this mount keeps its namespace in, when the suite runs on
     /// the etcd backend (`LEASEFS_TEST_META=etcd`).
     _etcd: Option<std::sync::Arc<etcd::EtcdServer>>,
@@ -107,12 +109,25 @@ impl Mount {
         Self::build_in(o, Some(paths), None, dir)
     }
 
-    fn build(o: Opts, paths: Option<Vec<PathBuf>>, data: Option<PathBuf>) -> Mount {
-        let dir = tempfile::Builder::new()
+    /// As [`Mount::with`], with these variables in the daemon's
+    /// environment (e.g. the test-only `LEASEFS_TEST_PANIC`).
+    pub fn with_env(o: Opts, env: &[(&str, &str)]) -> Mount {
+        let env = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Self::build_env(o, None, None, Self::temp_dir(), env)
+    }
+
+    fn temp_dir() -> tempfile::TempDir {
+        tempfile::Builder::new()
             .prefix("leasefs-test")
             .tempdir()
-            .expect("tempdir");
-        Self::build_in(o, paths, data, dir)
+            .expect("tempdir")
+    }
+
+    fn build(o: Opts, paths: Option<Vec<PathBuf>>, data: Option<PathBuf>) -> Mount {
+        Self::build_in(o, paths, data, Self::temp_dir())
     }
 
     fn build_in(
@@ -120,6 +135,16 @@ impl Mount {
         paths: Option<Vec<PathBuf>>,
         data: Option<PathBuf>,
         dir: tempfile::TempDir,
+    ) -> Mount {
+        Self::build_env(o, paths, data, dir, Vec::new())
+    }
+
+    fn build_env(
+        o: Opts,
+        paths: Option<Vec<PathBuf>>,
+        data: Option<PathBuf>,
+        dir: tempfile::TempDir,
+        env: Vec<(String, String)>,
     ) -> Mount {
         let mnt = dir.path().join("mnt");
         let data = data.unwrap_or_else(|| dir.path().join("data"));
@@ -161,6 +186,7 @@ impl Mount {
             datanodes,
             pid: None,
             args,
+            env,
             _etcd: etcd,
         };
         m.mount();
@@ -185,6 +211,7 @@ impl Mount {
             .arg("mount")
             .arg(&self.mnt)
             .args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .output()
             .expect("run leasefs mount");
         if out.status.success() {
@@ -698,4 +725,14 @@ impl Mount {
     pub fn read_string(&self, rel: &str) -> String {
         String::from_utf8_lossy(&self.read(rel)).into_owned()
     }
+}
+
+/// Runs `cmd` as `nobody:nogroup` (no supplementary groups), as an
+/// ordinary user of a root mount would.
+pub fn as_nobody(cmd: &[&str]) -> Output {
+    Command::new("setpriv")
+        .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
+        .args(cmd)
+        .output()
+        .expect("run setpriv")
 }

@@ -1,0 +1,256 @@
+//! The daemon's control socket: one JSON request per line, one JSON answer
+//! per line, for `leasefs leases`, `recover-lease`, `fsck MOUNTPOINT` and
+//! `elect`, which need more than an xattr can carry.
+//!
+//! It is an interface for every user of the mount: the socket is
+//! `DATA/control.sock` with mode 0666, and the same service listens on an
+//! abstract socket named by the mount root's `user.leasefs.control`, for
+//! users who cannot reach the data directory (root's default one is under
+//! `/root`). Anyone may connect; each request is authorized from the
+//! peer's credentials (`SO_PEERCRED`) in [`requests`]. Bounds keep one
+//! client from holding the service: a request is one line of at most
+//! [`MAX_REQUEST`] bytes that must arrive within [`REQUEST_TIMEOUT`], at
+//! most [`MAX_CONNECTIONS`] connections are served at once (more wait in
+//! the socket's backlog) and at most [`MAX_PER_USER`] of them per user
+//! (more are refused with an error line).
+
+mod peer;
+mod requests;
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+pub use self::peer::Peer;
+use super::core::Core;
+use super::daemon::Fatal;
+use crate::sync::{Arc, Condvar, Mutex, lock};
+
+/// The longest request line (an audit event's reason is the longest
+/// field anyone sends).
+pub const MAX_REQUEST: usize = 64 * 1024;
+/// How long a client may take to send its request line.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the daemon waits for a client to take an answer.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections served at once; more wait in the listen backlog.
+pub const MAX_CONNECTIONS: usize = 16;
+/// Connections of one user served at once; more are refused.
+pub const MAX_PER_USER: usize = 4;
+
+pub fn socket_path(data: &Path) -> PathBuf {
+    data.join("control.sock")
+}
+
+/// The abstract socket's name of the daemon serving `data`: unguessable
+/// (so that nobody can bind it first), published through the mount root's
+/// `user.leasefs.control` xattr.
+fn abstract_name(data: &Path) -> String {
+    use std::hash::BuildHasher;
+    let salt = std::collections::hash_map::RandomState::new().hash_one(data);
+    format!("leasefs-control-{}-{salt:016x}", std::process::id())
+}
+
+/// The abstract socket's name once it is bound (one daemon per process).
+static ABSTRACT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// The abstract socket the control service listens on, if any.
+pub fn abstract_address() -> Option<&'static str> {
+    ABSTRACT.get().map(String::as_str)
+}
+
+/// The connections being served, in total and by user.
+#[derive(Default)]
+struct Slots {
+    busy: Mutex<(usize, HashMap<u32, usize>)>,
+    freed: Condvar,
+}
+
+impl Slots {
+    /// Waits until fewer than [`MAX_CONNECTIONS`] are served.
+    fn wait_for_room(&self) {
+        let mut b = lock(&self.busy);
+        while b.0 >= MAX_CONNECTIONS {
+            b = self.freed.wait(b).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Takes a slot for `uid`, unless that user has all of theirs.
+    fn take(&self, uid: u32) -> bool {
+        let mut b = lock(&self.busy);
+        let mine = b.1.entry(uid).or_default();
+        if *mine >= MAX_PER_USER {
+            return false;
+        }
+        *mine += 1;
+        b.0 += 1;
+        true
+    }
+
+    fn give(&self, uid: u32) {
+        let mut b = lock(&self.busy);
+        b.0 = b.0.saturating_sub(1);
+        if let Some(n) = b.1.get_mut(&uid) {
+            *n -= 1;
+            if *n == 0 {
+                b.1.remove(&uid);
+            }
+        }
+        self.freed.notify_all();
+    }
+}
+
+/// Starts the control server on both sockets. Its accept loops are
+/// vital threads (see [`Fatal`]).
+pub fn serve(core: Arc<Core>, data: &Path, mountpoint: &Path, fatal: Arc<Fatal>) {
+    let slots = Arc::new(Slots::default());
+    let mnt = mountpoint.to_path_buf();
+    let path = socket_path(data);
+    let _ = std::fs::remove_file(&path);
+    match UnixListener::bind(&path) {
+        Ok(l) => {
+            // Every user may connect; requests are authorized one by one.
+            if let Err(e) = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666))
+            {
+                tracing::warn!(
+                    "control socket {}: cannot set its mode: {e}",
+                    path.display()
+                );
+            }
+            accept_loop(l, "control", &core, &mnt, &slots, &fatal);
+        }
+        Err(e) => tracing::error!("control socket {}: {e}", path.display()),
+    }
+    let name = abstract_name(data);
+    let bound = SocketAddr::from_abstract_name(name.as_bytes())
+        .and_then(|addr| UnixListener::bind_addr(&addr));
+    match bound {
+        Ok(l) => {
+            accept_loop(l, "control-abstract", &core, &mnt, &slots, &fatal);
+            let _ = ABSTRACT.set(name);
+        }
+        Err(e) => tracing::warn!("abstract control socket: {e}"),
+    }
+}
+
+fn accept_loop(
+    listener: UnixListener,
+    name: &str,
+    core: &Arc<Core>,
+    mnt: &Path,
+    slots: &Arc<Slots>,
+    fatal: &Arc<Fatal>,
+) {
+    let (core, mnt, slots) = (core.clone(), mnt.to_path_buf(), slots.clone());
+    fatal.spawn(name, move || {
+        loop {
+            slots.wait_for_room();
+            let conn = match listener.accept() {
+                Ok((c, _)) => c,
+                Err(e) => {
+                    tracing::warn!("control socket: accept: {e}");
+                    std::thread::sleep(Duration::from_millis(100));
+                    continue;
+                }
+            };
+            let peer = match Peer::of(&conn) {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!("control socket: no peer credentials: {e}");
+                    continue;
+                }
+            };
+            if !slots.take(peer.uid) {
+                let _ = conn.set_write_timeout(Some(WRITE_TIMEOUT));
+                let msg = format!(
+                    "too many control connections of uid {} at once (at most {MAX_PER_USER}); try again",
+                    peer.uid
+                );
+                let _ = writeln!(&conn, "{}", json!({ "error": msg }));
+                continue;
+            }
+            let (core, mnt, slots) = (core.clone(), mnt.clone(), slots.clone());
+            let r = std::thread::Builder::new()
+                .name("control-conn".into())
+                .spawn(move || {
+                    let uid = peer.uid;
+                    // A panic answering one request ends that connection only.
+                    if let Err(why) = crate::fault::catch(|| handle(&core, &mnt, &peer, conn)) {
+                        tracing::error!(uid, "control request panicked: {why}");
+                    }
+                    slots.give(uid);
+                });
+            if let Err(e) = r {
+                tracing::error!("control socket: cannot start a connection thread: {e}");
+            }
+        }
+    });
+}
+
+/// Serves one connection: requests, one per line, until the client
+/// closes it, sends nothing for [`REQUEST_TIMEOUT`], or breaks a bound.
+fn handle(core: &Arc<Core>, mnt: &Path, peer: &Peer, conn: UnixStream) {
+    let _ = conn.set_write_timeout(Some(WRITE_TIMEOUT));
+    let Ok(mut w) = conn.try_clone() else { return };
+    let mut r = BufReader::new(conn);
+    loop {
+        let line = match read_request(&mut r) {
+            Ok(Some(l)) => l,
+            Ok(None) => return,
+            Err(e) => {
+                let _ = writeln!(w, "{}", json!({ "error": e }));
+                return;
+            }
+        };
+        let answer = match serde_json::from_slice::<Value>(&line) {
+            Ok(req) => requests::answer(core, mnt, peer, &req),
+            Err(e) => json!({ "error": format!("bad request: {e}") }),
+        };
+        if writeln!(w, "{answer}").is_err() {
+            return;
+        }
+    }
+}
+
+/// Reads one request line within the size and time bounds; `None` at the
+/// end of the connection.
+fn read_request(r: &mut BufReader<UnixStream>) -> Result<Option<Vec<u8>>, String> {
+    let deadline = Instant::now() + REQUEST_TIMEOUT;
+    let mut line = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(format!(
+                "request not received within {} s",
+                REQUEST_TIMEOUT.as_secs()
+            ));
+        }
+        let _ = r.get_ref().set_read_timeout(Some(left));
+        let room = (MAX_REQUEST + 1 - line.len()) as u64;
+        match r.by_ref().take(room).read_until(b'\n', &mut line) {
+            Ok(0) if line.is_empty() => return Ok(None),
+            Ok(0) => return Err("request ended without a newline".into()),
+            Ok(_) if line.ends_with(b"\n") => {
+                line.pop();
+                return Ok(Some(line));
+            }
+            Ok(_) if line.len() > MAX_REQUEST => {
+                return Err(format!("request longer than {MAX_REQUEST} bytes"));
+            }
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(format!("control socket: {e}")),
+        }
+    }
+}

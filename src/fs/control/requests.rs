@@ -1,0 +1,275 @@
+//! The control requests, each behind its own authorization rule
+//! (docs/SEMANTICS.md, "The control socket"): who may ask is decided
+//! here from the peer's credentials before anything is done; what a
+//! request does is the filesystem's business ([`Core`]).
+//!
+//! | request | who may |
+//! |---|---|
+//! | `leases`, `history`, `fsck` | everybody; a holder's pid and process name only to its own user and root |
+//! | `recover` | search permission on every directory of the path and write permission on the file (root always) |
+//! | `audit` | a participant of that election (has the election file open for writing) or root |
+//! | `fence` | the holder of the election file's lease at that epoch, for a group it leads or its child leads, or root |
+//! | `unfence` | a participant of the group's election or root |
+//! | `fsck` with `repair` | root or the user who mounted |
+
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+use super::peer::{Peer, SEARCH, WRITE};
+use crate::fs::core::Core;
+use crate::meta::{AuditEvent, ROOT_INO};
+use crate::sync::Arc;
+
+/// Why a request got no answer but an error.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    #[error("permission denied: {0}")]
+    Denied(String),
+    #[error("bad request: {0}")]
+    Bad(String),
+    #[error("{0}")]
+    Failed(String),
+}
+
+type Answer = Result<Value, Refusal>;
+
+/// Answers one request of `peer`.
+pub fn answer(core: &Arc<Core>, mnt: &Path, peer: &Peer, req: &Value) -> Value {
+    let r = match req["op"].as_str().unwrap_or("") {
+        "leases" => leases(core, mnt, peer),
+        "recover" => str_field(req, "path").and_then(|p| recover(core, peer, p)),
+        "audit" => audit(core, peer, &req["event"]),
+        "history" => str_field(req, "election").and_then(|e| history(core, e)),
+        "fence" => fence(core, peer, req),
+        "unfence" => u32_field(req, "pgid").and_then(|p| unfence(core, peer, p)),
+        "fsck" => fsck(core, peer, req["repair"].as_bool().unwrap_or(false)),
+        other => Err(Refusal::Bad(format!("unknown op '{other}'"))),
+    };
+    r.unwrap_or_else(|e| json!({ "error": e.to_string() }))
+}
+
+fn str_field<'a>(req: &'a Value, name: &str) -> Result<&'a str, Refusal> {
+    req[name]
+        .as_str()
+        .ok_or_else(|| Refusal::Bad(format!("'{name}' is missing")))
+}
+
+fn u32_field(req: &Value, name: &str) -> Result<u32, Refusal> {
+    req[name]
+        .as_u64()
+        .and_then(|v| u32::try_from(v).ok())
+        .ok_or_else(|| Refusal::Bad(format!("'{name}' is missing")))
+}
+
+// ---- who may: one rule per request kind ---------------------------------
+
+/// The holder's pid and process name are the holder's user's business.
+fn may_see_holder(peer: &Peer, holder_uid: Option<u32>) -> bool {
+    peer.is_root() || holder_uid == Some(peer.uid)
+}
+
+/// HDFS's recoverLease needs write permission on the file: resolves
+/// `rel` as the peer could (search permission on each directory) and
+/// checks write permission on the file.
+fn may_recover(core: &Core, peer: &Peer, rel: &str) -> Result<u64, Refusal> {
+    let ino = resolve(core, peer, rel)?;
+    if !peer.may_ino(&*core.meta, ino, WRITE) {
+        return Err(Refusal::Denied(format!(
+            "recover-lease of {rel} needs write permission on it"
+        )));
+    }
+    Ok(ino)
+}
+
+/// A participant of the election whose file is `leader`: the peer's
+/// process has that file open for writing, holding its lease now or
+/// having held it (an elector whose term was taken records `lost` and
+/// drops its fence through its fenced descriptor).
+fn is_participant(core: &Core, peer: &Peer, leader: u64) -> bool {
+    peer.is_root()
+        || core
+            .handles
+            .iter()
+            .any(|h| h.write && h.ino == leader && h.tgid == peer.pid)
+}
+
+/// Fencing a group under a term: the peer holds the election file's lease
+/// at that very epoch, and the group is led by the peer or by a child of
+/// it (the elector forks its command into a group of its own).
+fn may_fence(core: &Core, peer: &Peer, leader: u64, epoch: u64, pgid: u32) -> Result<(), Refusal> {
+    if peer.is_root() {
+        return Ok(());
+    }
+    let holds = core.handles.iter().any(|h| {
+        h.write
+            && h.ino == leader
+            && h.tgid == peer.pid
+            && h.epoch == epoch
+            && core.leases.check(leader, h.fh, epoch).is_ok()
+    });
+    if !holds {
+        return Err(Refusal::Denied(format!(
+            "only the holder of the election's lease at epoch {epoch} may fence under it"
+        )));
+    }
+    if pgid != peer.pid && parent_of(pgid) != Some(peer.pid) {
+        return Err(Refusal::Denied(format!(
+            "process group {pgid} is not led by the caller or a child of it"
+        )));
+    }
+    Ok(())
+}
+
+/// Repair changes replicas and closes files: the user who mounted, or root.
+fn may_repair(peer: &Peer) -> bool {
+    peer.is_root() || peer.uid == nix::unistd::geteuid().as_raw()
+}
+
+/// `PPid` of a process, from `/proc/<pid>/status`.
+fn parent_of(pid: u32) -> Option<u32> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("PPid:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Resolves a path inside the mount, checking that the peer may search
+/// every directory on the way.
+fn resolve(core: &Core, peer: &Peer, rel: &str) -> Result<u64, Refusal> {
+    let mut ino = ROOT_INO;
+    for part in rel.split('/').filter(|p| !p.is_empty() && *p != ".") {
+        if !peer.may_ino(&*core.meta, ino, SEARCH) {
+            return Err(Refusal::Denied(format!(
+                "{rel}: no search permission on a directory of the path"
+            )));
+        }
+        ino = core
+            .meta
+            .lookup(ino, part.as_bytes())
+            .map_err(|e| Refusal::Failed(format!("{rel}: {e}")))?
+            .ino;
+    }
+    Ok(ino)
+}
+
+/// The election file of an election directory.
+fn leader_of(core: &Core, peer: &Peer, election: &str) -> Result<u64, Refusal> {
+    resolve(
+        core,
+        peer,
+        &format!("{}/LEADER", election.trim_end_matches('/')),
+    )
+}
+
+// ---- the requests ---------------------------------------------------------
+
+fn leases(core: &Arc<Core>, mnt: &Path, peer: &Peer) -> Answer {
+    let list: Vec<Value> = core
+        .leases
+        .list()
+        .into_iter()
+        .map(|l| {
+            let holder_uid = l.handle.and_then(|fh| core.handles.get(&fh).map(|h| h.uid));
+            let shown = may_see_holder(peer, holder_uid);
+            let mut v = serde_json::to_value(&l).unwrap_or(Value::Null);
+            if let Some(o) = v.as_object_mut() {
+                let rel = core.meta.path_of(l.file);
+                o.insert("path".into(), json!(format!("{}{}", mnt.display(), rel)));
+                if !shown {
+                    o.insert("holder".into(), Value::Null);
+                    o.insert("comm".into(), Value::Null);
+                }
+            }
+            v
+        })
+        .collect();
+    Ok(json!({ "leases": list }))
+}
+
+fn recover(core: &Arc<Core>, peer: &Peer, rel: &str) -> Answer {
+    let ino = may_recover(core, peer, rel)?;
+    tracing::info!(path = rel, uid = peer.uid, pid = peer.pid, "recover-lease");
+    match core.recover_now(ino) {
+        Ok(closed) => Ok(json!({ "closed": closed })),
+        Err(e) => Err(Refusal::Failed(e.to_string())),
+    }
+}
+
+fn audit(core: &Arc<Core>, peer: &Peer, event: &Value) -> Answer {
+    let e: AuditEvent = serde_json::from_value(event.clone())
+        .map_err(|e| Refusal::Bad(format!("bad audit event: {e}")))?;
+    let leader = leader_of(core, peer, &e.election)?;
+    if !is_participant(core, peer, leader) {
+        return Err(Refusal::Denied(format!(
+            "only a participant of the election {} may record its events",
+            e.election
+        )));
+    }
+    match core.meta.audit(&e) {
+        Ok(id) => Ok(json!({ "id": id })),
+        Err(e) => Err(Refusal::Failed(e.to_string())),
+    }
+}
+
+fn history(core: &Arc<Core>, election: &str) -> Answer {
+    match core.meta.audit_history(election) {
+        Ok(rows) => Ok(json!({ "events": rows })),
+        Err(e) => Err(Refusal::Failed(e.to_string())),
+    }
+}
+
+fn fence(core: &Arc<Core>, peer: &Peer, req: &Value) -> Answer {
+    let pgid = req["pgid"].as_u64().and_then(|p| u32::try_from(p).ok());
+    let Some(pgid) = pgid.filter(|p| *p > 0) else {
+        return Err(Refusal::Bad("pgid must be > 0".into()));
+    };
+    let epoch = req["epoch"].as_u64().unwrap_or(0);
+    let path = req["path"].as_str().unwrap_or("");
+    let leader = resolve(core, peer, path)?;
+    may_fence(core, peer, leader, epoch, pgid)?;
+    core.register_fence(pgid, leader, epoch);
+    Ok(json!({ "ok": true }))
+}
+
+fn unfence(core: &Arc<Core>, peer: &Peer, pgid: u32) -> Answer {
+    // A group with no fence: nothing to drop, whoever asks.
+    let Some(leader) = core.fences.get(&pgid).map(|f| f.0) else {
+        return Ok(json!({ "ok": true }));
+    };
+    if !is_participant(core, peer, leader) {
+        return Err(Refusal::Denied(format!(
+            "only a participant of its election may drop the fence of process group {pgid}"
+        )));
+    }
+    core.unregister_fence(pgid);
+    Ok(json!({ "ok": true }))
+}
+
+fn fsck(core: &Arc<Core>, peer: &Peer, repair: bool) -> Answer {
+    if repair && !may_repair(peer) {
+        return Err(Refusal::Denied(
+            "fsck --repair is for root and the user who mounted".into(),
+        ));
+    }
+    let mut report = core.fsck(repair).map_err(Refusal::Failed)?;
+    for f in &mut report.open_for_write {
+        let pid = f
+            .holder
+            .rsplit_once(':')
+            .and_then(|(_, p)| p.parse::<u32>().ok());
+        let uid = pid.and_then(|pid| {
+            core.handles
+                .iter()
+                .find(|h| h.write && h.tgid == pid)
+                .map(|h| h.uid)
+        });
+        if !may_see_holder(peer, uid) {
+            if let Some((host, _)) = f.holder.split_once(':') {
+                f.holder = format!("{host}:-");
+            }
+            f.comm = "-".into();
+        }
+    }
+    Ok(json!({ "report": report }))
+}

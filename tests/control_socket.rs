@@ -1,0 +1,411 @@
+//! The control socket as an interface for every user of a root mount
+//! (docs/SEMANTICS.md, "The control socket"): `leasefs leases`, `fsck`,
+//! `recover-lease` and an election round work as `nobody`; each request
+//! is authorized from the peer's credentials (nobody cannot recover a file
+//! it cannot write, drop or set another election's fences, write its
+//! audit rows, or repair); holder details are shown to their own user
+//! only; requests and connections are bounded.
+
+mod common;
+use common::*;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+/// One raw request to the control socket as `nobody`, through python3
+/// (so that the test can send what the CLI never would); the answer line.
+fn raw_as_nobody(sock: &Path, req: &Value) -> String {
+    let py = python();
+    let o = as_nobody(&[
+        py.to_str().expect("python path"),
+        "-c",
+        "import socket, sys\n\
+         s = socket.socket(socket.AF_UNIX)\n\
+         s.connect(sys.argv[1])\n\
+         s.sendall(sys.argv[2].encode() + b'\\n')\n\
+         print(s.makefile().readline().strip())",
+        sock.to_str().expect("socket path"),
+        &req.to_string(),
+    ]);
+    assert!(
+        o.status.success(),
+        "raw request failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).trim().to_string()
+}
+
+fn leasefs_as_nobody(args: &[&str]) -> std::process::Output {
+    let b = bin();
+    let mut cmd = vec![b.to_str().expect("bin path")];
+    cmd.extend_from_slice(args);
+    as_nobody(&cmd)
+}
+
+fn out(o: &std::process::Output) -> String {
+    format!(
+        "{:?}: {}{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// A process of `nobody` holding `path` open for append until killed.
+struct NobodyWriter(Child);
+
+impl NobodyWriter {
+    fn start(path: &Path) -> NobodyWriter {
+        let child = Command::new("setpriv")
+            .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
+            .arg(python())
+            .args([
+                "-c",
+                "import os, sys, time\n\
+                 fd = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)\n\
+                 os.write(fd, b'mine\\n')\n\
+                 print('ready', flush=True)\n\
+                 time.sleep(60)",
+            ])
+            .arg(path)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn nobody's writer");
+        let mut w = NobodyWriter(child);
+        let mut line = String::new();
+        let stdout = w.0.stdout.take().expect("stdout");
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line)
+            .expect("read ready");
+        assert_eq!(line.trim(), "ready");
+        w
+    }
+}
+
+impl Drop for NobodyWriter {
+    fn drop(&mut self) {
+        kill(self.0.id(), libc::SIGKILL);
+        let _ = self.0.wait();
+    }
+}
+
+fn pub_dir(m: &Mount, name: &str) {
+    std::fs::create_dir(m.path(name)).expect("mkdir");
+    std::fs::set_permissions(m.path(name), std::fs::Permissions::from_mode(0o777))
+        .expect("chmod 777");
+}
+
+#[test]
+fn an_ordinary_user_lists_leases_and_checks_a_root_mount_but_sees_only_its_own_holders() {
+    let m = Mount::new();
+    m.open_to_all();
+    let sock = m.data.join("control.sock");
+    let mode = std::fs::metadata(&sock)
+        .expect("control.sock")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o666, "control socket mode {mode:o}");
+    pub_dir(&m, "pub");
+    let mut root_writer = Agent::spawn(&m.mnt);
+    root_writer.ok("open rootfile wc");
+    root_writer.ok("write x");
+    root_writer.ok("fsync");
+    let _mine = NobodyWriter::start(&m.path("pub/mine"));
+
+    let o = leasefs_as_nobody(&["leases", m.mnt.to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "leases as nobody: {}", out(&o));
+    let list: Value = serde_json::from_slice(&o.stdout).expect("leases JSON");
+    let by_path = |l: &Value, name: &str| {
+        l.as_array()
+            .and_then(|a| {
+                a.iter()
+                    .find(|x| x["path"].as_str().is_some_and(|p| p.ends_with(name)))
+            })
+            .cloned()
+            .unwrap_or_else(|| panic!("{name} not listed in {l}"))
+    };
+    let theirs = by_path(&list, "/rootfile");
+    assert_eq!(theirs["state"], "held");
+    assert!(
+        theirs["holder"].is_null(),
+        "root's holder shown to nobody: {theirs}"
+    );
+    assert!(theirs["comm"].is_null(), "{theirs}");
+    let own = by_path(&list, "/pub/mine");
+    assert!(
+        own["holder"].as_str().is_some_and(|h| h.contains(':')),
+        "nobody does not see its own holder: {own}"
+    );
+    // Root sees every holder.
+    let o = m.leasefs(&["leases", m.mnt.to_str().unwrap(), "--json"]);
+    let list: Value = serde_json::from_slice(&o.stdout).expect("leases JSON");
+    assert_eq!(
+        by_path(&list, "/rootfile")["holder"],
+        format!("{}:{}", hostname(), root_writer.pid)
+    );
+
+    // fsck: anybody may check; only root (the mount's owner here) repairs.
+    let o = leasefs_as_nobody(&["fsck", m.mnt.to_str().unwrap(), "--json"]);
+    assert!(o.status.code() == Some(0), "fsck as nobody: {}", out(&o));
+    let report: Value = serde_json::from_slice(&o.stdout).expect("fsck JSON");
+    let open = report["open_for_write"].as_array().expect("open_for_write");
+    assert!(
+        open.iter().any(
+            |f| f["path"].as_str().is_some_and(|p| p.ends_with("/rootfile")) && f["comm"] == "-"
+        ),
+        "root's holder hidden in fsck: {report}"
+    );
+    let o = leasefs_as_nobody(&["fsck", m.mnt.to_str().unwrap(), "--repair"]);
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "fsck --repair as nobody: {}",
+        out(&o)
+    );
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("permission denied"),
+        "{}",
+        out(&o)
+    );
+    let o = m.leasefs(&["fsck", m.mnt.to_str().unwrap(), "--repair"]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "fsck --repair as root: {}",
+        out(&o)
+    );
+    root_writer.ok("close");
+}
+
+#[test]
+fn recover_lease_needs_write_permission_on_the_file() {
+    let m = Mount::new();
+    m.open_to_all();
+    pub_dir(&m, "pub");
+    let mut w = Agent::spawn(&m.mnt);
+    w.ok("open private wc");
+    w.ok("write a");
+    let o = leasefs_as_nobody(&["recover-lease", m.path("private").to_str().unwrap()]);
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "recover-lease of root's 0644 file: {}",
+        out(&o)
+    );
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("permission denied"),
+        "{}",
+        out(&o)
+    );
+    // Nothing happened to the holder.
+    w.ok("write b");
+    w.ok("close");
+    assert_eq!(m.read_string("private"), "a\nb\n");
+
+    // A file nobody may write: recovered, and its holder fenced.
+    w.ok("open pub/shared wc");
+    w.ok("write c");
+    std::fs::set_permissions(m.path("pub/shared"), std::fs::Permissions::from_mode(0o666))
+        .expect("chmod 666");
+    let o = leasefs_as_nobody(&["recover-lease", m.path("pub/shared").to_str().unwrap()]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "recover-lease of a 0666 file: {}",
+        out(&o)
+    );
+    let r = w.cmd("write d");
+    assert_eq!(err_name(&r), Some("EIO"), "the old holder is fenced: {r}");
+
+    // A 0600 file of root that an access ACL lets nobody write.
+    let mut w = Agent::spawn(&m.mnt);
+    w.ok("open pub/acl wc");
+    w.ok("write e");
+    m.sh_ok("chmod 600 pub/acl && setfacl -m u:nobody:rw pub/acl");
+    let o = leasefs_as_nobody(&["recover-lease", m.path("pub/acl").to_str().unwrap()]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "recover-lease granted by an ACL: {}",
+        out(&o)
+    );
+    let r = w.cmd("write f");
+    assert_eq!(err_name(&r), Some("EIO"), "the old holder is fenced: {r}");
+}
+
+#[test]
+fn an_election_round_works_for_nobody_and_fences_stay_with_their_election() {
+    let m = Mount::new();
+    m.open_to_all();
+    pub_dir(&m, "e");
+    let mark = m.path("e/ran");
+    let script = format!("echo $LEASEFS_EPOCH > {}", mark.display());
+    let o = leasefs_as_nobody(&[
+        "elect",
+        m.path("e").to_str().unwrap(),
+        "--id",
+        "n1",
+        "--once",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    assert_eq!(o.status.code(), Some(0), "elect as nobody: {}", out(&o));
+    assert!(!m.read_string("e/ran").trim().is_empty());
+    let o = leasefs_as_nobody(&[
+        "elect",
+        m.path("e").to_str().unwrap(),
+        "--history",
+        "--json",
+    ]);
+    assert!(o.status.success(), "history as nobody: {}", out(&o));
+    let events: Value = serde_json::from_slice(&o.stdout).expect("history JSON");
+    let kinds: Vec<&str> = events
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter_map(|e| e["event"].as_str())
+        .collect();
+    assert_eq!(kinds, ["elected", "resigned"], "{events}");
+
+    // Root leads another election with a command that keeps running: its
+    // group is fenced under root's term.
+    std::fs::create_dir(m.path("r")).expect("mkdir r");
+    let mut leader = Command::new(bin())
+        .arg("elect")
+        .arg(m.path("r"))
+        .args(["--id", "root1", "--", "sleep", "60"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn elector");
+    let ok = wait_until(Duration::from_secs(20), || {
+        std::fs::read_to_string(m.path("r/LEADER")).is_ok_and(|s| s.contains("\"pgid\""))
+    });
+    assert!(ok, "root's elector never led");
+    let rec: Value =
+        serde_json::from_str(m.read_string("r/LEADER").lines().last().expect("record"))
+            .expect("record JSON");
+    let pgid = rec["pgid"].as_u64().expect("pgid");
+    let epoch = rec["epoch"].as_u64().expect("epoch");
+    let sock = m.data.join("control.sock");
+    let a = raw_as_nobody(&sock, &json!({"op": "unfence", "pgid": pgid}));
+    assert!(
+        a.contains("permission denied"),
+        "nobody unfenced root's group: {a}"
+    );
+    let a = raw_as_nobody(
+        &sock,
+        &json!({"op": "fence", "pgid": 1, "path": "/r/LEADER", "epoch": epoch}),
+    );
+    assert!(
+        a.contains("permission denied"),
+        "nobody fenced under root's term: {a}"
+    );
+    let ev = json!({"election": "/r", "event": "lost", "who": "root1", "host": "h",
+                    "pid": 1, "epoch": epoch, "at_ms": 0, "why": "forged"});
+    let a = raw_as_nobody(&sock, &json!({"op": "audit", "event": ev}));
+    assert!(
+        a.contains("permission denied"),
+        "nobody forged an audit row: {a}"
+    );
+    let a = raw_as_nobody(&sock, &json!({"op": "no-such-op"}));
+    assert!(a.contains("unknown op"), "{a}");
+    kill(leader.id(), libc::SIGTERM);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while leader.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if leader.try_wait().ok().flatten().is_none() {
+        kill(leader.id(), libc::SIGKILL);
+    }
+    let _ = leader.wait();
+    let o = m.leasefs(&[
+        "elect",
+        m.path("r").to_str().unwrap(),
+        "--history",
+        "--json",
+    ]);
+    let events: Value = serde_json::from_slice(&o.stdout).expect("history JSON");
+    assert!(
+        !events.to_string().contains("forged"),
+        "a forged row reached the table: {events}"
+    );
+}
+
+#[test]
+fn a_private_data_directory_still_lets_users_reach_the_daemon() {
+    // Root's default data directory is under /root (0700): users reach the
+    // daemon through the abstract socket the mount root names.
+    let private = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(private.path(), std::fs::Permissions::from_mode(0o700))
+        .expect("chmod 700");
+    let m = Mount::with_data_dir(Opts::default(), private.path().join("data"));
+    m.open_to_all();
+    let o = leasefs_as_nobody(&["leases", m.mnt.to_str().unwrap()]);
+    assert!(o.status.success(), "leases as nobody: {}", out(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).starts_with("PATH"));
+}
+
+#[test]
+fn requests_and_connections_are_bounded() {
+    let m = Mount::new();
+    m.open_to_all();
+    let sock = m.data.join("control.sock");
+    // A request line over 64 KiB is refused, and the connection closed.
+    let big = format!("{{\"op\":\"leases\",\"pad\":\"{}\"}}", "x".repeat(70_000));
+    let a = raw_as_nobody(&sock, &serde_json::from_str(&big).expect("json"));
+    assert!(a.contains("longer than"), "{a}");
+
+    // A user holding idle connections gets no more than its share and
+    // never blocks anybody else; idle connections are dropped.
+    let py = python();
+    let mut idle = Command::new("setpriv")
+        .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
+        .arg(&py)
+        .args([
+            "-c",
+            "import socket, sys, time\n\
+             conns = []\n\
+             for i in range(4):\n\
+             \x20   s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); conns.append(s)\n\
+             time.sleep(0.5)\n\
+             extra = socket.socket(socket.AF_UNIX); extra.connect(sys.argv[1])\n\
+             print('extra', extra.makefile().readline().strip(), flush=True)\n\
+             t0 = time.time()\n\
+             for s in conns:\n\
+             \x20   s.makefile().readline()\n\
+             print('dropped after %.1f' % (time.time() - t0), flush=True)",
+        ])
+        .arg(&sock)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn idle client");
+    let stdout = idle.stdout.take().expect("stdout");
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
+    let first = lines.next().and_then(Result::ok).unwrap_or_default();
+    assert!(
+        first.contains("too many control connections"),
+        "a fifth idle connection of one user: {first}"
+    );
+    // Meanwhile root is served at once.
+    let t0 = Instant::now();
+    let o = m.leasefs(&["leases", m.mnt.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", out(&o));
+    assert!(
+        t0.elapsed() < Duration::from_secs(3),
+        "root waited {:?}",
+        t0.elapsed()
+    );
+    let second = lines.next().and_then(Result::ok).unwrap_or_default();
+    assert!(
+        second.starts_with("dropped after"),
+        "idle connections: {second}"
+    );
+    let _ = idle.wait();
+}

@@ -1,0 +1,89 @@
+//! A full metadata filesystem (docs/SEMANTICS.md, "The daemon"): the data
+//! directory on a small tmpfs that the test fills up. Namespace changes
+//! fail with `ENOSPC`, not `EIO`; a `close()` whose final metadata commit
+//! fails reports `ENOSPC` instead of succeeding; once there is room again,
+//! the file is closed by lease recovery with every acknowledged byte.
+
+mod common;
+use common::faults::Tmpfs;
+use common::*;
+
+use std::io::Write;
+use std::path::Path;
+use std::time::Duration;
+
+/// Fills the filesystem of `dir` with a file of zeros, until `ENOSPC`.
+fn fill(dir: &Path) -> std::path::PathBuf {
+    let p = dir.join("filler");
+    let mut f = std::fs::File::create(&p).expect("create filler");
+    let chunk = vec![0u8; 64 << 10];
+    loop {
+        match f.write(&chunk) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => break,
+            Err(e) => panic!("filling: {e}"),
+        }
+    }
+    let small = vec![0u8; 512];
+    while f.write(&small).is_ok_and(|n| n > 0) {}
+    p
+}
+
+#[test]
+fn a_full_metadata_filesystem_gives_enospc_and_close_reports_it() {
+    let tmpfs = Tmpfs::new("4m");
+    let m = Mount::with_data_dir(
+        Opts {
+            o: vec!["housekeeping_interval=1".into()],
+            ..Opts::default()
+        },
+        tmpfs.path.join("data"),
+    );
+    let mut w = Agent::spawn(&m.mnt);
+    w.ok("open f wc");
+    w.ok("rep 1000 acknowledged");
+    w.ok("fsync");
+    let filler = fill(&tmpfs.path);
+
+    // Namespace changes until one fails: its errno is ENOSPC. (The store's
+    // log may still have room for a few before it must grow.)
+    let mut err = None;
+    for i in 0..5000 {
+        if let Err(e) = std::fs::create_dir(m.path(&format!("d{i:04}-{}", "n".repeat(200)))) {
+            err = Some(e);
+            break;
+        }
+    }
+    let e = err.expect("the metadata store never filled up");
+    assert_eq!(
+        e.raw_os_error(),
+        Some(libc::ENOSPC),
+        "mkdir on a full store: {e}"
+    );
+
+    // The writer's close must commit the file's length and last block:
+    // that commit fails, and close() says so.
+    w.ok("write unflushed but acknowledged at close");
+    let r = w.cmd("close");
+    assert_eq!(err_name(&r), Some("ENOSPC"), "close on a full store: {r}");
+
+    // Room again: the file is closed by recovery (housekeeping) with every
+    // byte its replicas acknowledged, and the mount works on.
+    std::fs::remove_file(&filler).expect("remove filler");
+    let want = format!(
+        "{}unflushed but acknowledged at close\n",
+        "acknowledged\n".repeat(1000)
+    );
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            m.lease_state("f") == "free" && m.read_string("f") == want
+        }),
+        "file not recovered: state {}, {} bytes",
+        m.lease_state("f"),
+        m.read_string("f").len()
+    );
+    let f = m.fsck(&[]);
+    assert_eq!(f.code, 0, "fsck after recovery: {}", f.stdout);
+    m.sh_ok("echo fine > after && cat after");
+}
