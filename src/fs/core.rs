@@ -312,6 +312,7 @@ impl Core {
             ino,
             write: false,
             append: false,
+            sync_writes: false,
             cached: mode != ReadMode::Direct,
             epoch: 0,
             tgid: 0,
@@ -456,6 +457,8 @@ impl Core {
             ino,
             write: true,
             append: flags & libc::O_APPEND != 0,
+            // O_SYNC is O_DSYNC and more (the same for leasefs: an fsync).
+            sync_writes: flags & libc::O_DSYNC != 0,
             cached: false,
             epoch: grant.epoch,
             tgid: who.tgid,
@@ -633,6 +636,15 @@ impl Core {
         if h.flushed.swap(false, Ordering::Relaxed) {
             self.leases.note_write(h.ino, fh);
         }
+        let reply: Reply<u32> = if h.sync_writes {
+            let s = stream.clone();
+            Box::new(move |r| match r {
+                Ok(n) => s.sync(Box::new(move |r| reply(r.map(|_| n)))),
+                Err(e) => reply(Err(e)),
+            })
+        } else {
+            reply
+        };
         let n = data.len() as u32;
         let off = if h.append { None } else { Some(offset) };
         if !self.cached_readers(h.ino) {
