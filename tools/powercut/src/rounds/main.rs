@@ -354,7 +354,17 @@ impl Run {
             "lease" => {
                 let name = format!("l{round}");
                 started.push(self.spawn_work(round, "lease", "l", &name, 0)?);
-                std::thread::sleep(Duration::from_millis(100));
+                // The taker starts once the holder has the lease (its first
+                // ack line: its epoch, or the error it stopped on), however
+                // late a loaded machine runs it.
+                if let Some((ack, ..)) = started.last().and_then(|s| s.ack.as_ref()) {
+                    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+                    while std::fs::read_to_string(ack).map_or(true, |t| t.is_empty())
+                        && std::time::Instant::now() < deadline
+                    {
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                }
                 started.push(self.spawn_work(round, "take", "l", &name, 0)?);
             }
             "spout" => {
