@@ -119,12 +119,19 @@ fn mount(
     mountpoint: &std::path::Path,
     sock: &std::path::Path,
 ) -> ExitCode {
-    // Files with unsynced data stay open until synced or cut.
-    if let Ok((_, hard)) =
-        nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
-    {
-        let _ =
-            nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard);
+    // Every inode the kernel knows holds a descriptor, and files with
+    // unsynced data stay open until synced or cut: as many as the system
+    // allows (root may raise the hard limit up to fs.nr_open).
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        let most = std::fs::read_to_string("/proc/sys/fs/nr_open")
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .unwrap_or(hard)
+            .max(hard);
+        if setrlimit(Resource::RLIMIT_NOFILE, most, most).is_err() {
+            let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+        }
     }
     let root = backing.join("root");
     let trash = backing.join("trash");

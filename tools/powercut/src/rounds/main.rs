@@ -466,7 +466,9 @@ impl Run {
         let clean_after = t_up.elapsed();
         problems.extend(fsck);
         self.retire();
-        self.model.trim(2000);
+        for (dir, name) in self.model.trim(500) {
+            let _ = std::fs::remove_file(self.rig.mnt.join(dir).join(name));
+        }
         println!(
             "round {round} {kind}: cut after {run_ms} ms ({}); epochs {max_before}..{}; fsck clean after {:.1} s",
             dropped,

@@ -239,16 +239,20 @@ impl Model {
     }
 
     /// Keeps the sets of small and removed files from growing without end.
-    pub fn trim(&mut self, keep: usize) {
-        fn trim<V>(m: &mut BTreeMap<String, V>, keep: usize) {
-            while m.len() > keep {
-                let Some(k) = m.keys().next().cloned() else {
-                    break;
-                };
-                m.remove(&k);
-            }
+    /// Returns the small files no longer checked, as (directory, name), for
+    /// the harness to remove: the filesystem stays bounded too (the
+    /// powercut disk holds a descriptor per file the kernel knows).
+    pub fn trim(&mut self, keep: usize) -> Vec<(String, String)> {
+        let mut dropped = Vec::new();
+        while self.small.len() > keep {
+            let Some((name, (dir, _))) = self.small.pop_first() else {
+                break;
+            };
+            dropped.push((dir, name));
         }
-        trim(&mut self.small, keep);
-        trim(&mut self.gone, keep);
+        while self.gone.len() > keep {
+            self.gone.pop_first();
+        }
+        dropped
     }
 }
