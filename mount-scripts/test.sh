@@ -75,8 +75,8 @@ fi
 # The suites that mount through the common fixture, minus the 50 crash
 # rounds (SQLite recovery at mount; too long to run twice).
 etcd_suites=(foundation tools mount_cli smoke lease_open lease_wait lease_expiry lease_state
-    elect spout housekeeping faults_pipeline faults_read faults_repair faults_heartbeat faults_fsck
-    datanode_identity)
+    elect spout spout_delivery housekeeping faults_pipeline faults_read faults_repair faults_heartbeat
+    faults_fsck datanode_identity)
 if [[ $run_etcd -eq 1 && ${#cargo_test_args[@]} -eq 0 ]]; then
     section "the same suites on the etcd backend"
     args=()

@@ -84,6 +84,8 @@ conformance! {
         delete_inode_and_orphans,
         reserve_epochs_monotonic,
         audit_order,
+        audit_leaves_out_redundant_events,
+        fences_per_owner,
         datanode_registry_and_replication,
         usage,
         path_of_and_parent_of,
@@ -1098,7 +1100,7 @@ fn audit_order(m: &dyn Meta) {
     ];
     let mut last = 0;
     for e in &es {
-        let seq = m.audit(e).unwrap();
+        let seq = m.audit(e).unwrap().expect("recorded");
         assert!(seq > last, "sequence numbers rise");
         last = seq;
     }
@@ -1109,6 +1111,98 @@ fn audit_order(m: &dyn Meta) {
     assert_eq!(m.audit_history("/e1/sub").unwrap(), vec![es[1].clone()]);
     assert_eq!(m.audit_history("/e2").unwrap(), vec![es[3].clone()]);
     assert!(m.audit_history("/e").unwrap().is_empty());
+}
+
+/// Every term gets one start, and a successor's account of how a term
+/// ended is left out when the term's end is recorded already; a leader's
+/// own late `lost` is kept, an exact repeat is not.
+fn audit_leaves_out_redundant_events(m: &dyn Meta) {
+    let ev = |event: &str, who: &str, epoch: u64, at_ms: u64| AuditEvent {
+        election: "/el".into(),
+        event: event.into(),
+        who: who.into(),
+        host: "h".into(),
+        pid: 1,
+        epoch,
+        at_ms,
+        why: String::new(),
+    };
+    assert!(m.audit(&ev("elected", "a", 7, 1)).unwrap().is_some());
+    assert_eq!(
+        m.audit(&ev("elected", "b", 7, 2)).unwrap(),
+        None,
+        "second start"
+    );
+    assert!(m.audit(&ev("preempted", "a", 7, 3)).unwrap().is_some());
+    assert_eq!(
+        m.audit(&ev("expired", "a", 7, 4)).unwrap(),
+        None,
+        "second guess"
+    );
+    assert!(
+        m.audit(&ev("lost", "a", 7, 5)).unwrap().is_some(),
+        "late lost"
+    );
+    assert_eq!(
+        m.audit(&ev("lost", "a", 7, 5)).unwrap(),
+        None,
+        "a retried write"
+    );
+    // Another term, another election: independent.
+    assert!(m.audit(&ev("expired", "a", 8, 6)).unwrap().is_some());
+    let other = AuditEvent {
+        election: "/other".into(),
+        ..ev("elected", "a", 7, 7)
+    };
+    assert!(m.audit(&other).unwrap().is_some());
+    let kinds: Vec<String> = m
+        .audit_history("/el")
+        .unwrap()
+        .into_iter()
+        .map(|e| format!("{} {}", e.event, e.epoch))
+        .collect();
+    assert_eq!(kinds, ["elected 7", "preempted 7", "lost 7", "expired 8"]);
+    // Without an epoch (housekeeping leadership), every event counts.
+    let hk = |event: &str| AuditEvent {
+        election: "housekeeping".into(),
+        ..ev(event, "daemon 1", 0, 9)
+    };
+    for e in ["elected", "lost", "elected"] {
+        assert!(m.audit(&hk(e)).unwrap().is_some(), "{e}");
+    }
+    assert_eq!(m.audit_history("housekeeping").unwrap().len(), 3);
+}
+
+/// Fences are kept per daemon lineage, replaced by process group, and
+/// forgotten one by one.
+fn fences_per_owner(m: &dyn Meta) {
+    let f = |owner: &str, pgid: u32, epoch: u64| FenceRecord {
+        owner: owner.into(),
+        pgid,
+        start_ticks: 1000 + pgid as u64,
+        boot_id: "boot".into(),
+        cgroup: pgid
+            .is_multiple_of(2)
+            .then(|| format!("/leasefs-elect.1.{pgid}")),
+        leader: "/el/LEADER".into(),
+        ino: 9,
+        epoch,
+        who: "a".into(),
+        pid: 77,
+    };
+    assert!(m.fences("h:/d").unwrap().is_empty());
+    m.put_fence(&f("h:/d", 300, 5)).unwrap();
+    m.put_fence(&f("h:/d", 42, 6)).unwrap();
+    m.put_fence(&f("h:/other", 42, 7)).unwrap();
+    m.put_fence(&f("h:/d", 300, 8)).unwrap();
+    assert_eq!(
+        m.fences("h:/d").unwrap(),
+        vec![f("h:/d", 42, 6), f("h:/d", 300, 8)]
+    );
+    m.delete_fence("h:/d", 42).unwrap();
+    m.delete_fence("h:/d", 42).unwrap();
+    assert_eq!(m.fences("h:/d").unwrap(), vec![f("h:/d", 300, 8)]);
+    assert_eq!(m.fences("h:/other").unwrap(), vec![f("h:/other", 42, 7)]);
 }
 
 fn datanode_registry_and_replication(m: &dyn Meta) {

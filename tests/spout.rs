@@ -387,7 +387,13 @@ fn idle_lock_of_a_live_renewing_owner_is_not_taken_over() {
             "--once",
         ],
     );
-    wait_committed(&m, "in/.lock/slow", "owner");
+    // The owner claimed the file (its first entry) and, with a consumer
+    // that acknowledges nothing for 7 s, commits nothing more.
+    assert!(wait_until(Duration::from_secs(20), || last_entry(
+        &m,
+        "in/.lock/slow"
+    )
+    .is_some_and(|(who, _)| who == "owner")));
     let mut other = Inst::spawn(&m, "other", &["--lock-timeout", "3", "--once"]);
     owner.wait_ok(Duration::from_secs(40));
     other.wait_ok(Duration::from_secs(20));
@@ -423,7 +429,10 @@ fn sigterm_commits_and_another_instance_resumes_without_duplicates() {
         "first",
         &["--exec", &cmd, "--commit-count", "500", "--once"],
     );
-    wait_committed(&m, "in/.lock/long", "first");
+    assert!(wait_until(Duration::from_secs(20), || std::fs::metadata(
+        &out1
+    )
+    .is_ok_and(|m| m.len() > 0)));
     first.signal(libc::SIGTERM);
     first.wait_ok(Duration::from_secs(20));
     let (who, at) = last_entry(&m, "in/.lock/long").expect("lock entry after SIGTERM");
@@ -449,6 +458,15 @@ fn sigterm_commits_and_another_instance_resumes_without_duplicates() {
         "committed offset is not what was emitted"
     );
     assert_eq!(m.lease_state("in/.lock/long"), "free");
+    // Storm reads the same entry: its last line, the offset as
+    // `{char=C:line=L:...}` (characters and lines before the offset).
+    let (storm_id, storm_off) = storm_last_entry(&m, "in/.lock/long").expect("a Storm entry");
+    assert_eq!(storm_id, "first");
+    assert_eq!(
+        storm_offset(&storm_off),
+        Some((at, at / 13)),
+        "Storm would not resume where leasefs does: {storm_off}"
+    );
 
     let mut second = Inst::spawn(&m, "second", &["--lock-timeout", "3", "--once"]);
     second.wait_ok(Duration::from_secs(30));
@@ -597,6 +615,17 @@ fn bad_arguments_give_one_line_errors() {
         (
             vec!["in".into(), "--done".into(), format!("{p}/done")],
             "same filesystem",
+        ),
+        (
+            vec![
+                "in".into(),
+                "--done".into(),
+                "done".into(),
+                "--renew-ms".into(),
+                "1500".into(),
+                "--once".into(),
+            ],
+            "soft limit",
         ),
         (
             vec![

@@ -41,16 +41,20 @@ pub struct SpoutArgs {
     /// Id written into lock files [default: HOST:PID].
     #[arg(long, value_name = "NAME")]
     pub id: Option<String>,
-    /// Write records to the standard input of `sh -c CMD` instead of stdout.
+    /// Write records to the standard input of `sh -c CMD` instead of stdout,
+    /// one command per file: a file counts as delivered when CMD exits 0
+    /// after reading all of it, or as far as CMD acknowledged by writing
+    /// counts of lines handled on fd 3 ($LEASEFS_ACK_FD).
     #[arg(long, value_name = "CMD")]
     pub exec: Option<String>,
     /// Exit once nothing is left to consume (no file, no lock of any instance).
     #[arg(long)]
     pub once: bool,
-    /// Lease renewal period in milliseconds; keep it well below the mount's
-    /// soft limit (`-o soft_limit`, default 60 s).
-    #[arg(long, default_value_t = 1000, value_name = "MS")]
-    pub renew_ms: u64,
+    /// Lease renewal period in milliseconds, at most half the mount's soft
+    /// limit [default: 1000, or a quarter of the soft limit or half the
+    /// lock timeout when shorter].
+    #[arg(long, value_name = "MS")]
+    pub renew_ms: Option<u64>,
 }
 
 /// Set by SIGINT/SIGTERM/SIGHUP; read by the spout between records.
@@ -92,8 +96,10 @@ fn build(a: &SpoutArgs) -> Result<Spout, String> {
         .lock_timeout(secs("lock-timeout", a.lock_timeout)?)
         .commit_count(a.commit_count)
         .commit_interval(secs("commit-sec", a.commit_sec)?)
-        .renew_interval(Duration::from_millis(a.renew_ms))
         .once(a.once);
+    if let Some(ms) = a.renew_ms {
+        s = s.renew_interval(Duration::from_millis(ms));
+    }
     if let Some(b) = &a.bad {
         s = s.bad_dir(b);
     }
@@ -139,10 +145,7 @@ pub fn run(a: SpoutArgs) -> ExitCode {
         return fail(1, e);
     }
     let mut emitter: Box<dyn Emitter> = match &a.exec {
-        Some(cmd) => match ExecEmitter::spawn(cmd) {
-            Ok(e) => Box::new(e),
-            Err(e) => return fail(1, e),
-        },
+        Some(cmd) => Box::new(ExecEmitter::new(cmd)),
         None => Box::new(StdoutEmitter::stdout()),
     };
     let finished = Arc::new(AtomicBool::new(false));

@@ -1,23 +1,24 @@
-//! The leader's command (takeLeadership): started in a process group of its
-//! own, fenced by the daemon before it runs a single instruction, killed
-//! with its elector, and stopped as a whole group when the term ends.
+//! The leader's command (takeLeadership): started as the leader of a
+//! session of its own (and, where the machine allows, in a cgroup of its
+//! own), fenced by the daemon before it runs a single instruction, killed
+//! with its elector, and stopped as a whole tree when the term ends.
 //!
 //! Why not `std::process::Command`: its `spawn` returns only after `exec`,
-//! so the command would run before its process group is registered with the
-//! daemon, and a leader paused in that gap could leave a command writing
-//! unfenced. Here the child is forked, puts itself in a new process group,
-//! asks for `SIGKILL` when its parent dies, closes its copy of the election
-//! file's descriptor, and then waits on a pipe; the parent registers the
-//! fence for the group and only then lets it `exec`.
+//! so the command would run before its tree is registered with the daemon,
+//! and a leader paused in that gap could leave a command writing unfenced.
+//! Here the child is forked, makes itself a session leader (`setsid`: its
+//! process group and session are its pid, and everything it forks stays
+//! in the session, even in process groups of its own), asks for `SIGKILL`
+//! when its parent dies, closes its copy of the election file's
+//! descriptor, says it is ready, and then waits on a pipe; the parent
+//! moves it into a cgroup, registers the fence (and writes the term's
+//! record) and only then lets it `exec`.
 //!
-//! The explicit close matters too: `exec` closes close-on-exec descriptors,
-//! and every close of a descriptor on a FUSE file is a FLUSH, which leasefs
-//! reads as "the holder has closed" (conflicting opens then wait for a
-//! RELEASE). Closing it before `exec` lets the leader know the FLUSH is
-//! over and undo it with its next write.
-//!
-//! A command that leaves its process group (`setsid`, `setpgid`, a shell's
-//! job control) leaves the fencing behind with it.
+//! What escapes (docs/SEMANTICS.md, "Fencing"): a process that leaves the
+//! session (`setsid`, daemonizing) is no longer fenced by its session; in
+//! a cgroup it is still fenced and stopped with the term, and only a
+//! process that also moves itself out of the cgroup (which takes
+//! privileges) escapes both.
 
 use std::ffi::{CString, OsStr, OsString};
 use std::fmt;
@@ -28,9 +29,12 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
-use nix::sys::signal::{Signal, killpg};
+use nix::sys::signal::Signal;
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{ForkResult, Pid};
+
+use crate::proc_tree::{self, Tree};
+use crate::sync::{AtomicU64, Ordering};
 
 /// How a command ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,16 +86,22 @@ impl fmt::Display for SpawnError {
     }
 }
 
-/// A started command; its pid is also its process group.
+/// A started command and its tree; its pid is also its process group and
+/// its session.
 #[derive(Debug)]
 pub struct Running {
     pid: Pid,
+    tree: Tree,
     exit: Option<Exit>,
 }
 
-/// Starts `argv` with `env` added to this process's environment. The child
-/// closes `close_fd` (the election file) at once, and runs nothing of the
-/// command before `before_exec(pgid)` has returned `Ok`.
+/// Names the cgroups of this elector's commands apart.
+static CGROUPS: AtomicU64 = AtomicU64::new(0);
+
+/// Starts `argv` with `env` added to this process's environment, as the
+/// leader of a new session, in a cgroup of its own where one can be made.
+/// The child closes `close_fd` (the election file) at once, and runs
+/// nothing of the command before `before_exec(tree)` has returned `Ok`.
 ///
 /// Must be called from a thread that lives as long as the command should:
 /// the kernel's parent-death signal follows the thread that forked.
@@ -99,7 +109,7 @@ pub fn spawn(
     argv: &[OsString],
     env: &[(&str, String)],
     close_fd: RawFd,
-    before_exec: impl FnOnce(u32) -> Result<(), String>,
+    before_exec: impl FnOnce(&Tree) -> Result<(), String>,
 ) -> Result<Running, SpawnError> {
     let Some(program) = argv.first() else {
         return Err(SpawnError::NotFound(String::new()));
@@ -137,14 +147,17 @@ pub fn spawn(
         .collect();
 
     let cloexec = nix::fcntl::OFlag::O_CLOEXEC;
-    let (go_r, go_w) = nix::unistd::pipe2(cloexec).map_err(|e| SpawnError::Os(e.into()))?;
-    let (err_r, err_w) = nix::unistd::pipe2(cloexec).map_err(|e| SpawnError::Os(e.into()))?;
+    let os = |e: Errno| SpawnError::Os(e.into());
+    let (go_r, go_w) = nix::unistd::pipe2(cloexec).map_err(os)?;
+    let (err_r, err_w) = nix::unistd::pipe2(cloexec).map_err(os)?;
+    let (ready_r, ready_w) = nix::unistd::pipe2(cloexec).map_err(os)?;
     let parent = nix::unistd::getpid().as_raw();
     let fds = ChildFds {
         close: close_fd,
         go_r: go_r.as_raw_fd(),
         go_w: go_w.as_raw_fd(),
         err_w: err_w.as_raw_fd(),
+        ready_w: ready_w.as_raw_fd(),
     };
     // SAFETY: the child branch only makes async-signal-safe system calls on
     // memory prepared above and always ends in execve or _exit.
@@ -155,36 +168,46 @@ pub fn spawn(
     };
     drop(go_r);
     drop(err_w);
-    // Set from both sides, so the group exists whichever runs first.
-    let _ = nix::unistd::setpgid(child, child);
+    drop(ready_w);
     let mut running = Running {
         pid: child,
+        tree: Tree {
+            leader: child.as_raw() as u32,
+            start_ticks: 0,
+            cgroup: None,
+        },
         exit: None,
     };
-    if let Err(e) = before_exec(child.as_raw() as u32) {
+    // The child has made its session and closed the election file once it
+    // says so; EOF means it died first.
+    if read_full(&ready_r, 1) != 1 {
+        running.reap_blocking();
+        return Err(SpawnError::Os(io::Error::other(
+            "the command's process ended before it could start",
+        )));
+    }
+    running.tree.start_ticks = proc_tree::stat(running.tree.leader)
+        .map(|s| s.start_ticks)
+        .unwrap_or(0);
+    running.tree.cgroup = own_cgroup(running.tree.leader);
+    if let Err(e) = before_exec(&running.tree) {
         drop(go_w); // the child reads EOF and leaves without running anything
         running.reap_blocking();
+        running.tree.remove_cgroup();
         return Err(SpawnError::Fence(e));
     }
     if let Err(e) = nix::unistd::write(&go_w, &[1u8]) {
-        running.kill_group(Signal::SIGKILL);
+        running.tree.kill();
         running.reap_blocking();
+        running.tree.remove_cgroup();
         return Err(SpawnError::Os(e.into()));
     }
     drop(go_w);
     // EOF: exec succeeded (the pipe was close-on-exec); 4 bytes: its errno.
     let mut buf = [0u8; 4];
-    let mut got = 0;
-    while got < 4 {
-        match nix::unistd::read(&err_r, &mut buf[got..]) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(Errno::EINTR) => continue,
-            Err(_) => break,
-        }
-    }
-    if got == 4 {
+    if read_into(&err_r, &mut buf) == 4 {
         running.reap_blocking();
+        running.tree.remove_cgroup();
         return Err(SpawnError::Os(io::Error::from_raw_os_error(
             i32::from_ne_bytes(buf),
         )));
@@ -192,11 +215,58 @@ pub fn spawn(
     Ok(running)
 }
 
+/// A cgroup of its own for the command `pid`, where this machine lets the
+/// elector make one (cgroup2 mounted and writable); `None` otherwise (said
+/// once in the log: the session alone then holds the tree).
+fn own_cgroup(pid: u32) -> Option<String> {
+    static NOTED: std::sync::Once = std::sync::Once::new();
+    let n = CGROUPS.fetch_add(1, Ordering::Relaxed);
+    let name = format!("{}{}.{n}", proc_tree::CGROUP_PREFIX, std::process::id());
+    let made = proc_tree::create_cgroup(&name).and_then(|rel| {
+        match proc_tree::move_to_cgroup(&rel, pid) {
+            Ok(()) => Ok(rel),
+            Err(e) => {
+                let _ = proc_tree::remove_cgroup(&rel);
+                Err(format!("cannot move the command into {rel}: {e}"))
+            }
+        }
+    });
+    match made {
+        Ok(rel) => Some(rel),
+        Err(why) => {
+            NOTED.call_once(|| {
+                tracing::info!("commands run without a cgroup of their own ({why}): a process that leaves the command's session escapes its term")
+            });
+            None
+        }
+    }
+}
+
+/// Reads up to `buf.len()` bytes, retrying on EINTR; how many came.
+fn read_into(fd: &std::os::fd::OwnedFd, buf: &mut [u8]) -> usize {
+    let mut got = 0;
+    while got < buf.len() {
+        match nix::unistd::read(fd, &mut buf[got..]) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(Errno::EINTR) => continue,
+            Err(_) => break,
+        }
+    }
+    got
+}
+
+fn read_full(fd: &std::os::fd::OwnedFd, n: usize) -> usize {
+    let mut buf = [0u8; 4];
+    read_into(fd, &mut buf[..n.min(4)])
+}
+
 struct ChildFds {
     close: RawFd,
     go_r: RawFd,
     go_w: RawFd,
     err_w: RawFd,
+    ready_w: RawFd,
 }
 
 /// The forked child until `exec`. Never returns.
@@ -213,7 +283,7 @@ unsafe fn child_exec(
     // SAFETY (whole body): plain system calls on descriptors and memory
     // that were valid before fork; no allocation, no locks.
     unsafe {
-        libc::setpgid(0, 0);
+        libc::setsid();
         libc::prctl(
             libc::PR_SET_PDEATHSIG,
             libc::SIGKILL as libc::c_ulong,
@@ -226,6 +296,9 @@ unsafe fn child_exec(
         }
         libc::close(fds.close);
         libc::close(fds.go_w);
+        let one = 1u8;
+        libc::write(fds.ready_w, (&one as *const u8).cast(), 1);
+        libc::close(fds.ready_w);
         let mut b = 0u8;
         loop {
             let n = libc::read(fds.go_r, (&mut b as *mut u8).cast(), 1);
@@ -263,9 +336,14 @@ fn resolve(program: &OsStr) -> Option<PathBuf> {
 }
 
 impl Running {
-    /// The command's process group (its pid).
+    /// The command's pid: its process group and its session.
     pub fn pgid(&self) -> u32 {
         self.pid.as_raw() as u32
+    }
+
+    /// The command's tree (session, cgroup).
+    pub fn tree(&self) -> &Tree {
+        &self.tree
     }
 
     /// The command's exit, once it has exited (reaping it).
@@ -293,35 +371,34 @@ impl Running {
         }
     }
 
-    fn kill_group(&self, sig: Signal) {
-        let _ = killpg(self.pid, sig);
-    }
-
-    /// True once no process of the group is left (the command itself being
+    /// True once no process of the tree is left (the command itself being
     /// reaped as needed).
     pub fn group_gone(&mut self) -> bool {
         self.try_wait();
-        matches!(killpg(self.pid, None), Err(Errno::ESRCH))
+        self.tree.gone()
     }
 
-    /// Stops the whole group: SIGTERM (and SIGCONT, so that a stopped group
-    /// can act on it), then SIGKILL after `grace`. Returns the command's
-    /// exit and whether the group is gone, which is when its fence may be
-    /// dropped.
+    /// Stops the whole tree: SIGTERM (and SIGCONT, so that stopped
+    /// processes can act on it), then SIGKILL (and `cgroup.kill`) after
+    /// `grace`. Returns the command's exit and whether the tree is gone,
+    /// which is when its fence may be dropped.
     pub fn stop(&mut self, grace: Duration) -> (Option<Exit>, bool) {
         if !self.group_gone() {
-            self.kill_group(Signal::SIGTERM);
-            self.kill_group(Signal::SIGCONT);
+            self.tree.signal(Signal::SIGTERM);
+            self.tree.signal(Signal::SIGCONT);
             if !wait_for(grace, || self.group_gone()) {
                 tracing::warn!(
                     pgid = self.pgid(),
-                    "command did not stop on SIGTERM; killing its process group"
+                    "command did not stop on SIGTERM; killing its process tree"
                 );
-                self.kill_group(Signal::SIGKILL);
+                self.tree.kill();
                 wait_for(Duration::from_secs(5), || self.group_gone());
             }
         }
         let gone = self.group_gone();
+        if gone {
+            self.tree.remove_cgroup();
+        }
         (self.exit, gone)
     }
 }
@@ -330,11 +407,11 @@ impl Drop for Running {
     /// A command never outlives the handle of the elector that started it,
     /// whatever path the elector takes out of its term.
     fn drop(&mut self) {
-        if self.try_wait().is_none() || !self.group_gone() {
-            self.kill_group(Signal::SIGKILL);
-            self.kill_group(Signal::SIGCONT);
+        if self.try_wait().is_none() || !self.tree.gone() {
+            self.tree.kill();
             self.reap_blocking();
         }
+        self.tree.remove_cgroup();
     }
 }
 
@@ -364,7 +441,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let out = dir.path().join("out");
         let script = format!(
-            "echo $$ $(cut -d' ' -f5 /proc/$$/stat) $EPOCH_T > {}",
+            "echo $$ $(cut -d' ' -f5,6 /proc/$$/stat) $EPOCH_T > {}",
             out.display()
         );
         let mut seen = 0;
@@ -372,8 +449,8 @@ mod tests {
             &argv(&["sh", "-c", &script]),
             &[("EPOCH_T", "7".into())],
             -1,
-            |pgid| {
-                seen = pgid;
+            |tree| {
+                seen = tree.leader;
                 // The child is waiting: nothing has been written yet.
                 std::thread::sleep(Duration::from_millis(50));
                 assert!(!out.exists(), "the command ran before its fence");
@@ -385,7 +462,9 @@ mod tests {
         assert_eq!(r.try_wait(), Some(Exit::Code(0)));
         let text = std::fs::read_to_string(&out).expect("output");
         let f: Vec<&str> = text.split_whitespace().collect();
-        assert_eq!(f, [seen.to_string(), seen.to_string(), "7".to_string()]);
+        // Its own process group and session.
+        let s = seen.to_string();
+        assert_eq!(f, [s.as_str(), &s, &s, "7"]);
     }
 
     #[test]
@@ -411,17 +490,24 @@ mod tests {
     }
 
     #[test]
-    fn stop_takes_down_the_whole_group() {
+    fn stop_takes_down_the_whole_tree() {
+        // A background child in a process group of its own (job control)
+        // stays in the session, and is stopped with the rest.
         let mut r = spawn(
-            &argv(&["sh", "-c", "trap '' TERM; sleep 30 & sleep 30"]),
+            &argv(&[
+                "sh",
+                "-c",
+                "trap '' TERM; set -m; sleep 30 & set +m; sleep 30 & sleep 30",
+            ]),
             &[],
             -1,
             |_| Ok(()),
         )
         .expect("spawn");
-        std::thread::sleep(Duration::from_millis(100));
+        let tree = r.tree().clone();
+        assert!(wait_for(Duration::from_secs(5), || tree.members().len() >= 3));
         let (exit, gone) = r.stop(Duration::from_millis(200));
-        assert!(gone);
+        assert!(gone && tree.gone(), "left: {:?}", tree.members());
         assert_eq!(exit, Some(Exit::Signal(libc::SIGKILL)));
     }
 }

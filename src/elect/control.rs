@@ -73,16 +73,35 @@ pub fn history(ctl: &dyn Control, election: &str) -> Result<Vec<AuditEvent>, Str
         .map_err(|e| format!("bad history from the daemon: {e}"))
 }
 
-/// Registers process group `pgid` as the command of term `epoch` of the
-/// election file `leader` (a path inside the mount): once that file's lease
-/// is no longer held at `epoch`, the daemon refuses the group every write
-/// and every open for writing.
-pub fn fence(ctl: &dyn Control, pgid: u32, leader: &str, epoch: u64) -> Result<(), String> {
-    ctl.request(json!({"op": "fence", "pgid": pgid, "path": leader, "epoch": epoch}))
-        .map(|_| ())
+/// A term as the daemon registers it: the election file (a path inside
+/// the mount), the epoch, the leader, and its command's tree if any.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TermInfo<'a> {
+    pub leader: &'a str,
+    pub epoch: u64,
+    pub who: &'a str,
+    pub host: &'a str,
+    /// The elector's pid.
+    pub pid: u32,
+    /// The command's pid (its process group and session) and cgroup.
+    pub command: Option<(u32, Option<&'a str>)>,
 }
 
-/// Forgets the registration of `pgid`; only for a group with no process
+/// Registers a term with the daemon: for the audit (the daemon records
+/// `preempted` when it takes the lease from a leader that stopped
+/// renewing), and, with a command, the command's tree: once the election
+/// file's lease is no longer held at `epoch`, the daemon refuses that tree
+/// every change of the filesystem, and stops what is left of it.
+pub fn fence(ctl: &dyn Control, t: &TermInfo<'_>) -> Result<(), String> {
+    let (pgid, cgroup) = t.command.unwrap_or((0, None));
+    ctl.request(json!({
+        "op": "fence", "path": t.leader, "epoch": t.epoch, "who": t.who,
+        "host": t.host, "pid": t.pid, "pgid": pgid, "cgroup": cgroup,
+    }))
+    .map(|_| ())
+}
+
+/// Forgets the registration of `pgid`; only for a tree with no process
 /// left, or a later process that reuses the number would be fenced.
 pub fn unfence(ctl: &dyn Control, pgid: u32) -> Result<(), String> {
     ctl.request(json!({"op": "unfence", "pgid": pgid}))
@@ -164,7 +183,15 @@ mod tests {
                 _ => Ok(json!({"ok": true})),
             }
         };
-        fence(&ctl, 42, "/e/LEADER", 7).expect("fence");
+        let t = TermInfo {
+            leader: "/e/LEADER",
+            epoch: 7,
+            who: "a",
+            host: "h",
+            pid: 9,
+            command: Some((42, Some("/leasefs-elect.9.0"))),
+        };
+        fence(&ctl, &t).expect("fence");
         unfence(&ctl, 42).expect("unfence");
         let h = history(&ctl, "/e").expect("history");
         assert_eq!(h.len(), 1);
@@ -172,7 +199,8 @@ mod tests {
         let sent = sent.borrow();
         assert_eq!(
             sent[0],
-            json!({"op": "fence", "pgid": 42, "path": "/e/LEADER", "epoch": 7})
+            json!({"op": "fence", "pgid": 42, "path": "/e/LEADER", "epoch": 7, "who": "a",
+                   "host": "h", "pid": 9, "cgroup": "/leasefs-elect.9.0"})
         );
         assert_eq!(sent[1], json!({"op": "unfence", "pgid": 42}));
         assert!(format_event(&h[0]).contains("elected"));

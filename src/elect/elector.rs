@@ -22,6 +22,7 @@
 //! the event of its predecessor's end in the table, unless the predecessor
 //! died; then the successor records `expired` for it.
 
+use std::collections::VecDeque;
 use std::collections::hash_map::RandomState;
 use std::ffi::OsString;
 use std::hash::{BuildHasher, Hasher};
@@ -34,10 +35,11 @@ use super::command::{self, Exit, Running, SpawnError};
 use super::control::{self, Control, EventKind};
 use super::leader_file::{LeaderFile, LeaderRecord, LeaseView, OpenError, last_record};
 use super::timing::{RenewTracker, Timing};
+use super::verdict::judge_predecessor;
 use super::{ElectError, LEADER_FILE};
 use crate::clock::{Clock, SystemClock};
 use crate::meta::AuditEvent;
-use crate::sync::{Arc, AtomicBool, Ordering};
+use crate::sync::{Arc, AtomicBool, Mutex, Ordering, lock};
 
 /// One candidate of one election.
 pub struct Elector {
@@ -56,6 +58,9 @@ pub struct Elector {
     pub once: bool,
     pub host: String,
     clock: Arc<dyn Clock>,
+    /// Audit events not recorded yet (the daemon did not answer), oldest
+    /// first: written before anything newer, retried on every round.
+    pending: Mutex<VecDeque<AuditEvent>>,
 }
 
 /// How a term ended.
@@ -99,6 +104,7 @@ impl Elector {
             once: false,
             host,
             clock: Arc::new(SystemClock::new()),
+            pending: Mutex::new(VecDeque::new()),
         }
     }
 
@@ -110,7 +116,14 @@ impl Elector {
     /// Competes, leads and follows until `stop` is set (by a signal
     /// handler, say), or until the first term ends with `once`.
     pub fn run(&self, ctl: &dyn Control, stop: &AtomicBool) -> Result<Outcome, ElectError> {
+        let r = self.compete(ctl, stop);
+        self.flush_audit_before_exit(ctl);
+        r
+    }
+
+    fn compete(&self, ctl: &dyn Control, stop: &AtomicBool) -> Result<Outcome, ElectError> {
         self.timing.validate()?;
+        crate::proc_tree::remove_stale_cgroups();
         std::fs::create_dir_all(&self.dir).map_err(|source| ElectError::Dir {
             path: self.dir.clone(),
             source,
@@ -121,6 +134,7 @@ impl Elector {
             if stop.load(Ordering::Relaxed) {
                 return Ok(Outcome::Stopped);
             }
+            self.flush_audit(ctl);
             let seen = LeaseView::read(&path).map(|v| (v, self.clock.now()));
             self.observe(&mut watch, seen.as_ref().map(|(v, _)| v));
             match LeaderFile::open(&path) {
@@ -202,31 +216,106 @@ impl Elector {
             Err(e) => return Err(not_leasefs("epoch ioctl", e)),
         };
 
-        self.settle_predecessor(&file, epoch, seen, started, ctl);
+        let elected_why = self.settle_predecessor(&file, epoch, seen, started, ctl);
 
         let env = [
             ("LEASEFS_EPOCH", epoch.to_string()),
             ("LEASEFS_ELECTION", self.dir.display().to_string()),
             ("LEASEFS_ID", self.id.clone()),
         ];
+        let leader = self.leader_in_mount();
+        let mut rec = LeaderRecord {
+            id: self.id.clone(),
+            host: self.host.clone(),
+            pid: std::process::id(),
+            epoch,
+            time_ms: crate::clock::wall_ms(),
+            pgid: None,
+            cgroup: None,
+        };
+        // The term begins, in this order: registered with the daemon (with
+        // the command's tree, fenced before it runs), its record in the
+        // election file (what a successor reads), `elected` in the audit
+        // table, and only then the command.
         let mut running: Option<Running> = None;
-        if !self.command.is_empty() {
-            let leader = self.leader_in_mount();
-            let fenced = |pgid| control::fence(ctl, pgid, &leader, epoch);
-            match command::spawn(&self.command, &env, file.raw_fd(), fenced) {
+        if self.command.is_empty() {
+            let term = self.term_info(&leader, epoch, None);
+            if let Err(e) = control::fence(ctl, &term) {
+                warn!(epoch, "the daemon did not register the term: {e}");
+            }
+            if let Err(e) = file.append_record(&rec) {
+                warn!(
+                    epoch,
+                    "the term ended before it began: cannot write its record ({e})"
+                );
+                return Ok(None);
+            }
+            self.record(
+                ctl,
+                self.event(EventKind::Elected, epoch, elected_why.clone()),
+            );
+        } else {
+            let mut began: Result<(), std::io::Error> = Ok(());
+            let fd = file.raw_fd();
+            let start = |tree: &crate::proc_tree::Tree| {
+                let term =
+                    self.term_info(&leader, epoch, Some((tree.leader, tree.cgroup.as_deref())));
+                control::fence(ctl, &term)?;
+                rec.pgid = Some(tree.leader);
+                rec.cgroup = tree.cgroup.clone();
+                if let Err(e) = file.append_record(&rec) {
+                    began = Err(e);
+                    return Err("the term's record could not be written".into());
+                }
+                self.record(
+                    ctl,
+                    self.event(EventKind::Elected, epoch, elected_why.clone()),
+                );
+                Ok(())
+            };
+            match command::spawn(&self.command, &env, fd, start) {
                 Ok(r) => {
-                    info!(epoch, pgid = r.pgid(), "command started");
+                    info!(epoch, pgid = r.pgid(), cgroup = ?r.tree().cgroup, "command started");
                     running = Some(r);
                 }
                 Err(e) => {
-                    self.record(
-                        ctl,
-                        self.event(
-                            EventKind::Resigned,
+                    // Nothing of the command ran; its fence, if it was
+                    // registered, is for a tree that is gone.
+                    if let Some(pgid) = rec.pgid
+                        && let Err(err) = control::unfence(ctl, pgid)
+                    {
+                        warn!(
+                            pgid,
+                            "cannot drop the fence of a command that never ran: {err}"
+                        );
+                    }
+                    if let Err(io) = began {
+                        warn!(
                             epoch,
-                            format!("command could not start: {e}"),
-                        ),
-                    );
+                            "the term ended before it began: cannot write its record ({io})"
+                        );
+                        return Ok(None);
+                    }
+                    if matches!(e, SpawnError::Fence(_))
+                        && file.epoch().is_err_and(|e| lease_gone(&e))
+                    {
+                        warn!(
+                            epoch,
+                            "the lease was lost before the command could start: {e}"
+                        );
+                        return Ok(None);
+                    }
+                    if rec.pgid.is_some() {
+                        // Recorded as begun: it ends here.
+                        self.record(
+                            ctl,
+                            self.event(
+                                EventKind::Resigned,
+                                epoch,
+                                format!("command could not start: {e}"),
+                            ),
+                        );
+                    }
                     drop(file);
                     return Err(match e {
                         SpawnError::Fence(reason) => ElectError::Control {
@@ -242,37 +331,11 @@ impl Elector {
             }
         }
 
-        // The record comes after the command started: it names the
-        // command's process group, and this write also ends the "holder
-        // has closed" state the command's exec left on the lease.
-        let rec = LeaderRecord {
-            id: self.id.clone(),
-            host: self.host.clone(),
-            pid: std::process::id(),
-            epoch,
-            time_ms: crate::clock::wall_ms(),
-            pgid: running.as_ref().map(Running::pgid),
-        };
-        if let Err(e) = file.append_record(&rec) {
-            let why = if is_eio(&e) {
-                format!("fenced: the lease was taken over before the record was written ({e})")
-            } else {
-                format!("cannot write the election record: {e}")
-            };
-            return Ok(Some(self.end_term(
-                ctl,
-                file,
-                running,
-                epoch,
-                EventKind::Lost,
-                why,
-            )));
-        }
-
         loop {
             let now = self.clock.now();
+            self.flush_audit(ctl);
             if let Some(age) = tracker.deadline_missed(now) {
-                let fenced = file.epoch().is_err_and(|e| is_eio(&e));
+                let fenced = file.epoch().is_err_and(|e| lease_gone(&e));
                 let why = format!(
                     "renew deadline missed: no renewal for {} ms (deadline {} ms, lease {} ms){}",
                     age.as_millis(),
@@ -300,7 +363,7 @@ impl Elector {
             }
             if let Some(exit) = running.as_mut().and_then(Running::try_wait) {
                 // A command that died of its fencing did not resign.
-                if file.epoch().is_err_and(|e| is_eio(&e)) {
+                if file.epoch().is_err_and(|e| lease_gone(&e)) {
                     let why =
                         format!("fenced: the lease was taken over; command ended with {exit}");
                     return Ok(Some(self.end_term(
@@ -320,9 +383,14 @@ impl Elector {
                 let sent = self.clock.now();
                 match file.renew() {
                     Ok(()) => tracker.renewed(sent),
-                    Err(e) if is_eio(&e) => {
-                        let why =
-                            format!("fenced: renewal refused, the lease was taken over ({e})");
+                    Err(e) if lease_gone(&e) => {
+                        let why = if is_eio(&e) {
+                            format!("fenced: renewal refused, the lease was taken over ({e})")
+                        } else {
+                            format!(
+                                "fenced: the daemon that held the lease is gone ({e}); the lease ended with it"
+                            )
+                        };
                         return Ok(Some(self.end_term(
                             ctl,
                             file,
@@ -344,8 +412,11 @@ impl Elector {
     }
 
     /// Records how the predecessor's term ended when it could not say so
-    /// itself (it died, or it was preempted while stopped), and drops the
-    /// fence of a dead predecessor's command. Then records `elected`.
+    /// itself (it died, or it was preempted while stopped), and its start
+    /// if it died before recording that. Returns the `why` of this term's
+    /// `elected`. The daemon leaves out what repeats the table (another
+    /// start of a term, a second account of its end), so an audit table
+    /// that cannot be read is no reason to record nothing.
     fn settle_predecessor(
         &self,
         file: &LeaderFile,
@@ -353,7 +424,7 @@ impl Elector {
         seen: Option<(LeaseView, Duration)>,
         won_at: Duration,
         ctl: &dyn Control,
-    ) {
+    ) -> String {
         let prev = match last_record(file.path()) {
             Ok(p) => p.filter(|p| p.epoch < epoch),
             Err(e) => {
@@ -362,9 +433,7 @@ impl Elector {
             }
         };
         let history = match &prev {
-            Some(_) => control::history(ctl, &self.dir_in_mount)
-                .map_err(|e| warn!("cannot read the audit table: {e}"))
-                .ok(),
+            Some(_) => self.read_history(ctl),
             None => None,
         };
         let alive = prev.as_ref().is_some_and(|p| {
@@ -379,35 +448,63 @@ impl Elector {
             alive,
             &self.id,
         );
-        if let (Some(p), Some((kind, why))) = (&prev, verdict.event) {
-            self.record(
-                ctl,
-                AuditEvent {
-                    election: self.dir_in_mount.clone(),
-                    event: kind.as_str().into(),
-                    who: p.id.clone(),
-                    host: p.host.clone(),
-                    pid: p.pid,
-                    epoch: p.epoch,
-                    at_ms: crate::clock::wall_ms(),
-                    why,
-                },
-            );
+        if let Some(p) = &prev {
+            let about = |event: EventKind, at_ms: u64, why: String| AuditEvent {
+                election: self.dir_in_mount.clone(),
+                event: event.as_str().into(),
+                who: p.id.clone(),
+                host: p.host.clone(),
+                pid: p.pid,
+                epoch: p.epoch,
+                at_ms,
+                why,
+            };
+            if verdict.start_missing {
+                let why = format!(
+                    "recorded by {}: the term's record is in the election file, its start was not in the audit table",
+                    self.id
+                );
+                self.record(ctl, about(EventKind::Elected, p.time_ms, why));
+            }
+            if let Some((kind, why)) = verdict.event {
+                self.record(ctl, about(kind, crate::clock::wall_ms(), why));
+            }
         }
-        // A predecessor killed mid-term never dropped its command's fence;
-        // once that group is empty the number may be reused, so drop it.
-        if let Some(p) = &prev
-            && p.host == self.host
-            && let Some(pgid) = p.pgid
-            && group_gone(pgid)
-            && let Err(e) = control::unfence(ctl, pgid)
-        {
-            warn!(pgid, "cannot drop the previous command's fence: {e}");
+        verdict.elected_why
+    }
+
+    /// The audit table, read again a few times if the daemon does not
+    /// answer at once; `None` if it still cannot be read.
+    fn read_history(&self, ctl: &dyn Control) -> Option<Vec<AuditEvent>> {
+        let mut last = String::new();
+        for attempt in 0..3 {
+            if attempt > 0 {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            match control::history(ctl, &self.dir_in_mount) {
+                Ok(h) => return Some(h),
+                Err(e) => last = e,
+            }
         }
-        self.record(
-            ctl,
-            self.event(EventKind::Elected, epoch, verdict.elected_why),
-        );
+        warn!("cannot read the audit table ({last}); recording the predecessor's end regardless");
+        None
+    }
+
+    /// The term as the daemon registers it.
+    fn term_info<'a>(
+        &'a self,
+        leader: &'a str,
+        epoch: u64,
+        command: Option<(u32, Option<&'a str>)>,
+    ) -> control::TermInfo<'a> {
+        control::TermInfo {
+            leader,
+            epoch,
+            who: &self.id,
+            host: &self.host,
+            pid: std::process::id(),
+            command,
+        }
     }
 
     /// loseLeadership / resign: stop the command's group, record the event,
@@ -461,16 +558,48 @@ impl Elector {
         }
     }
 
-    /// Logs an event and appends it to the audit table. A table that cannot
-    /// be written is logged, never a reason to give up leadership.
+    /// Logs an event and appends it to the audit table, after any event
+    /// still waiting. An event the daemon does not take now waits in
+    /// order and is tried again on every round (a restarting daemon, an
+    /// etcd out of reach), never a reason to give up leadership.
     fn record(&self, ctl: &dyn Control, e: AuditEvent) {
         if e.event == "lost" {
             warn!(event = %e.event, who = %e.who, epoch = e.epoch, "{}", e.why);
         } else {
             info!(event = %e.event, who = %e.who, epoch = e.epoch, "{}", e.why);
         }
-        if let Err(err) = control::audit(ctl, &e) {
-            warn!("cannot record '{}' in the audit table: {err}", e.event);
+        lock(&self.pending).push_back(e);
+        self.flush_audit(ctl);
+    }
+
+    /// Writes the events waiting, oldest first, until one fails.
+    fn flush_audit(&self, ctl: &dyn Control) -> bool {
+        let mut q = lock(&self.pending);
+        while let Some(e) = q.front() {
+            if let Err(err) = control::audit(ctl, e) {
+                warn!(
+                    waiting = q.len(),
+                    "cannot record '{}' (epoch {}) in the audit table yet: {err}", e.event, e.epoch
+                );
+                return false;
+            }
+            q.pop_front();
+        }
+        true
+    }
+
+    /// Before the elector exits: a few more tries for the events still
+    /// waiting, then each one that never made it is reported.
+    fn flush_audit_before_exit(&self, ctl: &dyn Control) {
+        let end = self.clock.now() + Duration::from_secs(3);
+        while !self.flush_audit(ctl) && self.clock.now() < end {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        for e in lock(&self.pending).drain(..) {
+            tracing::error!(
+                "this event never reached the audit table: {}",
+                serde_json::to_string(&e).unwrap_or_default()
+            );
         }
     }
 
@@ -494,89 +623,18 @@ struct Watch {
     expiry_noted: bool,
 }
 
-/// The new leader's account of its predecessor: the `why` of `elected`, and
-/// the event that ends the predecessor's term when nobody recorded one.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) struct Verdict {
-    pub elected_why: String,
-    pub event: Option<(EventKind, String)>,
-}
-
-/// Judges how the previous term (`prev`, the election file's last record)
-/// ended. `history`: the audit table (`None` if unreadable: then nothing is
-/// recorded for the predecessor). `seen`: the lease as read before the
-/// winning open, and the milliseconds from that read to the win. `alive`:
-/// the predecessor's elector still runs on this host.
-pub(crate) fn judge_predecessor(
-    prev: Option<&LeaderRecord>,
-    history: Option<&[AuditEvent]>,
-    seen: Option<(&LeaseView, u64)>,
-    lease_ms: u64,
-    alive: bool,
-    me: &str,
-) -> Verdict {
-    let Some(p) = prev else {
-        return Verdict {
-            elected_why: "first term of this election".into(),
-            event: None,
-        };
-    };
-    let name = format!("previous leader {} (epoch {})", p.id, p.epoch);
-    let Some(history) = history else {
-        return Verdict {
-            elected_why: name,
-            event: None,
-        };
-    };
-    if let Some(end) = history
-        .iter()
-        .rev()
-        .find(|e| e.epoch == p.epoch && EventKind::ends_term(&e.event))
-    {
-        return Verdict {
-            elected_why: format!("{name} {}", end.event),
-            event: None,
-        };
-    }
-    let expired = seen.filter(|(v, since)| v.epoch == p.epoch && v.looks_expired(lease_ms, *since));
-    let (kind, why) = match expired {
-        Some((v, since)) => {
-            let age = v.renewed_ms_ago.unwrap_or(0) + since;
-            let kind = if alive {
-                EventKind::Preempted
-            } else {
-                EventKind::Expired
-            };
-            let tail = if alive {
-                format!("; its elector (pid {}) still runs and is fenced", p.pid)
-            } else {
-                String::new()
-            };
-            let why = format!(
-                "lease not renewed for {age} ms (soft limit {lease_ms} ms); recovered and taken over by {me}{tail}"
-            );
-            (kind, why)
-        }
-        None if alive => (
-            EventKind::Expired,
-            format!("lease released without a resignation; taken over by {me}"),
-        ),
-        None => (
-            EventKind::Expired,
-            format!(
-                "lease released without a resignation: elector {}:{} is gone (killed or crashed); taken over by {me}",
-                p.host, p.pid
-            ),
-        ),
-    };
-    Verdict {
-        elected_why: format!("{name} {}", kind.as_str()),
-        event: Some((kind, why)),
-    }
-}
-
 fn is_eio(e: &std::io::Error) -> bool {
     e.raw_os_error() == Some(libc::EIO)
+}
+
+/// The lease is gone: taken over (`EIO`), or its daemon is (the mount is
+/// dead: `ENOTCONN`; a daemon restarted on the data directory recovers
+/// the file, so the lease does not come back).
+fn lease_gone(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EIO) | Some(libc::ENOTCONN) | Some(libc::ENODEV)
+    )
 }
 
 /// True while process `pid` exists and is not a zombie.
@@ -589,17 +647,6 @@ fn pid_alive(pid: u32) -> bool {
     }
 }
 
-/// True when no process is left in group `pgid`.
-fn group_gone(pgid: u32) -> bool {
-    let Ok(raw) = i32::try_from(pgid) else {
-        return false;
-    };
-    matches!(
-        nix::sys::signal::killpg(nix::unistd::Pid::from_raw(raw), None),
-        Err(nix::errno::Errno::ESRCH)
-    )
-}
-
 /// `d` stretched by up to 20 %, so that candidates started together do not
 /// try in lock step.
 fn jitter(d: Duration) -> Duration {
@@ -608,115 +655,39 @@ fn jitter(d: Duration) -> Duration {
     let frac = (h.finish() % 1000) as u32;
     d + d * frac / 5000
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn rec(id: &str, epoch: u64) -> LeaderRecord {
-        LeaderRecord {
-            id: id.into(),
-            host: "h".into(),
-            pid: 42,
-            epoch,
-            time_ms: 0,
-            pgid: Some(43),
-        }
-    }
-
-    fn ev(event: &str, epoch: u64) -> AuditEvent {
-        AuditEvent {
-            election: "/e".into(),
-            event: event.into(),
-            who: "a".into(),
-            host: "h".into(),
-            pid: 42,
-            epoch,
-            at_ms: 0,
-            why: String::new(),
-        }
-    }
-
-    fn held(epoch: u64, renewed_ms_ago: u64) -> LeaseView {
-        LeaseView {
-            state: "held".into(),
-            holder: Some("h:42".into()),
-            epoch,
-            mode: Some("client".into()),
-            renewed_ms_ago: Some(renewed_ms_ago),
-        }
-    }
-
     #[test]
-    fn a_first_term_has_no_predecessor() {
-        let v = judge_predecessor(None, Some(&[]), None, 2000, false, "b");
-        assert_eq!(v.event, None);
-        assert_eq!(v.elected_why, "first term of this election");
-    }
-
-    #[test]
-    fn a_predecessor_that_recorded_its_end_gets_no_second_event() {
-        let h = [ev("elected", 5), ev("resigned", 5)];
-        let v = judge_predecessor(
-            Some(&rec("a", 5)),
-            Some(&h),
-            Some((&held(5, 10), 5)),
-            2000,
-            true,
-            "b",
+    fn audit_events_wait_in_order_until_the_daemon_takes_them() {
+        use std::cell::RefCell;
+        let written = RefCell::new(Vec::<String>::new());
+        let down = std::cell::Cell::new(true);
+        let ctl = |req: serde_json::Value| {
+            if down.get() {
+                return Err("cannot reach the daemon".to_string());
+            }
+            written
+                .borrow_mut()
+                .push(req["event"]["event"].as_str().unwrap_or("").to_string());
+            Ok(serde_json::json!({"id": 1}))
+        };
+        let e = Elector::new(
+            "/m/e".into(),
+            "/e".into(),
+            "a".into(),
+            Vec::new(),
+            Timing::from_lease(Duration::from_secs(2), Duration::from_millis(100)),
         );
-        assert_eq!(v.event, None);
-        assert_eq!(v.elected_why, "previous leader a (epoch 5) resigned");
-    }
-
-    #[test]
-    fn a_killed_predecessor_expired() {
-        let h = [ev("elected", 5)];
-        let v = judge_predecessor(
-            Some(&rec("a", 5)),
-            Some(&h),
-            Some((&held(5, 10), 50)),
-            2000,
-            false,
-            "b",
-        );
-        let (kind, why) = v.event.expect("event");
-        assert_eq!(kind, EventKind::Expired);
-        assert!(why.contains("is gone"), "{why}");
-    }
-
-    #[test]
-    fn a_stopped_predecessor_past_the_soft_limit_was_preempted() {
-        let h = [ev("elected", 5)];
-        // Read 1900 ms after its last renewal; the win came 150 ms later.
-        let v = judge_predecessor(
-            Some(&rec("a", 5)),
-            Some(&h),
-            Some((&held(5, 1900), 150)),
-            2000,
-            true,
-            "b",
-        );
-        let (kind, why) = v.event.expect("event");
-        assert_eq!(kind, EventKind::Preempted);
-        assert!(why.contains("2050 ms"), "{why}");
-        assert_eq!(v.elected_why, "previous leader a (epoch 5) preempted");
-        // The same, but its elector is gone: the lease simply expired.
-        let v = judge_predecessor(
-            Some(&rec("a", 5)),
-            Some(&h),
-            Some((&held(5, 1900), 150)),
-            2000,
-            false,
-            "b",
-        );
-        assert_eq!(v.event.expect("event").0, EventKind::Expired);
-    }
-
-    #[test]
-    fn an_unreadable_audit_table_records_nothing_about_the_predecessor() {
-        let v = judge_predecessor(Some(&rec("a", 5)), None, None, 2000, false, "b");
-        assert_eq!(v.event, None);
+        e.record(&ctl, e.event(EventKind::Elected, 5, "first".into()));
+        e.record(&ctl, e.event(EventKind::Lost, 5, "fenced".into()));
+        assert!(written.borrow().is_empty());
+        assert_eq!(lock(&e.pending).len(), 2);
+        down.set(false);
+        e.record(&ctl, e.event(EventKind::Elected, 9, "next".into()));
+        assert_eq!(*written.borrow(), ["elected", "lost", "elected"]);
+        assert!(lock(&e.pending).is_empty());
     }
 
     #[test]

@@ -28,7 +28,7 @@ pub enum OpenError {
     /// Someone else holds the lease (`EBUSY`): follow.
     Busy,
     /// A failure that may pass (the lease's recovery failed, an interrupted
-    /// open): log it and try again later.
+    /// open, a daemon being restarted): log it and try again later.
     Transient(io::Error),
     /// Anything else (no such directory, not a leasefs mount, permissions).
     Fatal(io::Error),
@@ -60,7 +60,9 @@ impl LeaderFile {
             Err(e) => {
                 return Err(match e.raw_os_error() {
                     Some(libc::EBUSY) | Some(libc::EAGAIN) => OpenError::Busy,
-                    Some(libc::EINTR) | Some(libc::EIO) => OpenError::Transient(e),
+                    Some(libc::EINTR) | Some(libc::EIO) | Some(libc::ENOTCONN) => {
+                        OpenError::Transient(e)
+                    }
                     _ => OpenError::Fatal(e),
                 });
             }
@@ -141,9 +143,12 @@ pub struct LeaderRecord {
     pub pid: u32,
     pub epoch: u64,
     pub time_ms: u64,
-    /// The command's process group, when there is a command.
+    /// The command's process group (and session), when there is a command.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pgid: Option<u32>,
+    /// The command's cgroup, when it got one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<String>,
 }
 
 /// The last well-formed record of the election file (`None` for a new
@@ -241,6 +246,7 @@ mod tests {
             epoch: 3,
             time_ms: 10,
             pgid: Some(7),
+            cgroup: None,
         };
         let b = LeaderRecord {
             id: "b".into(),

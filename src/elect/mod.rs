@@ -11,7 +11,7 @@
 //! for the soft limit makes the daemon recover it (the clean-up) and wins.
 //! The term's epoch is the lease grant's epoch: strictly increasing, handed
 //! to the command as `LEASEFS_EPOCH`, and enforced by the daemon for the
-//! command's whole process group (see [`command`]).
+//! command's whole process tree (see [`command`]).
 //!
 //! Module map:
 //! - [`timing`]: lease, renew interval, renew deadline, retry; the pure
@@ -19,8 +19,9 @@
 //! - [`leader_file`]: the election file's descriptor (ioctls), its records
 //!   and the lease as the `user.leasefs.lease` xattr shows it;
 //! - [`control`]: the audit events and fencing requests sent to the daemon;
-//! - [`command`]: starting the leader's command fenced, in its own process
-//!   group, and stopping that group;
+//! - [`command`]: starting the leader's command fenced, in a session (and
+//!   cgroup) of its own, and stopping that whole tree;
+//! - `verdict`: how a new leader accounts for its predecessor's term;
 //! - [`elector`]: the candidate / leader loop.
 
 pub mod command;
@@ -28,6 +29,7 @@ pub mod control;
 pub mod elector;
 pub mod leader_file;
 pub mod timing;
+mod verdict;
 
 pub use control::{Control, EventKind};
 pub use elector::{Elector, Outcome, TermEnd};

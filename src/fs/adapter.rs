@@ -305,14 +305,14 @@ impl Filesystem for Adapter {
         self.mknode(parent, name, node, caller(req), reply)
     }
 
-    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let name = name.as_bytes().to_vec();
-        self.run(move |c| empty(reply, c.unlink(parent.0, &name)))
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let (name, who) = (name.as_bytes().to_vec(), caller(req));
+        self.run(move |c| empty(reply, c.unlink(parent.0, &name, who)))
     }
 
-    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let name = name.as_bytes().to_vec();
-        self.run(move |c| empty(reply, c.rmdir(parent.0, &name)))
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let (name, who) = (name.as_bytes().to_vec(), caller(req));
+        self.run(move |c| empty(reply, c.rmdir(parent.0, &name, who)))
     }
 
     fn symlink(
@@ -335,7 +335,7 @@ impl Filesystem for Adapter {
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -344,22 +344,23 @@ impl Filesystem for Adapter {
         reply: ReplyEmpty,
     ) {
         let (name, newname) = (name.as_bytes().to_vec(), newname.as_bytes().to_vec());
+        let who = caller(req);
         self.run(move |c| {
-            let r = c.rename(parent.0, &name, newparent.0, &newname, flags.bits());
+            let r = c.rename(parent.0, &name, newparent.0, &newname, flags.bits(), who);
             empty(reply, r)
         })
     }
 
     fn link(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         newparent: INodeNo,
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        let newname = newname.as_bytes().to_vec();
-        self.run(move |c| entry(reply, c.link(ino.0, newparent.0, &newname)))
+        let (newname, who) = (newname.as_bytes().to_vec(), caller(req));
+        self.run(move |c| entry(reply, c.link(ino.0, newparent.0, &newname, who)))
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {

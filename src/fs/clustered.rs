@@ -162,7 +162,7 @@ impl Core {
     /// keep-alives in time, or the holder stopped renewing): the holder
     /// is fenced and whatever it has not had acknowledged is dropped, before
     /// another daemon can claim the file.
-    pub fn claim_lost(&self, ino: u64) {
+    pub fn claim_lost(self: &Arc<Self>, ino: u64) {
         for h in self.handles.iter().filter(|h| h.ino == ino && h.write) {
             if let Some(s) = &h.stream {
                 s.abort(FsError::Lease(LeaseError::Fenced {
@@ -173,6 +173,7 @@ impl Core {
         }
         self.leases
             .revoke(ino, "another daemon (cluster claim lost)");
+        self.lease_left_term(ino);
     }
 
     /// Who claims a file to recover it: the daemon itself.

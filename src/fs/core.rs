@@ -48,6 +48,15 @@ pub struct Caller {
     pub gid: u32,
 }
 
+/// Who opens for writing: the process, its uid (who may see the holder's
+/// details), and the election term's fence it belongs to, if any (its
+/// handle stays fenced by that term).
+pub(super) struct Opener {
+    pub who: proc_info::Ident,
+    pub uid: u32,
+    pub fence: Option<u32>,
+}
+
 /// How an open was granted.
 #[derive(Debug, Clone, Copy)]
 pub struct Opened {
@@ -119,10 +128,8 @@ pub struct Core {
     pub(super) handles: DashMap<u64, Arc<Handle>>,
     pub(super) files: DashMap<u64, Arc<OpenFile>>,
     next_fh: AtomicU64,
-    /// Process groups that `elect` registered under a term of an election
-    /// file: pgid -> (election file, epoch). Once that term is over the
-    /// daemon refuses every write and open for writing from the group.
-    pub(super) fences: DashMap<u32, (u64, u64)>,
+    /// The process trees of election terms' commands (see `fencing`).
+    pub(super) fences: super::fencing::Fences,
     /// Drops the kernel's cached pages and attributes of an inode (set by
     /// the daemon once the session exists).
     pub(super) invalidator: std::sync::OnceLock<Invalidator>,
@@ -170,6 +177,13 @@ impl Core {
                 Box::new(super::epochs::StoreEpochs::new(meta.clone(), rt.clone())),
             ),
         };
+        // The same for every mount of this data directory, however named.
+        let owner = format!(
+            "{host}:{}",
+            std::fs::canonicalize(&data_dir)
+                .unwrap_or_else(|_| data_dir.clone())
+                .display()
+        );
         let leases = Arc::new(LeaseManager::new(cfg, clock, epochs, host.clone()));
         let bad = Arc::new(BadReplicas::default());
         let budget = crate::pipeline::Budget::new(opts.write_buffer_packets(), rt.clone());
@@ -199,7 +213,7 @@ impl Core {
             handles: DashMap::new(),
             files: DashMap::new(),
             next_fh: AtomicU64::new(1),
-            fences: DashMap::new(),
+            fences: super::fencing::Fences::new(owner),
             invalidator: std::sync::OnceLock::new(),
             page_cache: DashMap::new(),
             waiter_tids: DashMap::new(),
@@ -278,22 +292,28 @@ impl Core {
         // OPENDIR, the kernel keeps special files to itself), and anything
         // read before the grant could be stale by then.
         let who = proc_info::identity(caller.pid);
-        if let Err(e) = self.check_fence(who.pgid) {
+        let fence = self.fence_of(caller.pid, Some(&who));
+        if let Err(e) = self.check_fenced(fence) {
             return reply(Err(e));
         }
+        let opener = Opener {
+            who,
+            uid: caller.uid,
+            fence,
+        };
         if let Some(cl) = self.cluster.clone() {
             // Claiming waits on the network: not on a request thread.
             let me = self.clone();
             self.ctx.rt.spawn_blocking(move || {
-                let left = match me.claim(&*cl, ino, fh, flags, caller.pid, &who) {
+                let left = match me.claim(&*cl, ino, fh, flags, caller.pid, &opener.who) {
                     Ok(left) => left,
                     Err(e) => return reply(Err(e)),
                 };
-                me.acquire_local(ino, fh, flags, caller, who, left, reply)
+                me.acquire_local(ino, fh, flags, caller, opener, left, reply)
             });
             return;
         }
-        self.acquire_local(ino, fh, flags, caller, who, None, reply)
+        self.acquire_local(ino, fh, flags, caller, opener, None, reply)
     }
 
     /// A read-only handle (also what a write open of anything but a regular
@@ -316,7 +336,7 @@ impl Core {
             cached: mode != ReadMode::Direct,
             epoch: 0,
             tgid: 0,
-            pgid: 0,
+            fence: None,
             uid,
             flushed: Default::default(),
             stream: None,
@@ -347,10 +367,11 @@ impl Core {
         fh: u64,
         flags: i32,
         caller: Caller,
-        who: proc_info::Ident,
+        opener: Opener,
         wait: Option<Duration>,
         reply: Reply<Opened>,
     ) {
+        let who = &opener.who;
         let holder = Holder {
             host: self.host.clone(),
             pid: who.tgid,
@@ -362,7 +383,7 @@ impl Core {
         let cont: Box<dyn FnOnce(Result<Grant, LeaseError>) + Send> = Box::new(move |g| {
             me.waiter_tids.remove(&fh);
             match g {
-                Ok(grant) => me.granted(ino, fh, flags, (who, caller.uid), grant, reply),
+                Ok(grant) => me.granted(ino, fh, flags, opener, grant, reply),
                 Err(e) => {
                     me.unclaim(ino, fh);
                     reply(Err(e.into()))
@@ -418,10 +439,11 @@ impl Core {
         ino: u64,
         fh: u64,
         flags: i32,
-        (who, uid): (proc_info::Ident, u32),
+        opener: Opener,
         grant: Grant,
         reply: Reply<Opened>,
     ) {
+        let Opener { who, uid, fence } = opener;
         let inode = match self.meta.get(ino) {
             Ok(i) if i.kind == Kind::File => i,
             r => {
@@ -462,7 +484,7 @@ impl Core {
             cached: false,
             epoch: grant.epoch,
             tgid: who.tgid,
-            pgid: who.pgid,
+            fence,
             uid,
             flushed: Default::default(),
             stream: Some(stream.clone()),
@@ -735,6 +757,7 @@ impl Core {
                 me.cache_idle(h.ino);
                 me.leases.release(h.ino, h.fh);
                 me.unclaim(h.ino, h.fh);
+                me.lease_left_term(h.ino);
             }
             if h.cached {
                 me.cached_closed(h.ino);
@@ -825,6 +848,9 @@ impl Core {
         caller: Caller,
         reply: Reply<()>,
     ) {
+        if let Err(e) = self.may_change(caller) {
+            return reply(Err(e));
+        }
         // A truncation drops privileges as a write does, once it is done.
         let me = self.clone();
         let reply: Reply<()> = Box::new(move |r| match r {

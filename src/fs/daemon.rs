@@ -236,6 +236,11 @@ impl Daemon {
             spec.data.clone(),
             instance,
         );
+        // Before anything is served: the commands of terms that ended with
+        // the previous daemon are refused from the first request on.
+        if core.load_fences()? > 0 {
+            core.sweep_fences();
+        }
         let n = core.startup_recovery()?;
         if n > 0 {
             tracing::info!("recovered {n} file(s) left under construction");
@@ -419,6 +424,7 @@ impl Daemon {
         self.stop.store(true, Ordering::Relaxed);
         self.housekeeper.lose(&*self.core.meta, "unmounted");
         self.core.wait_closes(Duration::from_secs(30));
+        self.core.end_all_terms();
         if let Some(s) = &self.shared {
             s.leases.shutdown();
         }

@@ -18,7 +18,9 @@ pub struct Handle {
     pub cached: bool,
     pub epoch: u64,
     pub tgid: u32,
-    pub pgid: u32,
+    /// The election term's fence of the process that opened it, if any:
+    /// writes through it are refused once that term is over.
+    pub fence: Option<u32>,
     /// The opener's uid: who may see a write handle's holder details.
     pub uid: u32,
     /// Flushed (close()) with no write since: a conflicting open may wait

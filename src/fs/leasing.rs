@@ -68,71 +68,13 @@ impl Core {
     /// flushed: its stream is aborted, so a frozen old leader adds nothing.
     pub(super) fn writable(&self, h: &Handle) -> FsResult<()> {
         self.leases.check(h.ino, h.fh, h.epoch)?;
-        if let Err(e) = self.check_fence(h.pgid) {
+        if let Err(e) = self.check_fenced(h.fence) {
             if let Some(s) = &h.stream {
                 s.abort(e.clone());
             }
             return Err(e);
         }
         Ok(())
-    }
-
-    /// Drops the fences of terms that are over once their process group is
-    /// empty (the elector died and its command with it).
-    pub fn sweep_fences(&self) {
-        let over: Vec<u32> = self
-            .fences
-            .iter()
-            .filter(|e| {
-                let (ino, epoch) = *e.value();
-                let info = self.leases.info(ino);
-                let ended = !(info.state == crate::lease::LeaseState::Held && info.epoch == epoch);
-                // kill(-pgid, 0) fails (ESRCH) once no process is left in it.
-                ended
-                    && nix::sys::signal::killpg(nix::unistd::Pid::from_raw(*e.key() as i32), None)
-                        .is_err()
-            })
-            .map(|e| *e.key())
-            .collect();
-        for pgid in over {
-            tracing::info!(pgid, "fence of an ended term with no process left removed");
-            self.fences.remove(&pgid);
-        }
-    }
-
-    // ---- fencing of elected commands ------------------------------------
-
-    /// Registers process group `pgid` as the command of the term `epoch` of
-    /// election file `ino`.
-    pub fn register_fence(&self, pgid: u32, ino: u64, epoch: u64) {
-        tracing::info!(pgid, ino, epoch, "process group fenced by election term");
-        self.fences.insert(pgid, (ino, epoch));
-    }
-
-    pub fn unregister_fence(&self, pgid: u32) {
-        self.fences.remove(&pgid);
-    }
-
-    /// EIO when `pgid` belongs to an election term that is over: the lease
-    /// on its election file no longer carries the term's epoch.
-    pub(super) fn check_fence(&self, pgid: u32) -> FsResult<()> {
-        if self.fences.is_empty() || pgid == 0 {
-            return Ok(());
-        }
-        let Some((ino, epoch)) = self.fences.get(&pgid).map(|e| *e) else {
-            return Ok(());
-        };
-        let info = self.leases.info(ino);
-        if info.state == crate::lease::LeaseState::Held && info.epoch == epoch {
-            return Ok(());
-        }
-        tracing::warn!(
-            pgid,
-            epoch,
-            file = ino,
-            "write refused: the election term of this process group is over"
-        );
-        Err(FsError::TermOver { epoch })
     }
 
     // ---- leases: recovery, renewal, ioctl ------------------------------
@@ -142,12 +84,16 @@ impl Core {
         let me = self.clone();
         self.ctx.rt.spawn_blocking(move || {
             let r = me.recover(ticket.file, ticket.reason);
+            // Recorded before the lease can move on: the next leader of an
+            // election finds its predecessor's end in the audit table.
+            me.audit_preemption(&ticket);
             me.leases
                 .finish_recovery(ticket.file, r.map(|_| ()).map_err(|e| e.to_string()));
             // The preempted holder no longer keeps the file's claim.
             if let Some(h) = ticket.stale.handle {
                 me.unclaim(ticket.file, h);
             }
+            me.lease_left_term(ticket.file);
         });
     }
 
@@ -212,6 +158,8 @@ impl Core {
         if !h.write {
             return Err(FsError::BadHandle);
         }
+        // A fenced command's own descriptors renew nothing either.
+        self.check_fenced(h.fence)?;
         match cmd {
             IOC_CLIENT_RENEWAL => {
                 self.leases.set_mode(h.ino, fh, RenewalMode::Client)?;

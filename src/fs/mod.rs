@@ -12,6 +12,7 @@ pub mod core;
 pub mod daemon;
 mod durability;
 mod epochs;
+mod fencing;
 mod handles;
 mod leasing;
 mod maintenance;
@@ -21,3 +22,4 @@ pub mod proc_info;
 pub mod xattrs;
 
 pub use self::core::Core;
+pub use self::fencing::TermRegistration;

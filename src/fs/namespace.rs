@@ -54,6 +54,7 @@ impl Core {
             target,
             umask,
         } = node;
+        self.may_change(caller)?;
         check_name(name)?;
         let dir = self.meta.get(parent)?;
         let (mode, xattrs) = self.new_node_acls(parent, kind, mode & 0o7777, umask)?;
@@ -83,7 +84,8 @@ impl Core {
         Ok(Attr::from_inode(&i))
     }
 
-    pub fn link(&self, ino: u64, parent: u64, name: &[u8]) -> FsResult<Attr> {
+    pub fn link(&self, ino: u64, parent: u64, name: &[u8], caller: Caller) -> FsResult<Attr> {
+        self.may_change(caller)?;
         check_name(name)?;
         let i = self.meta.link(ino, parent, name)?;
         self.getattr(i.ino)
@@ -91,7 +93,8 @@ impl Core {
 
     /// Removes a name; the file itself goes when its last name and last
     /// open handle are both gone.
-    pub fn unlink(&self, parent: u64, name: &[u8]) -> FsResult<()> {
+    pub fn unlink(&self, parent: u64, name: &[u8], caller: Caller) -> FsResult<()> {
+        self.may_change(caller)?;
         let i = self.meta.unlink(parent, name)?;
         self.forget_if_unlinked(&i);
         Ok(())
@@ -103,7 +106,8 @@ impl Core {
         }
     }
 
-    pub fn rmdir(&self, parent: u64, name: &[u8]) -> FsResult<()> {
+    pub fn rmdir(&self, parent: u64, name: &[u8], caller: Caller) -> FsResult<()> {
+        self.may_change(caller)?;
         self.meta.rmdir(parent, name).map(|_| ())
     }
 
@@ -114,7 +118,9 @@ impl Core {
         newparent: u64,
         newname: &[u8],
         flags: u32,
+        caller: Caller,
     ) -> FsResult<()> {
+        self.may_change(caller)?;
         check_name(newname)?;
         let noreplace = flags & libc::RENAME_NOREPLACE != 0;
         let exchange = flags & libc::RENAME_EXCHANGE != 0;
@@ -176,6 +182,7 @@ impl Core {
     /// chmod/chown/utimens. Ownership changes by a non-root caller clear
     /// setuid/setgid, as on local filesystems.
     pub fn set_attrs(&self, ino: u64, mut ch: AttrChange, caller: Caller) -> FsResult<Attr> {
+        self.may_change(caller)?;
         if ch.uid.is_some() || ch.gid.is_some() {
             let cur = self.meta.get(ino)?;
             let changes_owner =

@@ -11,8 +11,9 @@ pub struct Ident {
     /// Thread-group id: the process, whichever of its threads asked.
     pub tgid: u32,
     pub comm: String,
-    /// Process group (election fencing); 0 when unknown.
+    /// Process group and session (election fencing); 0 when unknown.
     pub pgid: u32,
+    pub sid: u32,
 }
 
 /// `/proc/<tid>/status` in one read: the file is about 1.5 KiB, and
@@ -93,15 +94,21 @@ fn identity_from_status(tid: u32) -> Ident {
         } else if let Some(v) = line.strip_prefix("Name:") {
             id.comm = v.trim().to_string();
         } else if let Some(v) = line.strip_prefix("NSpgid:") {
-            // One value per pid namespace, ours (the outermost here) first.
-            id.pgid = v
-                .split_whitespace()
-                .next()
-                .and_then(|p| p.parse().ok())
-                .unwrap_or(0);
+            id.pgid = first_ns_value(v);
+        } else if let Some(v) = line.strip_prefix("NSsid:") {
+            id.sid = first_ns_value(v);
         }
     }
     id
+}
+
+/// The first of the values of an `NS...:` line: one per pid namespace,
+/// ours (the outermost here) first.
+fn first_ns_value(v: &str) -> u32 {
+    v.split_whitespace()
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0)
 }
 
 /// The credentials of a thread that the kernel's setgid rules look at.
@@ -244,6 +251,8 @@ mod tests {
         assert_eq!(id.tgid, std::process::id());
         assert!(!id.comm.is_empty());
         assert_eq!(id.pgid, nix::unistd::getpgrp().as_raw() as u32);
+        let sid = nix::unistd::getsid(None).expect("getsid").as_raw() as u32;
+        assert_eq!(id.sid, sid);
     }
 
     #[test]

@@ -110,6 +110,7 @@ impl Core {
         flags: i32,
         caller: Caller,
     ) -> FsResult<()> {
+        self.may_change(caller)?;
         if is_virtual(name) {
             return Err(FsError::NotPermitted(
                 "user.leasefs.* attributes are read-only",
@@ -210,6 +211,7 @@ impl Core {
     /// Removes an attribute; removing an ACL that is not stored succeeds,
     /// as on ext4 (the mode alone is then the ACL).
     pub fn removexattr(&self, ino: u64, name: &[u8], caller: Caller) -> FsResult<()> {
+        self.may_change(caller)?;
         if is_virtual(name) {
             return Err(FsError::NotPermitted(
                 "user.leasefs.* attributes are read-only",

@@ -9,8 +9,8 @@
 use std::path::Path;
 
 use super::types::{
-    AttrChange, AuditEvent, BlockRow, DatanodeRecord, DecideXattrs, DirEntry, DnId, Inode, NewNode,
-    StoreSpace, UnderConstruction, XattrEdit, XattrLimits,
+    AttrChange, AuditEvent, BlockRow, DatanodeRecord, DecideXattrs, DirEntry, DnId, FenceRecord,
+    Inode, NewNode, StoreSpace, UnderConstruction, XattrEdit, XattrLimits,
 };
 use crate::error::FsResult;
 
@@ -189,10 +189,22 @@ pub trait Meta: Send + Sync {
     fn set_replication(&self, replication: usize) -> FsResult<()>;
     /// The replication factor of the last mount, if recorded.
     fn replication(&self) -> FsResult<Option<usize>>;
-    /// Appends one election event durably; returns its sequence number.
-    fn audit(&self, e: &AuditEvent) -> FsResult<i64>;
+    /// Appends one election event durably, unless it is redundant with
+    /// the election's events ([`AuditEvent::is_redundant`], judged in the
+    /// same atomic step); returns its sequence number, or `None` when it
+    /// was left out.
+    fn audit(&self, e: &AuditEvent) -> FsResult<Option<i64>>;
     /// The events of one election, oldest first.
     fn audit_history(&self, election: &str) -> FsResult<Vec<AuditEvent>>;
+
+    // ---- election fences -------------------------------------------------
+    /// Records (or replaces) the fence of `f.owner` for process group
+    /// `f.pgid`, durably.
+    fn put_fence(&self, f: &FenceRecord) -> FsResult<()>;
+    /// Forgets a fence; forgetting one that is not there is not an error.
+    fn delete_fence(&self, owner: &str, pgid: u32) -> FsResult<()>;
+    /// Every fence `owner` recorded.
+    fn fences(&self, owner: &str) -> FsResult<Vec<FenceRecord>>;
 }
 
 /// Every entry of `dir`, page by page, in cookie order.

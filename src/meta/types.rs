@@ -1,5 +1,6 @@
 //! The records every metadata backend stores: inodes, blocks, files under
-//! construction, the datanode registry and election audit events.
+//! construction, the datanode registry, election audit events and
+//! election fences.
 
 use std::path::PathBuf;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -149,6 +150,65 @@ pub struct AuditEvent {
     pub epoch: u64,
     pub at_ms: u64,
     pub why: String,
+}
+
+impl AuditEvent {
+    /// Whether recording this event would only repeat what `history` (the
+    /// election's events) already says: a second `elected` of one term, an
+    /// end that a successor records on a term's behalf (`expired`,
+    /// `preempted`) when the term's end is recorded already, or the very
+    /// same event again (a retried write whose answer was lost). Backends
+    /// leave such events out, so that every term has one start, and an
+    /// elector and the daemon may both try to record how a term ended.
+    /// Events without an epoch (0: the daemons' housekeeping leadership)
+    /// are never left out.
+    pub fn is_redundant(&self, history: &[AuditEvent]) -> bool {
+        if self.epoch == 0 {
+            return false;
+        }
+        let same_term = |e: &&AuditEvent| e.epoch == self.epoch && e.election == self.election;
+        match self.event.as_str() {
+            "elected" => history
+                .iter()
+                .filter(same_term)
+                .any(|e| e.event == "elected"),
+            "expired" | "preempted" => history.iter().filter(same_term).any(|e| {
+                matches!(
+                    e.event.as_str(),
+                    "lost" | "resigned" | "expired" | "preempted"
+                )
+            }),
+            _ => history.iter().any(|e| e == self),
+        }
+    }
+}
+
+/// A durable election fence: the process tree running the command of one
+/// election term (docs/SEMANTICS.md, "Fencing"). Kept until no process of
+/// that tree is left, so that a daemon restarted on the same data
+/// directory goes on refusing it once its term is over.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FenceRecord {
+    /// The daemon lineage that registered it: `host:DATA` (the host and
+    /// the data directory), the same for every restart of that daemon.
+    pub owner: String,
+    /// The command's pid: its process group and its session.
+    pub pgid: u32,
+    /// The command's start time (clock ticks after boot) and the boot:
+    /// with them a later process that reuses the number is told apart.
+    pub start_ticks: u64,
+    pub boot_id: String,
+    /// The command's cgroup (as `/proc/PID/cgroup` names it), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<String>,
+    /// The election file, as a path inside the mount, and its inode.
+    pub leader: String,
+    pub ino: u64,
+    /// The term's epoch.
+    pub epoch: u64,
+    /// The elector that leads the term: its id and pid.
+    pub who: String,
+    pub pid: u32,
 }
 
 /// What a new node is.

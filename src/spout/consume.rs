@@ -1,28 +1,20 @@
-//! The run loop of one spout: pick a file (an idle lock to take over
-//! first, else the oldest new file), consume it, repeat.
+//! The run loop of one spout: pick a file (see `claim`), consume it,
+//! repeat; and what consuming one is: emitting its records, committing
+//! what the consumer acknowledged, and moving it to done.
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::dirs::{self, INPROGRESS};
-use super::lock::{self, DirLock, FileLock, LockError, TakeOver};
+use super::claim::Claim;
+use super::dirs;
+use super::entry::Position;
+use super::lock::{self, DirLock, LockError};
 use super::reader::{ReadError, RecordReader};
 use super::renew::Renewer;
 use super::{Emitter, Layout, Spout, SpoutError, Stats};
 use crate::clock::wall_ms;
 use crate::sync::{AtomicBool, Ordering};
-
-/// A file this instance holds the lock of.
-struct Claim {
-    lock: FileLock,
-    /// The name without `.inprogress` (also the lock file's name).
-    name: String,
-    /// `SOURCE/NAME.inprogress`.
-    data: PathBuf,
-    /// Where to start reading.
-    start: u64,
-}
 
 /// What happened to a claimed file.
 enum Outcome {
@@ -33,15 +25,26 @@ enum Outcome {
 }
 
 pub(super) struct Run<'a> {
-    spout: &'a Spout,
-    layout: &'a Layout,
+    pub(super) spout: &'a Spout,
+    pub(super) layout: &'a Layout,
     emitter: &'a mut dyn Emitter,
     stop: &'a AtomicBool,
-    renewer: Renewer,
+    pub(super) renewer: Renewer,
     /// Candidates from the last listing, oldest first. A directory is
     /// listed again only once they are used up, so picking each of N files
     /// does not cost a listing of N entries (N² for the directory).
-    queue: VecDeque<PathBuf>,
+    pub(super) queue: VecDeque<PathBuf>,
+    pub(super) warned_no_data_lease: bool,
+}
+
+/// Where a file's consumption stands: what was emitted, the commit points
+/// not yet acknowledged by the consumer, and what the lock file says.
+#[derive(Default)]
+struct Tally {
+    emitted: u64,
+    /// (records emitted, position after them), oldest first.
+    points: VecDeque<(u64, Position)>,
+    committed: Position,
 }
 
 fn not_leasefs(path: &Path, e: std::io::Error) -> SpoutError {
@@ -53,7 +56,7 @@ fn not_leasefs(path: &Path, e: std::io::Error) -> SpoutError {
 
 /// Turns a lock error of `path` into the run's error; `Lost` (not an error
 /// of the run) must be handled by the caller before.
-fn lock_err(path: &Path, e: LockError) -> SpoutError {
+pub(super) fn lock_err(path: &Path, e: LockError) -> SpoutError {
     match e {
         LockError::NoClientRenewal(e) => not_leasefs(path, e),
         LockError::Io(e) => SpoutError::io(path, e),
@@ -73,9 +76,10 @@ impl<'a> Run<'a> {
         layout: &'a Layout,
         emitter: &'a mut dyn Emitter,
         stop: &'a AtomicBool,
+        renew_interval: Duration,
     ) -> Result<Self, SpoutError> {
-        let renewer = Renewer::start(spout.renew_interval)
-            .map_err(|e| SpoutError::io("renewal thread", e))?;
+        let renewer =
+            Renewer::start(renew_interval).map_err(|e| SpoutError::io("renewal thread", e))?;
         Ok(Run {
             spout,
             layout,
@@ -83,10 +87,11 @@ impl<'a> Run<'a> {
             stop,
             renewer,
             queue: VecDeque::new(),
+            warned_no_data_lease: false,
         })
     }
 
-    fn stopping(&self) -> bool {
+    pub(super) fn stopping(&self) -> bool {
         self.stop.load(Ordering::SeqCst)
     }
 
@@ -127,185 +132,13 @@ impl<'a> Run<'a> {
         }
     }
 
-    fn next_file(&mut self) -> Result<Option<Claim>, SpoutError> {
-        if let Some(c) = self.take_over_idle()? {
-            return Ok(Some(c));
-        }
-        self.claim_new()
-    }
-
-    /// Storm's first step: an abandoned file (idle lock, owner's lease
-    /// gone) is resumed before any new file is started. DIRLOCK is only
-    /// taken when some lock file is idle by its mtime at all.
-    fn take_over_idle(&mut self) -> Result<Option<Claim>, SpoutError> {
-        let locks_dir = &self.layout.locks;
-        let timeout = self.spout.lock_timeout;
-        let locks = lock::list_lock_files(locks_dir).map_err(|e| SpoutError::io(locks_dir, e))?;
-        if !lock::any_idle(&locks, wall_ms(), timeout) {
-            return Ok(None);
-        }
-        let Some(dirlock) = DirLock::acquire(&self.renewer, locks_dir, timeout, wall_ms())
-            .map_err(|e| lock_err(&locks_dir.join(lock::DIRLOCK), e))?
-        else {
-            return Ok(None);
-        };
-        let found = self.scan_idle(&locks);
-        let released = dirlock.release();
-        let found = found?;
-        if let Err(e) = released {
-            tracing::warn!("could not delete DIRLOCK: {e}");
-        }
-        Ok(found)
-    }
-
-    /// Under DIRLOCK: takes over the oldest idle lock whose lease can be had.
-    fn scan_idle(&mut self, locks: &[(PathBuf, u64)]) -> Result<Option<Claim>, SpoutError> {
-        let s = self.spout;
-        for (path, _) in locks {
-            let Some(name) = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .map(str::to_string)
-            else {
-                continue;
-            };
-            let (lock, resume_from, previous) =
-                match FileLock::take_over(&self.renewer, path, &s.id, s.lock_timeout, wall_ms()) {
-                    Ok(TakeOver::Taken {
-                        lock,
-                        resume_from,
-                        previous,
-                    }) => (lock, resume_from, previous),
-                    Ok(_) | Err(LockError::Lost) => continue,
-                    Err(e) => return Err(lock_err(path, e)),
-                };
-            self.spout.progress.took_over();
-            let prev = previous.map_or_else(
-                || "no entry (empty or truncated lock file)".to_string(),
-                |e| format!("last entry by {} at {}", e.spout_id, e.time_ms),
-            );
-            let Some((data, renamed_now)) = self.data_file_of(&name)? else {
-                tracing::warn!(
-                    "took over idle lock {} ({prev}) but {name} is gone from the source directory (finished by its last owner); deleting the lock",
-                    path.display()
-                );
-                if let Err(e) = lock.release() {
-                    tracing::warn!("could not delete {}: {e}", path.display());
-                }
-                continue;
-            };
-            // An owner emits nothing before its rename to `.inprogress`: a
-            // file still under its plain name was never read (or is a new
-            // file of the same name, published after an owner died between
-            // its move to done and its lock's deletion). Start it at 0, and
-            // record that before anything else.
-            let resume_from = if renamed_now && resume_from > 0 {
-                if let Err(e) = lock.commit(0, wall_ms()) {
-                    tracing::warn!("cannot reset {}: {e}", path.display());
-                    lock.abandon();
-                    continue;
-                }
-                0
-            } else {
-                resume_from
-            };
-            tracing::warn!(
-                "took over idle lock {} of {name} ({prev}); resuming at offset {resume_from}",
-                path.display()
-            );
-            return Ok(Some(Claim {
-                lock,
-                name,
-                data,
-                start: resume_from,
-            }));
-        }
-        Ok(None)
-    }
-
-    /// The data file of a taken-over lock: `NAME.inprogress`, or `NAME`
-    /// (renamed now, and `true`) when its owner died between locking and
-    /// renaming.
-    fn data_file_of(&self, name: &str) -> Result<Option<(PathBuf, bool)>, SpoutError> {
-        let src = &self.layout.source;
-        let inprogress = dirs::inprogress_path(src, name);
-        if inprogress.exists() {
-            return Ok(Some((inprogress, false)));
-        }
-        match std::fs::rename(src.join(name), &inprogress) {
-            Ok(()) => Ok(Some((inprogress, true))),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(SpoutError::io(src.join(name), e)),
-        }
-    }
-
-    /// Storm's second step: the oldest candidate that can be locked.
-    fn claim_new(&mut self) -> Result<Option<Claim>, SpoutError> {
-        let src = &self.layout.source;
-        if self.queue.is_empty() {
-            self.queue = dirs::list_candidates(src)
-                .map_err(|e| SpoutError::io(src, e))?
-                .into();
-        }
-        while let Some(path) = self.queue.pop_front() {
-            if self.stopping() {
-                return Ok(None);
-            }
-            if std::fs::symlink_metadata(&path).is_err() {
-                continue; // claimed by another instance since the listing
-            }
-            let Some(name) = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .map(str::to_string)
-            else {
-                continue;
-            };
-            if dirs::is_being_written(&path) {
-                tracing::debug!("{name} is still open for writing; not claimed yet");
-                continue;
-            }
-            let lock_path = self.layout.locks.join(&name);
-            let lock =
-                match FileLock::try_create(&self.renewer, &lock_path, &self.spout.id, wall_ms()) {
-                    Ok(Some(l)) => l,
-                    Ok(None) | Err(LockError::Lost) => continue,
-                    Err(e) => return Err(lock_err(&lock_path, e)),
-                };
-            let data = dirs::inprogress_path(src, &name);
-            match std::fs::rename(&path, &data) {
-                Ok(()) => {}
-                Err(e) => {
-                    // Gone: another instance finished it between our listing
-                    // and our lock (its lock was already deleted).
-                    if e.kind() != std::io::ErrorKind::NotFound {
-                        tracing::warn!(
-                            "cannot rename {} to {INPROGRESS}: {e}; skipped",
-                            path.display()
-                        );
-                    }
-                    if let Err(e) = lock.release() {
-                        tracing::warn!("could not delete {}: {e}", lock_path.display());
-                    }
-                    continue;
-                }
-            }
-            tracing::info!("consuming {name}");
-            return Ok(Some(Claim {
-                lock,
-                name,
-                data,
-                start: 0,
-            }));
-        }
-        Ok(None)
-    }
-
     /// Consumes one claimed file to its end (or until stopped or fenced).
-    fn consume(&mut self, claim: Claim) -> Result<(), SpoutError> {
-        let name = claim.name.clone();
+    fn consume(&mut self, mut claim: Claim) -> Result<(), SpoutError> {
         let outcome = self.consume_records(&claim);
-        let Claim { lock, data, .. } = claim;
+        let data_lease = claim.data_lease.take();
+        let Claim {
+            lock, data, name, ..
+        } = claim;
         let outcome = match outcome {
             Ok(o) => o,
             Err(e) => {
@@ -333,6 +166,9 @@ impl<'a> Run<'a> {
                 Err(e) => return Err(e),
             },
         }
+        // The data file's lease goes only now, after the move: nobody
+        // could append to it between our last read and the move.
+        drop(data_lease);
         Ok(())
     }
 
@@ -340,14 +176,15 @@ impl<'a> Run<'a> {
     /// lease is still ours. Ok(false): it was taken over meanwhile.
     fn finish_file(
         &self,
-        lock: FileLock,
+        lock: lock::FileLock,
         data: &Path,
         dir: &Path,
-        name: &str,
+        name: &std::ffi::OsStr,
     ) -> Result<bool, SpoutError> {
+        let shown = name.to_string_lossy();
         if lock.confirm().is_err() {
             tracing::warn!(
-                "lost the lock of {name} to another instance before moving it; left to its new owner"
+                "lost the lock of {shown} to another instance before moving it; left to its new owner"
             );
             return Ok(false);
         }
@@ -357,9 +194,9 @@ impl<'a> Run<'a> {
                 // Our predecessor, resumed after we took its lock over,
                 // finished the file and moved it (renames are not fenced).
                 // Every record was emitted, by it or by us.
-                tracing::warn!("{name} was already moved by its previous owner");
+                tracing::warn!("{shown} was already moved by its previous owner");
                 if let Err(e) = lock.release() {
-                    tracing::warn!("could not delete the lock of {name}: {e}");
+                    tracing::warn!("could not delete the lock of {shown}: {e}");
                 }
                 return Ok(true);
             }
@@ -368,18 +205,25 @@ impl<'a> Run<'a> {
                 return Err(SpoutError::io(data, e));
             }
         };
-        tracing::info!("{name} -> {}", to.display());
+        tracing::info!("{shown} -> {}", to.display());
         if let Err(e) = lock.release() {
-            tracing::warn!("{name} is finished but its lock could not be deleted: {e}");
+            tracing::warn!("{shown} is finished but its lock could not be deleted: {e}");
         }
         Ok(true)
     }
 
-    /// Reads the claimed file from its start offset, emitting and
-    /// committing. The whole rest of the file is checked first, so a file
-    /// that is not text goes to the bad directory without emitting any of
-    /// it.
+    /// Reads the claimed file from its start, emitting and committing what
+    /// the consumer acknowledged. The whole rest of the file is checked
+    /// first, so a file that is not text goes to the bad directory without
+    /// emitting any of it.
     fn consume_records(&mut self, claim: &Claim) -> Result<Outcome, SpoutError> {
+        if let Some(e) = &claim.unusable {
+            tracing::warn!(
+                "{}: its lock's entry cannot be resumed ({e}); moving it to the bad directory",
+                claim.display()
+            );
+            return Ok(Outcome::Bad);
+        }
         if let Some(o) = self.check_file(claim)? {
             return Ok(o);
         }
@@ -388,51 +232,68 @@ impl<'a> Run<'a> {
             Err(e) => return self.unreadable(claim, e),
         };
         let s = self.spout;
+        self.emitter.begin_file(&claim.name)?;
+        let mut tally = Tally {
+            committed: claim.start,
+            ..Tally::default()
+        };
         let mut since_commit = 0u64;
         let mut last_commit = Instant::now();
         loop {
             if self.stopping() {
-                // Finish cleanly: what was emitted is committed, the lock
-                // file stays for a takeover that resumes exactly here.
-                self.commit(claim, reader.offset())?;
+                // Finish cleanly: what the consumer took is committed, the
+                // lock file stays for a takeover that resumes exactly there.
+                self.emitter.end_file()?;
+                self.commit(claim, &mut tally, reader.position(), true)?;
                 tracing::info!(
                     "stopping: {} left at offset {}",
-                    claim.name,
-                    reader.offset()
+                    claim.display(),
+                    tally.committed.bytes
                 );
                 return Ok(Outcome::Abandoned);
             }
-            if !claim.lock.still_held() {
+            if !claim.still_held() {
                 tracing::warn!(
                     "lost the lock of {} to another instance; abandoning it",
-                    claim.name
+                    claim.display()
                 );
                 return Ok(Outcome::Abandoned);
             }
+            let at = reader.offset();
             let record = match reader.next_record() {
                 Ok(Some(r)) => r,
+                Ok(None) if claim.data_lease.is_none() && self.grew(claim, at) => continue,
                 Ok(None) => break,
                 Err(e) => return self.unreadable(claim, e),
             };
             self.emitter.emit(record)?;
+            tally.emitted += 1;
             s.progress.records(1);
             since_commit += 1;
             if (s.commit_count > 0 && since_commit >= s.commit_count)
                 || last_commit.elapsed() >= s.commit_interval
             {
-                if !self.commit(claim, reader.offset())? {
+                if !self.commit(claim, &mut tally, reader.position(), false)? {
                     return Ok(Outcome::Abandoned);
                 }
                 since_commit = 0;
                 last_commit = Instant::now();
             }
         }
-        // The last commit covers the whole file: if we die before the move,
-        // a takeover re-emits nothing.
-        if !self.commit(claim, reader.offset())? {
+        // Every record was delivered (or this fails), and the last commit
+        // covers the whole file: if we die before the move, a takeover
+        // re-emits nothing.
+        self.emitter.end_file()?;
+        if !self.commit(claim, &mut tally, reader.position(), true)? {
             return Ok(Outcome::Abandoned);
         }
         Ok(Outcome::Done)
+    }
+
+    /// Without the data file's lease, whether it grew past `offset` (a
+    /// writer appended): then reading goes on.
+    fn grew(&self, claim: &Claim, offset: u64) -> bool {
+        std::fs::metadata(&claim.data).is_ok_and(|m| m.len() > offset)
     }
 
     /// Validates the rest of the file; Some(outcome) when it is bad.
@@ -448,7 +309,7 @@ impl<'a> Run<'a> {
     fn unreadable(&mut self, claim: &Claim, e: ReadError) -> Result<Outcome, SpoutError> {
         match e {
             ReadError::Invalid { .. } => {
-                tracing::warn!("{}: {e}; moving it to the bad directory", claim.name);
+                tracing::warn!("{}: {e}; moving it to the bad directory", claim.display());
                 Ok(Outcome::Bad)
             }
             ReadError::Io(e) if mount_gone(&e) => Err(SpoutError::io(&claim.data, e)),
@@ -459,31 +320,56 @@ impl<'a> Run<'a> {
             ReadError::Io(e) => {
                 tracing::warn!(
                     "{}: cannot be read ({e}); moving it to the bad directory",
-                    claim.name
+                    claim.display()
                 );
                 Ok(Outcome::Bad)
             }
         }
     }
 
-    /// Flushes the emitter, then records `offset`. Ok(false): the lease
-    /// was lost. Other lock-file errors are logged and retried at the next
-    /// commit, as Storm does.
-    fn commit(&mut self, claim: &Claim, offset: u64) -> Result<bool, SpoutError> {
-        self.emitter.flush()?;
-        match claim.lock.commit(offset, wall_ms()) {
-            Ok(()) => Ok(true),
+    /// A commit point at `at` (after `tally.emitted` records): hands the
+    /// records on, then records the furthest point the consumer has
+    /// acknowledged (`all`: every emitted record is delivered, the file's
+    /// end or a clean stop). Ok(false): the lease was lost. Other
+    /// lock-file errors are logged and retried at the next commit, as
+    /// Storm does.
+    fn commit(
+        &mut self,
+        claim: &Claim,
+        tally: &mut Tally,
+        at: Position,
+        all: bool,
+    ) -> Result<bool, SpoutError> {
+        tally.points.push_back((tally.emitted, at));
+        let acked = if all {
+            tally.emitted
+        } else {
+            self.emitter.flush()?;
+            self.emitter.acknowledged()?.unwrap_or(tally.emitted)
+        };
+        let mut to = None;
+        while tally.points.front().is_some_and(|(n, _)| *n <= acked) {
+            to = tally.points.pop_front().map(|(_, p)| p);
+        }
+        let Some(to) = to.filter(|p| *p != tally.committed) else {
+            return Ok(true);
+        };
+        match claim.lock.commit(to, wall_ms()) {
+            Ok(()) => {
+                tally.committed = to;
+                Ok(true)
+            }
             Err(LockError::Lost) => {
                 tracing::warn!(
                     "lost the lock of {} to another instance; abandoning it",
-                    claim.name
+                    claim.display()
                 );
                 Ok(false)
             }
             Err(e) => {
                 tracing::warn!(
                     "cannot record progress of {}: {e}; retrying at the next commit",
-                    claim.name
+                    claim.display()
                 );
                 Ok(true)
             }
@@ -531,14 +417,15 @@ impl<'a> Run<'a> {
         };
         for e in entries.flatten() {
             let n = e.file_name();
-            let Some(name) = n.to_str().and_then(|n| n.strip_suffix(INPROGRESS)) else {
+            let Some(name) = dirs::strip_inprogress(&n) else {
                 continue;
             };
             if !self.layout.locks.join(name).exists() {
                 tracing::warn!(
-                    "{} has no lock file in {}: it is never consumed; rename it to {name} to consume it again from the start",
+                    "{} has no lock file in {}: it is never consumed; rename it to {} to consume it again from the start",
                     e.path().display(),
-                    self.layout.locks.display()
+                    self.layout.locks.display(),
+                    name.to_string_lossy()
                 );
             }
         }

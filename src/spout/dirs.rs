@@ -2,10 +2,11 @@
 //! names a file goes by while consumed, and the moves into the done and
 //! bad directories.
 
-use std::ffi::CString;
+use std::ffi::{CString, OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// A file being consumed is renamed `NAME.inprogress` (Storm's suffix).
 pub const INPROGRESS: &str = ".inprogress";
@@ -15,9 +16,18 @@ pub const IGNORE: &str = ".ignore";
 /// Whether a source file name is one the spout may claim. Besides Storm's
 /// two suffixes, hidden names are skipped: `rsync`, editors and many
 /// tools stage a file as `.NAME.XXXXXX` before renaming it into place, and
-/// the default lock and bad directories are hidden too.
-pub fn is_candidate_name(name: &str) -> bool {
-    !(name.starts_with('.') || name.ends_with(IGNORE) || name.ends_with(INPROGRESS))
+/// the default lock and bad directories are hidden too. Names are bytes:
+/// one that is not UTF-8 is consumed like any other.
+pub fn is_candidate_name(name: &OsStr) -> bool {
+    let n = name.as_bytes();
+    !(n.starts_with(b".") || n.ends_with(IGNORE.as_bytes()) || n.ends_with(INPROGRESS.as_bytes()))
+}
+
+/// `NAME` of `NAME.inprogress`.
+pub fn strip_inprogress(name: &OsStr) -> Option<&OsStr> {
+    name.as_bytes()
+        .strip_suffix(INPROGRESS.as_bytes())
+        .map(OsStr::from_bytes)
 }
 
 /// Candidate files of `source`, oldest modification time first (ties by
@@ -26,9 +36,7 @@ pub fn list_candidates(source: &Path) -> std::io::Result<Vec<PathBuf>> {
     let mut files = Vec::new();
     for entry in std::fs::read_dir(source)? {
         let entry = entry?;
-        let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
-        if !is_candidate_name(name) {
+        if !is_candidate_name(&entry.file_name()) {
             continue;
         }
         let meta = match entry.metadata() {
@@ -99,8 +107,43 @@ pub fn check_leasefs(dir: &Path) -> std::io::Result<()> {
 }
 
 /// `source/NAME.inprogress`.
-pub fn inprogress_path(source: &Path, name: &str) -> PathBuf {
-    source.join(format!("{name}{INPROGRESS}"))
+pub fn inprogress_path(source: &Path, name: &OsStr) -> PathBuf {
+    source.join(with_suffix(name, INPROGRESS))
+}
+
+fn with_suffix(name: &OsStr, suffix: &str) -> OsString {
+    let mut n = name.to_os_string();
+    n.push(suffix);
+    n
+}
+
+/// The mount's soft limit, from the `user.leasefs.soft_limit_ms` of the
+/// mount root above `dir` (only the root answers it). `None` off leasefs,
+/// or from a daemon that does not show it.
+pub fn soft_limit_of(dir: &Path) -> Option<Duration> {
+    let abs = std::fs::canonicalize(dir).ok()?;
+    abs.ancestors().find_map(|a| {
+        let p = CString::new(a.as_os_str().as_bytes()).ok()?;
+        let mut buf = [0u8; 32];
+        // SAFETY: a valid C string and a buffer of the stated length.
+        let n = unsafe {
+            libc::getxattr(
+                p.as_ptr(),
+                c"user.leasefs.soft_limit_ms".as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        };
+        if n <= 0 {
+            return None;
+        }
+        let ms: u64 = std::str::from_utf8(&buf[..n as usize])
+            .ok()?
+            .trim()
+            .parse()
+            .ok()?;
+        Some(Duration::from_millis(ms))
+    })
 }
 
 /// Renames without replacing an existing file (`RENAME_NOREPLACE`).
@@ -131,20 +174,24 @@ fn rename_noreplace(from: &Path, to: &Path) -> std::io::Result<()> {
 /// Moves `from` into `dir` as `name`, or `name.1`, `name.2`, ... when a
 /// file of that name is already there: a file consumed earlier under the
 /// same name is never overwritten.
-pub fn move_into(from: &Path, dir: &Path, name: &str) -> std::io::Result<PathBuf> {
+pub fn move_into(from: &Path, dir: &Path, name: &OsStr) -> std::io::Result<PathBuf> {
     let mut to = dir.join(name);
     for n in 1..=10_000u32 {
         match rename_noreplace(from, &to) {
             Ok(()) => return Ok(to),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                to = dir.join(format!("{name}.{n}"));
+                to = dir.join(with_suffix(name, &format!(".{n}")));
             }
             Err(e) => return Err(e),
         }
     }
     Err(std::io::Error::new(
         std::io::ErrorKind::AlreadyExists,
-        format!("10000 files named {name}.N already in {}", dir.display()),
+        format!(
+            "10000 files named {}.N already in {}",
+            name.to_string_lossy(),
+            dir.display()
+        ),
     ))
 }
 
@@ -155,8 +202,9 @@ mod tests {
     #[test]
     fn candidate_names() {
         for ok in ["a", "a.log", "x.ignored", "inprogress"] {
-            assert!(is_candidate_name(ok), "{ok}");
+            assert!(is_candidate_name(OsStr::new(ok)), "{ok}");
         }
+        assert!(is_candidate_name(OsStr::from_bytes(b"caf\xe9")));
         for no in [
             "a.ignore",
             "a.inprogress",
@@ -164,8 +212,12 @@ mod tests {
             ".a.XXXX",
             "b.log.inprogress",
         ] {
-            assert!(!is_candidate_name(no), "{no}");
+            assert!(!is_candidate_name(OsStr::new(no)), "{no}");
         }
+        assert_eq!(
+            strip_inprogress(OsStr::from_bytes(b"caf\xe9.inprogress")),
+            Some(OsStr::from_bytes(b"caf\xe9"))
+        );
     }
 
     #[test]
@@ -176,7 +228,7 @@ mod tests {
         for i in 0..3 {
             let src = d.path().join("f");
             std::fs::write(&src, format!("{i}")).unwrap();
-            move_into(&src, &done, "f").unwrap();
+            move_into(&src, &done, OsStr::new("f")).unwrap();
         }
         let read = |n: &str| std::fs::read_to_string(done.join(n)).unwrap();
         assert_eq!(

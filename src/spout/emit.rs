@@ -1,25 +1,47 @@
-//! Where records go. The spout hands each record to an [`Emitter`] and,
-//! before it records an offset in a lock file, calls [`Emitter::flush`]:
-//! a record is written out before the offset that covers it is recorded,
-//! which is what makes delivery at-least-once.
+//! Where records go, and when they count as delivered. The spout hands
+//! each record to an [`Emitter`] and records an offset in a lock file only
+//! for records the emitter says were delivered ([`Emitter::acknowledged`]):
+//! a record reaches its consumer before the offset that covers it is
+//! recorded, which is what makes delivery at-least-once.
+//!
+//! Writers (stdout, a file, a closure) deliver what they flushed. An
+//! `--exec` command ([`ExecEmitter`]) delivers what it acknowledged: it
+//! runs once per file, and exits 0 after reading the file's last record to
+//! acknowledge the whole file; while it runs it may acknowledge the
+//! records handled so far by writing their count on file descriptor 3
+//! (`$LEASEFS_ACK_FD`), one decimal number per line, as Storm's bolts ack
+//! tuples. A command that fails, stops reading, or dies acknowledged only
+//! what it counted: the rest is emitted again by whoever takes the file.
 
 use std::io::Write;
-use std::os::unix::process::CommandExt;
-use std::process::{Child, ChildStdin, Command, Stdio};
 
 use super::error::EmitError;
 
 /// A consumer of records.
 pub trait Emitter {
+    /// A file begins: the records from here on are counted from 0 for
+    /// [`Emitter::acknowledged`].
+    fn begin_file(&mut self, _name: &std::ffi::OsStr) -> Result<(), EmitError> {
+        Ok(())
+    }
     /// Takes one record (a line without its newline). May buffer it.
     fn emit(&mut self, record: &[u8]) -> Result<(), EmitError>;
     /// Hands on everything emitted so far; called before each commit.
     fn flush(&mut self) -> Result<(), EmitError>;
-    /// Drops records emitted but not flushed: their file was taken over by
-    /// another instance, which emits them again from the last commit.
+    /// How many of this file's records were delivered for good, after a
+    /// [`Emitter::flush`]; `None`: every record flushed is.
+    fn acknowledged(&mut self) -> Result<Option<u64>, EmitError> {
+        Ok(None)
+    }
+    /// The file's records end here (its end, or the spout stops in it):
+    /// `Ok` once every record emitted for it was delivered.
+    fn end_file(&mut self) -> Result<(), EmitError> {
+        self.flush()
+    }
+    /// Drops records emitted but not delivered: their file was taken over
+    /// by another instance, which emits them again from the last commit.
     fn discard(&mut self) {}
-    /// The run is over: flush and finish (an `--exec` command gets EOF and
-    /// is waited for).
+    /// The run is over: flush and finish.
     fn finish(&mut self) -> Result<(), EmitError> {
         self.flush()
     }
@@ -37,21 +59,21 @@ impl<F: FnMut(&[u8]) -> Result<(), EmitError>> Emitter for F {
 
 /// Buffers lines (record + `\n`) for a writer, up to 64 KiB at a time.
 #[derive(Debug)]
-struct LineBuffer {
-    buf: Vec<u8>,
+pub(super) struct LineBuffer {
+    pub(super) buf: Vec<u8>,
 }
 
 const BUFFER: usize = 64 * 1024;
 
 impl LineBuffer {
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         LineBuffer {
             buf: Vec::with_capacity(BUFFER + 1024),
         }
     }
 
     /// Adds a line; true when the buffer should be written out.
-    fn push(&mut self, record: &[u8]) -> bool {
+    pub(super) fn push(&mut self, record: &[u8]) -> bool {
         self.buf.extend_from_slice(record);
         self.buf.push(b'\n');
         self.buf.len() >= BUFFER
@@ -112,113 +134,6 @@ impl<W: Write> Emitter for WriteEmitter<W> {
     }
 }
 
-/// Records as lines on the standard input of `sh -c CMD`. The command runs
-/// in its own process group, so a Ctrl-C meant for the spout (which then
-/// finishes its record, commits and stops) does not kill the consumer
-/// first; it gets EOF when the spout is done and the spout waits for it.
-#[derive(Debug)]
-pub struct ExecEmitter {
-    cmd: String,
-    child: Child,
-    stdin: Option<ChildStdin>,
-    lines: LineBuffer,
-}
-
-impl ExecEmitter {
-    pub fn spawn(cmd: &str) -> Result<Self, EmitError> {
-        let mut child = Command::new("sh")
-            .arg("-c")
-            .arg(cmd)
-            .stdin(Stdio::piped())
-            .process_group(0)
-            .spawn()
-            .map_err(|source| EmitError::Spawn {
-                cmd: cmd.to_string(),
-                source,
-            })?;
-        let stdin = child.stdin.take();
-        Ok(ExecEmitter {
-            cmd: cmd.to_string(),
-            child,
-            stdin,
-            lines: LineBuffer::new(),
-        })
-    }
-
-    /// The command's pid (its process group id too).
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn gone(&mut self, source: std::io::Error) -> EmitError {
-        // If it has exited, say how: that is what the user needs.
-        if let Ok(Some(status)) = self.child.try_wait()
-            && !status.success()
-        {
-            return EmitError::CommandFailed {
-                cmd: self.cmd.clone(),
-                status,
-            };
-        }
-        EmitError::CommandGone {
-            cmd: self.cmd.clone(),
-            source,
-        }
-    }
-}
-
-impl Emitter for ExecEmitter {
-    fn emit(&mut self, record: &[u8]) -> Result<(), EmitError> {
-        if self.lines.push(record) {
-            self.flush()?;
-        }
-        Ok(())
-    }
-
-    fn flush(&mut self) -> Result<(), EmitError> {
-        let Some(stdin) = self.stdin.as_mut() else {
-            return Err(self.gone(std::io::Error::from(std::io::ErrorKind::BrokenPipe)));
-        };
-        match self.lines.write_to(stdin) {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                self.stdin = None;
-                Err(self.gone(e))
-            }
-        }
-    }
-
-    fn discard(&mut self) {
-        self.lines.buf.clear();
-    }
-
-    fn finish(&mut self) -> Result<(), EmitError> {
-        let flushed = self.flush();
-        self.stdin = None;
-        let status = self.child.wait().map_err(|source| EmitError::CommandGone {
-            cmd: self.cmd.clone(),
-            source,
-        })?;
-        flushed?;
-        if !status.success() {
-            return Err(EmitError::CommandFailed {
-                cmd: self.cmd.clone(),
-                status,
-            });
-        }
-        Ok(())
-    }
-}
-
-impl Drop for ExecEmitter {
-    fn drop(&mut self) {
-        // EOF, then reap: never leave a zombie or an orphaned consumer
-        // waiting for input.
-        self.stdin = None;
-        let _ = self.child.wait();
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -234,36 +149,5 @@ mod tests {
         e.discard();
         e.finish().unwrap();
         assert_eq!(e.into_inner(), b"a\nb\n");
-    }
-
-    #[test]
-    fn exec_emitter_feeds_the_command() {
-        let dir = tempfile::tempdir().unwrap();
-        let out = dir.path().join("out");
-        let mut e = ExecEmitter::spawn(&format!("cat > '{}'", out.display())).unwrap();
-        for i in 0..10_000 {
-            e.emit(format!("line {i}").as_bytes()).unwrap();
-        }
-        e.finish().unwrap();
-        let got = std::fs::read_to_string(&out).unwrap();
-        assert_eq!(got.lines().count(), 10_000);
-        assert_eq!(got.lines().last(), Some("line 9999"));
-    }
-
-    #[test]
-    fn dead_command_is_an_error() {
-        let mut e = ExecEmitter::spawn("exit 3").unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(200));
-        let mut r = Ok(());
-        for _ in 0..100 {
-            r = e.emit(&[b'x'; 4096]);
-            if r.is_err() {
-                break;
-            }
-        }
-        match r.and_then(|_| e.finish()) {
-            Err(EmitError::CommandFailed { status, .. }) => assert_eq!(status.code(), Some(3)),
-            other => panic!("{other:?}"),
-        }
     }
 }

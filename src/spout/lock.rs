@@ -2,96 +2,30 @@
 //!
 //! A lock file `LOCKDIR/NAME` is claimed by creating it exclusively and
 //! stays open for append under a client-renewed lease for as long as the
-//! file `NAME` is consumed; it doubles as the progress log, one line
-//! `<epoch-millis>,<spout-id>,<offset>` per commit. Storm can only guess
-//! whether a silent owner is dead (timestamps older than the lock
-//! timeout). On leasefs the guess is confirmed by the lease: an idle lock
-//! file is taken over only if opening it for append succeeds, which it does
-//! only once the owner's lease was released (exit, kill -9) or expired (not
-//! renewed for the mount's soft limit). A live, renewing owner is never
-//! dispossessed however idle its lock file looks, and an owner that lost
-//! its lease is fenced: its writes fail with `EIO`.
+//! file `NAME` is consumed; it doubles as the progress log, in Storm's
+//! format ([`super::entry`]). Storm can only guess whether a silent owner
+//! is dead (timestamps older than the lock timeout). On leasefs the guess
+//! is confirmed by the lease: an idle lock file is taken over only if
+//! opening it for append succeeds, which it does only once the owner's
+//! lease was released (exit, kill -9) or expired (not renewed for the
+//! mount's soft limit). A live, renewing owner is never dispossessed
+//! however idle its lock file looks, and an owner that lost its lease is
+//! fenced: its writes fail with `EIO`. Those opens never wait
+//! (`O_NONBLOCK`), even on mounts with `lease_wait`: a held lock is simply
+//! not taken.
 
 use std::fs::{File, OpenOptions};
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::Write;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use super::entry::{LogEntry, Offset, Position, read_last_entry};
 use super::renew::{RenewedLease, Renewer};
+use crate::sync::{AtomicBool, Ordering};
 
 /// The name of the lock directory's own lock (Storm's `DirLock`).
 pub const DIRLOCK: &str = "DIRLOCK";
-
-/// Reading at most this much of a lock file's end finds its last entry.
-const TAIL_BYTES: u64 = 64 * 1024;
-
-/// One progress line of a lock file.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LogEntry {
-    /// When it was written, milliseconds since the Unix epoch.
-    pub time_ms: u64,
-    /// The spout instance that wrote it.
-    pub spout_id: String,
-    /// Byte offset in the data file up to which every record was emitted.
-    pub offset: u64,
-}
-
-impl LogEntry {
-    /// Parses `<epoch-millis>,<spout-id>,<offset>`. The id is everything
-    /// between the first and the last comma, so an id with commas in it
-    /// (which the CLI refuses anyway) cannot shift the offset.
-    pub fn parse(line: &str) -> Option<LogEntry> {
-        let line = line.trim_end_matches('\r');
-        let (time, rest) = line.split_once(',')?;
-        let (id, offset) = rest.rsplit_once(',')?;
-        Some(LogEntry {
-            time_ms: time.trim().parse().ok()?,
-            spout_id: id.to_string(),
-            offset: offset.trim().parse().ok()?,
-        })
-    }
-
-    /// The line as written to the lock file, newline included.
-    pub fn to_line(&self) -> String {
-        format!("{},{},{}\n", self.time_ms, self.spout_id, self.offset)
-    }
-}
-
-/// The last complete, well-formed entry of a lock file's contents. A last
-/// line without its newline is a write that never completed and is
-/// ignored; so are lines that do not parse. An empty or wholly garbled
-/// lock file has no entry (Storm crashed on that: STORM-2356).
-pub fn parse_last_entry(bytes: &[u8]) -> Option<LogEntry> {
-    let end = bytes.iter().rposition(|&b| b == b'\n')?;
-    bytes[..end]
-        .split(|&b| b == b'\n')
-        .rev()
-        .filter_map(|l| std::str::from_utf8(l).ok())
-        .find_map(LogEntry::parse)
-}
-
-/// Reads the last entry of a lock file through a read-only descriptor,
-/// which leasefs never delays: the visible length covers every
-/// acknowledged (fsynced) entry of a writer that still holds the file.
-pub fn read_last_entry(path: &Path) -> std::io::Result<Option<LogEntry>> {
-    let mut f = File::open(path)?;
-    let len = f.metadata()?.len();
-    let start = len.saturating_sub(TAIL_BYTES);
-    f.seek(SeekFrom::Start(start))?;
-    let mut buf = Vec::new();
-    f.read_to_end(&mut buf)?;
-    if start > 0 {
-        // Started inside a line: drop its tail, it could parse wrongly.
-        match buf.iter().position(|&b| b == b'\n') {
-            Some(i) => {
-                buf.drain(..=i);
-            }
-            None => return Ok(None),
-        }
-    }
-    Ok(parse_last_entry(&buf))
-}
 
 /// Why a lock operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -108,6 +42,32 @@ pub enum LockError {
 
 fn is_errno(e: &std::io::Error, errno: i32) -> bool {
     e.raw_os_error() == Some(errno)
+}
+
+/// A held lease (`EBUSY`, or `EAGAIN` from a non-blocking open).
+fn is_busy(e: &std::io::Error) -> bool {
+    is_errno(e, libc::EBUSY) || is_errno(e, libc::EAGAIN)
+}
+
+/// Opens an existing lock for append without waiting for its lease (a
+/// mount's `lease_wait` would hold the scan up behind a live owner), then
+/// makes the descriptor blocking again for the writes.
+fn open_append_now(path: &Path) -> std::io::Result<File> {
+    let f = OpenOptions::new()
+        .append(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)?;
+    set_blocking(&f);
+    Ok(f)
+}
+
+/// Clears `O_NONBLOCK`, which was only for the open.
+pub(super) fn set_blocking(file: &File) {
+    use nix::fcntl::{FcntlArg, OFlag, fcntl};
+    if let Ok(bits) = fcntl(file, FcntlArg::F_GETFL) {
+        let flags = OFlag::from_bits_truncate(bits) & !OFlag::O_NONBLOCK;
+        let _ = fcntl(file, FcntlArg::F_SETFL(flags));
+    }
 }
 
 /// Milliseconds since the Unix epoch of a file's modification time.
@@ -142,16 +102,20 @@ pub struct FileLock {
     path: PathBuf,
     spout_id: String,
     lease: RenewedLease,
+    /// The file holds an entry: the next one starts with a newline (as
+    /// Storm writes them).
+    started: AtomicBool,
 }
 
 /// What came of trying to take over an idle lock file.
 #[derive(Debug)]
 pub enum TakeOver {
-    /// Taken: resume at `resume_from` (offset 0 when the lock file held
-    /// no entry). `previous` is the entry the last owner left.
+    /// Taken (nothing written yet): `previous` is the last entry, read
+    /// once the lease was ours (`None`: the lock file held none, resume
+    /// at the start). The caller finds that place in the data file and
+    /// records it with [`FileLock::commit`].
     Taken {
         lock: FileLock,
-        resume_from: u64,
         previous: Option<LogEntry>,
     },
     /// Not idle for long enough (by mtime or by its last entry).
@@ -178,9 +142,7 @@ impl FileLock {
             .open(path)
         {
             Ok(f) => f,
-            Err(e)
-                if e.kind() == std::io::ErrorKind::AlreadyExists || is_errno(&e, libc::EBUSY) =>
-            {
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists || is_busy(&e) => {
                 return Ok(None);
             }
             Err(e) => return Err(e.into()),
@@ -196,8 +158,9 @@ impl FileLock {
             path: path.to_path_buf(),
             spout_id: spout_id.to_string(),
             lease,
+            started: AtomicBool::new(false),
         };
-        if let Err(e) = lock.commit(0, now_ms) {
+        if let Err(e) = lock.commit(Position::default(), now_ms) {
             let _ = lock.release();
             return Err(e);
         }
@@ -230,48 +193,58 @@ impl FileLock {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(TakeOver::Gone),
             Err(e) => return Err(e.into()),
         }
-        let file = match OpenOptions::new().append(true).open(path) {
+        let file = match open_append_now(path) {
             Ok(f) => f,
-            Err(e) if is_errno(&e, libc::EBUSY) => return Ok(TakeOver::Held),
+            Err(e) if is_busy(&e) => return Ok(TakeOver::Held),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(TakeOver::Gone),
             Err(e) => return Err(e.into()),
         };
         let lease = renewer.adopt(file).map_err(LockError::NoClientRenewal)?;
         // The lease is ours now and the old owner is fenced: what the file
         // holds at this point is final, so read the entry to resume from
-        // again (the owner may have committed between our checks).
-        let previous = read_last_entry(path)?;
-        let resume_from = previous.as_ref().map_or(0, |e| e.offset);
+        // again (the owner may have committed between our checks). A lock
+        // deleted meanwhile (its owner finished) is simply gone.
+        let previous = match read_last_entry(path) {
+            Ok(p) => p,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(TakeOver::Gone),
+            Err(e) => return Err(e.into()),
+        };
+        if !lease.file().metadata().is_ok_and(|m| m.nlink() > 0) {
+            return Ok(TakeOver::Gone);
+        }
+        let started = lease.file().metadata().is_ok_and(|m| m.len() > 0);
         let lock = FileLock {
             path: path.to_path_buf(),
             spout_id: spout_id.to_string(),
             lease,
+            started: AtomicBool::new(started),
         };
-        lock.commit(resume_from, now_ms)?;
-        Ok(TakeOver::Taken {
-            lock,
-            resume_from,
-            previous,
-        })
+        Ok(TakeOver::Taken { lock, previous })
     }
 
     pub fn path(&self) -> &Path {
         &self.path
     }
 
-    /// Records progress: one `write` of one whole line, then `fsync`, so
-    /// the entry is on every replica before the caller goes on. `EIO`
+    /// Records progress up to `at`: one `write` of one whole entry (after
+    /// a newline, but for the first, as Storm writes them), then `fsync`,
+    /// so the entry is on every replica before the caller goes on. `EIO`
     /// means the lease was preempted (fenced).
-    pub fn commit(&self, offset: u64, now_ms: u64) -> Result<(), LockError> {
+    pub fn commit(&self, at: Position, now_ms: u64) -> Result<(), LockError> {
         if self.lease.is_lost() {
             return Err(LockError::Lost);
         }
-        let line = LogEntry {
+        let entry = LogEntry {
             time_ms: now_ms,
             spout_id: self.spout_id.clone(),
-            offset,
+            offset: Offset::of(at),
         }
         .to_line();
+        let line = if self.started.load(Ordering::SeqCst) {
+            format!("\n{entry}")
+        } else {
+            entry
+        };
         let mut f = self.lease.file();
         let r = f.write(line.as_bytes()).and_then(|n| {
             if n == line.len() {
@@ -284,7 +257,10 @@ impl FileLock {
             }
         });
         match r {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                self.started.store(true, Ordering::SeqCst);
+                Ok(())
+            }
             Err(e) if is_errno(&e, libc::EIO) => {
                 self.lease.mark_lost();
                 Err(LockError::Lost)
@@ -346,9 +322,7 @@ impl DirLock {
             .open(&path);
         let file = match opened {
             Ok(f) => f,
-            Err(e)
-                if e.kind() == std::io::ErrorKind::AlreadyExists || is_errno(&e, libc::EBUSY) =>
-            {
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists || is_busy(&e) => {
                 match Self::open_stale(&path, timeout, now_ms)? {
                     Some(f) => {
                         tracing::warn!(path = %path.display(), "took over a stale DIRLOCK");
@@ -377,9 +351,9 @@ impl DirLock {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e.into()),
         }
-        let file = match OpenOptions::new().append(true).open(path) {
+        let file = match open_append_now(path) {
             Ok(f) => f,
-            Err(e) if is_errno(&e, libc::EBUSY) || e.kind() == std::io::ErrorKind::NotFound => {
+            Err(e) if is_busy(&e) || e.kind() == std::io::ErrorKind::NotFound => {
                 return Ok(None);
             }
             Err(e) => return Err(e.into()),
@@ -436,105 +410,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parses_an_entry() {
-        let e = LogEntry::parse("1700000000123,spout-a,4096").unwrap();
-        assert_eq!(e.time_ms, 1_700_000_000_123);
-        assert_eq!(e.spout_id, "spout-a");
-        assert_eq!(e.offset, 4096);
-        assert_eq!(e.to_line(), "1700000000123,spout-a,4096\n");
-        assert_eq!(
-            LogEntry::parse(&e.to_line()[..e.to_line().len() - 1]),
-            Some(e)
-        );
-    }
-
-    #[test]
-    fn id_with_colons_and_commas_keeps_offset() {
-        let e = LogEntry::parse("5,host:12,x,77").unwrap();
-        assert_eq!(e.spout_id, "host:12,x");
-        assert_eq!(e.offset, 77);
-    }
-
-    #[test]
-    fn rejects_malformed_entries() {
-        for l in [
-            "",
-            "abc",
-            "1,2",
-            "x,id,3",
-            "1,id,",
-            "1,id,-5",
-            "1,id,{char=5:line=1:}",
-        ] {
-            assert_eq!(LogEntry::parse(l), None, "{l:?}");
-        }
-    }
-
-    #[test]
-    fn last_complete_entry_wins() {
-        let b = b"1,a,0\n2,a,10\n3,b,20\n";
-        assert_eq!(parse_last_entry(b).unwrap().offset, 20);
-    }
-
-    #[test]
-    fn truncated_last_line_is_ignored() {
-        let b = b"1,a,0\n2,a,10\n3,b,2";
-        let e = parse_last_entry(b).unwrap();
-        assert_eq!((e.time_ms, e.offset), (2, 10));
-    }
-
-    #[test]
-    fn empty_or_garbled_lock_file_has_no_entry() {
-        assert_eq!(parse_last_entry(b""), None);
-        assert_eq!(parse_last_entry(b"12,a,"), None);
-        assert_eq!(parse_last_entry(b"\0\0\0\n"), None);
-        assert_eq!(parse_last_entry(b"garbage\n"), None);
-    }
-
-    #[test]
-    fn garbled_line_falls_back_to_the_previous_entry() {
-        let b = b"1,a,0\n2,a,10\n\xff\xfe\n\n";
-        assert_eq!(parse_last_entry(b).unwrap().offset, 10);
-    }
-
-    #[test]
-    fn storm_written_log_without_final_newline_resumes_earlier() {
-        // Storm writes the newline before each entry but the first, so its
-        // last entry has none: taken as possibly truncated, it is skipped
-        // and the previous one used (more duplicates, never a lost record).
-        let b = b"1,a,0\n2,a,10";
-        assert_eq!(parse_last_entry(b).unwrap().offset, 0);
-    }
-
-    #[test]
     fn idle_is_storms_at_or_before() {
         let t = Duration::from_secs(3);
         assert!(idle(7_000, 10_000, t));
         assert!(!idle(7_001, 10_000, t));
         // Shortly after the epoch (a fake clock) nothing underflows.
         assert!(idle(0, 1_000, t));
-    }
-
-    #[test]
-    fn read_last_entry_of_a_long_log_reads_only_the_tail() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("lock");
-        let mut s = String::new();
-        for i in 0..10_000u64 {
-            s.push_str(
-                &LogEntry {
-                    time_ms: i,
-                    spout_id: "s".into(),
-                    offset: i * 10,
-                }
-                .to_line(),
-            );
-        }
-        s.push_str("99999,s,12");
-        std::fs::write(&p, s).unwrap();
-        let e = read_last_entry(&p).unwrap().unwrap();
-        assert_eq!(e.offset, 99_990);
-        std::fs::write(&p, "").unwrap();
-        assert_eq!(read_last_entry(&p).unwrap(), None);
     }
 }

@@ -12,8 +12,12 @@
 //!    `NAME.inprogress`;
 //! 3. emit each line, and every `commit_count` records or
 //!    `commit_interval` append `<epoch-millis>,<id>,<offset>` to the lock
-//!    file (after flushing the records it covers);
+//!    file (Storm's format, see [`entry`]) for the records the consumer
+//!    acknowledged (see [`emit`]);
 //! 4. move the file to the done directory as `NAME`, delete the lock.
+//!
+//! While a file is consumed its instance holds the data file's write lease
+//! too: nobody appends to it between the last read and the move.
 //!
 //! Before claiming a new file an instance looks for lock files idle for
 //! longer than `lock_timeout` (under `LOCKDIR/DIRLOCK`) and takes one over
@@ -44,10 +48,13 @@
 //! # Ok::<(), leasefs::spout::SpoutError>(())
 //! ```
 
+mod claim;
 mod consume;
 pub mod dirs;
 pub mod emit;
+pub mod entry;
 pub mod error;
+pub mod exec;
 pub mod lock;
 pub mod progress;
 pub mod reader;
@@ -56,9 +63,10 @@ pub mod renew;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use emit::{Emitter, ExecEmitter, StdoutEmitter, WriteEmitter};
+pub use emit::{Emitter, StdoutEmitter, WriteEmitter};
+pub use entry::{LogEntry, Offset, Position};
 pub use error::{EmitError, SpoutError};
-pub use lock::LogEntry;
+pub use exec::ExecEmitter;
 pub use progress::{Progress, Stats};
 
 use crate::sync::{Arc, AtomicBool};
@@ -67,8 +75,8 @@ use crate::sync::{Arc, AtomicBool};
 pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(300);
 pub const DEFAULT_COMMIT_COUNT: u64 = 20_000;
 pub const DEFAULT_COMMIT_INTERVAL: Duration = Duration::from_secs(10);
-/// Renewal period of the spout's leases: must stay well below the mount's
-/// soft limit (default 60 s; the tests mount with 2 s).
+/// Renewal period of the spout's leases, at most: a quarter of the mount's
+/// soft limit and half the lock timeout are used when shorter.
 pub const DEFAULT_RENEW_INTERVAL: Duration = Duration::from_millis(1000);
 /// How often an idle instance looks for new files.
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(500);
@@ -89,7 +97,8 @@ pub struct Spout {
     commit_count: u64,
     commit_interval: Duration,
     id: String,
-    renew_interval: Duration,
+    /// As given; `None`: derived from the soft limit ([`DEFAULT_RENEW_INTERVAL`]).
+    renew_interval: Option<Duration>,
     poll_interval: Duration,
     once: bool,
     progress: Arc<Progress>,
@@ -121,7 +130,7 @@ impl Spout {
             commit_count: DEFAULT_COMMIT_COUNT,
             commit_interval: DEFAULT_COMMIT_INTERVAL,
             id: format!("{host}:{}", std::process::id()),
-            renew_interval: DEFAULT_RENEW_INTERVAL,
+            renew_interval: None,
             poll_interval: DEFAULT_POLL_INTERVAL,
             once: false,
             progress: Arc::new(Progress::default()),
@@ -158,9 +167,11 @@ impl Spout {
         self.id = id.into();
         self
     }
-    /// Lease renewal period; keep it well below the mount's soft limit.
+    /// Lease renewal period: at most half the mount's soft limit (checked
+    /// when the run starts). By default a quarter of the soft limit, half
+    /// the lock timeout or [`DEFAULT_RENEW_INTERVAL`], the shortest.
     pub fn renew_interval(mut self, t: Duration) -> Self {
-        self.renew_interval = t;
+        self.renew_interval = Some(t);
         self
     }
     /// How often an instance with nothing to do looks again.
@@ -192,7 +203,30 @@ impl Spout {
     pub fn run(&self, emitter: &mut dyn Emitter, stop: &AtomicBool) -> Result<Stats, SpoutError> {
         self.check()?;
         let layout = self.prepare()?;
-        consume::Run::new(self, &layout, emitter, stop)?.run()
+        let renew = self.renewal(&layout)?;
+        consume::Run::new(self, &layout, emitter, stop, renew)?.run()
+    }
+
+    /// The renewal period for the mount of `layout`'s locks: leases live
+    /// only `soft_limit` unrenewed, so a period longer than half of it
+    /// would let a live instance lose its files.
+    fn renewal(&self, layout: &Layout) -> Result<Duration, SpoutError> {
+        let soft = dirs::soft_limit_of(&layout.locks);
+        match (self.renew_interval, soft) {
+            (Some(r), Some(s)) if r > s / 2 => Err(SpoutError::Config(format!(
+                "the renewal interval ({} ms) must be at most half the mount's soft limit ({} ms)",
+                r.as_millis(),
+                s.as_millis()
+            ))),
+            (Some(r), _) => Ok(r),
+            (None, soft) => {
+                let mut r = DEFAULT_RENEW_INTERVAL.min(self.lock_timeout / 2);
+                if let Some(s) = soft {
+                    r = r.min(s / 4);
+                }
+                Ok(r.max(Duration::from_millis(10)))
+            }
+        }
     }
 
     fn check(&self) -> Result<(), SpoutError> {
@@ -206,11 +240,13 @@ impl Spout {
         if self.commit_interval.is_zero() {
             return bad("the commit interval must be greater than 0");
         }
-        if self.renew_interval.is_zero() {
-            return bad("the renewal interval must be greater than 0");
-        }
-        if self.renew_interval >= self.lock_timeout {
-            return bad("the renewal interval must be shorter than the lock timeout");
+        if let Some(r) = self.renew_interval {
+            if r.is_zero() {
+                return bad("the renewal interval must be greater than 0");
+            }
+            if r >= self.lock_timeout {
+                return bad("the renewal interval must be shorter than the lock timeout");
+            }
         }
         Ok(())
     }

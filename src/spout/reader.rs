@@ -3,7 +3,8 @@
 //! A record is a line without its `\n` (bytes are passed on unchanged, a
 //! `\r` included); a last line without a newline is a record too. Offsets
 //! are byte offsets, so the offset after a record is exactly where the
-//! next one starts and a lock file's entry says where to resume. A file
+//! next one starts and a lock file's entry says where to resume; the
+//! reader also counts lines and Java characters, Storm's measures. A file
 //! that is not UTF-8 text, holds a NUL byte, or whose recorded offset is
 //! not at a record boundary cannot be read as records and goes to the bad
 //! directory.
@@ -11,6 +12,8 @@
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 use std::path::Path;
+
+use super::entry::Position;
 
 /// A record longer than this is taken for a binary file, not a line: it
 /// would otherwise be buffered whole in memory.
@@ -37,18 +40,20 @@ fn invalid(record: &[u8]) -> Option<&'static str> {
     None
 }
 
-/// Reads records one by one from a start offset.
+/// Reads records one by one from a start position.
 #[derive(Debug)]
 pub struct RecordReader<R> {
     inner: BufReader<R>,
-    offset: u64,
+    pos: Position,
     buf: Vec<u8>,
 }
 
 impl RecordReader<File> {
-    /// Opens `path` to read records from `offset`, which must be 0, the
-    /// file's length, or just after a newline (where a record starts).
-    pub fn open(path: &Path, offset: u64) -> Result<Self, ReadError> {
+    /// Opens `path` to read records from `start`, whose byte offset must
+    /// be 0, the file's length, or just after a newline (where a record
+    /// starts).
+    pub fn open(path: &Path, start: Position) -> Result<Self, ReadError> {
+        let offset = start.bytes;
         let mut f = File::open(path)?;
         let len = f.metadata()?.len();
         if offset > len {
@@ -70,23 +75,28 @@ impl RecordReader<File> {
         } else {
             f.seek(SeekFrom::Start(offset))?;
         }
-        Ok(Self::new(f, offset))
+        Ok(Self::new(f, start))
     }
 }
 
 impl<R: Read> RecordReader<R> {
-    /// Reads from `inner`, which is positioned at byte `offset` of its file.
-    pub fn new(inner: R, offset: u64) -> Self {
+    /// Reads from `inner`, which is positioned at `start` of its file.
+    pub fn new(inner: R, start: Position) -> Self {
         RecordReader {
             inner: BufReader::with_capacity(256 * 1024, inner),
-            offset,
+            pos: start,
             buf: Vec::new(),
         }
     }
 
-    /// The offset just after the last record returned.
+    /// The byte offset just after the last record returned.
     pub fn offset(&self) -> u64 {
-        self.offset
+        self.pos.bytes
+    }
+
+    /// The position just after the last record returned.
+    pub fn position(&self) -> Position {
+        self.pos
     }
 
     /// The next record, without its newline; `None` at the end.
@@ -102,7 +112,7 @@ impl<R: Read> RecordReader<R> {
             self.buf.len() - 1
         } else if n > MAX_RECORD {
             return Err(ReadError::Invalid {
-                offset: self.offset,
+                offset: self.pos.bytes,
                 reason: "line longer than 64 MiB",
             });
         } else {
@@ -110,11 +120,11 @@ impl<R: Read> RecordReader<R> {
         };
         if let Some(reason) = invalid(&self.buf[..record_len]) {
             return Err(ReadError::Invalid {
-                offset: self.offset,
+                offset: self.pos.bytes,
                 reason,
             });
         }
-        self.offset += n;
+        self.pos.advance(&self.buf);
         Ok(Some(&self.buf[..record_len]))
     }
 
@@ -132,8 +142,15 @@ impl<R: Read> RecordReader<R> {
 mod tests {
     use super::*;
 
+    fn at(bytes: u64) -> Position {
+        Position {
+            bytes,
+            ..Position::default()
+        }
+    }
+
     fn all(bytes: &[u8], from: u64) -> Result<Vec<(String, u64)>, ReadError> {
-        let mut r = RecordReader::new(&bytes[from as usize..], from);
+        let mut r = RecordReader::new(&bytes[from as usize..], at(from));
         let mut out = Vec::new();
         while let Some(rec) = r.next_record()? {
             let s = String::from_utf8(rec.to_vec()).unwrap();
@@ -185,8 +202,17 @@ mod tests {
 
     #[test]
     fn validate_counts_records() {
-        assert_eq!(RecordReader::new(&b"1\n2\n3"[..], 0).validate().unwrap(), 3);
-        assert!(RecordReader::new(&b"1\n\xff\n"[..], 0).validate().is_err());
+        assert_eq!(
+            RecordReader::new(&b"1\n2\n3"[..], at(0))
+                .validate()
+                .unwrap(),
+            3
+        );
+        assert!(
+            RecordReader::new(&b"1\n\xff\n"[..], at(0))
+                .validate()
+                .is_err()
+        );
     }
 
     #[test]
@@ -195,16 +221,22 @@ mod tests {
         let p = dir.path().join("f");
         std::fs::write(&p, "ab\ncd\nef").unwrap();
         for ok in [0, 3, 6, 8] {
-            assert!(RecordReader::open(&p, ok).is_ok(), "offset {ok}");
+            assert!(RecordReader::open(&p, at(ok)).is_ok(), "offset {ok}");
         }
         for bad in [1, 4, 9] {
             assert!(
-                matches!(RecordReader::open(&p, bad), Err(ReadError::Invalid { .. })),
+                matches!(
+                    RecordReader::open(&p, at(bad)),
+                    Err(ReadError::Invalid { .. })
+                ),
                 "offset {bad}"
             );
         }
-        let mut r = RecordReader::open(&p, 3).unwrap();
+        let mut r = RecordReader::open(&p, at(3)).unwrap();
         assert_eq!(r.next_record().unwrap(), Some(&b"cd"[..]));
         assert_eq!(r.offset(), 6);
+        assert_eq!(r.next_record().unwrap(), Some(&b"ef"[..]));
+        // Storm's measures: a last line without newline is no line.
+        assert_eq!((r.position().lines, r.position().chars), (1, 5));
     }
 }

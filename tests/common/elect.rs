@@ -79,11 +79,75 @@ impl Candidate {
 impl Drop for Candidate {
     fn drop(&mut self) {
         if self.status.is_none() && matches!(self.child.try_wait(), Ok(None)) {
+            // Its command's tree first: once the elector is gone, only its
+            // daemon would stop what is left of it, and the test may have
+            // failed because that daemon is gone.
+            for child in children_of(self.pid()) {
+                for pid in session_of(child) {
+                    kill(pid, libc::SIGKILL);
+                }
+            }
             kill(self.pid(), libc::SIGCONT);
             kill(self.pid(), libc::SIGKILL);
         }
         let _ = self.child.wait();
     }
+}
+
+/// (pid, ppid, session) of every process.
+fn processes() -> Vec<(u32, u32, u32)> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let (_, rest) = stat.rsplit_once(')')?;
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            Some((pid, f.get(1)?.parse().ok()?, f.get(3)?.parse().ok()?))
+        })
+        .collect()
+}
+
+fn children_of(parent: u32) -> Vec<u32> {
+    processes()
+        .into_iter()
+        .filter(|p| p.1 == parent)
+        .map(|p| p.0)
+        .collect()
+}
+
+/// The processes of session `sid` (only if `sid` leads one).
+fn session_of(sid: u32) -> Vec<u32> {
+    processes()
+        .into_iter()
+        .filter(|p| p.2 == sid)
+        .map(|p| p.0)
+        .collect()
+}
+
+/// Whether any process of group (or session) `pgid` is alive and not a
+/// zombie: a command whose stopped elector cannot reap it is gone once
+/// only its zombie is left.
+pub fn group_alive(pgid: u32) -> bool {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .any(|pid| {
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                return false;
+            };
+            let Some((_, rest)) = stat.rsplit_once(')') else {
+                return false;
+            };
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            f.first() != Some(&"Z")
+                && (f.get(2) == Some(&pgid.to_string().as_str())
+                    || f.get(3) == Some(&pgid.to_string().as_str()))
+        })
 }
 
 /// The election's audit table, through `leasefs elect DIR --history --json`

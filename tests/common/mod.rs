@@ -324,6 +324,10 @@ impl Mount {
         while is_mounted(&self.mnt) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(50));
         }
+        // The killed daemon's main thread can show as a zombie while another
+        // of its threads is still on its way out, holding the data
+        // directory's lock: a new mount needs that lock.
+        wait_until(Duration::from_secs(20), || data_dir_free(&self.data));
     }
 
     pub fn log(&self) -> String {
@@ -369,6 +373,20 @@ impl Drop for Mount {
     fn drop(&mut self) {
         self.unmount();
     }
+}
+
+/// Whether no daemon holds the data directory's lock (`DATA/lock`).
+fn data_dir_free(data: &Path) -> bool {
+    use std::os::fd::AsRawFd;
+    let Ok(f) = std::fs::OpenOptions::new()
+        .read(true)
+        .open(data.join("lock"))
+    else {
+        return true;
+    };
+    // SAFETY: flock on a descriptor this function owns; the lock, if
+    // taken, goes with the descriptor when it is dropped.
+    unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
 }
 
 pub fn is_mounted(p: &Path) -> bool {

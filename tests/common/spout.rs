@@ -215,15 +215,51 @@ pub fn names_in(m: &Mount, rel: &str) -> Vec<String> {
     v
 }
 
-/// The last complete `time,id,offset` entry of a lock file.
+/// The last `time,id,offset` entry of a lock file, with its byte offset:
+/// entries are written as Storm writes them (a newline before each entry
+/// but the first), offsets as `0` or `{char=C:line=L:byte=B:}`.
 pub fn last_entry(m: &Mount, rel: &str) -> Option<(String, u64)> {
     let text = std::fs::read_to_string(m.path(rel)).ok()?;
-    let complete = &text[..text.rfind('\n')?];
-    let line = complete.lines().last()?;
-    let mut f = line.split(',');
+    let line = text.lines().rev().find(|l| !l.is_empty())?;
+    let mut f = line.splitn(3, ',');
     let _time = f.next()?;
     let id = f.next()?.to_string();
-    Some((id, f.next()?.parse().ok()?))
+    Some((id, entry_bytes(f.next()?)?))
+}
+
+/// The byte offset of a lock entry's offset field.
+pub fn entry_bytes(offset: &str) -> Option<u64> {
+    if offset == "0" {
+        return Some(0);
+    }
+    let body = offset.strip_prefix('{')?.strip_suffix('}')?;
+    body.split(':')
+        .find_map(|kv| kv.strip_prefix("byte="))?
+        .parse()
+        .ok()
+}
+
+/// What Apache Storm's `TextFileReader.Offset` makes of an entry's offset
+/// field: `0`, or `(char, line)` from the first two `:`-separated parts of
+/// `{char=C:line=L:...}` (the text after each `=`); `None` where Storm
+/// throws.
+pub fn storm_offset(offset: &str) -> Option<(u64, u64)> {
+    if offset.eq_ignore_ascii_case("0") {
+        return Some((0, 0));
+    }
+    let parts: Vec<&str> = offset.split(':').collect();
+    let value = |p: &str| p.split('=').nth(1)?.parse::<u64>().ok();
+    Some((value(parts.first()?)?, value(parts.get(1)?)?))
+}
+
+/// The last entry of a lock file as Storm reads it (its last line, split
+/// in three at the first two commas): (id, offset field).
+pub fn storm_last_entry(m: &Mount, rel: &str) -> Option<(String, String)> {
+    let text = std::fs::read_to_string(m.path(rel)).ok()?;
+    let last = text.lines().last()?;
+    let mut f = last.splitn(3, ',');
+    f.next()?.parse::<u64>().ok()?;
+    Some((f.next()?.to_string(), f.next()?.to_string()))
 }
 
 /// Waits until `rel`'s lock shows a commit by `id` past offset 0.

@@ -15,7 +15,7 @@
 //! (more are refused with an error line).
 
 mod peer;
-mod requests;
+pub(crate) mod requests;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};

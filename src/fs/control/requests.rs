@@ -8,16 +8,22 @@
 //! | `leases`, `history`, `fsck` | everybody; a holder's pid and process name only to its own user and root |
 //! | `recover` | search permission on every directory of the path and write permission on the file (root always) |
 //! | `audit` | a participant of that election (has the election file open for writing) or root |
-//! | `fence` | the holder of the election file's lease at that epoch, for a group it leads or its child leads, or root |
+//! | `fence` | the holder of the election file's lease at that epoch, for itself and a command it leads or its child leads, or root |
 //! | `unfence` | a participant of the group's election or root |
 //! | `fsck` with `repair` | root or the user who mounted |
+//!
+//! Every request that changes something (`recover`, `audit`, `fence`,
+//! `unfence`, `fsck` with `repair`) is also refused, root's too, to a
+//! process of the command of an election term that is over, as every
+//! change through the mount is (docs/SEMANTICS.md, "Fencing").
 
 use std::path::Path;
 
 use serde_json::{Value, json};
 
 use super::peer::{Peer, SEARCH, WRITE};
-use crate::fs::core::Core;
+use crate::fs::TermRegistration;
+use crate::fs::core::{Caller, Core};
 use crate::meta::{AuditEvent, ROOT_INO};
 use crate::sync::Arc;
 
@@ -36,7 +42,16 @@ type Answer = Result<Value, Refusal>;
 
 /// Answers one request of `peer`.
 pub fn answer(core: &Arc<Core>, mnt: &Path, peer: &Peer, req: &Value) -> Value {
-    let r = match req["op"].as_str().unwrap_or("") {
+    let op = req["op"].as_str().unwrap_or("");
+    let changes = match op {
+        "recover" | "audit" | "fence" | "unfence" => true,
+        "fsck" => req["repair"].as_bool().unwrap_or(false),
+        _ => false,
+    };
+    if changes && let Err(e) = not_fenced(core, peer) {
+        return json!({ "error": e.to_string() });
+    }
+    let r = match op {
         "leases" => leases(core, mnt, peer),
         "recover" => str_field(req, "path").and_then(|p| recover(core, peer, p)),
         "audit" => audit(core, peer, &req["event"]),
@@ -63,6 +78,18 @@ fn u32_field(req: &Value, name: &str) -> Result<u32, Refusal> {
 }
 
 // ---- who may: one rule per request kind ---------------------------------
+
+/// A process of the command of an election term that is over changes
+/// nothing, here as through the mount.
+fn not_fenced(core: &Core, peer: &Peer) -> Result<(), Refusal> {
+    let caller = Caller {
+        pid: peer.pid,
+        uid: peer.uid,
+        gid: peer.gid,
+    };
+    core.may_change(caller)
+        .map_err(|e| Refusal::Denied(e.to_string()))
+}
 
 /// The holder's pid and process name are the holder's user's business.
 fn may_see_holder(peer: &Peer, holder_uid: Option<u32>) -> bool {
@@ -94,12 +121,20 @@ fn is_participant(core: &Core, peer: &Peer, leader: u64) -> bool {
             .any(|h| h.write && h.ino == leader && h.tgid == peer.pid)
 }
 
-/// Fencing a group under a term: the peer holds the election file's lease
-/// at that very epoch, and the group is led by the peer or by a child of
-/// it (the elector forks its command into a group of its own).
-fn may_fence(core: &Core, peer: &Peer, leader: u64, epoch: u64, pgid: u32) -> Result<(), Refusal> {
+/// Registering a term: the peer holds the election file's lease at that
+/// very epoch, registers itself as the elector, and the command's tree
+/// (if any) is led by the peer or by a child of it (the elector forks its
+/// command into a session of its own).
+fn may_fence(core: &Core, peer: &Peer, leader: u64, reg: &TermRegistration) -> Result<(), Refusal> {
     if peer.is_root() {
         return Ok(());
+    }
+    let (epoch, pgid) = (reg.epoch, reg.pgid);
+    if reg.pid != peer.pid {
+        return Err(Refusal::Denied(format!(
+            "a term names its elector: {} is not the caller ({})",
+            reg.pid, peer.pid
+        )));
     }
     let holds = core.handles.iter().any(|h| {
         h.write
@@ -113,7 +148,7 @@ fn may_fence(core: &Core, peer: &Peer, leader: u64, epoch: u64, pgid: u32) -> Re
             "only the holder of the election's lease at epoch {epoch} may fence under it"
         )));
     }
-    if pgid != peer.pid && parent_of(pgid) != Some(peer.pid) {
+    if pgid != 0 && pgid != peer.pid && parent_of(pgid) != Some(peer.pid) {
         return Err(Refusal::Denied(format!(
             "process group {pgid} is not led by the caller or a child of it"
         )));
@@ -220,21 +255,17 @@ fn history(core: &Arc<Core>, election: &str) -> Answer {
 }
 
 fn fence(core: &Arc<Core>, peer: &Peer, req: &Value) -> Answer {
-    let pgid = req["pgid"].as_u64().and_then(|p| u32::try_from(p).ok());
-    let Some(pgid) = pgid.filter(|p| *p > 0) else {
-        return Err(Refusal::Bad("pgid must be > 0".into()));
-    };
-    let epoch = req["epoch"].as_u64().unwrap_or(0);
-    let path = req["path"].as_str().unwrap_or("");
-    let leader = resolve(core, peer, path)?;
-    may_fence(core, peer, leader, epoch, pgid)?;
-    core.register_fence(pgid, leader, epoch);
+    let reg: TermRegistration = serde_json::from_value(req.clone())
+        .map_err(|e| Refusal::Bad(format!("bad fence request: {e}")))?;
+    let leader = resolve(core, peer, &reg.path)?;
+    may_fence(core, peer, leader, &reg)?;
+    core.register_term(leader, &reg).map_err(Refusal::Failed)?;
     Ok(json!({ "ok": true }))
 }
 
 fn unfence(core: &Arc<Core>, peer: &Peer, pgid: u32) -> Answer {
-    // A group with no fence: nothing to drop, whoever asks.
-    let Some(leader) = core.fences.get(&pgid).map(|f| f.0) else {
+    // A tree with no fence: nothing to drop, whoever asks.
+    let Some(leader) = core.fenced_election(pgid) else {
         return Ok(json!({ "ok": true }));
     };
     if !is_participant(core, peer, leader) {

@@ -439,13 +439,43 @@ impl Meta for EtcdMeta {
     }
 
     /// Sequence numbers come from one counter, so they order the events of
-    /// all daemons as their commits did.
-    fn audit(&self, e: &AuditEvent) -> FsResult<i64> {
+    /// all daemons as their commits did. The election's events are read in
+    /// the same transaction: a concurrent event makes it run again, so the
+    /// redundancy check cannot miss one.
+    fn audit(&self, e: &AuditEvent) -> FsResult<Option<i64>> {
         self.run(|s| {
+            let history: Vec<AuditEvent> = s
+                .scan_json::<AuditEvent>(&audit_of(&e.election))?
+                .into_iter()
+                .map(|(_, e)| e)
+                .collect();
+            if e.is_redundant(&history) {
+                return Ok(None);
+            }
             let seq = s.counter("audit_seq")?.unwrap_or(0) + 1;
             s.set_counter("audit_seq", seq);
             s.put_json(&audit_key(&e.election, seq), e)?;
-            Ok(seq as i64)
+            Ok(Some(seq as i64))
+        })
+    }
+
+    fn put_fence(&self, f: &FenceRecord) -> FsResult<()> {
+        self.run(|s| s.put_json(&fence_key(&f.owner, f.pgid), f))
+    }
+
+    fn delete_fence(&self, owner: &str, pgid: u32) -> FsResult<()> {
+        self.run(|s| {
+            s.delete(&fence_key(owner, pgid));
+            Ok(())
+        })
+    }
+
+    fn fences(&self, owner: &str) -> FsResult<Vec<FenceRecord>> {
+        self.run(|s| {
+            Ok(s.scan_json::<FenceRecord>(&fences_of(owner))?
+                .into_iter()
+                .map(|(_, f)| f)
+                .collect())
         })
     }
 

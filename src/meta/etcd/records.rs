@@ -113,6 +113,12 @@ pub(super) fn datanode_key(id: DnId) -> String {
 pub(super) fn counter_key(name: &str) -> String {
     format!("c/{name}")
 }
+pub(super) fn fences_of(owner: &str) -> String {
+    format!("f/{}/", hex(owner.as_bytes()))
+}
+pub(super) fn fence_key(owner: &str, pgid: u32) -> String {
+    format!("{}{pgid:08x}", fences_of(owner))
+}
 pub(super) fn audit_of(election: &str) -> String {
     format!("a/{}/", hex(election.as_bytes()))
 }

@@ -16,6 +16,7 @@
 use std::path::{Path, PathBuf};
 
 mod dentries;
+mod elections;
 mod registry;
 mod schema;
 mod xattrs;
@@ -762,35 +763,25 @@ impl Meta for MetaStore {
     }
 
     /// Appends one election event (the audit table operators query).
-    fn audit(&self, e: &AuditEvent) -> FsResult<i64> {
-        self.durable(|tx| {
-            tx.execute(
-                "INSERT INTO election_audit(election, event, who, host, pid, epoch, at_ms, why) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-                params![e.election, e.event, e.who, e.host, e.pid as i64, e.epoch as i64, e.at_ms as i64, e.why],
-            )?;
-            Ok(tx.last_insert_rowid())
-        })
+    fn audit(&self, e: &AuditEvent) -> FsResult<Option<i64>> {
+        self.durable(|tx| elections::audit(tx, e))
     }
 
     /// The events of one election, oldest first.
     fn audit_history(&self, election: &str) -> FsResult<Vec<AuditEvent>> {
-        let c = lock(&self.conn);
-        let mut st = c.prepare(
-            "SELECT election, event, who, host, pid, epoch, at_ms, why FROM election_audit WHERE election = ?1 ORDER BY id",
-        )?;
-        let rows = st.query_map([election], |r| {
-            Ok(AuditEvent {
-                election: r.get(0)?,
-                event: r.get(1)?,
-                who: r.get(2)?,
-                host: r.get(3)?,
-                pid: r.get::<_, i64>(4)? as u32,
-                epoch: r.get::<_, i64>(5)? as u64,
-                at_ms: r.get::<_, i64>(6)? as u64,
-                why: r.get(7)?,
-            })
-        })?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        elections::history(&lock(&self.conn), election, None)
+    }
+
+    fn put_fence(&self, f: &FenceRecord) -> FsResult<()> {
+        self.durable(|tx| elections::put_fence(tx, f))
+    }
+
+    fn delete_fence(&self, owner: &str, pgid: u32) -> FsResult<()> {
+        self.durable(|tx| elections::delete_fence(tx, owner, pgid))
+    }
+
+    fn fences(&self, owner: &str) -> FsResult<Vec<FenceRecord>> {
+        elections::fences(&lock(&self.conn), owner)
     }
 
     fn space(&self) -> FsResult<Option<StoreSpace>> {

@@ -68,6 +68,19 @@ CREATE TABLE IF NOT EXISTS election_audit(
   why TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS election_audit_by_election ON election_audit(election, id);
+CREATE TABLE IF NOT EXISTS election_fences(
+  owner TEXT NOT NULL,
+  pgid INTEGER NOT NULL,
+  start_ticks INTEGER NOT NULL,
+  boot_id TEXT NOT NULL,
+  cgroup TEXT,
+  leader TEXT NOT NULL,
+  ino INTEGER NOT NULL,
+  epoch INTEGER NOT NULL,
+  who TEXT NOT NULL,
+  pid INTEGER NOT NULL,
+  PRIMARY KEY(owner, pgid)
+);
 CREATE TABLE IF NOT EXISTS datanodes(
   id INTEGER PRIMARY KEY,
   storage_id TEXT UNIQUE,

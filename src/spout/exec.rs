@@ -1,0 +1,420 @@
+//! [`ExecEmitter`]: records as lines on the standard input of `sh -c CMD`,
+//! one command per file, and what it acknowledged (see [`super::emit`]).
+//!
+//! The command's stdin is a pipe of which the spout keeps a read end it
+//! never reads from: once the command has exited, whatever is still in the
+//! pipe is what it did not read, so a command that exits 0 before reading
+//! its file's last record (`head -n 3`) has not taken the file, however
+//! small. The same read end means writes never fail with `EPIPE`: they are
+//! made without blocking and stop once the command has exited.
+
+use std::ffi::OsStr;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, ExitStatus, Stdio};
+
+use super::emit::{Emitter, LineBuffer};
+use super::error::EmitError;
+
+/// Records as lines on the standard input of `sh -c CMD`, one command per
+/// file. The command runs in its own process group, so a Ctrl-C meant for
+/// the spout (which then finishes its record, commits and stops) does not
+/// kill the consumer first; it gets EOF at the end of its file, or when
+/// the spout stops, and the spout waits for it.
+#[derive(Debug)]
+pub struct ExecEmitter {
+    cmd: String,
+    run: Option<Consumer>,
+    lines: LineBuffer,
+}
+
+/// The command consuming one file.
+#[derive(Debug)]
+struct Consumer {
+    child: Child,
+    /// The write end of the command's stdin (non-blocking); `None` once
+    /// closed (EOF).
+    stdin: Option<File>,
+    /// A read end of the same pipe, never read: what is left in the pipe
+    /// after the command exited is what it did not take.
+    probe: OwnedFd,
+    /// Read end of the command's file descriptor 3 (non-blocking).
+    acks: File,
+    /// Bytes of an acknowledgement line not complete yet.
+    partial: Vec<u8>,
+    emitted: u64,
+    acked: u64,
+}
+
+fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(std::io::Error::from)
+}
+
+fn set_nonblocking(fd: impl AsFd) {
+    use nix::fcntl::{FcntlArg, OFlag, fcntl};
+    if let Ok(bits) = fcntl(&fd, FcntlArg::F_GETFL) {
+        let _ = fcntl(
+            &fd,
+            FcntlArg::F_SETFL(OFlag::from_bits_truncate(bits) | OFlag::O_NONBLOCK),
+        );
+    }
+}
+
+/// Bytes waiting in the pipe of `fd`.
+fn unread(fd: &OwnedFd) -> usize {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD on an open pipe descriptor writes one int.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::FIONREAD, &mut n) };
+    if r < 0 { 0 } else { n.max(0) as usize }
+}
+
+impl ExecEmitter {
+    /// An emitter that runs `sh -c CMD` for each file.
+    pub fn new(cmd: &str) -> Self {
+        ExecEmitter {
+            cmd: cmd.to_string(),
+            run: None,
+            lines: LineBuffer::new(),
+        }
+    }
+
+    /// The running command's pid (its process group id too), if any.
+    pub fn pid(&self) -> Option<u32> {
+        self.run.as_ref().map(|r| r.child.id())
+    }
+
+    fn spawn(&self, name: &OsStr) -> Result<Consumer, EmitError> {
+        let spawn_err = |source| EmitError::Spawn {
+            cmd: self.cmd.clone(),
+            source,
+        };
+        let (in_r, in_w) = pipe().map_err(spawn_err)?;
+        let probe = in_r.try_clone().map_err(spawn_err)?;
+        let (ack_r, ack_w) = pipe().map_err(spawn_err)?;
+        let ack_fd = ack_w.as_raw_fd();
+        let mut c = Command::new("sh");
+        c.arg("-c")
+            .arg(&self.cmd)
+            .env("LEASEFS_ACK_FD", "3")
+            .env("LEASEFS_SPOUT_FILE", name)
+            .stdin(Stdio::from(in_r))
+            .process_group(0);
+        // SAFETY: dup2 and fcntl are async-signal-safe; `ack_fd` is open in
+        // the parent (and so in the child) until the spawn returns.
+        unsafe {
+            c.pre_exec(move || {
+                if libc::dup2(ack_fd, 3) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // dup2 onto itself keeps close-on-exec: clear it either way.
+                libc::fcntl(3, libc::F_SETFD, 0);
+                Ok(())
+            });
+        }
+        let child = c.spawn().map_err(spawn_err)?;
+        drop(ack_w);
+        let stdin = File::from(in_w);
+        set_nonblocking(&stdin);
+        let acks = File::from(ack_r);
+        set_nonblocking(&acks);
+        Ok(Consumer {
+            child,
+            stdin: Some(stdin),
+            probe,
+            acks,
+            partial: Vec::new(),
+            emitted: 0,
+            acked: 0,
+        })
+    }
+
+    /// The command stopped taking its input: say how it ended, if it did.
+    fn gone(&mut self, source: std::io::Error) -> EmitError {
+        if let Some(r) = self.run.as_mut()
+            && let Ok(Some(status)) = r.child.try_wait()
+            && !status.success()
+        {
+            return EmitError::CommandFailed {
+                cmd: self.cmd.clone(),
+                status,
+            };
+        }
+        EmitError::CommandGone {
+            cmd: self.cmd.clone(),
+            source,
+        }
+    }
+
+    /// EOF for the file's command, then its exit; `Err` if it left input
+    /// unread.
+    fn wait(&mut self) -> Result<ExitStatus, EmitError> {
+        let Some(mut r) = self.run.take() else {
+            return Err(EmitError::CommandGone {
+                cmd: self.cmd.clone(),
+                source: std::io::ErrorKind::NotConnected.into(),
+            });
+        };
+        r.stdin = None;
+        let status = r.child.wait().map_err(|source| EmitError::CommandGone {
+            cmd: self.cmd.clone(),
+            source,
+        })?;
+        let left = unread(&r.probe);
+        if status.success() && left > 0 {
+            return Err(EmitError::CommandGone {
+                cmd: self.cmd.clone(),
+                source: std::io::Error::other(format!(
+                    "it exited without reading the last {left} bytes of its input"
+                )),
+            });
+        }
+        Ok(status)
+    }
+}
+
+impl Consumer {
+    /// Writes all of `data`, waiting for room while the command lives.
+    fn write_all(&mut self, mut data: &[u8]) -> std::io::Result<()> {
+        let Some(w) = self.stdin.as_mut() else {
+            return Err(std::io::ErrorKind::BrokenPipe.into());
+        };
+        while !data.is_empty() {
+            match w.write(data) {
+                Ok(n) => data = &data[n..],
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if self.child.try_wait()?.is_some() {
+                        return Err(std::io::Error::new(
+                            std::io::ErrorKind::BrokenPipe,
+                            "the command exited before reading all its input",
+                        ));
+                    }
+                    let mut fds = [nix::poll::PollFd::new(
+                        w.as_fd(),
+                        nix::poll::PollFlags::POLLOUT,
+                    )];
+                    let _ = nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(100u16));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads what the command acknowledged since (cumulative counts; the
+    /// largest one counts, capped by what was emitted).
+    fn read_acks(&mut self) {
+        let mut buf = [0u8; 4096];
+        loop {
+            match self.acks.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => self.partial.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => break, // EAGAIN: nothing more for now
+            }
+        }
+        while let Some(i) = self.partial.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = self.partial.drain(..=i).collect();
+            match std::str::from_utf8(&line)
+                .ok()
+                .and_then(|l| l.trim().parse::<u64>().ok())
+            {
+                Some(n) => self.acked = self.acked.max(n.min(self.emitted)),
+                None => tracing::warn!(
+                    "ignored an acknowledgement that is not a count: {:?}",
+                    String::from_utf8_lossy(&line)
+                ),
+            }
+        }
+    }
+}
+
+impl Emitter for ExecEmitter {
+    fn begin_file(&mut self, name: &OsStr) -> Result<(), EmitError> {
+        // A command still running belongs to an earlier file that ended
+        // without `end_file` (an error): it gets EOF first.
+        if self.run.is_some() {
+            let _ = self.wait();
+        }
+        self.lines.buf.clear();
+        self.run = Some(self.spawn(name)?);
+        Ok(())
+    }
+
+    fn emit(&mut self, record: &[u8]) -> Result<(), EmitError> {
+        if let Some(r) = self.run.as_mut() {
+            r.emitted += 1;
+        }
+        if self.lines.push(record) {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<(), EmitError> {
+        let r = match self.run.as_mut() {
+            Some(r) => r.write_all(&self.lines.buf),
+            None => Err(std::io::ErrorKind::BrokenPipe.into()),
+        };
+        match r {
+            Ok(()) => {
+                self.lines.buf.clear();
+                Ok(())
+            }
+            Err(e) => {
+                if let Some(r) = self.run.as_mut() {
+                    r.stdin = None;
+                }
+                Err(self.gone(e))
+            }
+        }
+    }
+
+    fn acknowledged(&mut self) -> Result<Option<u64>, EmitError> {
+        Ok(self.run.as_mut().map(|r| {
+            r.read_acks();
+            r.acked
+        }))
+    }
+
+    fn end_file(&mut self) -> Result<(), EmitError> {
+        let flushed = self.flush();
+        let status = self.wait()?;
+        flushed?;
+        if !status.success() {
+            return Err(EmitError::CommandFailed {
+                cmd: self.cmd.clone(),
+                status,
+            });
+        }
+        Ok(())
+    }
+
+    fn discard(&mut self) {
+        self.lines.buf.clear();
+        // EOF: the command finishes what it got (duplicates of what the
+        // new owner emits again, never a loss).
+        let _ = self.wait();
+    }
+
+    fn finish(&mut self) -> Result<(), EmitError> {
+        if self.run.is_some() {
+            return self.end_file();
+        }
+        Ok(())
+    }
+}
+
+impl Drop for ExecEmitter {
+    fn drop(&mut self) {
+        // EOF, then reap: never leave a zombie or an orphaned consumer
+        // waiting for input.
+        if let Some(mut r) = self.run.take() {
+            r.stdin = None;
+            let _ = r.child.wait();
+        }
+    }
+}
+
+/// Waits up to `max` for `f`.
+#[cfg(test)]
+fn eventually(max: std::time::Duration, mut f: impl FnMut() -> bool) -> bool {
+    let end = std::time::Instant::now() + max;
+    while std::time::Instant::now() < end {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    f()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn file() -> &'static OsStr {
+        OsStr::new("f")
+    }
+
+    #[test]
+    fn one_command_per_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out");
+        let mut e = ExecEmitter::new(&format!("cat >> '{}'", out.display()));
+        for f in 0..2 {
+            e.begin_file(file()).unwrap();
+            for i in 0..10_000 {
+                e.emit(format!("{f} line {i}").as_bytes()).unwrap();
+            }
+            e.flush().unwrap();
+            e.end_file().unwrap();
+        }
+        e.finish().unwrap();
+        let got = std::fs::read_to_string(&out).unwrap();
+        assert_eq!(got.lines().count(), 20_000);
+        assert_eq!(got.lines().last(), Some("1 line 9999"));
+    }
+
+    #[test]
+    fn acknowledgements_count_records_on_descriptor_3() {
+        let mut e = ExecEmitter::new("n=0; while read -r l; do n=$((n+1)); echo $n >&3; done");
+        e.begin_file(file()).unwrap();
+        for i in 0..5 {
+            e.emit(format!("r{i}").as_bytes()).unwrap();
+        }
+        e.flush().unwrap();
+        assert!(eventually(Duration::from_secs(10), || e
+            .acknowledged()
+            .unwrap()
+            == Some(5)));
+        e.end_file().unwrap();
+    }
+
+    #[test]
+    fn a_command_that_exits_0_without_reading_everything_took_nothing() {
+        // Small enough for the pipe: no write ever fails. (The shell reads
+        // its input a byte at a time; `head` would read a whole buffer, and
+        // what a command read counts as taken.)
+        let mut e = ExecEmitter::new("read -r l; exit 0");
+        e.begin_file(file()).unwrap();
+        for i in 0..100 {
+            e.emit(format!("line {i}").as_bytes()).unwrap();
+        }
+        e.flush().unwrap();
+        // Let it read its one line and leave.
+        std::thread::sleep(Duration::from_millis(200));
+        let r = e.end_file();
+        assert!(matches!(r, Err(EmitError::CommandGone { .. })), "{r:?}");
+        // A big file: the writes themselves stop.
+        e.begin_file(file()).unwrap();
+        let mut r = Ok(());
+        for i in 0..200_000 {
+            r = e.emit(format!("line {i}").as_bytes());
+            if r.is_err() {
+                break;
+            }
+        }
+        assert!(r.and_then(|_| e.end_file()).is_err());
+    }
+
+    #[test]
+    fn dead_command_is_an_error() {
+        let mut e = ExecEmitter::new("exit 3");
+        e.begin_file(file()).unwrap();
+        let mut r = Ok(());
+        for _ in 0..100 {
+            r = e.emit(&[b'x'; 4096]);
+            if r.is_err() {
+                break;
+            }
+        }
+        match r.and_then(|_| e.end_file()) {
+            Err(EmitError::CommandFailed { status, .. }) => assert_eq!(status.code(), Some(3)),
+            other => panic!("{other:?}"),
+        }
+    }
+}
