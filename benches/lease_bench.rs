@@ -23,9 +23,9 @@ const TICKS: usize = 2_001;
 struct Counter(u64);
 
 impl EpochSource for Counter {
-    fn next(&mut self, _file: u64) -> u64 {
+    fn next(&mut self, _file: u64) -> Result<u64, String> {
         self.0 += 1;
-        self.0
+        Ok(self.0)
     }
 }
 

@@ -3,7 +3,8 @@
 #
 #   mount-scripts/test.sh [--no-pjdfstest] [--no-etcd] [--no-bench] [-- CARGO_TEST_ARGS...]
 #
-# 1. cargo build --release (once)
+# 1. cargo build --release (once), and the power-cut test tools
+#    (`cargo build --release -p powercut`: tools/powercut)
 # 2. cargo test --release          unit + integration tests; the integration
 #                                  tests find the binary through LEASEFS_BIN
 # 2b. the same suites again on the etcd backend (LEASEFS_TEST_META=etcd: every
@@ -49,7 +50,7 @@ declare -A status=()
 started=$SECONDS
 
 section "cargo build --release"
-if ! cargo build --release; then
+if ! cargo build --release || ! cargo build --release -p powercut; then
     echo "test.sh: build failed" >&2
     exit 1
 fi

@@ -9,7 +9,8 @@ use std::time::{Duration, SystemTime};
 
 use serde::{Deserialize, Serialize};
 
-use crate::meta::{AdminState, BlockRow, Change, DnId, Meta};
+use crate::error::FsResult;
+use crate::meta::{AdminState, BlockRow, DnId, Meta};
 use crate::pipeline::Datanodes;
 use crate::pipeline::datanodes::{DatanodeStatus, FULL_BELOW, Health};
 use crate::storage::datanode::{ReplicaState, StorageError};
@@ -193,16 +194,38 @@ pub struct Check<'a> {
     /// mount after a disk failure is ready at once, and housekeeping
     /// copies in the background while fsck shows what is left.
     pub copy: bool,
-    /// Repairs a file left open while writers may be at work (online):
-    /// `Ok(true)` recovered, `Ok(false)` it has a live lease after all (the
-    /// live set above was taken before the files under construction were
-    /// read, and a writer may have opened the file since). `None`: no
-    /// writer can be at work (offline, at mount): recovered directly.
-    pub left_open: Option<&'a (dyn Fn(u64) -> Result<bool, String> + Sync)>,
     /// Beside orphans, also delete copies of a block on datanodes its row
     /// does not list, once the row's own replicas are all there (excess or
     /// stale copies; never at mount).
     pub excess: bool,
+    /// Keeps writers off a file while a repair changes it; `None` when a
+    /// writer holds it now (it may have opened it since the check began).
+    /// Online this is the lease manager's pin; offline [`no_writers`].
+    pub pin: &'a dyn Fn(u64) -> Option<Pinned<'a>>,
+    /// Recovers a file left under construction (called pinned).
+    pub recover: &'a dyn Fn(u64) -> FsResult<u64>,
+}
+
+/// A file kept from writers while a repair changes it; let go on drop.
+pub struct Pinned<'a>(Option<Box<dyn FnOnce() + 'a>>);
+
+impl<'a> Pinned<'a> {
+    pub fn new(release: impl FnOnce() + 'a) -> Pinned<'a> {
+        Pinned(Some(Box::new(release)))
+    }
+}
+
+impl Drop for Pinned<'_> {
+    fn drop(&mut self) {
+        if let Some(f) = self.0.take() {
+            f()
+        }
+    }
+}
+
+/// The pin of an offline check: no daemon, so no writer.
+pub fn no_writers<'a>(_: u64) -> Option<Pinned<'a>> {
+    Some(Pinned(None))
 }
 
 struct Progress {
@@ -231,6 +254,9 @@ impl Progress {
         }
     }
 }
+
+mod block;
+use block::check_block;
 
 pub fn run(c: &Check<'_>) -> Result<Report, String> {
     let states = c.dns.statuses();
@@ -307,21 +333,31 @@ pub fn run(c: &Check<'_>) -> Result<Report, String> {
                 repaired: false,
             };
             if c.repair {
-                let recovered = match c.left_open {
-                    Some(f) => f(uc.ino),
-                    None => crate::pipeline::recovery::recover_file(c.meta, c.dns, uc.ino)
-                        .map(|_| true)
-                        .map_err(|e| e.to_string()),
+                // Only with the file kept from writers, and only if it is
+                // still under construction then: a writer may have opened
+                // it since the live set was taken, or be closing it right
+                // now (its lease goes only after its close is recorded).
+                let Some(_pin) = (c.pin)(uc.ino) else {
+                    if let Some(f) = r.open_for_write.last_mut() {
+                        f.live = true;
+                    }
+                    continue;
                 };
-                match recovered {
-                    Ok(true) => p.repaired = true,
-                    // Opened by a writer since the live set was taken.
-                    Ok(false) => {
-                        if let Some(f) = r.open_for_write.last_mut() {
-                            f.live = true;
-                        }
+                match c.meta.uc(uc.ino) {
+                    Ok(Some(_)) => {}
+                    // Closed meanwhile.
+                    Ok(None) => {
+                        r.open_for_write.pop();
                         continue;
                     }
+                    Err(e) => {
+                        p.detail.push_str(&format!("; cannot read it again: {e}"));
+                        r.problems.push(p);
+                        continue;
+                    }
+                }
+                match (c.recover)(uc.ino) {
+                    Ok(_) => p.repaired = true,
                     Err(e) => p.detail.push_str(&format!("; recovery failed: {e}")),
                 }
             }
@@ -332,218 +368,6 @@ pub fn run(c: &Check<'_>) -> Result<Report, String> {
         orphans(c, &blocks, &mut r);
     }
     Ok(r)
-}
-
-/// Checks (and with repair, fixes) one block; returns how many good
-/// replicas it has on datanodes in service afterwards.
-fn check_block(c: &Check<'_>, b: &BlockRow, path: &str, r: &mut Report) -> usize {
-    // Readable replicas, and of those the ones on datanodes in service,
-    // which alone count toward R (decommissioning and decommissioned
-    // datanodes serve reads, and are sources for copies).
-    let mut good = Vec::new();
-    let mut bad = Vec::new();
-    // Replicas on dead datanodes (not attached, or failing heartbeats):
-    // unreadable for now, so the block counts as under-replicated; they
-    // stay recorded until the block has its replicas elsewhere.
-    let mut dead = Vec::new();
-    for &dn in &b.replicas {
-        // A removed datanode's entry means nothing (see Meta::remove_datanode).
-        if !c.dns.is_recorded(dn) {
-            continue;
-        }
-        r.replicas += 1;
-        if c.dns.health(dn) == Health::Dead {
-            dead.push(dn);
-            continue;
-        }
-        let Some(node) = c.dns.get(dn) else {
-            dead.push(dn);
-            continue;
-        };
-        let data_len = match node.stat_replica(b.block_id, b.gs) {
-            Ok((_, len)) => len,
-            Err(StorageError::StaleGenStamp { found, .. }) => {
-                bad.push((
-                    dn,
-                    ProblemKind::StaleReplica,
-                    format!("generation stamp {found} (expected {})", b.gs),
-                ));
-                continue;
-            }
-            Err(StorageError::Missing { .. }) => {
-                bad.push((dn, ProblemKind::MissingReplica, "no replica files".into()));
-                continue;
-            }
-            Err(e) => {
-                bad.push((dn, ProblemKind::MissingReplica, e.to_string()));
-                continue;
-            }
-        };
-        if !b.finalized {
-            // Being written or left open: its length is settled by recovery.
-            good.push(dn);
-            continue;
-        }
-        if data_len != b.len {
-            bad.push((
-                dn,
-                ProblemKind::BadLength,
-                format!("length {data_len} (expected {})", b.len),
-            ));
-            continue;
-        }
-        if !c.deep && !c.suspect.contains(&(b.block_id, dn)) {
-            good.push(dn);
-            continue;
-        }
-        match node.valid_prefix(b.block_id, b.gs) {
-            Ok(n) if n >= b.len => good.push(dn),
-            Ok(n) => bad.push((
-                dn,
-                ProblemKind::CorruptReplica,
-                format!("checksum mismatch at byte {n}"),
-            )),
-            Err(e) => bad.push((dn, ProblemKind::CorruptReplica, e.to_string())),
-        }
-    }
-    let repairable = c.repair && b.finalized && !c.busy_blocks.contains(&b.block_id);
-    let mut row = b.clone();
-    row.replicas.retain(|d| c.dns.is_recorded(*d));
-    for (dn, kind, detail) in bad {
-        let mut repaired = false;
-        if repairable && !good.is_empty() {
-            // The row says which generation stamp and length the block
-            // has, and a good replica holds them: this file is not needed.
-            if let Some(node) = c.dns.get(dn)
-                && c.dns.is_alive(dn)
-            {
-                let _ = node.delete(b.block_id);
-            }
-            row.replicas.retain(|d| *d != dn);
-            repaired = true;
-        }
-        r.problems.push(Problem {
-            kind,
-            path: path.to_string(),
-            block: Some(b.block_id),
-            datanode: Some(dn),
-            detail,
-            repaired,
-        });
-    }
-    if good.is_empty() {
-        let detail = if dead.is_empty() {
-            "no good replica left".to_string()
-        } else {
-            format!("no good replica on a live datanode (dead: {})", list(&dead))
-        };
-        r.problems.push(Problem {
-            kind: ProblemKind::MissingBlock,
-            path: path.to_string(),
-            block: Some(b.block_id),
-            datanode: None,
-            detail,
-            repaired: false,
-        });
-        commit_row(c, b, &row);
-        return 0;
-    }
-    let (serving, retiring): (Vec<DnId>, Vec<DnId>) = good
-        .iter()
-        .copied()
-        .partition(|d| c.dns.admin(*d).in_service());
-    let want = c.dns.replication;
-    let mut in_service = serving.len();
-    if serving.len() < want {
-        let readable = good.len() >= want;
-        let mut detail = format!(
-            "{} of {} replicas on datanodes in service",
-            serving.len(),
-            want
-        );
-        if !retiring.is_empty() {
-            detail.push_str(&format!(
-                " (more on decommissioning datanodes: {})",
-                list(&retiring)
-            ));
-        }
-        if !dead.is_empty() {
-            detail.push_str(&format!(" (on dead datanodes: {})", list(&dead)));
-        }
-        let mut p = Problem {
-            kind: if readable {
-                ProblemKind::DecommissionPending
-            } else {
-                ProblemKind::UnderReplicated
-            },
-            path: path.to_string(),
-            block: Some(b.block_id),
-            datanode: None,
-            detail,
-            repaired: false,
-        };
-        if repairable && c.copy {
-            let added = replicate(c.dns, &row, &good, want.saturating_sub(serving.len()));
-            in_service += added.len();
-            p.repaired = in_service >= want;
-            let mut now: Vec<DnId> = serving.clone();
-            now.extend(&added);
-            now.extend(&retiring);
-            if !p.repaired {
-                p.detail.push_str(&format!(
-                    "; only {in_service} datanodes in service could take a copy"
-                ));
-                // Still short: the dead datanodes' copies stay recorded,
-                // for when they come back.
-                now.extend(&dead);
-            }
-            row.replicas = now;
-        }
-        if in_service < want {
-            r.under_replicated += 1;
-            r.under_replicated_bytes += b.len;
-        }
-        r.problems.push(p);
-    }
-    if commit_row(c, b, &row) {
-        in_service
-    } else {
-        serving.len()
-    }
-}
-
-/// Records a repaired replica list, unless the row changed since this run
-/// read it (a writer, the balancer, a removal, another daemon): then the
-/// next run looks again. Returns whether `row` is what the store holds.
-fn commit_row(c: &Check<'_>, b: &BlockRow, row: &BlockRow) -> bool {
-    if row.replicas == b.replicas {
-        return true;
-    }
-    if !c.repair || c.busy_blocks.contains(&b.block_id) {
-        return false;
-    }
-    let change = Change::PutBlockIf {
-        expect: b.clone(),
-        row: row.clone(),
-    };
-    match c.meta.commit(&[change], false) {
-        Ok(_) => true,
-        Err(crate::error::FsError::Moved(why)) => {
-            tracing::debug!(block = b.block_id, "repair not recorded: {why}");
-            false
-        }
-        Err(e) => {
-            tracing::error!(block = b.block_id, "cannot record repaired replicas: {e}");
-            false
-        }
-    }
-}
-
-fn list(ids: &[DnId]) -> String {
-    ids.iter()
-        .map(|d| d.to_string())
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 /// Copies a finalized block from a good replica (on any datanode that can

@@ -121,7 +121,6 @@ impl Housekeeper {
         };
         let busy = core.busy_blocks(&live);
         let suspect: HashSet<(u64, crate::meta::DnId)> = core.bad.list().into_iter().collect();
-        let left_open = |ino| core.recover_left_open(ino);
         let c = Check {
             meta: &*core.meta,
             dns: &core.dns,
@@ -136,7 +135,8 @@ impl Housekeeper {
             orphan_grace: fsck::ORPHAN_GRACE,
             grace_finalized: true,
             copy: true,
-            left_open: Some(&left_open),
+            pin: &|ino| core.pin(ino),
+            recover: &|ino| core.recover(ino, crate::lease::RecoveryReason::HolderGone),
         };
         match fsck::run(&c) {
             Ok(r) => {

@@ -97,7 +97,7 @@ fn epochs_grow_across_daemons() {
         };
         let base = mine(d.claim(3, 1, &who("x")).expect("claim"));
         for _ in 0..3 {
-            let epoch = e.next(3);
+            let epoch = e.next(3).expect("epoch");
             assert!(epoch > last, "epoch {epoch} after {last}");
             assert_eq!(epoch >> EPOCH_SEQ_BITS, base);
             last = epoch;

@@ -100,6 +100,7 @@ fn offline(data: &Path, repair: bool) -> Result<Report, String> {
     }
     dns.replication = replication.unwrap_or(dns.len().min(3));
     dns.heartbeat();
+    let recover = |ino| crate::pipeline::recovery::recover_file(&meta, &dns, ino);
     fsck::run(&Check {
         meta: &meta,
         dns: &dns,
@@ -115,6 +116,7 @@ fn offline(data: &Path, repair: bool) -> Result<Report, String> {
         orphan_grace: std::time::Duration::ZERO,
         grace_finalized: false,
         copy: true,
-        left_open: None,
+        pin: &fsck::no_writers,
+        recover: &recover,
     })
 }

@@ -61,7 +61,7 @@ pub struct ClaimEpochs {
 }
 
 impl EpochSource for ClaimEpochs {
-    fn next(&mut self, file: FileId) -> u64 {
+    fn next(&mut self, file: FileId) -> Result<u64, String> {
         let mut m = lock(&self.seqs);
         let e = m.entry(file).or_insert((0, 0));
         e.1 += 1;
@@ -69,7 +69,7 @@ impl EpochSource for ClaimEpochs {
             tracing::error!(file, "2^24 grants under one claim; epochs no longer grow");
             e.1 = (1 << EPOCH_SEQ_BITS) - 1;
         }
-        (e.0 << EPOCH_SEQ_BITS) | e.1
+        Ok((e.0 << EPOCH_SEQ_BITS) | e.1)
     }
 }
 

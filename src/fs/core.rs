@@ -68,32 +68,6 @@ pub struct Opened {
     pub keep_cache: bool,
 }
 
-/// Epochs reserved from the metadata store in batches, so each grant does
-/// not need a commit and epochs still never repeat after a restart.
-struct StoreEpochs {
-    meta: Arc<dyn Meta>,
-    next: u64,
-    end: u64,
-}
-
-impl EpochSource for StoreEpochs {
-    fn next(&mut self, _file: u64) -> u64 {
-        if self.next >= self.end {
-            match self.meta.reserve_epochs(1024) {
-                Ok(first) => {
-                    self.next = first;
-                    self.end = first + 1024;
-                }
-                // Keep increasing in memory; the next reservation catches up.
-                Err(e) => tracing::error!("cannot reserve epochs: {e}"),
-            }
-        }
-        let e = self.next;
-        self.next += 1;
-        e
-    }
-}
-
 /// The cluster side of a daemon that shares its namespace (etcd): claims
 /// and the epochs derived from them.
 pub struct ClusterParts {
@@ -170,6 +144,9 @@ pub struct Core {
     pub(super) epochs: DashMap<u64, u64>,
     /// Closes still finishing, so unmount can wait for them.
     pending_closes: Mutex<usize>,
+    /// Blocks whose replicas wait for deletion, and whether the deleting
+    /// worker runs (see `delete_replicas`).
+    pub(super) doomed: Arc<Mutex<(Vec<crate::meta::BlockRow>, bool)>>,
 }
 
 impl Core {
@@ -197,11 +174,7 @@ impl Core {
             Some(c) => (Some(c.cluster), c.epochs),
             None => (
                 None,
-                Box::new(StoreEpochs {
-                    meta: meta.clone(),
-                    next: 0,
-                    end: 0,
-                }),
+                Box::new(super::epochs::StoreEpochs::new(meta.clone(), rt.clone())),
             ),
         };
         // The same for every mount of this data directory, however named.
@@ -223,6 +196,7 @@ impl Core {
             max_in_flight: opts.max_packets_in_flight,
             publish_lengths: cluster.is_some(),
             sync_by_fs: opts.sync_by_fs,
+            synced_files: Default::default(),
             budget,
             metrics: Arc::default(),
         });
@@ -246,6 +220,7 @@ impl Core {
             waiter_tids: DashMap::new(),
             epochs: DashMap::new(),
             pending_closes: Mutex::new(0),
+            doomed: Arc::default(),
         })
     }
 
@@ -358,6 +333,7 @@ impl Core {
             ino,
             write: false,
             append: false,
+            sync_writes: false,
             cached: mode != ReadMode::Direct,
             epoch: 0,
             tgid: 0,
@@ -504,6 +480,8 @@ impl Core {
             ino,
             write: true,
             append: flags & libc::O_APPEND != 0,
+            // O_SYNC is O_DSYNC and more (the same for leasefs: an fsync).
+            sync_writes: flags & libc::O_DSYNC != 0,
             cached: false,
             epoch: grant.epoch,
             tgid: who.tgid,
@@ -686,6 +664,15 @@ impl Core {
         if h.flushed.swap(false, Ordering::Relaxed) {
             self.leases.note_write(h.ino, fh);
         }
+        let reply: Reply<u32> = if h.sync_writes {
+            let s = stream.clone();
+            Box::new(move |r| match r {
+                Ok(n) => s.sync(Box::new(move |r| reply(r.map(|_| n)))),
+                Err(e) => reply(Err(e)),
+            })
+        } else {
+            reply
+        };
         let n = data.len() as u32;
         let off = if h.append { None } else { Some(offset) };
         if !self.cached_readers(h.ino) {
@@ -736,23 +723,6 @@ impl Core {
             }
             reply(r)
         }));
-    }
-
-    /// fsync: acknowledged by all replicas, then data, checksums and
-    /// metadata durable on every replica and in the metadata store.
-    /// Its latency, request to reply, goes to the statistics.
-    pub fn fsync(&self, fh: u64, reply: Reply<()>) {
-        match self.writer(fh) {
-            Ok(Some((_, stream))) => {
-                let (start, metrics) = (std::time::Instant::now(), self.ctx.metrics.clone());
-                stream.sync(Box::new(move |r| {
-                    metrics.fsync_done(start.elapsed());
-                    reply(r)
-                }))
-            }
-            Ok(None) => reply(Ok(())),
-            Err(e) => reply(Err(e)),
-        }
     }
 
     /// The handle and stream of a descriptor that may still write, or
@@ -860,20 +830,11 @@ impl Core {
     /// Deletes an inode with no names and no opens, and its replicas.
     pub(crate) fn delete_inode(&self, ino: u64) {
         self.drop_page_state(ino);
+        lock(&self.ctx.synced_files).remove(&ino);
         match self.meta.delete_inode(ino) {
             Ok(blocks) => self.delete_replicas(blocks),
             Err(e) => tracing::error!(ino, "cannot delete inode: {e}"),
         }
-    }
-
-    pub(crate) fn delete_replicas(&self, blocks: Vec<crate::meta::BlockRow>) {
-        if blocks.is_empty() {
-            return;
-        }
-        let dns = self.dns.clone();
-        self.ctx
-            .rt
-            .spawn_blocking(move || dns.delete_blocks(&blocks));
     }
 
     pub(crate) fn is_open(&self, ino: u64) -> bool {

@@ -10,6 +10,10 @@ pub struct Handle {
     pub ino: u64,
     pub write: bool,
     pub append: bool,
+    /// Opened `O_SYNC`/`O_DSYNC`: every write returns durable, as after an
+    /// fsync. The kernel follows a write with an fsync only on page-cache
+    /// files; write handles are direct I/O, so leasefs does it.
+    pub sync_writes: bool,
     /// Reads go through the kernel's page cache (see `cache`).
     pub cached: bool,
     pub epoch: u64,

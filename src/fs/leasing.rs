@@ -104,6 +104,8 @@ impl Core {
     /// lease can move on to another writer).
     pub fn recover(&self, ino: u64, reason: RecoveryReason) -> FsResult<u64> {
         self.cache_busy(ino);
+        // Recovery cuts and restamps the last block: not synced any more.
+        lock(&self.ctx.synced_files).remove(&ino);
         let r = self.recover_file(ino, reason);
         self.invalidate_all_now(ino);
         self.cache_idle(ino);

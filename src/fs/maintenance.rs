@@ -55,7 +55,8 @@ impl Core {
             orphan_grace: Duration::ZERO,
             grace_finalized: false,
             copy: false,
-            left_open: None,
+            pin: &|ino| self.pin(ino),
+            recover: &|ino| self.recover(ino, RecoveryReason::HolderGone),
         })
         .map_err(FsError::Io)?;
         for p in swept.problems.iter().filter(|p| p.repaired) {
@@ -94,50 +95,12 @@ impl Core {
             .collect()
     }
 
-    /// Recovers a file the store has under construction while no live
-    /// lease was seen, as one whose holder is gone; `Ok(false)` when it has
-    /// a live lease (or another daemon's claim) after all: fsck's and
-    /// housekeeping's view of live leases is taken before they read the
-    /// files under construction, and a writer may have opened the file
-    /// since. The lease is taken for the recovery (writers wait or get
-    /// `EBUSY` meanwhile), so recovery never races a writer's stream.
-    pub fn recover_left_open(&self, ino: u64) -> Result<bool, String> {
-        let pseudo = u64::MAX - ino;
-        let cl = match &self.cluster {
-            Some(cl) => match cl.claim(ino, pseudo, &self.recovery_claimant())? {
-                crate::lease::cluster::Claim::Mine { .. } => Some(cl),
-                crate::lease::cluster::Claim::Busy(_) => return Ok(false),
-            },
-            None => None,
-        };
-        let last = self.meta.get(ino).map(|i| i.last_epoch).unwrap_or(0);
-        let r = match self.leases.recover_orphan(ino, last, None) {
-            None => Ok(false),
-            Some(_) => {
-                let r = match self.meta.uc(ino) {
-                    Ok(Some(_)) => self.recover(ino, RecoveryReason::HolderGone).map(|_| true),
-                    // Closed meanwhile.
-                    Ok(None) => Ok(false),
-                    Err(e) => Err(e),
-                };
-                self.leases
-                    .finish_recovery(ino, r.as_ref().map(drop).map_err(|e| e.to_string()));
-                r.map_err(|e| e.to_string())
-            }
-        };
-        if let Some(cl) = cl {
-            cl.unclaim(ino, pseudo);
-        }
-        r
-    }
-
     /// An online fsck against the running daemon's view.
     pub fn fsck(&self, repair: bool) -> Result<crate::fsck::Report, String> {
         let live = self
             .live_files()
             .ok_or("cannot tell which files other daemons are writing")?;
         let busy = self.busy_blocks(&live);
-        let left_open = |ino| self.recover_left_open(ino);
         crate::fsck::run(&crate::fsck::Check {
             meta: &*self.meta,
             dns: &self.dns,
@@ -152,7 +115,41 @@ impl Core {
             orphan_grace: crate::fsck::ORPHAN_GRACE,
             grace_finalized: false,
             copy: repair,
-            left_open: Some(&left_open),
+            pin: &|ino| self.pin(ino),
+            recover: &|ino| self.recover(ino, RecoveryReason::HolderGone),
         })
+    }
+
+    /// Keeps writers off `ino` while a repair changes it (see
+    /// `fsck::Check::pin`): over etcd with the file's cluster claim (taken
+    /// for this daemon, so no other daemon's writer gets it meanwhile),
+    /// here with the lease manager's pin. `None` when a writer holds it,
+    /// on any daemon, or that cannot be known now.
+    pub fn pin(&self, ino: u64) -> Option<crate::fsck::Pinned<'_>> {
+        // A handle number no open can have.
+        let pseudo = u64::MAX - ino;
+        let cl = match &self.cluster {
+            Some(cl) => match cl.claim(ino, pseudo, &self.recovery_claimant()) {
+                Ok(crate::lease::cluster::Claim::Mine { .. }) => Some(cl),
+                Ok(crate::lease::cluster::Claim::Busy(_)) => return None,
+                Err(e) => {
+                    tracing::warn!(ino, "cannot claim the file for a repair: {e}");
+                    return None;
+                }
+            },
+            None => None,
+        };
+        if !self.leases.pin(ino) {
+            if let Some(cl) = cl {
+                cl.unclaim(ino, pseudo);
+            }
+            return None;
+        }
+        Some(crate::fsck::Pinned::new(move || {
+            self.leases.unpin(ino);
+            if let Some(cl) = cl {
+                cl.unclaim(ino, pseudo);
+            }
+        }))
     }
 }

@@ -10,6 +10,8 @@ pub mod contained;
 pub mod control;
 pub mod core;
 pub mod daemon;
+mod durability;
+mod epochs;
 mod fencing;
 mod handles;
 mod leasing;

@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use tracing::{debug, info, warn};
 
+use super::deferred::Deferred;
 use super::index::{TimeIndex, UNSET};
 use super::record::{HolderRec, Lease, Waiter};
 use super::types::{
@@ -272,6 +273,35 @@ impl LeaseManager {
         })
     }
 
+    /// Keeps writers off `file` while maintenance works on it
+    /// (housekeeping's repairs, recovery of a file left open): `true` when
+    /// nobody held, waited for or recovered the file. Until
+    /// [`Self::unpin`], a writer that asks waits (even with `O_NONBLOCK`:
+    /// the file is not really held), then gets the lease. So maintenance
+    /// never acts on a file whose close is in flight, nor a writer on a
+    /// file maintenance is changing.
+    pub fn pin(&self, file: FileId) -> bool {
+        self.locked(|inner, now, _| {
+            if inner.shutting_down || inner.leases.contains_key(&file) {
+                return false;
+            }
+            let mut lease = Lease::new(None, 0, now);
+            lease.state = LeaseState::Recovering;
+            lease.pinned = true;
+            inner.leases.insert(file, Box::new(lease));
+            true
+        })
+    }
+
+    /// Ends a [`Self::pin`]: the first waiter gets the lease.
+    pub fn unpin(&self, file: FileId) {
+        self.locked(|inner, now, later| {
+            if inner.leases.get(&file).is_some_and(|l| l.pinned) {
+                inner.hand_over(file, now, later)
+            }
+        })
+    }
+
     /// Ends recovery. `Ok`: the first waiter gets the lease (through its
     /// callback), or the file becomes free. `Err`: every waiter's callback
     /// gets `RecoveryFailed` and the lease is dropped.
@@ -363,12 +393,14 @@ impl LeaseManager {
         })
     }
 
-    /// Every held or recovering lease, by file id.
+    /// Every held or recovering lease, by file id (not the files
+    /// maintenance has pinned).
     pub fn list(&self) -> Vec<LeaseInfo> {
         let mut all = self.locked(|inner, now, _| {
             inner
                 .leases
                 .iter()
+                .filter(|(_, lease)| !lease.pinned)
                 .map(|(&file, lease)| inner.describe(file, lease, now))
                 .collect::<Vec<_>>()
         });
@@ -480,7 +512,7 @@ impl Inner {
             ..self.lim
         };
         let Some(lease) = self.leases.get_mut(&file) else {
-            return Ok(Acquire::Granted(self.grant(file, holder, now)));
+            return self.grant(file, holder, now).map(Acquire::Granted);
         };
         if lease.holds(holder.handle) {
             return Ok(Acquire::Granted(Grant { epoch: lease.epoch }));
@@ -500,7 +532,10 @@ impl Inner {
             self.reindex(file);
             return Ok(Acquire::Recover(ticket));
         }
-        let wait = if held && lease.flushed {
+        let wait = if lease.pinned {
+            // Maintenance, not a writer: wait for it, however long.
+            Some(u64::MAX)
+        } else if held && lease.flushed {
             // close() returned, RELEASE has not arrived: wait even with
             // O_NONBLOCK, a close-then-reopen must not fail.
             Some(lim.grace.max(lim.wait.unwrap_or(0)))
@@ -645,9 +680,13 @@ impl Inner {
         }
     }
 
-    /// Makes `holder` the holder of `file` with a fresh epoch.
-    fn grant(&mut self, file: FileId, holder: Holder, now: u64) -> Grant {
-        let epoch = self.epochs.next(file);
+    /// Makes `holder` the holder of `file` with a fresh epoch; fails,
+    /// changing nothing, when no epoch can be had.
+    fn grant(&mut self, file: FileId, holder: Holder, now: u64) -> Result<Grant, LeaseError> {
+        let epoch = self.epochs.next(file).map_err(|reason| {
+            warn!(file, %reason, "no epoch for a write lease");
+            LeaseError::NoEpoch { file, reason }
+        })?;
         debug_assert!(
             self.leases.get(&file).is_none_or(|l| epoch > l.epoch),
             "epoch source went backwards"
@@ -674,23 +713,24 @@ impl Inner {
                 lease.state = LeaseState::Held;
                 lease.mode = RenewalMode::Daemon;
                 lease.flushed = false;
+                lease.pinned = false;
             }
         }
         self.holders.insert(handle, file);
         self.reindex(file);
-        Grant { epoch }
+        Ok(Grant { epoch })
     }
 
     /// Passes a lease nobody holds any more to its first waiter (callback
     /// `Ok`), or forgets the file when nobody waits.
     fn hand_over(&mut self, file: FileId, now: u64, later: &mut Deferred) {
-        match self.lease_mut(file).pop_waiter() {
-            Some(w) => {
-                let grant = self.grant(file, w.holder, now);
-                later.call(w.cb, Ok(grant));
+        while let Some(w) = self.lease_mut(file).pop_waiter() {
+            match self.grant(file, w.holder, now) {
+                Ok(grant) => return later.call(w.cb, Ok(grant)),
+                Err(e) => later.call(w.cb, Err(e)),
             }
-            None => self.remove(file),
         }
+        self.remove(file);
     }
 
     /// Takes a held lease from its holder, who is fenced from now on.
@@ -818,31 +858,6 @@ impl Inner {
             renewed_ms_ago: h.map(|_| now.saturating_sub(renewed) / 1_000_000),
             opened_wall_ms: h.map(|h| h.opened_wall_ms),
             waiters: lease.waiter_count(),
-        }
-    }
-}
-
-/// Callbacks to call, and callbacks to drop unused, once the lock is
-/// released: neither a reply nor a destructor ever runs under the lock.
-#[derive(Default)]
-struct Deferred {
-    calls: Vec<(GrantCallback, Result<Grant, LeaseError>)>,
-    drops: Vec<GrantCallback>,
-}
-
-impl Deferred {
-    fn call(&mut self, cb: GrantCallback, res: Result<Grant, LeaseError>) {
-        self.calls.push((cb, res));
-    }
-
-    fn discard(&mut self, cb: GrantCallback) {
-        self.drops.push(cb);
-    }
-
-    fn run(self) {
-        drop(self.drops);
-        for (cb, res) in self.calls {
-            cb(res);
         }
     }
 }

@@ -2,6 +2,7 @@
 //! for how long, and what happens when a holder stops renewing.
 
 pub mod cluster;
+mod deferred;
 mod index;
 pub mod manager;
 mod record;

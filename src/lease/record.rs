@@ -29,6 +29,9 @@ pub(super) struct Lease {
     pub(super) flushed: bool,
     /// In `Inner::contended`.
     pub(super) listed: bool,
+    /// Held by maintenance (housekeeping's repairs, recovery of a file left
+    /// open) rather than by a writer: see `LeaseManager::pin`.
+    pub(super) pinned: bool,
 }
 
 impl Lease {
@@ -44,6 +47,7 @@ impl Lease {
             mode: RenewalMode::Daemon,
             flushed: false,
             listed: false,
+            pinned: false,
         }
     }
 

@@ -11,9 +11,9 @@ use crate::sync::Arc;
 struct Counter(u64);
 
 impl EpochSource for Counter {
-    fn next(&mut self, _file: FileId) -> u64 {
+    fn next(&mut self, _file: FileId) -> Result<u64, String> {
         self.0 += 1;
-        self.0
+        Ok(self.0)
     }
 }
 
@@ -632,4 +632,69 @@ fn concurrent_opens_never_see_two_holders_of_one_file() {
     }
     assert!(mgr.is_empty());
     assert!(mgr.waiting().is_empty());
+}
+
+#[test]
+fn maintenance_pins_only_a_file_nobody_holds_and_writers_wait_for_it() {
+    let (clock, mgr) = manager(LeaseConfig::default());
+    granted(acquire(&mgr, 1, 1));
+    // A writer holds it (or its close is in flight): no pin.
+    assert!(!mgr.pin(1));
+    assert!(mgr.release(1, 1));
+    assert!(mgr.pin(1));
+    assert!(!mgr.pin(1), "pinned twice");
+    // A writer that asks now waits, even with O_NONBLOCK (the file is not
+    // really held), however long the maintenance takes...
+    let rx = queue(&mgr, 1, 2, AcquireOpts { nonblock: true });
+    clock.advance(secs(3600));
+    let tickets = mgr.tick();
+    assert!(
+        tickets.is_empty(),
+        "a pinned file needs no recovery: {tickets:?}"
+    );
+    assert!(rx.try_recv().is_err(), "granted while pinned");
+    assert!(mgr.list().is_empty(), "pins are not leases");
+    // ...and gets the lease when it ends.
+    mgr.unpin(1);
+    assert!(answer(&rx).is_ok());
+    mgr.unpin(1);
+    assert_eq!(mgr.info(1).state, LeaseState::Held, "unpin of a held file");
+    // Unpinned with nobody waiting: free.
+    assert!(mgr.pin(2));
+    mgr.unpin(2);
+    assert_eq!(mgr.info(2).state, LeaseState::Free);
+}
+
+/// Hands out a few epochs, then none.
+struct Failing(u64);
+
+impl EpochSource for Failing {
+    fn next(&mut self, _file: FileId) -> Result<u64, String> {
+        if self.0 == 0 {
+            return Err("disk full".into());
+        }
+        self.0 -= 1;
+        Ok(100 - self.0)
+    }
+}
+
+#[test]
+fn a_grant_without_a_durable_epoch_fails_the_open() {
+    let clock = Arc::new(FakeClock::new());
+    let cfg = waiting_cfg(10);
+    let mgr = LeaseManager::new(cfg, clock, Box::new(Failing(1)), "h1".into());
+    granted(acquire(&mgr, 1, 1));
+    // The waiter's grant finds no epoch: its open fails (EIO), and the
+    // file is free rather than held without one.
+    let rx = queue(&mgr, 1, 2, AcquireOpts::default());
+    assert!(mgr.release(1, 1));
+    match answer(&rx) {
+        Err(e @ LeaseError::NoEpoch { .. }) => assert_eq!(e.errno(), libc::EIO),
+        other => panic!("expected NoEpoch, got {other:?}"),
+    }
+    assert_eq!(mgr.info(1).state, LeaseState::Free);
+    match acquire(&mgr, 1, 3) {
+        Err(LeaseError::NoEpoch { .. }) => {}
+        other => panic!("expected NoEpoch, got {other:?}"),
+    }
 }

@@ -170,6 +170,10 @@ pub enum LeaseError {
     RecoveryFailed { file: FileId, reason: String },
     #[error("the lease manager is shutting down")]
     ShuttingDown,
+    /// No epoch could be reserved durably: granting without one could
+    /// repeat an epoch after a power cut, so the open fails.
+    #[error("no epoch for a write lease on file {file}: {reason}")]
+    NoEpoch { file: FileId, reason: String },
 }
 
 impl LeaseError {
@@ -181,7 +185,8 @@ impl LeaseError {
             LeaseError::Fenced { .. }
             | LeaseError::NotHolder { .. }
             | LeaseError::RecoveryFailed { .. }
-            | LeaseError::ShuttingDown => libc::EIO,
+            | LeaseError::ShuttingDown
+            | LeaseError::NoEpoch { .. } => libc::EIO,
         }
     }
 }
@@ -192,6 +197,7 @@ impl LeaseError {
 pub trait EpochSource: Send {
     /// An epoch for a new grant of `file`: greater than every value returned
     /// before for that file, by this source or by any earlier instance of
-    /// the filesystem (or, over etcd, by any other daemon).
-    fn next(&mut self, file: FileId) -> u64;
+    /// the filesystem (or, over etcd, by any other daemon), even across a
+    /// power cut. `Err` when none can be promised: the grant fails.
+    fn next(&mut self, file: FileId) -> Result<u64, String>;
 }

@@ -7,6 +7,7 @@
 pub mod attach;
 pub mod budget;
 pub mod datanodes;
+pub mod durable;
 pub mod placement;
 pub mod reader;
 pub mod recovery;

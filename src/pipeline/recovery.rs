@@ -3,6 +3,14 @@
 //! generation stamp and close the file. Run when a lease is preempted,
 //! past the hard limit, on `recover-lease`, and at mount for files whose
 //! holder died with the previous daemon.
+//!
+//! The outcome is recorded, durably, before any replica is cut or
+//! restamped (and before any is deleted), as HDFS's NameNode records a
+//! new generation stamp before datanodes use it: a crash in between leaves
+//! replicas whose stamps lag the record. So a replica the block lists
+//! counts even with a lagging stamp when no replica reached the record
+//! (never one whose stamp leads it; a replica dropped from a pipeline
+//! leaves the list: the list is the membership).
 
 use crate::error::{FsError, FsResult};
 use crate::meta::{Change, Meta, now_ns};
@@ -13,131 +21,148 @@ pub fn recover_file(meta: &dyn Meta, dns: &Datanodes, ino: u64) -> FsResult<u64>
     let inode = meta.get(ino)?;
     let blocks = meta.blocks(ino)?;
     let bs = inode.block_size.max(1);
-    let mut size = inode.size;
-    if let Some(last) = blocks.iter().rev().find(|b| !b.finalized).cloned() {
-        // The longest prefix every live replica holds with valid checksums.
-        let mut lens = Vec::new();
-        for &dn in &last.replicas {
-            // A datanode marked dead (full, failing writes) may still hold a
-            // readable replica: every replica found counts.
-            let Some(node) = dns.get(dn) else { continue };
-            match node.find(last.block_id) {
-                Some(info) if info.gs == last.gs => match node.valid_prefix(last.block_id, last.gs)
-                {
-                    Ok(n) => lens.push((dn, n)),
-                    Err(e) => tracing::warn!(datanode = %dn, "replica unusable in recovery: {e}"),
-                },
-                Some(info) => tracing::warn!(
+    let Some(last) = blocks.iter().rev().find(|b| !b.finalized).cloned() else {
+        meta.commit(&[Change::DelUc(ino)], false)?;
+        return Ok(inode.size);
+    };
+    // The longest prefix every listed replica holds with valid checksums.
+    // (A datanode marked dead may still hold a readable replica: every
+    // replica found counts.)
+    let mut lens = Vec::new();
+    for &dn in &last.replicas {
+        let Some(node) = dns.get(dn) else { continue };
+        match node.find(last.block_id) {
+            Some(info) if info.gs <= last.gs => match node.valid_prefix(last.block_id, info.gs) {
+                Ok(n) => lens.push((dn, info.gs, n)),
+                Err(e) => tracing::warn!(datanode = %dn, "replica unusable in recovery: {e}"),
+            },
+            Some(info) => tracing::warn!(
+                datanode = %dn,
+                found = info.gs,
+                recorded = last.gs,
+                "replica with a stamp the metadata never recorded ignored in recovery"
+            ),
+            None => tracing::warn!(
+                datanode = %dn,
+                block = last.block_id,
+                "replica missing in recovery"
+            ),
+        }
+    }
+    // Replicas at the recorded stamp, if any reached it; lagging ones only
+    // when none did (a crash between the record and every replica).
+    if lens.iter().any(|(_, gs, _)| *gs == last.gs) {
+        lens.retain(|(dn, gs, _)| {
+            let keep = *gs == last.gs;
+            if !keep {
+                tracing::warn!(
                     datanode = %dn,
-                    found = info.gs,
-                    wanted = last.gs,
-                    "stale replica ignored in recovery"
-                ),
-                None => tracing::warn!(
-                    datanode = %dn,
-                    block = last.block_id,
-                    "replica missing in recovery"
-                ),
+                    found = gs,
+                    "lagging replica left out of recovery"
+                );
             }
-        }
-        let start = last.idx * bs;
-        // No replica could be read, but some sit on datanodes that are not
-        // attached or failing: their bytes may be there. Dropping the block
-        // now would be a guess; the file stays under construction until
-        // they come back (or the operator removes them: a removed
-        // datanode's replicas are gone for good).
-        let unreachable: Vec<_> = last
-            .replicas
-            .iter()
-            .filter(|d| dns.is_recorded(**d) && (dns.get(**d).is_none() || !dns.is_alive(**d)))
-            .collect();
-        if lens.is_empty() && !unreachable.is_empty() {
-            return Err(FsError::Io(format!(
-                "no replica of block {} could be read, and some are on dead datanodes ({}): recovery waits for them",
-                last.block_id,
-                unreachable
-                    .iter()
-                    .map(|d| d.to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )));
-        }
-        let len = lens.iter().map(|(_, n)| *n).min().unwrap_or(0);
-        if len == 0 {
-            // Nothing of the block survived, or it never held a byte: the
-            // file ends where the block began, and the block goes. (A stream
-            // relies on this: no block lies past a closed file's end.)
-            meta.commit(
-                &[
-                    Change::DropBlocksFrom {
-                        ino,
-                        from: last.idx,
-                    },
-                    Change::SetSize {
-                        ino,
-                        size: start,
-                        touch: Some(now_ns()),
-                    },
-                    Change::DelUc(ino),
-                ],
-                false,
-            )?;
-            dns.delete_blocks(std::slice::from_ref(&last));
-            tracing::warn!(
-                ino,
-                "recovery found no byte of the last block; length {start}"
-            );
-            return Ok(start);
-        }
-        let new_gs = meta.alloc("next_gs")?;
-        let mut ok = Vec::new();
-        for (dn, _) in lens {
-            let Some(node) = dns.get(dn) else { continue };
-            let r = node
-                .truncate(last.block_id, last.gs, new_gs, len)
-                .and_then(|_| node.finalize(last.block_id, new_gs, len));
-            match r {
-                Ok(()) => ok.push(dn),
-                Err(e) => tracing::warn!(datanode = %dn, "replica not recovered: {e}"),
-            }
-        }
-        if ok.is_empty() {
-            return Err(FsError::Io(format!(
-                "no replica of block {} recovered",
-                last.block_id
-            )));
-        }
-        let mut row = last.clone();
-        row.gs = new_gs;
-        row.len = len;
-        row.finalized = true;
-        row.replicas = ok;
-        size = start + len;
-        meta.commit(
+            keep
+        });
+    }
+    let start = last.idx * bs;
+    // No replica could be read, but some sit on datanodes that are not
+    // attached or failing: their bytes may be there. Dropping the block
+    // now would be a guess; the file stays under construction until they
+    // come back (or the operator removes them: a removed
+    // datanode's replicas are gone for good).
+    let unreachable: Vec<_> = last
+        .replicas
+        .iter()
+        .filter(|d| dns.is_recorded(**d) && (dns.get(**d).is_none() || !dns.is_alive(**d)))
+        .collect();
+    if lens.is_empty() && !unreachable.is_empty() {
+        return Err(FsError::Io(format!(
+            "no replica of block {} could be read, and some are on dead datanodes ({}): recovery waits for them",
+            last.block_id,
+            unreachable
+                .iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
+    let len = lens.iter().map(|(_, _, n)| *n).min().unwrap_or(0);
+    if len == 0 {
+        // Nothing of the block survived, or it never held a byte: the
+        // file ends where the block began, and the block goes. (A stream
+        // relies on this: no block lies past a closed file's end.)
+        let gone = meta.commit(
             &[
                 Change::DropBlocksFrom {
                     ino,
-                    from: last.idx + 1,
+                    from: last.idx,
                 },
-                Change::PutBlock(row.clone()),
                 Change::SetSize {
                     ino,
-                    size,
-                    touch: None,
+                    size: start,
+                    touch: Some(now_ns()),
                 },
                 Change::DelUc(ino),
             ],
             true,
         )?;
-        tracing::info!(
+        dns.delete_blocks(&gone);
+        tracing::warn!(
             ino,
-            block = row.block_id,
-            gs = new_gs,
-            len = size,
-            "lease recovery closed file"
+            "recovery found no byte of the last block; length {start}"
         );
-    } else {
-        meta.commit(&[Change::DelUc(ino)], false)?;
+        return Ok(start);
     }
+    let new_gs = meta.alloc("next_gs")?;
+    let mut row = last.clone();
+    row.gs = new_gs;
+    row.len = len;
+    row.finalized = true;
+    row.replicas = lens.iter().map(|(dn, _, _)| *dn).collect();
+    let size = start + len;
+    let gone = meta.commit(
+        &[
+            Change::DropBlocksFrom {
+                ino,
+                from: last.idx + 1,
+            },
+            Change::PutBlock(row.clone()),
+            Change::SetSize {
+                ino,
+                size,
+                touch: None,
+            },
+            Change::DelUc(ino),
+        ],
+        true,
+    )?;
+    dns.delete_blocks(&gone);
+    let mut ok = Vec::new();
+    for (dn, found, _) in lens {
+        let Some(node) = dns.get(dn) else { continue };
+        match node.settle(last.block_id, found, new_gs, len) {
+            Ok(()) => ok.push(dn),
+            Err(e) => tracing::warn!(datanode = %dn, "replica not recovered: {e}"),
+        }
+    }
+    if ok.is_empty() {
+        // Recorded, but no replica reached the record yet: they lag it,
+        // and housekeeping (or the next mount) settles them.
+        return Err(FsError::Io(format!(
+            "no replica of block {} recovered",
+            last.block_id
+        )));
+    }
+    if ok.len() < row.replicas.len() {
+        row.replicas = ok;
+        meta.commit(&[Change::PutBlock(row.clone())], false)?;
+    }
+    tracing::info!(
+        ino,
+        block = row.block_id,
+        gs = new_gs,
+        len = size,
+        "lease recovery closed file"
+    );
     Ok(size)
 }

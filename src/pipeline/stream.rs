@@ -32,6 +32,10 @@ pub struct StreamCtx {
     pub sync_by_fs: bool,
     /// Replicas found bad (reads, syncs), for housekeeping to repair.
     pub bad: Arc<crate::pipeline::reader::BadReplicas>,
+    /// Files whose every block was synced by an fsync since the daemon
+    /// started, with nothing changed since but through a live stream (which
+    /// tracks its own changes): their fsync syncs only the stream's part.
+    pub synced_files: Mutex<std::collections::HashSet<u64>>,
     /// The mount's write buffer, shared by every stream.
     pub budget: Arc<Budget>,
     /// The mount's statistics (`leasefs stats`).

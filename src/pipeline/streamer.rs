@@ -9,11 +9,12 @@
 //! wake-ups without adding safety; `sync` fans out in parallel because each
 //! fsync waits on its disk.
 
+use super::durable::{self, Replica, SyncJob};
 use super::stream::{Done, Job, OutputStream, Packet, State};
 use crate::error::{FsError, FsResult};
 use crate::meta::{BlockRow, Change, DnId, Meta, now_ns};
 use crate::pipeline::datanodes::FULL_BELOW;
-use crate::storage::datanode::{Datanode, ReplicaWriter, StorageError};
+use crate::storage::datanode::{ReplicaWriter, StorageError};
 use crate::storage::replica::ChunkAccumulator;
 use crate::sync::{Arc, lock};
 
@@ -21,9 +22,9 @@ use crate::sync::{Arc, lock};
 pub(crate) struct Pipe {
     block: Option<OpenBlock>,
     crcs: Vec<u32>,
-    /// Blocks finalised since the last sync: (block id, gs, datanodes).
-    /// Closing promises no durability; `fsync` syncs these too.
-    unsynced: Vec<(u64, u64, Vec<DnId>)>,
+    /// Blocks finalised or cut since the last sync (ids). Closing
+    /// promises no durability; `fsync` syncs these too.
+    unsynced: Vec<u64>,
     /// The file's under-construction record is in the metadata store.
     uc_recorded: bool,
     /// No block from this index on exists: none did when the stream
@@ -39,6 +40,8 @@ struct OpenBlock {
     start: u64,
     writers: Vec<(DnId, ReplicaWriter)>,
     acc: ChunkAccumulator,
+    /// Every replica synced since the last byte was written.
+    synced: bool,
 }
 
 impl Pipe {
@@ -133,7 +136,7 @@ impl OutputStream {
                 Job::Sync(d) => {
                     let r = self.contained(|| {
                         self.publish_length()
-                            .and_then(|_| self.sync_replicas(&mut pipe))
+                            .and_then(|_| self.sync_durably(&mut pipe))
                     });
                     d(r)
                 }
@@ -196,15 +199,15 @@ impl OutputStream {
     }
 
     /// Records a block row, with the file's under-construction record the
-    /// first time, in one commit.
-    fn record_block(&self, pipe_uc: &mut bool, row: &BlockRow) -> FsResult<()> {
+    /// first time, in one commit (`durable`: synced when this returns).
+    fn record_block(&self, pipe_uc: &mut bool, row: &BlockRow, durable: bool) -> FsResult<()> {
         let first = !*pipe_uc;
         let mut ch = Vec::with_capacity(2);
         if first {
             ch.push(Change::PutUc(self.uc.clone()));
         }
         ch.push(Change::PutBlock(row.clone()));
-        self.meta().commit(&ch, false)?;
+        self.meta().commit(&ch, durable)?;
         *pipe_uc = true;
         Ok(())
     }
@@ -275,6 +278,7 @@ impl OutputStream {
             }
         }
         b.row.len = boff + p.data.len() as u64;
+        b.synced = false;
         Ok(())
     }
 
@@ -286,14 +290,29 @@ impl OutputStream {
         let (bad_dn, _) = b.writers.remove(failed);
         self.ctx.metrics.pipeline_recovery();
         let dns = &self.ctx.dns;
+        if b.writers.is_empty() {
+            return Err(FsError::Io(format!(
+                "every replica of block {} failed",
+                b.row.block_id
+            )));
+        }
+        // Recorded first, durably: the new stamp, and the survivors as the
+        // block's replicas (the failed one leaves it). The survivors'
+        // stamps then follow; one that a crash keeps behind lags the
+        // record, which recovery accepts from a member of the block.
+        let old_gs = b.row.gs;
         let new_gs = self.meta().alloc("next_gs")?;
+        b.row.gs = new_gs;
+        b.row.replicas = b.writers.iter().map(|(d, _)| *d).collect();
+        self.meta()
+            .commit(&[Change::PutBlock(b.row.clone())], true)?;
         let old = std::mem::take(&mut b.writers);
         let mut writers = Vec::new();
         for (dn, w) in old {
             drop(w);
             let Some(node) = dns.get(dn) else { continue };
             let r = node
-                .bump_gs(b.row.block_id, b.row.gs, new_gs)
+                .bump_gs(b.row.block_id, old_gs, new_gs)
                 .and_then(|_| node.reopen_rbw(b.row.block_id, new_gs, acked));
             match r {
                 Ok(w) => writers.push((dn, w)),
@@ -348,9 +367,9 @@ impl OutputStream {
                 b.row.block_id
             )));
         }
-        b.row.gs = new_gs;
         b.row.replicas = writers.iter().map(|(d, _)| *d).collect();
         b.writers = writers;
+        b.synced = false;
         tracing::warn!(
             ino = self.ino,
             block = b.row.block_id,
@@ -358,6 +377,8 @@ impl OutputStream {
             replicas = ?b.row.replicas,
             "pipeline rebuilt"
         );
+        // (Spares need no sync of this record: one lost leaves an orphan
+        // copy, never a block without its data.)
         self.meta()
             .commit(&[Change::PutBlock(b.row.clone())], false)
             .map(drop)
@@ -406,32 +427,50 @@ impl OutputStream {
                     finalized: false,
                     replicas: writers.iter().map(|(d, _)| *d).collect(),
                 };
-                self.record_block(uc_recorded, &row)?;
+                self.record_block(uc_recorded, &row, false)?;
                 Ok(OpenBlock {
                     row,
                     start,
                     writers,
                     acc: ChunkAccumulator::new(),
+                    synced: false,
                 })
             }
-            Some(mut row) => {
+            Some(row) => {
                 let len = off - start;
-                let new_gs = self.meta().alloc("next_gs")?;
+                // The partial last chunk, from any replica, before anything
+                // changes.
                 let tail_start = len - len % crate::storage::checksum::CHUNK_SIZE as u64;
                 let mut tail = vec![0u8; (len - tail_start) as usize];
-                let mut have_tail = tail.is_empty();
+                let have_tail = tail.is_empty()
+                    || row.replicas.iter().any(|&dn| {
+                        self.ctx.dns.get(dn).is_some_and(|node| {
+                            node.read(row.block_id, row.gs, tail_start, &mut tail)
+                                .is_ok()
+                        })
+                    });
+                if !have_tail {
+                    return Err(FsError::Io(format!(
+                        "no replica of block {} could be read to append to it",
+                        row.block_id
+                    )));
+                }
+                // The new stamp, the block as being written and the file
+                // as under construction are recorded, durably, before any
+                // replica carries the stamp: a replica's stamp may lag what
+                // the metadata records (recovery and repair settle it),
+                // never lead it (that would make every replica stale).
+                let new_gs = self.meta().alloc("next_gs")?;
+                let mut rec = row.clone();
+                rec.gs = new_gs;
+                rec.len = len;
+                rec.finalized = false;
+                self.record_block(uc_recorded, &rec, true)?;
                 let mut writers = Vec::new();
                 for &dn in &row.replicas {
                     let Some(node) = self.ctx.dns.get(dn) else {
                         continue;
                     };
-                    if !have_tail
-                        && node
-                            .read(row.block_id, row.gs, tail_start, &mut tail)
-                            .is_ok()
-                    {
-                        have_tail = true;
-                    }
                     let r = node
                         .bump_gs(row.block_id, row.gs, new_gs)
                         .and_then(|_| node.reopen_rbw(row.block_id, new_gs, len));
@@ -442,22 +481,22 @@ impl OutputStream {
                         }
                     }
                 }
-                if writers.is_empty() || !have_tail {
+                if writers.is_empty() {
                     return Err(FsError::Io(format!(
                         "no replica of block {} could be reopened for append",
                         row.block_id
                     )));
                 }
-                row.gs = new_gs;
-                row.len = len;
-                row.finalized = false;
-                row.replicas = writers.iter().map(|(d, _)| *d).collect();
-                self.record_block(uc_recorded, &row)?;
+                if writers.len() < rec.replicas.len() {
+                    rec.replicas = writers.iter().map(|(d, _)| *d).collect();
+                    self.record_block(uc_recorded, &rec, false)?;
+                }
                 Ok(OpenBlock {
-                    row,
+                    row: rec,
                     start,
                     writers,
                     acc: ChunkAccumulator::resume(tail),
+                    synced: false,
                 })
             }
         }
@@ -466,11 +505,7 @@ impl OutputStream {
     /// Closes the replicas of a block and moves them to `finalized/`;
     /// returns its row and the file length it ends at, for the caller to
     /// record (with whatever else it commits).
-    fn finalize(
-        &self,
-        mut b: OpenBlock,
-        unsynced: &mut Vec<(u64, u64, Vec<DnId>)>,
-    ) -> FsResult<(BlockRow, u64)> {
+    fn finalize(&self, mut b: OpenBlock, unsynced: &mut Vec<u64>) -> FsResult<(BlockRow, u64)> {
         let len = b.row.len;
         let mut ok = Vec::new();
         for (dn, w) in b.writers.drain(..) {
@@ -489,7 +524,9 @@ impl OutputStream {
             )));
         }
         b.row.finalized = true;
-        unsynced.push((b.row.block_id, b.row.gs, ok.clone()));
+        if !b.synced {
+            unsynced.push(b.row.block_id);
+        }
         b.row.replicas = ok;
         Ok((b.row, b.start + len))
     }
@@ -498,116 +535,72 @@ impl OutputStream {
         lock(&self.st).mtime.unwrap_or_else(now_ns)
     }
 
-    /// fsync: every replica's data and checksum file (and those of blocks
-    /// finished since the last sync) and the metadata store's log, all in
-    /// parallel. The store needs no new commit: what it must keep (the
-    /// file, its blocks and replicas, its under-construction record) was
-    /// committed when it changed, and the length of a file under
-    /// construction is settled from its replicas by recovery.
-    fn sync_replicas(&self, pipe: &mut Pipe) -> FsResult<()> {
-        // Every replica to make durable, once: a block is durable when at
-        // least one of its replicas synced; a replica that failed is
-        // reported (and left out of the live pipeline) rather than failing
-        // the fsync while others hold the bytes.
-        let unsynced = std::mem::take(&mut pipe.unsynced);
+    /// fsync: the replicas being written (through their writers), every
+    /// other block of the file not known durable (those this stream
+    /// finished since its last sync; all of them the first time, unless a
+    /// sync since the daemon started covered them), and the metadata
+    /// store, all in parallel (see `durable`). The store needs no new
+    /// commit unless a replica failed: what it must keep (the file, its
+    /// blocks and replicas, its under-construction record) was committed
+    /// when it changed, and the length of a file under construction is
+    /// settled from its replicas by recovery.
+    fn sync_durably(&self, pipe: &mut Pipe) -> FsResult<()> {
+        let ids = std::mem::take(&mut pipe.unsynced);
+        let r = self.sync_with(pipe, &ids);
+        if r.is_err() {
+            pipe.unsynced.extend(ids);
+        }
+        r
+    }
+
+    fn sync_with(&self, pipe: &mut Pipe, ids: &[u64]) -> FsResult<()> {
+        let ctx = &self.ctx;
+        let whole = !lock(&ctx.synced_files).contains(&self.ino);
+        let open_id = pipe.block.as_ref().map(|b| b.row.block_id);
+        let mut rows: Vec<BlockRow> = if whole || !ids.is_empty() {
+            self.meta()
+                .blocks(self.ino)?
+                .into_iter()
+                .filter(|r| Some(r.block_id) != open_id && (whole || ids.contains(&r.block_id)))
+                .collect()
+        } else {
+            Vec::new()
+        };
         let mut replicas: Vec<Replica> = Vec::new();
         if let Some(b) = &pipe.block {
             replicas.extend(b.writers.iter().map(|(dn, _)| (b.row.block_id, *dn)));
         }
-        for (block, _, reps) in &unsynced {
-            replicas.extend(reps.iter().map(|dn| (*block, *dn)));
+        for r in &rows {
+            replicas.extend(r.replicas.iter().map(|dn| (r.block_id, *dn)));
         }
-        let mut seen = std::collections::HashSet::new();
-        replicas.retain(|r| seen.insert(*r));
-
-        let meta = self.ctx.meta.clone();
-        // The store's sync is first: `run_parallel` runs the last job on this
-        // thread, and that should be a replica's (the store's is usually a
-        // no-op).
-        let mut jobs: Vec<SyncJob> = vec![Box::new(move || vec![(None, meta.sync_if_needed())])];
-        // replica_sync=fs: one syncfs per filesystem covers its replicas
-        // (data, checksums, directory entries).
-        let mut groups: Vec<(Arc<Datanode>, Vec<Replica>)> = Vec::new();
-        for who in replicas {
-            match self.ctx.dns.get(who.1).filter(|_| self.ctx.sync_by_fs) {
-                Some(node) => match groups.iter_mut().find(|g| g.0.fs_id() == node.fs_id()) {
-                    Some(g) => g.1.push(who),
-                    None => groups.push((node.clone(), vec![who])),
-                },
-                None => jobs.extend(self.file_syncs(pipe, &unsynced, who)?),
+        let results =
+            durable::sync_replicas(ctx, replicas, |who| self.file_syncs(pipe, &rows, who))?;
+        let mut changed = durable::drop_failed(ctx, self.ino, &mut rows, &results)?;
+        if let Some(b) = pipe.block.as_mut() {
+            let mut open = [b.row.clone()];
+            let left = durable::drop_failed(ctx, self.ino, &mut open, &results)?;
+            if let Some(row) = left.into_iter().next() {
+                b.writers.retain(|(dn, _)| row.replicas.contains(dn));
+                b.row.replicas = row.replicas.clone();
+                changed.push(row);
             }
+            b.synced = true;
         }
-        for (node, members) in groups {
-            jobs.push(Box::new(move || {
-                let r = node.sync_fs().map_err(FsError::from);
-                if let Err(e) = &r {
-                    tracing::warn!(
-                        datanode = %node.id,
-                        "syncfs failed, syncing file by file: {e}"
-                    );
-                }
-                members.into_iter().map(|w| (Some(w), r.clone())).collect()
-            }));
+        if !changed.is_empty() {
+            let ch: Vec<Change> = changed.into_iter().map(Change::PutBlock).collect();
+            self.meta().commit(&ch, true)?;
         }
-        let mut results = Vec::new();
-        let mut again: Vec<SyncJob> = Vec::new();
-        for (who, r) in run_parallel(&self.ctx.rt, jobs) {
-            match (who, r) {
-                (None, r) => r?,
-                // A syncfs error may be anyone's on that filesystem: the
-                // replica's own syncs tell.
-                (Some(w), Err(_)) if self.ctx.sync_by_fs && self.ctx.dns.get(w.1).is_some() => {
-                    again.extend(self.file_syncs(pipe, &unsynced, w)?)
-                }
-                (Some(w), r) => results.push((w, r)),
-            }
-        }
-        if !again.is_empty() {
-            for (who, r) in run_parallel(&self.ctx.rt, again) {
-                if let Some(w) = who {
-                    results.push((w, r));
-                }
-            }
-        }
-        let ok_blocks: std::collections::HashSet<u64> = results
-            .iter()
-            .filter(|(_, r)| r.is_ok())
-            .map(|((block, _), _)| *block)
-            .collect();
-        for ((block, dn), r) in results {
-            let Err(e) = r else { continue };
-            tracing::warn!(
-                ino = self.ino,
-                block,
-                datanode = %dn,
-                "replica sync failed: {e}"
-            );
-            self.ctx.bad.report(block, dn);
-            if let Some(node) = self.ctx.dns.get(dn) {
-                node.io.error();
-            }
-            self.ctx.dns.mark_dead(dn);
-            if !ok_blocks.contains(&block) {
-                return Err(FsError::Io(format!(
-                    "no replica of block {block} could be synced: {e}"
-                )));
-            }
+        if whole {
+            lock(&ctx.synced_files).insert(self.ino);
         }
         Ok(())
     }
 
     /// The per-file syncs that make one replica durable: through its
     /// writer (data, checksums, and the directory the first time), or, for
-    /// a block finished since the last sync, of the closed replica at its
-    /// latest generation stamp.
-    fn file_syncs(
-        &self,
-        pipe: &Pipe,
-        unsynced: &[(u64, u64, Vec<DnId>)],
-        who: Replica,
-    ) -> FsResult<Vec<SyncJob>> {
+    /// a closed block, of the replica at its recorded generation stamp.
+    fn file_syncs(&self, pipe: &Pipe, rows: &[BlockRow], who: Replica) -> FsResult<Vec<SyncJob>> {
         let (block, dn) = who;
-        let job = |t: SyncTask| -> SyncJob { Box::new(move || vec![(Some(who), t())]) };
         if let Some(b) = pipe.block.as_ref().filter(|b| b.row.block_id == block) {
             let Some((_, w)) = b.writers.iter().find(|(d, _)| *d == dn) else {
                 return Ok(Vec::new());
@@ -615,16 +608,14 @@ impl OutputStream {
             return Ok(w
                 .sync_tasks()?
                 .into_iter()
-                .map(|t| job(Box::new(move || t().map_err(FsError::from))))
+                .map(|t| durable::job(who, Box::new(move || t().map_err(FsError::from))))
                 .collect());
         }
-        let gs = unsynced.iter().rev().find(|u| u.0 == block).map(|u| u.1);
-        let (Some(gs), Some(node)) = (gs, self.ctx.dns.get(dn)) else {
-            return Ok(Vec::new());
-        };
-        Ok(vec![job(Box::new(move || {
-            node.sync_replica(block, gs).map_err(FsError::from)
-        }))])
+        Ok(rows
+            .iter()
+            .find(|r| r.block_id == block)
+            .map(|r| durable::closed_replica_syncs(&self.ctx, who, r.gs))
+            .unwrap_or_default())
     }
 
     /// Close: finalise the last block, record the length, and end the
@@ -635,6 +626,10 @@ impl OutputStream {
             Some(b) => Some(self.finalize(b, &mut pipe.unsynced)?.0),
             None => None,
         };
+        if !pipe.unsynced.is_empty() {
+            // What this stream leaves unsynced: a later fsync looks again.
+            lock(&self.ctx.synced_files).remove(&self.ino);
+        }
         // Under the stream's lock: see `OutputStream::set_mtime`.
         let s = lock(&self.st);
         let (acked, mtime) = (s.acked, s.mtime);
@@ -699,48 +694,58 @@ impl OutputStream {
         let bs = self.block_size;
         let keep = size.div_ceil(bs);
         let mtime = self.mtime_now();
-        let gone = self.meta().commit(
-            &[
-                Change::DropBlocksFrom {
-                    ino: self.ino,
-                    from: keep,
-                },
-                Change::SetSize {
-                    ino: self.ino,
-                    size,
-                    touch: Some(mtime),
-                },
-            ],
-            false,
-        )?;
-        self.ctx.dns.delete_blocks(&gone);
+        let mut ch = vec![
+            Change::DropBlocksFrom {
+                ino: self.ino,
+                from: keep,
+            },
+            Change::SetSize {
+                ino: self.ino,
+                size,
+                touch: Some(mtime),
+            },
+        ];
+        // The block that holds the new end is cut under a new stamp.
+        let mut cut = None;
         if !size.is_multiple_of(bs) {
             let idx = size / bs;
-            if let Some(mut row) = self
+            if let Some(row) = self
                 .meta()
                 .blocks(self.ino)?
                 .into_iter()
                 .find(|b| b.idx == idx)
             {
-                let len = size - idx * bs;
-                let new_gs = self.meta().alloc("next_gs")?;
-                let mut ok = Vec::new();
-                for &dn in &row.replicas {
-                    let Some(node) = self.ctx.dns.get(dn) else {
-                        continue;
-                    };
-                    match node.truncate(row.block_id, row.gs, new_gs, len) {
-                        Ok(()) => ok.push(dn),
-                        Err(e) => tracing::warn!(datanode = %dn, "replica truncate failed: {e}"),
-                    }
+                let mut rec = row.clone();
+                rec.gs = self.meta().alloc("next_gs")?;
+                rec.len = size - idx * bs;
+                ch.push(Change::PutBlock(rec.clone()));
+                cut = Some((row, rec));
+            }
+        }
+        // Recorded first, durably; only then are the replicas of the
+        // dropped blocks deleted and those of the cut block cut (a replica
+        // may lag the record, never lead it, and none that a durable record
+        // names is ever deleted).
+        let gone = self.meta().commit(&ch, true)?;
+        self.ctx.dns.delete_blocks(&gone);
+        if let Some((row, mut rec)) = cut {
+            let mut ok = Vec::new();
+            for &dn in &row.replicas {
+                let Some(node) = self.ctx.dns.get(dn) else {
+                    continue;
+                };
+                match node.truncate(row.block_id, row.gs, rec.gs, rec.len) {
+                    Ok(()) => ok.push(dn),
+                    Err(e) => tracing::warn!(datanode = %dn, "replica truncate failed: {e}"),
                 }
-                if ok.is_empty() {
-                    return Err(FsError::Io("no replica could be truncated".into()));
-                }
-                row.gs = new_gs;
-                row.len = len;
-                row.replicas = ok;
-                self.meta().commit(&[Change::PutBlock(row)], false)?;
+            }
+            if ok.is_empty() {
+                return Err(FsError::Io("no replica could be truncated".into()));
+            }
+            pipe.unsynced.push(rec.block_id);
+            if ok.len() < rec.replicas.len() {
+                rec.replicas = ok;
+                self.meta().commit(&[Change::PutBlock(rec)], false)?;
             }
         }
         Ok(())
@@ -759,39 +764,4 @@ impl OutputStream {
         });
         self.meta().commit(&ch, false).map(drop)
     }
-}
-
-/// A replica: (block id, datanode id).
-type Replica = (u64, DnId);
-/// One file's (or one replica's) part of an fsync.
-type SyncTask = Box<dyn FnOnce() -> FsResult<()> + Send>;
-/// A job's result for each replica it covers (`None`: the metadata store).
-type SyncResult = (Option<Replica>, FsResult<()>);
-/// Independent work of an fsync, run in parallel with the others.
-type SyncJob = Box<dyn FnOnce() -> Vec<SyncResult> + Send>;
-
-/// Runs independent jobs on the blocking pool (reused threads, so an fsync
-/// costs no thread creation), the last one on the calling thread; returns
-/// every result.
-fn run_parallel(rt: &tokio::runtime::Handle, mut jobs: Vec<SyncJob>) -> Vec<SyncResult> {
-    let Some(last) = jobs.pop() else {
-        return Vec::new();
-    };
-    let (tx, rx) = std::sync::mpsc::channel();
-    let n = jobs.len();
-    for job in jobs {
-        let tx = tx.clone();
-        rt.spawn_blocking(move || {
-            let _ = tx.send(job());
-        });
-    }
-    drop(tx);
-    let mut out = last();
-    for _ in 0..n {
-        match rx.recv() {
-            Ok(r) => out.extend(r),
-            Err(_) => out.push((None, Err(FsError::Io("sync task lost".into())))),
-        }
-    }
-    out
 }

@@ -224,6 +224,12 @@ pub struct Datanode {
     dev: u64,
     /// Replica bytes written and read here, and failures (`leasefs stats`).
     pub io: Arc<IoCounters>,
+    /// Whether `syncfs(2)` makes this datanode's writes durable. Not on
+    /// FUSE (sshfs, a FUSE-backed disk, leasefs's own power-cut test
+    /// filesystem): the kernel sends FUSE_SYNCFS to virtiofs only, so on
+    /// any other FUSE mount syncfs returns at once having asked the
+    /// daemon nothing.
+    syncfs_barrier: bool,
 }
 
 impl Datanode {
@@ -241,6 +247,17 @@ impl Datanode {
             .metadata()
             .map_err(|e| StorageError::io(root, e))?
             .dev();
+        let fs_type = nix::sys::statfs::fstatfs(&root_fd)
+            .map_err(|e| StorageError::io(root, io::Error::from(e)))?
+            .filesystem_type();
+        let syncfs_barrier = fs_type != nix::sys::statfs::FUSE_SUPER_MAGIC;
+        if !syncfs_barrier {
+            tracing::info!(
+                datanode = %id,
+                root = %root.display(),
+                "datanode on a FUSE filesystem, where syncfs does not reach the daemon: its replicas are synced file by file"
+            );
+        }
         Ok(Datanode {
             id,
             root: root.to_path_buf(),
@@ -250,7 +267,14 @@ impl Datanode {
             root_fd,
             dev,
             io: Arc::default(),
+            syncfs_barrier,
         })
+    }
+
+    /// Whether one `syncfs` makes this datanode's replicas durable (else
+    /// each replica needs its own syncs).
+    pub fn syncfs_is_barrier(&self) -> bool {
+        self.syncfs_barrier
     }
 
     /// The storage ID of its identity file, if it has one.
@@ -565,6 +589,27 @@ impl Datanode {
     /// the replicas.
     pub fn valid_prefix(&self, block: u64, gs: u64) -> Result<u64, StorageError> {
         self.open_reader(block, gs)?.valid_prefix()
+    }
+
+    /// How much of replica `block`@`gs` survives as a clean prefix: its
+    /// valid length when every chunk it holds checks out but perhaps the
+    /// last (what a power cut leaves of data that was never synced), `None`
+    /// when a chunk before the last one is corrupt (damage, not a lost
+    /// tail).
+    pub fn clean_prefix(&self, block: u64, gs: u64) -> Result<Option<u64>, StorageError> {
+        let r = self.open_reader(block, gs)?;
+        let valid = r.valid_prefix()?;
+        let present = r.present_len()?;
+        Ok((valid + CHUNK_SIZE as u64 >= present).then_some(valid))
+    }
+
+    /// Brings a replica whose generation stamp lags the recorded one (the
+    /// metadata recorded a bump, truncation or recovery before a crash
+    /// kept it from reaching this replica) to the recorded state: cut to
+    /// `len`, restamped `gs`, finalized. Retrying after success is a no-op.
+    pub fn settle(&self, block: u64, found: u64, gs: u64, len: u64) -> Result<(), StorageError> {
+        self.truncate(block, found, gs, len)?;
+        self.finalize(block, gs, len)
     }
 
     /// Removes every file of `block` (any generation stamp, both

@@ -280,6 +280,14 @@ impl ReplicaReader {
         file_len(&self.data, &self.data_path)
     }
 
+    /// How many bytes the replica holds with a checksum each could cover:
+    /// the data, cut to what the checksum file has room for.
+    pub fn present_len(&self) -> Result<u64, StorageError> {
+        let meta_len = file_len(&self.meta, &self.meta_path)?;
+        let ncrc = meta_len.saturating_sub(META_HEADER_LEN) / CRC_LEN;
+        Ok(self.data_len()?.min(ncrc * CS))
+    }
+
     /// Reads up to `buf.len()` bytes at `offset`, verifying the CRC of every
     /// chunk touched. Whole chunks are read internally with one vectored
     /// `pread` of the data (straight into `buf`, the partial chunks at either

@@ -8,6 +8,7 @@
 pub mod elect;
 pub mod etcd;
 pub mod faults;
+pub mod powercut;
 pub mod spout;
 
 use std::path::{Path, PathBuf};
@@ -94,6 +95,12 @@ impl Mount {
     /// mounted itself (see `faults::Tmpfs`).
     pub fn with_datanode_paths(o: Opts, paths: Vec<PathBuf>) -> Mount {
         Self::build(o, Some(paths), None)
+    }
+
+    /// As [`Mount::with_datanode_paths`], with this data directory too
+    /// (e.g. both on a filesystem whose power the test cuts).
+    pub fn with_paths(o: Opts, data: PathBuf, paths: Vec<PathBuf>) -> Mount {
+        Self::build(o, Some(paths), Some(data))
     }
 
     /// As [`Mount::with_datanode_paths`], in `dir`, which may already

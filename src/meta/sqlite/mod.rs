@@ -2,9 +2,16 @@
 //!
 //! Every mutation is one transaction, so a kill -9 of the daemon leaves the
 //! namespace at the last committed operation (WAL, `synchronous=NORMAL`:
-//! survives a process crash). `fsync` asks for [`MetaStore::durable`], which
-//! commits with `synchronous=FULL` so the WAL, and everything before it, is
-//! on disk.
+//! survives a process crash, and a power cut loses at most the commits
+//! since the last sync, never the order). What must survive a power cut is
+//! made durable by an `fdatasync` of the WAL file ([`MetaStore::sync_wal`]):
+//! every commit is a run of frames appended to it, so syncing the file
+//! syncs every commit so far. (A commit with `synchronous=FULL` would do
+//! the same only when it writes a frame: SQLite skips writes that change
+//! nothing, so the former trick of rewriting a counter to its own value
+//! committed nothing and synced nothing.) Checkpoints need no help: with
+//! `synchronous=NORMAL` SQLite syncs the WAL before copying it into the
+//! database, the database after, and the WAL's header when it reuses it.
 
 use std::path::{Path, PathBuf};
 
@@ -24,6 +31,8 @@ use dentries::*;
 
 pub struct MetaStore {
     conn: Mutex<Connection>,
+    /// `meta.db-wal`, synced to make commits durable.
+    wal: PathBuf,
     /// The directory of the database, whose filesystem `statfs` counts.
     dir: PathBuf,
     /// Commits made, and how many of them are known durable.
@@ -149,6 +158,8 @@ impl MetaStore {
             ),
             params![0o755i64, uid as i64, gid as i64, now],
         )?;
+        let mut wal = path.as_os_str().to_owned();
+        wal.push("-wal");
         let dir = path
             .parent()
             .filter(|p| !p.as_os_str().is_empty())
@@ -156,6 +167,7 @@ impl MetaStore {
             .to_path_buf();
         Ok(MetaStore {
             conn: Mutex::new(conn),
+            wal: wal.into(),
             dir,
             commits: AtomicU64::new(1),
             synced: AtomicU64::new(0),
@@ -170,19 +182,29 @@ impl MetaStore {
         Ok(v)
     }
 
-    /// Runs `f` in a transaction whose commit is durable (fsync of the WAL),
-    /// which also makes every earlier commit durable.
+    /// Runs `f` in a transaction whose commit is durable when this returns,
+    /// with every earlier commit.
     fn durable<T>(&self, f: impl FnOnce(&Connection) -> FsResult<T>) -> FsResult<T> {
-        let c = lock(&self.conn);
-        c.pragma_update(None, "synchronous", "FULL")?;
-        let r = in_tx(&c, |tx| {
-            // A write is needed for the commit to sync the WAL.
-            tx.prepare_cached("UPDATE counters SET value = value WHERE name = 'next_ino'")?
-                .execute([])?;
-            f(tx)
-        });
-        c.pragma_update(None, "synchronous", "NORMAL")?;
-        r
+        let v = self.with_tx(f)?;
+        self.sync_if_needed()?;
+        Ok(v)
+    }
+
+    /// Makes every commit written so far durable: `fdatasync` of the WAL.
+    /// Without a WAL file (none written yet, or removed after a complete
+    /// checkpoint) everything is in the database file, which SQLite synced
+    /// at that checkpoint.
+    fn sync_wal(&self) -> FsResult<()> {
+        match std::fs::File::open(&self.wal) {
+            Ok(f) => f
+                .sync_data()
+                .map_err(|e| FsError::Io(format!("cannot sync {}: {e}", self.wal.display()))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(FsError::Io(format!(
+                "cannot open {}: {e}",
+                self.wal.display()
+            ))),
+        }
     }
 
     /// Records a file's length (and mtime/ctime when `touch` is given).
@@ -275,7 +297,7 @@ impl Meta for MetaStore {
         if self.synced.load(Ordering::Acquire) >= seen {
             return Ok(());
         }
-        self.durable(|_| Ok(()))?;
+        self.sync_wal()?;
         self.synced.fetch_max(seen, Ordering::AcqRel);
         Ok(())
     }
@@ -587,12 +609,13 @@ impl Meta for MetaStore {
     }
 
     /// A fresh id of `counter` (`next_block`, `next_gs`): unique across
-    /// restarts, since whole ranges are reserved durably before use.
+    /// restarts and power cuts, since whole ranges are reserved durably
+    /// before use.
     fn alloc(&self, counter: &'static str) -> FsResult<u64> {
         let mut pool = lock(&self.pool);
         let (next, end) = pool.entry(counter).or_insert((0, 0));
         if *next >= *end {
-            let first: i64 = self.with_tx(|tx| {
+            let first: i64 = self.durable(|tx| {
                 Ok(tx.query_row(
                     "UPDATE counters SET value = value + ?2 WHERE name = ?1 RETURNING value - ?2",
                     params![counter, ID_BATCH as i64],
@@ -608,9 +631,10 @@ impl Meta for MetaStore {
     }
 
     /// Reserves `n` epochs above the persisted high-water mark and returns
-    /// the first; epochs stay strictly increasing across restarts.
+    /// the first; durable when it returns, so epochs stay strictly
+    /// increasing across restarts and power cuts.
     fn reserve_epochs(&self, n: u64) -> FsResult<u64> {
-        self.with_tx(|tx| {
+        self.durable(|tx| {
             let v: i64 = tx.query_row(
                 "UPDATE counters SET value = value + ?1 WHERE name = 'epoch_reserved' RETURNING value - ?1",
                 [n as i64],

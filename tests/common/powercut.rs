@@ -1,0 +1,139 @@
+//! A leasefs mount whose data directory and datanodes live on a
+//! `powercut` filesystem (tools/powercut): the test can cut the power
+//! (every change not yet made durable is lost), inject datanode faults,
+//! and mount again. The binary is `POWERCUT_BIN`, or
+//! target/release/powercut (built by `cargo build --release -p powercut`,
+//! which mount-scripts/test.sh runs).
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use super::{Mount, Opts, is_mounted, wait_until};
+
+pub fn powercut_bin() -> PathBuf {
+    if let Some(b) = std::env::var_os("POWERCUT_BIN") {
+        return PathBuf::from(b);
+    }
+    let b = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/release/powercut");
+    assert!(
+        b.exists(),
+        "{} is missing: build it with `cargo build --release -p powercut`",
+        b.display()
+    );
+    b
+}
+
+pub struct PowerCut {
+    pub m: Mount,
+    dir: tempfile::TempDir,
+    pc: Option<Child>,
+}
+
+impl PowerCut {
+    /// Mounts leasefs with `o` (its data directory and three datanodes on
+    /// the powercut filesystem).
+    pub fn new(o: Opts) -> PowerCut {
+        let dir = tempfile::Builder::new()
+            .prefix("leasefs-powercut")
+            .tempdir()
+            .expect("tempdir");
+        let disk = dir.path().join("disk");
+        std::fs::create_dir_all(&disk).expect("mkdir disk");
+        let pc = start(dir.path());
+        let dns = (1..=o.datanodes)
+            .map(|i| disk.join(format!("dn{i}")))
+            .collect();
+        let m = Mount::with_paths(o, disk.join("data"), dns);
+        PowerCut {
+            m,
+            dir,
+            pc: Some(pc),
+        }
+    }
+
+    fn sock(&self) -> PathBuf {
+        self.dir.path().join("control.sock")
+    }
+
+    /// A command to the powercut filesystem; its reply line.
+    pub fn control(&self, cmd: &str) -> String {
+        let mut words = cmd.split_whitespace();
+        let o = Command::new(powercut_bin())
+            .args(words.next())
+            .arg(self.sock())
+            .args(words)
+            .output()
+            .expect("run powercut");
+        assert!(
+            o.status.success(),
+            "powercut {cmd}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    }
+
+    /// The power cut: the daemon killed, every change not made durable
+    /// dropped, then the powercut filesystem and leasefs mounted again.
+    /// Returns the powercut filesystem's account of what it dropped.
+    pub fn cut(&mut self) -> String {
+        self.m.crash();
+        let dropped = self.control("cut");
+        self.power_off();
+        self.pc = Some(start(self.dir.path()));
+        self.m.mount();
+        dropped
+    }
+
+    fn power_off(&mut self) {
+        let disk = self.dir.path().join("disk");
+        let unmounted = wait_until(Duration::from_secs(10), || {
+            Command::new("fusermount3")
+                .arg("-u")
+                .arg(&disk)
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+                || !is_mounted(&disk)
+        });
+        if !unmounted {
+            let _ = Command::new("fusermount3").arg("-uz").arg(&disk).status();
+        }
+        if let Some(mut c) = self.pc.take() {
+            if !wait_until(Duration::from_secs(10), || {
+                matches!(c.try_wait(), Ok(Some(_)))
+            }) {
+                let _ = c.kill();
+            }
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Starts `powercut` serving DIR/backing at DIR/disk; returns once it answers.
+fn start(dir: &std::path::Path) -> Child {
+    let disk = dir.join("disk");
+    let sock = dir.join("control.sock");
+    let child = Command::new(powercut_bin())
+        .arg("mount")
+        .arg(dir.join("backing"))
+        .arg(&disk)
+        .arg("--control")
+        .arg(&sock)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start powercut");
+    let up = wait_until(Duration::from_secs(20), || {
+        is_mounted(&disk) && std::os::unix::net::UnixStream::connect(&sock).is_ok()
+    });
+    assert!(up, "the powercut filesystem did not come up");
+    child
+}
+
+impl Drop for PowerCut {
+    fn drop(&mut self) {
+        self.m.unmount();
+        self.power_off();
+    }
+}

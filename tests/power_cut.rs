@@ -1,0 +1,270 @@
+//! Power cuts (docs/SEMANTICS.md "Durability"): leasefs's data directory
+//! and datanodes live on the `powercut` test filesystem (tools/powercut),
+//! which keeps every change pending until it is made durable and drops
+//! what is pending when the test cuts the power. What fsync acknowledged
+//! must survive; nothing a cut leaves behind may make a file unreadable or
+//! fsck unhealthy. Each test pins one defect and failed before its fix.
+//! The random rounds over every workload are `powercut-rounds`
+//! (tests/powercut_rounds.rs).
+
+mod common;
+use common::faults::*;
+use common::powercut::PowerCut;
+use common::*;
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::time::Duration;
+
+fn power(o: &[&str]) -> PowerCut {
+    PowerCut::new(Opts {
+        o: o.iter().map(|s| s.to_string()).collect(),
+        ..Opts::default()
+    })
+}
+
+/// Writes `bytes` to a new file and fsyncs it (kept open when returned).
+fn write_synced(pc: &PowerCut, rel: &str, bytes: &[u8]) -> File {
+    let mut f = File::create(pc.m.path(rel)).unwrap();
+    f.write_all(bytes).unwrap();
+    f.sync_all().unwrap();
+    f
+}
+
+fn append(pc: &PowerCut, rel: &str) -> File {
+    OpenOptions::new()
+        .append(true)
+        .open(pc.m.path(rel))
+        .unwrap_or_else(|e| panic!("open {rel} for append: {e}"))
+}
+
+/// Reads `rel` after the cut: it must read (no EIO) and be a prefix of
+/// `all` at least `min` bytes long.
+fn reads_back(pc: &PowerCut, rel: &str, all: &[u8], min: usize) -> Vec<u8> {
+    let got = std::fs::read(pc.m.path(rel)).unwrap_or_else(|e| {
+        panic!(
+            "{rel} cannot be read after the power cut: {e}\nfsck: {}\nlog:\n{}",
+            pc.m.fsck(&[]).stdout,
+            pc.m.log()
+        )
+    });
+    assert!(
+        got.len() >= min && got.len() <= all.len() && got[..] == all[..got.len()],
+        "{rel}: {} bytes after the power cut, {min} of them acknowledged; first difference at {:?}",
+        got.len(),
+        got.iter().zip(all).position(|(a, b)| a != b)
+    );
+    got
+}
+
+fn healthy(pc: &PowerCut) {
+    let f = pc.m.fsck(&[]);
+    assert_eq!(
+        f.code,
+        0,
+        "fsck after the power cut:\n{}\nlog:\n{}",
+        f.stdout,
+        pc.m.log()
+    );
+}
+
+#[test]
+fn a_file_fsynced_with_per_file_replica_syncs_survives_a_power_cut() {
+    // The metadata's "durable" commit rewrote a counter to its own value:
+    // SQLite wrote no frame and synced nothing, so the file's name and
+    // blocks were lost with the cut.
+    let mut pc = power(&["replica_sync=file"]);
+    let data = pattern(300_000, 1);
+    drop(write_synced(&pc, "f", &data));
+    pc.cut();
+    reads_back(&pc, "f", &data, data.len());
+    healthy(&pc);
+}
+
+#[test]
+fn replicas_on_a_fuse_datanode_are_synced_file_by_file() {
+    // syncfs(2) never reaches a FUSE daemon: with replica_sync=fs (the
+    // default) an fsync made nothing durable on such a datanode.
+    let mut pc = power(&[]);
+    let data = pattern(300_000, 2);
+    drop(write_synced(&pc, "f", &data));
+    assert!(
+        pc.m.log().contains("syncfs does not reach the daemon"),
+        "{}",
+        pc.m.log()
+    );
+    pc.cut();
+    reads_back(&pc, "f", &data, data.len());
+    healthy(&pc);
+}
+
+#[test]
+fn epochs_after_a_power_cut_are_above_every_epoch_granted_before_it() {
+    // Epoch reservations were ordinary (unsynced) commits: after a cut the
+    // next grant could repeat an epoch a fenced writer still holds.
+    let mut pc = power(&[]);
+    let mut before = 0;
+    for _ in 0..3 {
+        let f = write_synced(&pc, "e", b"x");
+        before = before.max(pc.m.epoch("e"));
+        drop(f);
+    }
+    pc.cut();
+    let _f = append(&pc, "e");
+    let after = pc.m.epoch("e");
+    assert!(
+        after > before,
+        "epoch {after} after the cut, {before} before it"
+    );
+}
+
+#[test]
+fn a_closed_file_reopened_for_append_reads_back_after_a_power_cut() {
+    // Reopening for append bumped the replicas' generation stamps before
+    // the metadata recorded the bump; a cut in between (the filesystem's
+    // journal had committed the renames, not the metadata's log) made
+    // every replica "stale": EIO for good.
+    let mut pc = power(&[]);
+    let mut data = pattern(100_000, 3);
+    drop(write_synced(&pc, "f", &data));
+    let more = pattern(5_000, 4);
+    append(&pc, "f").write_all(&more).unwrap();
+    data.extend_from_slice(&more);
+    pc.control("commit-namespace");
+    pc.cut();
+    reads_back(&pc, "f", &data, 100_000);
+    healthy(&pc);
+    // And it can be appended to again.
+    let f = append(&pc, "f");
+    f.sync_all().unwrap();
+}
+
+#[test]
+fn a_truncation_cut_short_by_a_power_cut_leaves_a_readable_file() {
+    // A truncation renamed the replicas' checksum files to the new stamp
+    // (and synced that) before recording it: after a cut, stale replicas
+    // only.
+    let mut pc = power(&[]);
+    let data = pattern(100_000, 5);
+    let f = write_synced(&pc, "f", &data);
+    f.set_len(40_000).unwrap();
+    drop(f);
+    pc.cut();
+    // A shrinking truncation is recorded durably before any replica is
+    // cut: it is there after the cut, whole.
+    let got = reads_back(&pc, "f", &data, 40_000);
+    assert_eq!(got.len(), 40_000);
+    healthy(&pc);
+}
+
+#[test]
+fn writes_through_an_o_dsync_descriptor_survive_a_power_cut() {
+    // The kernel follows every write on an O_DSYNC (or O_SYNC) descriptor
+    // with an fsync, which leasefs makes durable as any other.
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut pc = power(&[]);
+    let data = pattern(70_000, 13);
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .custom_flags(libc::O_DSYNC)
+        .open(pc.m.path("f"))
+        .unwrap();
+    for piece in data.chunks(10_000) {
+        f.write_all(piece).unwrap();
+    }
+    pc.cut();
+    drop(f);
+    reads_back(&pc, "f", &data, data.len());
+}
+
+#[test]
+fn replicas_of_a_removed_file_go_only_once_the_removal_is_durable() {
+    // Replicas were deleted right after the unlink's (unsynced) commit:
+    // after a cut the file was back, its blocks on no datanode.
+    let mut pc = power(&[]);
+    let data = pattern(100_000, 6);
+    drop(write_synced(&pc, "f", &data));
+    let id = blocks_of(&pc.m, "f")[0].id;
+    std::fs::remove_file(pc.m.path("f")).unwrap();
+    let gone = wait_until(Duration::from_secs(10), || {
+        pc.m.datanodes.iter().all(|dn| {
+            ["rbw", "finalized"]
+                .iter()
+                .all(|d| !dn.join(d).join(format!("blk_{id}")).exists())
+        })
+    });
+    assert!(gone, "the replicas of a removed file were not deleted");
+    // The datanodes' directory changes reach the disk on their own.
+    pc.control("commit-namespace");
+    pc.cut();
+    if pc.m.path("f").exists() {
+        reads_back(&pc, "f", &data, data.len());
+    }
+    healthy(&pc);
+}
+
+#[test]
+fn a_replica_whose_fsync_failed_is_not_counted_by_recovery() {
+    // A replica whose sync failed stayed in the block's list: recovery
+    // took the minimum over the replicas, its short one included, and
+    // cut fsynced bytes off the others.
+    let mut pc = power(&["replica_sync=file"]);
+    let first = pattern(64_000, 7);
+    let mut f = write_synced(&pc, "f", &first);
+    let dn = blocks_of(&pc.m, "f")[0].replicas[0];
+    pc.control(&format!("fail dn{} EIO --sync", dn + 1));
+    let second = pattern(64_000, 8);
+    f.write_all(&second).unwrap();
+    f.sync_all().unwrap();
+    let mut all = first.clone();
+    all.extend_from_slice(&second);
+    // The writer is still there at the cut: recovery settles the block.
+    pc.cut();
+    drop(f);
+    reads_back(&pc, "f", &all, all.len());
+}
+
+#[test]
+fn fsync_through_a_read_only_descriptor_makes_what_was_written_durable() {
+    // fsync of a descriptor that had not written did nothing.
+    let mut pc = power(&[]);
+    let data = pattern(300_000, 9);
+    std::fs::write(pc.m.path("f"), &data).unwrap();
+    File::open(pc.m.path("f")).unwrap().sync_all().unwrap();
+    pc.cut();
+    reads_back(&pc, "f", &data, data.len());
+    healthy(&pc);
+}
+
+#[test]
+fn fsync_covers_blocks_that_earlier_writers_finished() {
+    // An fsync synced only the blocks its own descriptor had written.
+    let mut pc = power(&["block_size=64K"]);
+    let mut data = pattern(200_000, 10);
+    std::fs::write(pc.m.path("f"), &data).unwrap();
+    let mut f = append(&pc, "f");
+    let more = pattern(10, 11);
+    f.write_all(&more).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    data.extend_from_slice(&more);
+    pc.cut();
+    reads_back(&pc, "f", &data, data.len());
+    healthy(&pc);
+}
+
+#[test]
+fn a_never_fsynced_file_loses_only_its_unsynced_tail_and_fsck_is_clean() {
+    // Another file's fsync made the metadata durable, blocks of a file
+    // that was never synced included; their replicas' bytes were not, so
+    // after a cut the metadata listed blocks no datanode held whole
+    // (MissingBlock, EIO, and fsck --repair could not help).
+    let mut pc = power(&["block_size=64K"]);
+    let data = pattern(200_000, 12);
+    std::fs::write(pc.m.path("f"), &data).unwrap();
+    drop(write_synced(&pc, "g", b"sync the metadata"));
+    pc.cut();
+    reads_back(&pc, "f", &data, 0);
+    healthy(&pc);
+}
