@@ -198,9 +198,18 @@ impl Mount {
         let out = self.try_mount();
         assert!(
             out.status.success(),
-            "mount failed: {}{}",
+            "mount failed: {}{}\nlast lines of the daemon's log:\n{}",
             String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
+            String::from_utf8_lossy(&out.stderr),
+            self.log()
+                .lines()
+                .rev()
+                .take(30)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect::<Vec<_>>()
+                .join("\n")
         );
     }
 
