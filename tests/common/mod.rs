@@ -317,6 +317,10 @@ impl Mount {
                 wait_exit(pid, Duration::from_secs(5));
             }
         }
+        // As after a crash: the daemon's main thread can show as a zombie
+        // while its other threads are still on their way out, holding the
+        // data directory's lock that the next mount needs.
+        wait_until(Duration::from_secs(20), || data_dir_free(&self.data));
     }
 
     /// kill -9 of the daemon, then clean up the dead mount.
