@@ -238,17 +238,20 @@ impl Model {
         self.appended.remove(name);
     }
 
-    /// Keeps the sets of small and removed files from growing without end.
-    /// Returns the small files no longer checked, as (directory, name), for
-    /// the harness to remove: the filesystem stays bounded too (the
-    /// powercut disk holds a descriptor per file the kernel knows).
+    /// Keeps the sets of small, created and removed files from growing
+    /// without end. Returns the small and created files no longer checked,
+    /// as (directory, name), for the harness to remove: the filesystem
+    /// stays bounded too (the powercut disk holds a descriptor per file the
+    /// kernel knows). Each was checked after at least one cut.
     pub fn trim(&mut self, keep: usize) -> Vec<(String, String)> {
         let mut dropped = Vec::new();
-        while self.small.len() > keep {
-            let Some((name, (dir, _))) = self.small.pop_first() else {
-                break;
-            };
-            dropped.push((dir, name));
+        for set in [&mut self.small, &mut self.live] {
+            while set.len() > keep {
+                let Some((name, (dir, _))) = set.pop_first() else {
+                    break;
+                };
+                dropped.push((dir, name));
+            }
         }
         while self.gone.len() > keep {
             self.gone.pop_first();
