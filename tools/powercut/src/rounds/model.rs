@@ -259,3 +259,30 @@ impl Model {
         dropped
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A long run's created files (unlink workload) are bounded like its
+    /// small files: the ones past `keep` leave the model and go to the
+    /// harness for removal; removals still pending stay checked.
+    #[test]
+    fn trim_bounds_created_and_small_files() {
+        let mut m = Model::default();
+        let mut acks = String::new();
+        for i in 0..8 {
+            acks.push_str(&format!("created u1.{i} 10\nsmall s1.{i} 5\n"));
+        }
+        acks.push_str("unlinking u1.7\n");
+        m.apply("u", &acks, false);
+        let dropped = m.trim(3);
+        assert_eq!(dropped.len(), 5 + 4);
+        assert!(dropped.iter().any(|(d, n)| d == "u" && n == "u1.0"));
+        assert!(dropped.iter().any(|(d, n)| d == "u" && n == "s1.0"));
+        assert_eq!(m.live.len(), 3);
+        assert_eq!(m.small.len(), 3);
+        assert!(m.maybe_gone.contains_key("u1.7"));
+        assert!(m.trim(3).is_empty());
+    }
+}
