@@ -6,9 +6,13 @@
 #   benches/run.sh --quick        # CI: 64 MiB, 1000 files, 200 fsyncs, 1 run
 #   benches/run.sh --runs 5 --targets native,leasefs-r1
 #   benches/run.sh --no-extra     # without the lease-manager and memory rows
+#   LEASEFS_BEFORE_BIN=old/leasefs benches/run.sh --targets native,leasefs-r1,leasefs-r3,before-r1,before-r3
+#                                 # a change's cost: an older build beside this one, in one run
 #
 # Targets: native, fuse-ceiling (../shared/tools/fuse-ceiling, `file` mode),
-# bindfs (-o big_writes), leasefs-r1 (one datanode), leasefs-r3 (three datanodes).
+# bindfs (-o big_writes), leasefs-r1 (one datanode), leasefs-r3 (three datanodes),
+# before-r1 and before-r3 (the same with the build LEASEFS_BEFORE_BIN names; the
+# table then adds the columns and the ratios R1/before, R3/before).
 # A target that cannot be set up or mounted shows n/a; the script carries on.
 # After the runs, once: the lease manager at 10^3..10^6 leases (cargo bench
 # --bench lease_bench) and daemon memory with 100 writers (writers_memory.sh).
@@ -60,7 +64,7 @@ nwriters=100
 IFS=, read -r -a targets <<<"$targets_arg"
 for t in "${targets[@]}"; do
     case $t in
-        native | fuse-ceiling | bindfs | leasefs-r1 | leasefs-r3) ;;
+        native | fuse-ceiling | bindfs | leasefs-r1 | leasefs-r3 | before-r1 | before-r3) ;;
         *) echo "run.sh: unknown target '$t'" >&2; exit 2 ;;
     esac
 done
@@ -70,6 +74,10 @@ for tool in fio python3 findmnt fusermount3; do
 done
 
 bin=${LEASEFS_BIN:-$root/target/release/leasefs}
+before_bin=${LEASEFS_BEFORE_BIN:-}
+bin_of() { # TARGET -> the leasefs build it mounts
+    case $1 in before-*) echo "$before_bin" ;; *) echo "$bin" ;; esac
+}
 out=${BENCH_OUT:-$root/target/bench/$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$out/fio" "$out/logs"
 results=$out/results.tsv
@@ -155,6 +163,7 @@ drop_caches() {
 declare -A label=(
     [native]="native" [fuse-ceiling]="fuse-ceiling" [bindfs]="bindfs"
     [leasefs-r1]="leasefs R=1" [leasefs-r3]="leasefs R=3"
+    [before-r1]="before R=1" [before-r3]="before R=3"
 )
 declare -A usable=()   # target -> 1 when it can be tried
 declare -A tdir=()     # target -> directory the figures run in
@@ -191,11 +200,13 @@ prepare_target() { # TARGET: one-time checks/builds
                 note "bindfs: not installed (apt-get install bindfs): n/a"
             fi
             ;;
-        leasefs-r1 | leasefs-r3)
-            if [[ -x $bin ]]; then
+        leasefs-r1 | leasefs-r3 | before-r1 | before-r3)
+            local b
+            b=$(bin_of "$t")
+            if [[ -n $b && -x $b ]]; then
                 usable[$t]=1
             else
-                note "${label[$t]}: no binary at $bin: n/a"
+                note "${label[$t]}: no binary at '${b}' (LEASEFS_BIN / LEASEFS_BEFORE_BIN): n/a"
             fi
             ;;
     esac
@@ -228,8 +239,9 @@ mount_target() { # TARGET RUN [ATTEMPTS] -> sets tdir[TARGET]; non-zero when it 
                 return 1
             fi
             ;;
-        leasefs-r1 | leasefs-r3)
-            local r=${t#leasefs-r} i args
+        leasefs-r1 | leasefs-r3 | before-r1 | before-r3)
+            local r=${t##*-r} i args b
+            b=$(bin_of "$t")
             mkdir -p "$mnt" "$base/data"
             args=(mount "$mnt" --data "$base/data")
             for ((i = 1; i <= r; i++)); do
@@ -242,10 +254,10 @@ mount_target() { # TARGET RUN [ATTEMPTS] -> sets tdir[TARGET]; non-zero when it 
             local ok=0 msg k
             for ((k = 0; k < attempts; k++)); do
                 ((k == 0)) || sleep 1
-                echo "+ $bin ${args[*]}" >>"$out/logs/$t.log"
+                echo "+ $b ${args[*]}" >>"$out/logs/$t.log"
                 # Output to a file, not a pipe: a daemon that kept the pipe open
                 # would make $(...) wait for it forever.
-                timeout 60 "$bin" "${args[@]}" >"$out/logs/$t.last" 2>&1
+                timeout 60 "$b" "${args[@]}" >"$out/logs/$t.last" 2>&1
                 local rc=$?
                 msg=$(head -c 2000 "$out/logs/$t.last")
                 cat "$out/logs/$t.last" >>"$out/logs/$t.log"
@@ -513,7 +525,7 @@ fstype=$(findmnt -rn -T "$work" -o FSTYPE | tail -n1)
 {
     echo "leasefs benchmark $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo "host: $(uname -srm), $(nproc) CPUs, scratch $work ($fstype)"
-    echo "leasefs: $bin"
+    echo "leasefs: $bin${before_bin:+ (before: $before_bin)}"
     echo "mode: $([[ $quick -eq 1 ]] && echo quick || echo full), runs $runs, seq ${seq_mib} MiB, $nfiles files, $nfsync fsyncs, $nopen opens$([[ $extra -eq 1 ]] && echo ", lease manager, $nwriters writers' memory")"
 } | tee "$out/header.txt" >&2
 [[ $fstype != tmpfs ]] || note "warning: scratch directory is on tmpfs; set BENCH_DIR to a disk"
@@ -601,6 +613,13 @@ rows = [
      [mem_bounded], (R3, R3)),
 ]
 cols = [(NAT, "native"), (FC, "fuse-ceil"), (BF, "bindfs"), (R1, "lfs R=1"), (R3, "lfs R=3")]
+B1, B3 = "before-r1", "before-r3"
+# An older build measured beside this one (LEASEFS_BEFORE_BIN): its columns
+# and this build's ratio to it.
+before = any(k[1] in (B1, B3) for k in vals)
+if before:
+    cols += [(B1, "before R=1"), (B3, "before R=3")]
+pairs = [(R1, NAT), (R1, FC), (R3, NAT), (R3, FC)] + ([(R1, B1), (R3, B3)] if before else [])
 
 def fmt(x):
     if x is None:
@@ -610,7 +629,9 @@ def fmt(x):
 def ratio(a, b):
     return None if a is None or b is None or b == 0 else a / b
 
-head = ["figure", "better"] + [c[1] for c in cols] + ["R1/nat", "R1/fc", "R3/nat", "R3/fc", "goal (issue 7)", "met"]
+short = {NAT: "nat", FC: "fc", B1: "before", B3: "before"}
+head = (["figure", "better"] + [c[1] for c in cols]
+        + [f"{'R1' if a == R1 else 'R3'}/{short[b]}" for a, b in pairs] + ["goal (issue 7)", "met"])
 lines = []
 for key, name, better, goal, checks, shown in rows:
     if shown is None:
@@ -619,10 +640,9 @@ for key, name, better, goal, checks, shown in rows:
         src, col = shown
         m = {t: (med.get((key, src)) if t == col else None) for t, _ in cols}
     line = [name, better] + [fmt(m[t]) if shown is None or t == shown[1] else "-" for t, _ in cols]
-    for lt in (R1, R3):
-        for base in (NAT, FC):
-            r = ratio(m[lt], m[base])
-            line.append("n/a" if r is None else f"{r:.2f}")
+    for lt, base in pairs:
+        r = ratio(m[lt], m[base])
+        line.append("n/a" if r is None else f"{r:.2f}")
     res = [c() for c in checks]
     known = [r for r in res if r is not None]
     met = "-" if not checks else "n/a" if not known else "yes" if all(known) else "NO"

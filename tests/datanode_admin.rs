@@ -165,11 +165,11 @@ fn list_shows_every_datanode_with_its_usage_and_state() {
     // Every user may list; changes (each refused with exit 2, changing
     // nothing) are for root and the mount's owner.
     m.open_to_all();
-    let o = m.sh_as_nobody(&format!(
-        "{} datanode list {} --json",
-        bin().display(),
-        m.mnt.display()
-    ));
+    // The binary is run directly, not through a shell: a shell of nobody's
+    // cannot run a binary under /root (0700), as on a fresh clone there.
+    let b = bin();
+    let (b, mnt) = (b.to_str().unwrap(), m.mnt.to_str().unwrap());
+    let o = as_nobody(&[b, "datanode", "list", mnt, "--json"]);
     assert!(o.status.success(), "{}", out(&o));
     let listed: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(listed.as_array().map(Vec::len), Some(3), "{listed}");
@@ -181,11 +181,9 @@ fn list_shows_every_datanode_with_its_usage_and_state() {
         "balance --no-wait".to_string(),
     ] {
         let (verb, rest) = change.split_once(' ').unwrap();
-        let o = m.sh_as_nobody(&format!(
-            "{} datanode {verb} {} {rest}",
-            bin().display(),
-            m.mnt.display()
-        ));
+        let mut argv = vec![b, "datanode", verb, mnt];
+        argv.extend(rest.split_whitespace());
+        let o = as_nobody(&argv);
         assert_eq!(o.status.code(), Some(2), "{change}: {}", out(&o));
         assert!(
             String::from_utf8_lossy(&o.stderr).contains("permission denied"),

@@ -14,7 +14,7 @@
 //! audit table before the next `elected`.
 
 mod common;
-use common::elect::{Candidate, check_terms, events, group_alive, history, journal};
+use common::elect::{Candidate, check_terms, events, group_alive, history, journal, journal_at};
 use common::*;
 
 use std::path::Path;
@@ -722,19 +722,26 @@ fn names_in_dir(p: &Path) -> Vec<String> {
 #[test]
 fn a_restarted_daemon_still_fences_the_old_terms_command() {
     let mut m = Mount::with_o(MOUNT_O);
+    // The journal sits in a directory of the mount: while the daemon is
+    // down, the old command's appends fail instead of creating a file in
+    // the bare mountpoint (which the next mount would refuse as not empty).
+    std::fs::create_dir(m.path("j")).expect("mkdir j");
     let script = format!(
         "while :; do echo \"$LEASEFS_EPOCH $LEASEFS_ID\" >> {} 2>/dev/null; sleep 0.05; done",
-        m.path("journal").display()
+        m.path("j/journal").display()
     );
     let mut a = Candidate::spawn(&m, "el", "a", &[], &["sh", "-c", &script]);
     let first = wait_leader(&m, "el", 0, Duration::from_secs(15))
         .unwrap_or_else(|| panic!("no leader\n{}", a.log()));
     let e1 = first["epoch"].as_u64().expect("epoch");
     let group = Group(pgid_of(&first));
-    assert!(wait_until(Duration::from_secs(10), || journal(&m)
-        .iter()
-        .filter(|l| l.0 == e1)
-        .count()
+    assert!(wait_until(Duration::from_secs(10), || journal_at(
+        &m,
+        "j/journal"
+    )
+    .iter()
+    .filter(|l| l.0 == e1)
+    .count()
         >= 3));
     a.signal(libc::SIGSTOP);
     m.crash();
@@ -744,7 +751,7 @@ fn a_restarted_daemon_still_fences_the_old_terms_command() {
         .unwrap_or_else(|| panic!("no leader after the restart\n{}\n{}", b.log(), m.log()));
     let e2 = second["epoch"].as_u64().expect("epoch");
     assert!(
-        wait_until(Duration::from_secs(10), || journal(&m)
+        wait_until(Duration::from_secs(10), || journal_at(&m, "j/journal")
             .iter()
             .filter(|l| l.0 == e2)
             .count()
@@ -752,7 +759,7 @@ fn a_restarted_daemon_still_fences_the_old_terms_command() {
         "the new term does not write\n{}",
         b.log()
     );
-    let lines = journal(&m);
+    let lines = journal_at(&m, "j/journal");
     let first_new = lines.iter().position(|l| l.0 == e2).expect("new epoch");
     let late: Vec<_> = lines[first_new..].iter().filter(|l| l.0 == e1).collect();
     assert!(

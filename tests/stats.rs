@@ -10,7 +10,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::{Mount, bin, python, wait_until};
+use common::{Mount, as_nobody, bin, python, wait_until};
 
 /// One scrape: `name{labels}` -> value.
 type Scrape = HashMap<String, f64>;
@@ -178,11 +178,16 @@ fn stats_once_json_works_for_another_user_on_a_root_mount() {
     let m = Mount::new();
     m.open_to_all();
     m.sh_ok("head -c 100000 /dev/zero > a && cat a > /dev/null");
-    let out = m.sh_as_nobody(&format!(
-        "{} stats {} --once --json",
-        bin().display(),
-        m.mnt.display()
-    ));
+    // Run directly, not through a shell of nobody's, which cannot run a
+    // binary under /root (0700), as on a fresh clone there.
+    let b = bin();
+    let out = as_nobody(&[
+        b.to_str().unwrap(),
+        "stats",
+        m.mnt.to_str().unwrap(),
+        "--once",
+        "--json",
+    ]);
     assert!(
         out.status.success(),
         "stats as nobody: {}",

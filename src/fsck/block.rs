@@ -359,7 +359,11 @@ fn repair_block(
             }
         }
     }
-    if ins.good.is_empty() && ins.dead.is_empty() {
+    // Cut only a block whose replicas were on datanodes still recorded (a
+    // power cut took their bytes); one whose datanodes were all removed
+    // by the operator stays missing, for fsck to name.
+    let on_recorded = b.replicas.iter().any(|d| c.dns.is_recorded(*d));
+    if ins.good.is_empty() && ins.dead.is_empty() && on_recorded {
         match cut_lost_tail(c, b, path) {
             Some(detail) => r.problems.push(Problem {
                 kind: ProblemKind::MissingBlock,
@@ -374,7 +378,8 @@ fn repair_block(
         return 0;
     }
     if ins.good.is_empty() {
-        // Its bytes may be on the dead datanodes: wait for them.
+        // Its bytes may be on the dead datanodes: wait for them (or its
+        // datanodes were removed: it is lost, and reported so).
         report(c, b, path, &ins, false, None, r);
         return 0;
     }

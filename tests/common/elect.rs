@@ -187,9 +187,14 @@ pub fn is_end(e: &serde_json::Value) -> bool {
 /// read that races with an append reopening the file can fail with EIO
 /// (a daemon bug, reported), and a line being written may show in part.
 pub fn journal(m: &Mount) -> Vec<(u64, String)> {
+    journal_at(m, "journal")
+}
+
+/// [`journal`] at another path of the mount.
+pub fn journal_at(m: &Mount, rel: &str) -> Vec<(u64, String)> {
     let mut text = String::new();
     for attempt in 0.. {
-        match std::fs::read(m.path("journal")) {
+        match std::fs::read(m.path(rel)) {
             Ok(b) => {
                 text = String::from_utf8_lossy(&b).into_owned();
                 break;

@@ -198,9 +198,18 @@ impl Mount {
         let out = self.try_mount();
         assert!(
             out.status.success(),
-            "mount failed: {}{}",
+            "mount failed: {}{}\nlast lines of the daemon's log:\n{}",
             String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
+            String::from_utf8_lossy(&out.stderr),
+            self.log()
+                .lines()
+                .rev()
+                .take(30)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect::<Vec<_>>()
+                .join("\n")
         );
     }
 
@@ -308,6 +317,10 @@ impl Mount {
                 wait_exit(pid, Duration::from_secs(5));
             }
         }
+        // As after a crash: the daemon's main thread can show as a zombie
+        // while its other threads are still on their way out, holding the
+        // data directory's lock that the next mount needs.
+        wait_until(Duration::from_secs(20), || data_dir_free(&self.data));
     }
 
     /// kill -9 of the daemon, then clean up the dead mount.
