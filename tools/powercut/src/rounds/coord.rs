@@ -111,8 +111,7 @@ pub fn drain_and_check(
     let mut want: BTreeMap<String, u64> = published.clone();
     for name in files_in(&done_dir) {
         let text = std::fs::read_to_string(done_dir.join(&name)).unwrap_or_default();
-        let base = name.split('.').next().unwrap_or(&name).to_string();
-        let lines = text.lines().count() as u64;
+        let (base, lines) = done_file(&name, &text);
         if text != spout_lines(&base, lines) {
             p.push(format!(
                 "{SPOUT_DONE}/{name}: not the complete file that was published"
@@ -147,6 +146,50 @@ pub fn drain_and_check(
         p.push(format!("spout moved files to its bad directory: {bad:?}"));
     }
     p
+}
+
+/// Checks files of the done directory as the final check does (each the
+/// complete file that was published), records their lines in `published`
+/// for the final at-least-once check, and removes them durably.
+pub fn retire_done(
+    rig: &Rig,
+    names: &[String],
+    published: &mut BTreeMap<String, u64>,
+) -> Vec<String> {
+    let mut p = Vec::new();
+    if names.is_empty() {
+        return p;
+    }
+    let done_dir = rig.mnt.join(SPOUT_DONE);
+    for name in names {
+        let path = done_dir.join(name);
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) => {
+                p.push(format!("{SPOUT_DONE}/{name}: cannot read it: {e}"));
+                continue;
+            }
+        };
+        let (base, lines) = done_file(name, &text);
+        if text != spout_lines(&base, lines) {
+            p.push(format!(
+                "{SPOUT_DONE}/{name}: not the complete file that was published"
+            ));
+            continue;
+        }
+        let w = published.entry(base).or_insert(lines);
+        *w = (*w).max(lines);
+        let _ = std::fs::remove_file(&path);
+    }
+    let _ = std::fs::File::open(&done_dir).and_then(|f| f.sync_all());
+    p
+}
+
+/// The published name of done file `name` (`NAME.1` when the name was
+/// taken) and its line count.
+fn done_file(name: &str, text: &str) -> (String, u64) {
+    let base = name.split('.').next().unwrap_or(name).to_string();
+    (base, text.lines().count() as u64)
 }
 
 /// Starts an elector whose command records its term's epoch in `ack`.

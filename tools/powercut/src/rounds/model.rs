@@ -238,21 +238,51 @@ impl Model {
         self.appended.remove(name);
     }
 
-    /// Keeps the sets of small and removed files from growing without end.
-    /// Returns the small files no longer checked, as (directory, name), for
-    /// the harness to remove: the filesystem stays bounded too (the
-    /// powercut disk holds a descriptor per file the kernel knows).
+    /// Keeps the sets of small, created and removed files from growing
+    /// without end. Returns the small and created files no longer checked,
+    /// as (directory, name), for the harness to remove: the filesystem
+    /// stays bounded too (the powercut disk holds a descriptor per file the
+    /// kernel knows). Each was checked after at least one cut.
     pub fn trim(&mut self, keep: usize) -> Vec<(String, String)> {
         let mut dropped = Vec::new();
-        while self.small.len() > keep {
-            let Some((name, (dir, _))) = self.small.pop_first() else {
-                break;
-            };
-            dropped.push((dir, name));
+        for set in [&mut self.small, &mut self.live] {
+            while set.len() > keep {
+                let Some((name, (dir, _))) = set.pop_first() else {
+                    break;
+                };
+                dropped.push((dir, name));
+            }
         }
         while self.gone.len() > keep {
             self.gone.pop_first();
         }
         dropped
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A long run's created files (unlink workload) are bounded like its
+    /// small files: the ones past `keep` leave the model and go to the
+    /// harness for removal; removals still pending stay checked.
+    #[test]
+    fn trim_bounds_created_and_small_files() {
+        let mut m = Model::default();
+        let mut acks = String::new();
+        for i in 0..8 {
+            acks.push_str(&format!("created u1.{i} 10\nsmall s1.{i} 5\n"));
+        }
+        acks.push_str("unlinking u1.7\n");
+        m.apply("u", &acks, false);
+        let dropped = m.trim(3);
+        assert_eq!(dropped.len(), 5 + 4);
+        assert!(dropped.iter().any(|(d, n)| d == "u" && n == "u1.0"));
+        assert!(dropped.iter().any(|(d, n)| d == "u" && n == "s1.0"));
+        assert_eq!(m.live.len(), 3);
+        assert_eq!(m.small.len(), 3);
+        assert!(m.maybe_gone.contains_key("u1.7"));
+        assert!(m.trim(3).is_empty());
     }
 }
