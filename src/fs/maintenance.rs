@@ -70,17 +70,22 @@ impl Core {
     /// namespace those any daemon has claimed (`None` if that cannot be
     /// known now: then nothing may be repaired).
     pub fn live_files(&self) -> Option<std::collections::HashSet<u64>> {
-        let mut live: std::collections::HashSet<u64> =
-            self.leases.list().into_iter().map(|l| l.file).collect();
+        let mut live = std::collections::HashSet::new();
         if let Some(cl) = &self.cluster {
             match cl.claimed_files() {
-                Ok(f) => live.extend(f),
+                // This daemon's own repair pins are claims too, and no
+                // writer: a decommission's progress counted the file it was
+                // copying as written, so its count stood still until the end.
+                Ok(f) => live.extend(f.into_iter().filter(|ino| !self.leases.is_pinned(*ino))),
                 Err(e) => {
                     tracing::warn!("cannot list the files other daemons write: {e}");
                     return None;
                 }
             }
         }
+        // Listed after the claims: a writer that took a file as a pin ended
+        // in between is counted here.
+        live.extend(self.leases.list().into_iter().map(|l| l.file));
         Some(live)
     }
 

@@ -256,9 +256,9 @@ struct Repaired {
 /// Repairs one finalized block: lagging replicas settled, missing or bad
 /// ones replaced by copies of a good one, and a block no replica holds
 /// whole cut back to what survives (a never-synced tail a power cut took).
-/// Copies are made first (they take time); then, with the file kept from
-/// writers, the block must still be as inspected for the repair to be
-/// recorded, durably, before any bad replica is deleted.
+/// With the file kept from writers and the block still as inspected,
+/// copies are made, and the repair is recorded, durably, before any bad
+/// replica is deleted.
 /// Returns the good replicas on datanodes in service afterwards.
 fn repair_block(
     c: &Check<'_>,
@@ -269,10 +269,6 @@ fn repair_block(
 ) -> usize {
     let want = c.dns.replication;
     let serving = in_service(c, &ins.good);
-    let mut added = Vec::new();
-    if c.copy && !ins.good.is_empty() && serving < want {
-        added = replicate(c.dns, b, &ins.good, want - serving);
-    }
     let forget_copies = |added: &[DnId]| {
         for dn in added {
             if let Some(node) = c.dns.get(*dn) {
@@ -280,9 +276,12 @@ fn repair_block(
             }
         }
     };
+    // The pin comes before any copy: a copy replaces whatever files of the
+    // block its destination holds, and a writer that reopened the file
+    // since the inspection has its live replicas there (a power-cut round
+    // lost fsynced appends so when copies were made first).
     let Some(_pin) = (c.pin)(b.ino) else {
         // A writer has the file now: the next round looks again.
-        forget_copies(&added);
         report(c, b, path, &ins, false, None, r);
         return serving;
     };
@@ -293,8 +292,11 @@ fn repair_block(
         .and_then(|rows| rows.into_iter().find(|x| x.block_id == b.block_id));
     if current.as_ref() != Some(b) {
         // Changed since the check read it (written, truncated, removed).
-        forget_copies(&added);
         return serving;
+    }
+    let mut added = Vec::new();
+    if c.copy && !ins.good.is_empty() && serving < want {
+        added = replicate(c.dns, b, &ins.good, want - serving);
     }
     let mut done = Repaired::default();
     // Lagging replicas are settled only when none is at the recorded stamp

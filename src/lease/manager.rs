@@ -408,6 +408,14 @@ impl LeaseManager {
         all
     }
 
+    /// Whether this daemon keeps `file` from writers for a repair.
+    pub fn is_pinned(&self, file: FileId) -> bool {
+        lock(&self.inner)
+            .leases
+            .get(&file)
+            .is_some_and(|l| l.pinned)
+    }
+
     /// The file whose lease `handle` holds.
     pub fn file_of_handle(&self, handle: HandleId) -> Option<FileId> {
         lock(&self.inner).holders.get(&handle).copied()

@@ -55,6 +55,16 @@ pub enum StorageError {
     Missing { block: u64, dn: DnId },
     #[error("block {block}: replica has generation stamp {found}, wanted {wanted}")]
     StaleGenStamp { block: u64, found: u64, wanted: u64 },
+    /// A copy would have replaced a replica newer than itself: a writer
+    /// that reopened the block since the copy was planned owns it.
+    #[error(
+        "block {block}: the destination holds generation stamp {found}, newer than the copy's {copying}"
+    )]
+    NewerReplica {
+        block: u64,
+        found: u64,
+        copying: u64,
+    },
     #[error("bad checksum file {}: {reason}", .path.display())]
     BadMeta { path: PathBuf, reason: String },
     /// The replica holds fewer bytes than an operation needs.
@@ -103,6 +113,7 @@ impl StorageError {
             | StorageError::Corrupt { .. }
             | StorageError::Missing { .. }
             | StorageError::StaleGenStamp { .. }
+            | StorageError::NewerReplica { .. }
             | StorageError::BadMeta { .. }
             | StorageError::BadIdentity { .. }
             | StorageError::OtherIdentity { .. }
@@ -694,6 +705,7 @@ impl Datanode {
         let tmp_meta = self.tmp.join(format!("blk_{block}.{pid}.{seq}.meta"));
         let result = self.copy_into_tmp(&reader, len, &tmp_data, &tmp_meta);
         let result = result.and_then(|()| {
+            self.refuse_newer(block, gs)?;
             self.delete(block)?;
             rename(&tmp_data, &self.data_path(state, block))?;
             rename(&tmp_meta, &self.meta_path(state, block, gs))?;
@@ -704,6 +716,21 @@ impl Datanode {
             let _ = fs::remove_file(&tmp_meta);
         }
         result
+    }
+
+    /// A copy replaces every file of its block on the destination; that is
+    /// right for stale leftovers and wrong for the live replica of a writer
+    /// that reopened the block (at a newer stamp) after the copy was
+    /// planned: replacing it would lose what that writer fsynced.
+    fn refuse_newer(&self, block: u64, gs: u64) -> Result<(), StorageError> {
+        match self.metas_of(block)?.into_iter().map(|(g, _)| g).max() {
+            Some(found) if found > gs => Err(StorageError::NewerReplica {
+                block,
+                found,
+                copying: gs,
+            }),
+            _ => Ok(()),
+        }
     }
 
     fn copy_into_tmp(
@@ -1419,6 +1446,28 @@ mod tests {
         ));
         assert_eq!(fs::read_dir(dst.root.join("tmp")).unwrap().count(), 0);
         assert_eq!(read_all(&dst, 12, 3, 1300), &data[..1000]);
+    }
+
+    #[test]
+    fn copy_replica_from_never_replaces_a_newer_replica() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dn(&dir, 0);
+        let dst = dn(&dir, 1);
+        write_in_packets(&src, 12, 3, &stream(1000, 13), &[1000]);
+        src.finalize(12, 3, 1000).unwrap();
+        // A writer reopened the block on the destination at stamp 4.
+        let live = stream(1500, 7);
+        write_in_packets(&dst, 12, 4, &live, &[1500]);
+        assert!(matches!(
+            dst.copy_replica_from(&src, 12, 3, 1000, ReplicaState::Finalized),
+            Err(StorageError::NewerReplica {
+                found: 4,
+                copying: 3,
+                ..
+            })
+        ));
+        assert_eq!(read_all(&dst, 12, 4, 1500), live);
+        assert_eq!(fs::read_dir(dst.root.join("tmp")).unwrap().count(), 0);
     }
 
     #[test]
