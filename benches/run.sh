@@ -16,7 +16,7 @@
 # A target that cannot be set up or mounted shows n/a; the script carries on.
 # After the runs, once: the lease manager at 10^3..10^6 leases (cargo bench
 # --bench lease_bench) and daemon memory with 100 writers (writers_memory.sh).
-# Prints one table with every figure of issue 7 (medians of the runs, the
+# Prints one table with every figure of benches/README.md (medians of the runs, the
 # goal and whether it is met) and keeps raw figures, fio JSON and logs in
 # target/bench/<time>/. Benchmarks are reports, not tests: exit status is 0
 # unless the script itself is misused.
@@ -582,7 +582,7 @@ def mem_bounded():
     return None if a is None or b is None else a <= b
 
 bound = med.get(("mem_bound", R3))
-# (figure, name, better, goal of issue 7, checks, where the value shows)
+# (figure, name, better, goal, checks, where the value shows)
 rows = [
     ("seq_write", f"seq write {size} 1M+fsync MB/s", "higher",
      "R1>=0.9xfc,>=1.3xbindfs; R3>=0.3xfc",
@@ -631,7 +631,7 @@ def ratio(a, b):
 
 short = {NAT: "nat", FC: "fc", B1: "before", B3: "before"}
 head = (["figure", "better"] + [c[1] for c in cols]
-        + [f"{'R1' if a == R1 else 'R3'}/{short[b]}" for a, b in pairs] + ["goal (issue 7)", "met"])
+        + [f"{'R1' if a == R1 else 'R3'}/{short[b]}" for a, b in pairs] + ["goal", "met"])
 lines = []
 for key, name, better, goal, checks, shown in rows:
     if shown is None:

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-/// Every tunable of a mount. Defaults follow HDFS (DESIGN.md §1).
+/// Every tunable of a mount. Defaults follow HDFS (README "Mount options").
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MountOptions {
     pub soft_limit: Duration,

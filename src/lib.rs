@@ -1,6 +1,6 @@
 //! leasefs: a FUSE filesystem with HDFS write semantics.
 //!
-//! Layout mirrors the architecture (see docs/SEMANTICS.md and DESIGN.md):
+//! Layout mirrors the architecture (see docs/SEMANTICS.md and README "Design"):
 //! - [`fs::adapter`] translates fuser requests into calls of [`fs::core`],
 //!   which holds the filesystem semantics and never sees fuser types;
 //! - [`meta`] persists the namespace, blocks and files under construction in

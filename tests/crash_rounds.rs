@@ -1,5 +1,5 @@
 //! kill -9 of the daemon at random moments during writes with fsync
-//! (issue item 6, DESIGN.md §1 "Writing": nobody is ever told a write
+//! (docs/SEMANTICS.md "Writing" and "Durability": nobody is ever told a write
 //! finished when it is not stable; files left under construction by a
 //! dead daemon are recovered at the next mount).
 //!

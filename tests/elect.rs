@@ -1,4 +1,4 @@
-//! `leasefs elect` (DESIGN.md §2 "Lease-based leader election") with real
+//! `leasefs elect` (docs/SEMANTICS.md "Leader election") with real
 //! processes on a real mount (`soft_limit=2`, which the electors read from
 //! the mount as their lease duration): three electors and kill -9 of the leader; SIGSTOP of the leader
 //! and its command (preempted after the soft limit, fenced on waking, its

@@ -1,5 +1,5 @@
-//! `leasefs fsck (MOUNTPOINT | --data DIR) [--json] [--repair]` (issue item
-//! 5, DESIGN.md §1 "Exit codes"): verifies every block's replicas
+//! `leasefs fsck (MOUNTPOINT | --data DIR) [--json] [--repair]` (docs/SEMANTICS.md
+//! "Datanode health, housekeeping and fsck"): verifies every block's replicas
 //! (present, length, generation stamp, checksums), lists files open for
 //! writing, prints a summary (a progress bar on a terminal), and exits 0
 //! healthy, 1 problems, 2 could not run; with --repair 0 when everything

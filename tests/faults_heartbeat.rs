@@ -1,5 +1,5 @@
-//! Datanode heartbeats (DESIGN.md §1 "Replication and faults", issue item
-//! 1): every 3 s each datanode directory must take a small synced write. A
+//! Datanode heartbeats (docs/SEMANTICS.md "Datanode health,
+//! housekeeping and fsck"): every 3 s each datanode directory must take a small synced write. A
 //! datanode that cannot (made read-only, directory removed) is reported
 //! dead by `fsck` (in its list of datanode states, apart from the block
 //! problems) within about one heartbeat, is logged, and is left out of new

@@ -1,5 +1,5 @@
-//! Pipeline recovery (DESIGN.md §1 "Replication and faults", issue items 2
-//! and 6): a replica that fails mid-write (ENOSPC on a small tmpfs, its
+//! Pipeline recovery (docs/SEMANTICS.md "Replication and
+//! faults"): a replica that fails mid-write (ENOSPC on a small tmpfs, its
 //! directory removed) is dropped, the pipeline is rebuilt from the
 //! survivors plus a spare under a new generation stamp, and the writer
 //! sees no error; the dropped replica is never served. Only when every

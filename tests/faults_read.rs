@@ -1,4 +1,4 @@
-//! Replicas and checksums (DESIGN.md §1 "Replication and faults"): a closed
+//! Replicas and checksums (docs/SEMANTICS.md "Replication and faults"): a closed
 //! file has a finalized replica with a checksum file on every datanode of
 //! its pipeline; reads verify checksums, skip a corrupt or missing replica,
 //! serve the bytes from another one and report the bad one in the log.

@@ -1,5 +1,5 @@
-//! Corruption and housekeeping (DESIGN.md §1 "Replication and faults",
-//! issue items 3, 4 and 6): a replica whose checksum fails (a flipped
+//! Corruption and housekeeping (docs/SEMANTICS.md "Replication and
+//! faults", "Datanode health, housekeeping and fsck"): a replica whose checksum fails (a flipped
 //! byte) or whose file was cut short is skipped on read, reported, and
 //! repaired; a lost replica is copied back up to the replication factor;
 //! block files that no file references are reported as orphans and

@@ -1,4 +1,4 @@
-//! The write contract of DESIGN.md §1 through a real mount: sequential
+//! The write contract of docs/SEMANTICS.md "Writing" through a real mount: sequential
 //! writes only, O_APPEND at the real end, truncate and O_TRUNC, files of
 //! several blocks, the visible length that readers follow, backpressure
 //! from a slow replica, durability across kill -9 of the daemon, and
@@ -617,7 +617,7 @@ fn a_slow_replica_makes_write_block_at_the_in_flight_bound() {
         "stream xattr still there after close"
     );
     assert_eq!(m.sh_ok("stat -c %s big"), "8388608\n");
-    // DESIGN.md §1 and docs/SEMANTICS.md: at most max_packets_in_flight + 1
+    // docs/SEMANTICS.md "Writing": at most max_packets_in_flight + 1
     // packets are held per stream.
     assert!(
         seen.peak <= seen.max + 1 && seen.in_flight <= seen.max + 1,

@@ -1,4 +1,4 @@
-//! `leasefs mount` errors (DESIGN.md §4): bad options and paths get exactly
+//! `leasefs mount` errors (README "Using it"): bad options and paths get exactly
 //! one line on stderr starting with `leasefs:`, a non-zero exit, never a
 //! panic, and nothing gets mounted; a data directory serves one daemon.
 

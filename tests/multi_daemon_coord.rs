@@ -1,4 +1,4 @@
-//! Coordination through the cluster layer (issue 8, item 5): several
+//! Coordination through the cluster layer (docs/SEMANTICS.md "Several daemons"): several
 //! daemons over one etcd and the same datanode directories, with the
 //! clients of one filesystem spread over them.
 //!

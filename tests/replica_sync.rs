@@ -1,4 +1,4 @@
-//! How an fsync makes replicas durable (issue 7, "fsync fan-out"): with
+//! How an fsync makes replicas durable (docs/SEMANTICS.md "Durability"): with
 //! `replica_sync=fs` (the default) one `syncfs(2)` per filesystem holding
 //! replicas of the file, so three replicas on one disk cost one cache flush
 //! instead of six `fdatasync`s; with `replica_sync=file` the per-file syncs.

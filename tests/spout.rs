@@ -1,4 +1,4 @@
-//! `leasefs spout` (DESIGN.md §2, issue 5) with real processes on a real
+//! `leasefs spout` (docs/SEMANTICS.md "Spout") with real processes on a real
 //! mount (`soft_limit=2`, so a stopped instance's leases expire in 2 s, and
 //! `--lock-timeout 3`): several instances on many files, one killed with
 //! -9 and one stopped with SIGSTOP mid-file; every line emitted at least

@@ -1,4 +1,4 @@
-//! Ordinary Unix tools against a real mount (DESIGN.md §1, §4): what a
+//! Ordinary Unix tools against a real mount (docs/SEMANTICS.md "Files and directories"): what a
 //! user does first with any filesystem must simply work, and leave the
 //! same bytes, names, links and attributes a local filesystem would.
 

@@ -1,4 +1,4 @@
-//! The `leasefs` command line (DESIGN.md §4). Every failure is one line on
+//! The `leasefs` command line (README "Using it"). Every failure is one line on
 //! stderr and a non-zero exit; nothing here panics on input.
 
 mod client;

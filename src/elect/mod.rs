@@ -1,5 +1,5 @@
 //! Lease-based leader election on a leasefs mount (`leasefs elect`,
-//! DESIGN.md §2), as in the Hive Metastore's `LeaseLeaderElection` with the
+//! docs/SEMANTICS.md "Leader election"), as in the Hive Metastore's `LeaseLeaderElection` with the
 //! renew deadline of Kubernetes' `leaderelection`, plus a fencing token that
 //! the filesystem itself enforces.
 //!

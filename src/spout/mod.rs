@@ -1,5 +1,5 @@
 //! A directory consumer compatible with Apache Storm's HdfsSpout layout,
-//! with its locks held as leasefs leases (DESIGN.md §2, README "Spout").
+//! with its locks held as leasefs leases (docs/SEMANTICS.md "Spout", README "Spout").
 //!
 //! Writers publish complete files into a source directory; any number of
 //! [`Spout`] instances (processes, or threads of one) consume them, each
