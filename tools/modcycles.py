@@ -29,6 +29,7 @@ for dirpath, _, files in os.walk(src):
 
 def expand(tree):
     """`a::{b, c::{d, e}}` -> [a::b, a::c::d, a::c::e]."""
+    tree = re.sub(r"\s+as\s+\w+", "", tree)  # a renamed import names the same item
     tree = tree.replace(" ", "").replace("\n", "")
     depth, start = 0, None
     for i, ch in enumerate(tree):
@@ -82,12 +83,11 @@ for m, p in mods.items():
     text = re.sub(r"//[^\n]*", "", open(p, encoding="utf-8").read())
     paths = []
     for item in re.findall(r"\buse\s+([^;]+);", text):
-        paths += expand(item.split(" as ")[0] if "{" not in item else item)
+        paths += expand(item)
     paths += path_re.findall(text)
     for u in paths:
-        u = re.sub(r"\bas[A-Za-z_0-9]+$", "", u)
         t = resolve(m, u)
-        if t and t != m and not m.startswith(t + "::") and not (t == ""):
+        if t and t != m and not m.startswith(t + "::"):
             deps[m].add(t)
 
 index, low, stack, on, comps, counter = {}, {}, [], set(), [], [0]

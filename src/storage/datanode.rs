@@ -626,10 +626,15 @@ impl Datanode {
     /// Removes every file of `block` (any generation stamp, both
     /// directories). Removing an absent block is not an error.
     pub fn delete(&self, block: u64) -> Result<(), StorageError> {
+        self.remove_files(block, &self.metas_of(block)?)
+    }
+
+    /// Removes the data files of `block` and the meta files `metas` listed.
+    fn remove_files(&self, block: u64, metas: &[(u64, ReplicaState)]) -> Result<(), StorageError> {
         for s in ReplicaState::ALL {
             remove_if_exists(&self.data_path(s, block))?;
         }
-        for (gs, s) in self.metas_of(block)? {
+        for &(gs, s) in metas {
             remove_if_exists(&self.meta_path(s, block, gs))?;
         }
         Ok(())
@@ -705,8 +710,7 @@ impl Datanode {
         let tmp_meta = self.tmp.join(format!("blk_{block}.{pid}.{seq}.meta"));
         let result = self.copy_into_tmp(&reader, len, &tmp_data, &tmp_meta);
         let result = result.and_then(|()| {
-            self.refuse_newer(block, gs)?;
-            self.delete(block)?;
+            self.replace_older(block, gs)?;
             rename(&tmp_data, &self.data_path(state, block))?;
             rename(&tmp_meta, &self.meta_path(state, block, gs))?;
             fsync_dir(self.dir(state))
@@ -718,19 +722,21 @@ impl Datanode {
         result
     }
 
-    /// A copy replaces every file of its block on the destination; that is
-    /// right for stale leftovers and wrong for the live replica of a writer
-    /// that reopened the block (at a newer stamp) after the copy was
-    /// planned: replacing it would lose what that writer fsynced.
-    fn refuse_newer(&self, block: u64, gs: u64) -> Result<(), StorageError> {
-        match self.metas_of(block)?.into_iter().map(|(g, _)| g).max() {
-            Some(found) if found > gs => Err(StorageError::NewerReplica {
+    /// Clears the way for a copy of `block`@`gs`: every file of the block
+    /// goes, which is right for stale leftovers and wrong for the live
+    /// replica of a writer that reopened the block (at a newer stamp) after
+    /// the copy was planned: replacing that would lose what it fsynced.
+    /// One listing serves the check and the removal.
+    fn replace_older(&self, block: u64, gs: u64) -> Result<(), StorageError> {
+        let metas = self.metas_of(block)?;
+        if let Some(found) = metas.iter().map(|(g, _)| *g).max().filter(|f| *f > gs) {
+            return Err(StorageError::NewerReplica {
                 block,
                 found,
                 copying: gs,
-            }),
-            _ => Ok(()),
+            });
         }
+        self.remove_files(block, &metas)
     }
 
     fn copy_into_tmp(
