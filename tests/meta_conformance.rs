@@ -618,6 +618,12 @@ fn xattrs(m: &dyn Meta) {
     assert!(m.listxattr(g.ino).unwrap().is_empty());
     m.setxattr(g.ino, b"user.b", b"g", false, false).unwrap();
     assert_eq!(m.getxattr(f.ino, b"user.b").unwrap(), b"3");
+    // The inode with one attribute's presence, as a write open reads it.
+    let (i, has) = m.get_with_xattr(f.ino, b"user.b").unwrap();
+    assert_eq!((i, has), (m.get(f.ino).unwrap(), true));
+    assert!(!m.get_with_xattr(f.ino, b"user.a").unwrap().1);
+    assert!(!m.get_with_xattr(g.ino, b"trusted.\xff\x00").unwrap().1);
+    assert_err!(m.get_with_xattr(g.ino + 1000, b"user.b"), FsError::NotFound);
 }
 
 fn xattr_updates_and_limits(m: &dyn Meta) {

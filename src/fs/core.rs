@@ -445,12 +445,12 @@ impl Core {
         reply: Reply<Opened>,
     ) {
         let Opener { who, uid, fence } = opener;
-        let inode = match self.meta.get(ino) {
-            Ok(i) if i.kind == Kind::File => i,
+        let (inode, has_caps) = match self.meta.get_with_xattr(ino, privs::CAPABILITY) {
+            Ok((i, caps)) if i.kind == Kind::File => (i, caps),
             r => {
                 self.leases.release(ino, fh);
                 self.unclaim(ino, fh);
-                return match r {
+                return match r.map(|(i, _)| i) {
                     Ok(i) if i.kind == Kind::Dir => reply(Err(FsError::IsDir)),
                     Ok(i) => self.open_reader(fh, &i, uid, reply),
                     Err(e) => reply(Err(e)),
@@ -493,7 +493,7 @@ impl Core {
         let of = self.open_file(ino);
         *lock(&of.stream) = Some(stream.clone());
         of.privs
-            .store(self.privs_at_open(&inode), Ordering::Relaxed);
+            .store(privs::at_open(&inode, has_caps), Ordering::Relaxed);
         self.register(h);
         self.epochs.insert(ino, grant.epoch);
         tracing::debug!(ino, fh, epoch = grant.epoch, "write lease granted");

@@ -53,6 +53,12 @@ pub fn mode_bits(i: &Inode) -> u8 {
     }
 }
 
+/// The `OpenFile::privs` bits a writer opening `i` starts from
+/// (`has_caps`: the file has `security.capability`).
+pub fn at_open(i: &Inode, has_caps: bool) -> u8 {
+    mode_bits(i) | if has_caps { CAPS } else { 0 }
+}
+
 impl Core {
     /// Records what a writer of `ino` must drop, if the file is open here.
     pub(super) fn note_privs(&self, ino: u64, bits: u8, keep_caps: bool) {
@@ -64,15 +70,6 @@ impl Core {
             };
             f.privs.store(bits | caps, Ordering::Relaxed);
         }
-    }
-
-    /// The bits a writer opening `ino` starts from.
-    pub(super) fn privs_at_open(&self, i: &Inode) -> u8 {
-        let caps = match self.meta.getxattr(i.ino, CAPABILITY) {
-            Ok(_) => CAPS,
-            Err(_) => 0,
-        };
-        mode_bits(i) | caps
     }
 
     /// Whether a write with the kernel's kill flag `kill` must first drop

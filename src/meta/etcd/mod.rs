@@ -320,6 +320,13 @@ impl Meta for EtcdMeta {
             .ok_or(FsError::NoXattr)
     }
 
+    fn get_with_xattr(&self, ino: u64, name: &[u8]) -> FsResult<(Inode, bool)> {
+        self.run(|s| {
+            let i = s.inode(ino)?.inode;
+            Ok((i, s.get(&xattr_key(ino, name))?.is_some()))
+        })
+    }
+
     fn update_xattrs(
         &self,
         ino: u64,

@@ -710,6 +710,21 @@ impl Meta for MetaStore {
         xattrs::get(&lock(&self.conn), ino, name)?.ok_or(FsError::NoXattr)
     }
 
+    fn get_with_xattr(&self, ino: u64, name: &[u8]) -> FsResult<(Inode, bool)> {
+        lock(&self.conn)
+            .prepare_cached(concat!(
+                "SELECT ",
+                inode_cols!(),
+                ", EXISTS(SELECT 1 FROM xattrs WHERE ino = ?1 AND name = ?2)",
+                " FROM inodes WHERE ino = ?1"
+            ))?
+            .query_row(params![ino as i64, name], |r| {
+                Ok((row_to_inode(r)?, r.get::<_, i64>(14)? != 0))
+            })
+            .optional()?
+            .ok_or(FsError::NotFound)
+    }
+
     fn listxattr(&self, ino: u64) -> FsResult<Vec<Vec<u8>>> {
         xattrs::list(&lock(&self.conn), ino)
     }
