@@ -4,8 +4,22 @@
 
 use std::time::Duration;
 
-use super::snapshot::HistogramStats;
 use crate::sync::{AtomicU64, Ordering};
+use serde::{Deserialize, Serialize};
+
+/// A latency histogram's state: cumulative buckets, so that quantiles can
+/// be read over the whole life or, from two snapshots, over an interval.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct HistogramStats {
+    pub count: u64,
+    pub sum_seconds: f64,
+    /// (upper bound in seconds, observations at or below it), ascending.
+    pub buckets: Vec<(f64, u64)>,
+    /// Since the mount, from the buckets.
+    pub p50_seconds: Option<f64>,
+    pub p99_seconds: Option<f64>,
+}
 
 /// Upper bounds (seconds) of the fsync latency buckets: 100 µs (a flush
 /// with nothing to sync) to 10 s (a disk in trouble), three per decade so

@@ -17,7 +17,8 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 pub use self::histogram::Histogram;
-pub use self::snapshot::{DatanodeStats, HistogramStats, Rates, Snapshot};
+pub use self::histogram::HistogramStats;
+pub use self::snapshot::{DatanodeStats, Rates, Snapshot};
 use crate::sync::{AtomicU64, Ordering};
 
 /// The kinds of FUSE request, counted as each arrives.

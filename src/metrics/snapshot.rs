@@ -7,21 +7,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::histogram::{delta, quantile};
-
-/// A latency histogram's state: cumulative buckets, so that quantiles can
-/// be read over the whole life or, from two snapshots, over an interval.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct HistogramStats {
-    pub count: u64,
-    pub sum_seconds: f64,
-    /// (upper bound in seconds, observations at or below it), ascending.
-    pub buckets: Vec<(f64, u64)>,
-    /// Since the mount, from the buckets.
-    pub p50_seconds: Option<f64>,
-    pub p99_seconds: Option<f64>,
-}
+use super::histogram::{HistogramStats, delta, quantile};
 
 /// One datanode directory: how it is doing and what the mount did with it.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

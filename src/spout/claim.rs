@@ -10,14 +10,16 @@ use std::fs::OpenOptions;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use super::SpoutError;
-use super::consume::{Run, lock_err};
+use std::collections::VecDeque;
+
 use super::dirs::{self, INPROGRESS};
 use super::entry::{self, Position};
-use super::lock::{self, DirLock, FileLock, LockError, TakeOver, set_blocking};
+use super::lock::{self, DirLock, FileLock, LockError, TakeOver, lock_err, set_blocking};
 use super::reader::ReadError;
 use super::renew::{RenewedLease, Renewer};
+use super::{Layout, Spout, SpoutError};
 use crate::clock::wall_ms;
+use crate::sync::{AtomicBool, Ordering};
 
 /// A file this instance holds the lock of.
 pub(super) struct Claim {
@@ -93,7 +95,42 @@ fn name_of(path: &Path) -> Option<OsString> {
     path.file_name().map(OsStr::to_os_string)
 }
 
-impl Run<'_> {
+/// What picking files needs and remembers across picks: the spout's
+/// settings and directories, the renewal thread every lease it takes is
+/// handed to, and the candidates of the last listing.
+pub(super) struct Claimer<'a> {
+    pub spout: &'a Spout,
+    pub layout: &'a Layout,
+    stop: &'a AtomicBool,
+    pub renewer: Renewer,
+    /// Candidates from the last listing, oldest first. A directory is
+    /// listed again only once they are used up, so picking each of N files
+    /// does not cost a listing of N entries (N² for the directory).
+    queue: VecDeque<PathBuf>,
+    warned_no_data_lease: bool,
+}
+
+impl<'a> Claimer<'a> {
+    pub fn new(
+        spout: &'a Spout,
+        layout: &'a Layout,
+        stop: &'a AtomicBool,
+        renewer: Renewer,
+    ) -> Self {
+        Claimer {
+            spout,
+            layout,
+            stop,
+            renewer,
+            queue: VecDeque::new(),
+            warned_no_data_lease: false,
+        }
+    }
+
+    pub fn stopping(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
     pub(super) fn next_file(&mut self) -> Result<Option<Claim>, SpoutError> {
         if let Some(c) = self.take_over_idle()? {
             return Ok(Some(c));

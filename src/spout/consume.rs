@@ -3,18 +3,18 @@
 //! what the consumer acknowledged, and moving it to done.
 
 use std::collections::VecDeque;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use super::claim::Claim;
+use super::claim::{Claim, Claimer};
 use super::dirs;
 use super::entry::Position;
-use super::lock::{self, DirLock, LockError};
+use super::lock::{self, DirLock, LockError, lock_err};
 use super::reader::{ReadError, RecordReader};
 use super::renew::Renewer;
 use super::{Emitter, Layout, Spout, SpoutError, Stats};
 use crate::clock::wall_ms;
-use crate::sync::{AtomicBool, Ordering};
+use crate::sync::AtomicBool;
 
 /// What happened to a claimed file.
 enum Outcome {
@@ -25,16 +25,8 @@ enum Outcome {
 }
 
 pub(super) struct Run<'a> {
-    pub(super) spout: &'a Spout,
-    pub(super) layout: &'a Layout,
+    claimer: Claimer<'a>,
     emitter: &'a mut dyn Emitter,
-    stop: &'a AtomicBool,
-    pub(super) renewer: Renewer,
-    /// Candidates from the last listing, oldest first. A directory is
-    /// listed again only once they are used up, so picking each of N files
-    /// does not cost a listing of N entries (N² for the directory).
-    pub(super) queue: VecDeque<PathBuf>,
-    pub(super) warned_no_data_lease: bool,
 }
 
 /// Where a file's consumption stands: what was emitted, the commit points
@@ -45,23 +37,6 @@ struct Tally {
     /// (records emitted, position after them), oldest first.
     points: VecDeque<(u64, Position)>,
     committed: Position,
-}
-
-fn not_leasefs(path: &Path, e: std::io::Error) -> SpoutError {
-    SpoutError::NotLeasefs {
-        path: path.to_path_buf(),
-        source: e,
-    }
-}
-
-/// Turns a lock error of `path` into the run's error; `Lost` (not an error
-/// of the run) must be handled by the caller before.
-pub(super) fn lock_err(path: &Path, e: LockError) -> SpoutError {
-    match e {
-        LockError::NoClientRenewal(e) => not_leasefs(path, e),
-        LockError::Io(e) => SpoutError::io(path, e),
-        LockError::Lost => SpoutError::io(path, std::io::Error::other("lease lost")),
-    }
 }
 
 /// Errors that say the mount itself is gone: stop instead of moving files
@@ -81,18 +56,13 @@ impl<'a> Run<'a> {
         let renewer =
             Renewer::start(renew_interval).map_err(|e| SpoutError::io("renewal thread", e))?;
         Ok(Run {
-            spout,
-            layout,
+            claimer: Claimer::new(spout, layout, stop, renewer),
             emitter,
-            stop,
-            renewer,
-            queue: VecDeque::new(),
-            warned_no_data_lease: false,
         })
     }
 
-    pub(super) fn stopping(&self) -> bool {
-        self.stop.load(Ordering::SeqCst)
+    fn stopping(&self) -> bool {
+        self.claimer.stopping()
     }
 
     pub fn run(mut self) -> Result<Stats, SpoutError> {
@@ -102,20 +72,20 @@ impl<'a> Run<'a> {
         let finished = self.emitter.finish();
         result?;
         finished?;
-        Ok(self.spout.progress.snapshot())
+        Ok(self.claimer.spout.progress.snapshot())
     }
 
     fn main_loop(&mut self) -> Result<(), SpoutError> {
         while !self.stopping() {
-            if let Some(claim) = self.next_file()? {
+            if let Some(claim) = self.claimer.next_file()? {
                 self.consume(claim)?;
                 continue;
             }
-            if self.spout.once && self.nothing_left()? {
+            if self.claimer.spout.once && self.nothing_left()? {
                 self.warn_orphans();
                 return Ok(());
             }
-            self.sleep(self.spout.poll_interval);
+            self.sleep(self.claimer.spout.poll_interval);
         }
         Ok(())
     }
@@ -148,19 +118,21 @@ impl<'a> Run<'a> {
                 return Err(e);
             }
         };
-        let p = &self.spout.progress;
+        let p = &self.claimer.spout.progress;
         match outcome {
             Outcome::Abandoned => {
                 self.emitter.discard();
                 lock.abandon();
                 p.abandoned();
             }
-            Outcome::Done => match self.finish_file(lock, &data, &self.layout.done, &name) {
-                Ok(true) => p.done(),
-                Ok(false) => p.abandoned(),
-                Err(e) => return Err(e),
-            },
-            Outcome::Bad => match self.finish_file(lock, &data, &self.layout.bad, &name) {
+            Outcome::Done => {
+                match self.finish_file(lock, &data, &self.claimer.layout.done, &name) {
+                    Ok(true) => p.done(),
+                    Ok(false) => p.abandoned(),
+                    Err(e) => return Err(e),
+                }
+            }
+            Outcome::Bad => match self.finish_file(lock, &data, &self.claimer.layout.bad, &name) {
                 Ok(true) => p.bad(),
                 Ok(false) => p.abandoned(),
                 Err(e) => return Err(e),
@@ -231,7 +203,7 @@ impl<'a> Run<'a> {
             Ok(r) => r,
             Err(e) => return self.unreadable(claim, e),
         };
-        let s = self.spout;
+        let s = self.claimer.spout;
         self.emitter.begin_file(&claim.name)?;
         let mut tally = Tally {
             committed: claim.start,
@@ -380,14 +352,14 @@ impl<'a> Run<'a> {
     /// instance's file finished or taken over), and no DIRLOCK left (a
     /// stale one, from an instance killed mid-scan, is recovered).
     fn nothing_left(&mut self) -> Result<bool, SpoutError> {
-        let src = &self.layout.source;
+        let src = &self.claimer.layout.source;
         if !dirs::list_candidates(src)
             .map_err(|e| SpoutError::io(src, e))?
             .is_empty()
         {
             return Ok(false);
         }
-        let locks_dir = &self.layout.locks;
+        let locks_dir = &self.claimer.layout.locks;
         if !lock::list_lock_files(locks_dir)
             .map_err(|e| SpoutError::io(locks_dir, e))?
             .is_empty()
@@ -398,7 +370,12 @@ impl<'a> Run<'a> {
         if !dirlock_path.exists() {
             return Ok(true);
         }
-        match DirLock::acquire(&self.renewer, locks_dir, self.spout.lock_timeout, wall_ms()) {
+        match DirLock::acquire(
+            &self.claimer.renewer,
+            locks_dir,
+            self.claimer.spout.lock_timeout,
+            wall_ms(),
+        ) {
             Ok(Some(d)) => {
                 d.release().map_err(|e| lock_err(&dirlock_path, e))?;
                 Ok(true)
@@ -412,7 +389,7 @@ impl<'a> Run<'a> {
     /// the protocol (a lock deleted by hand): say so, they are never
     /// consumed.
     fn warn_orphans(&self) {
-        let Ok(entries) = std::fs::read_dir(&self.layout.source) else {
+        let Ok(entries) = std::fs::read_dir(&self.claimer.layout.source) else {
             return;
         };
         for e in entries.flatten() {
@@ -420,11 +397,11 @@ impl<'a> Run<'a> {
             let Some(name) = dirs::strip_inprogress(&n) else {
                 continue;
             };
-            if !self.layout.locks.join(name).exists() {
+            if !self.claimer.layout.locks.join(name).exists() {
                 tracing::warn!(
                     "{} has no lock file in {}: it is never consumed; rename it to {} to consume it again from the start",
                     e.path().display(),
-                    self.layout.locks.display(),
+                    self.claimer.layout.locks.display(),
                     name.to_string_lossy()
                 );
             }

@@ -17,7 +17,7 @@ use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 use std::path::Path;
 
-use super::reader::ReadError;
+use super::error::ReadError;
 
 /// Reading at most this much of a lock file's end finds its last entry.
 const TAIL_BYTES: u64 = 64 * 1024;

@@ -71,3 +71,13 @@ impl SpoutError {
         }
     }
 }
+
+/// Why records could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// The content is not records: the file goes to the bad directory.
+    #[error("not a text file of records at byte {offset}: {reason}")]
+    Invalid { offset: u64, reason: &'static str },
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}

@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::entry::{LogEntry, Offset, Position, read_last_entry};
+use super::error::SpoutError;
 use super::renew::{RenewedLease, Renewer};
 use crate::sync::{AtomicBool, Ordering};
 
@@ -403,6 +404,19 @@ pub fn list_lock_files(lock_dir: &Path) -> std::io::Result<Vec<(PathBuf, u64)>> 
 /// decides whether a scan under DIRLOCK is worth it.
 pub fn any_idle(locks: &[(PathBuf, u64)], now_ms: u64, timeout: Duration) -> bool {
     locks.iter().any(|(_, m)| idle(*m, now_ms, timeout))
+}
+
+/// Turns a lock error of `path` into the run's error; `Lost` (not an error
+/// of the run) must be handled by the caller before.
+pub(super) fn lock_err(path: &Path, e: LockError) -> SpoutError {
+    match e {
+        LockError::NoClientRenewal(e) => SpoutError::NotLeasefs {
+            path: path.to_path_buf(),
+            source: e,
+        },
+        LockError::Io(e) => SpoutError::io(path, e),
+        LockError::Lost => SpoutError::io(path, std::io::Error::other("lease lost")),
+    }
 }
 
 #[cfg(test)]

@@ -14,20 +14,11 @@ use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 use std::path::Path;
 
 use super::entry::Position;
+pub use super::error::ReadError;
 
 /// A record longer than this is taken for a binary file, not a line: it
 /// would otherwise be buffered whole in memory.
 pub const MAX_RECORD: u64 = 64 * 1024 * 1024;
-
-/// Why records could not be read.
-#[derive(Debug, thiserror::Error)]
-pub enum ReadError {
-    /// The content is not records: the file goes to the bad directory.
-    #[error("not a text file of records at byte {offset}: {reason}")]
-    Invalid { offset: u64, reason: &'static str },
-    #[error(transparent)]
-    Io(#[from] std::io::Error),
-}
 
 /// Why a record is not valid text, if it is not.
 fn invalid(record: &[u8]) -> Option<&'static str> {
