@@ -1,5 +1,15 @@
-//! The fuser adapter: each callback becomes one call of [`Core`] and its
-//! result one reply. No filesystem rule lives here.
+//! The fuser adapter: a translation table. Each callback turns fuser's
+//! arguments into one call of [`Core`] and its result into one reply
+//! through [`answer`]; no filesystem rule lives here.
+//!
+//! Every request is counted by kind as it arrives (for `leasefs stats`)
+//! and runs inside `catch_unwind` ([`Adapter::contain`]): a panic while
+//! serving one request costs that request `EIO` (fuser answers `EIO` for a
+//! reply dropped unsent, and the unwinding drops it) and the request
+//! thread serves on; without it, a panic on fuser's first request thread
+//! ended the session, and the mount. The panic itself is logged by the
+//! daemon's panic hook (`crate::fault`). Work a callback hands to other
+//! threads (the blocking pool, stream workers) is contained there.
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -14,10 +24,11 @@ use fuser::{
 };
 
 use super::attr::Attr;
-use super::core::{Caller, Core};
-use super::namespace::Node;
-use crate::error::FsError;
+use super::core::{Caller, Core, Opened, Reply};
+use super::namespace::{Node, Statfs};
+use crate::error::FsResult;
 use crate::meta::{AttrChange, DirEntry, Kind};
+use crate::metrics::Op;
 use crate::sync::Arc;
 
 /// Attribute and entry cache lifetime for files nobody is writing. Files
@@ -29,27 +40,204 @@ pub struct Adapter {
 }
 
 impl Adapter {
-    /// Runs one request's work where it may wait: inline when the metadata
-    /// is local (SQLite, microseconds), on the blocking pool when it is a
-    /// network round trip away (etcd), so that a slow or unreachable etcd
-    /// never holds up a request thread.
-    fn run(&self, f: impl FnOnce(&Arc<Core>) + Send + 'static) {
-        if self.core.cluster.is_some() {
-            let core = self.core.clone();
-            self.core.ctx.rt.spawn_blocking(move || f(&core));
-        } else {
-            f(&self.core)
+    /// One request as it arrives: counted by kind (one relaxed atomic
+    /// add), its panic, if any, logged and ended here.
+    fn contain(&self, op: Op, f: impl FnOnce()) {
+        self.core.ctx.metrics.op(op);
+        if let Err(why) = crate::fault::catch(f) {
+            tracing::error!(
+                op = op.name(),
+                "request failed with EIO: it panicked ({why})"
+            );
         }
     }
 
-    fn mknode(&self, parent: INodeNo, name: &OsStr, node: Node, who: Caller, reply: ReplyEntry) {
-        let name = name.as_bytes().to_vec();
-        self.run(move |c| entry(reply, c.mknode(parent.0, &name, node, who)))
+    /// A request whose work may wait on the metadata store: inline when
+    /// the store is local (SQLite, microseconds), on the blocking pool
+    /// when it is a network round trip away (etcd), so that a slow or
+    /// unreachable etcd never holds up a request thread. Requests whose
+    /// core call already replies from elsewhere (read, write, flush,
+    /// release, fsync, fallocate) go through [`Adapter::contain`] alone.
+    fn request(&self, op: Op, f: impl FnOnce(&Arc<Core>) + Send + 'static) {
+        self.contain(op, || {
+            if self.core.cluster.is_some() {
+                let core = self.core.clone();
+                self.core.ctx.rt.spawn_blocking(move || f(&core));
+            } else {
+                f(&self.core)
+            }
+        })
+    }
+
+    fn mknode(
+        &self,
+        op: Op,
+        parent: INodeNo,
+        name: &OsStr,
+        node: Node,
+        req: &Request,
+        reply: ReplyEntry,
+    ) {
+        let (name, who) = (bytes(name), caller(req));
+        self.request(op, move |c| {
+            answer(reply, c.mknode(parent.0, &name, node, who))
+        })
     }
 }
 
-fn errno(e: &FsError) -> Errno {
-    Errno::from_i32(e.errno())
+/// What a successful result becomes in one of fuser's reply types.
+trait Answer: Send + 'static {
+    type Value;
+    fn ok(self, v: Self::Value);
+    fn error(self, e: Errno);
+}
+
+/// The one place a core result becomes a reply: a value as its reply
+/// type wants it, an error as its errno (see `FsError::errno`).
+fn answer<A: Answer>(reply: A, r: FsResult<A::Value>) {
+    match r {
+        Ok(v) => reply.ok(v),
+        Err(e) => {
+            tracing::debug!("request failed: {e}");
+            reply.error(Errno::from_i32(e.errno()))
+        }
+    }
+}
+
+/// A completion for core calls that reply from another thread.
+fn later<A: Answer>(reply: A) -> Reply<A::Value> {
+    Box::new(move |r| answer(reply, r))
+}
+
+impl Answer for ReplyEmpty {
+    type Value = ();
+    fn ok(self, (): ()) {
+        ReplyEmpty::ok(self)
+    }
+    fn error(self, e: Errno) {
+        ReplyEmpty::error(self, e)
+    }
+}
+
+impl Answer for ReplyAttr {
+    type Value = Attr;
+    fn ok(self, a: Attr) {
+        self.attr(&ttl(&a), &fattr(&a))
+    }
+    fn error(self, e: Errno) {
+        ReplyAttr::error(self, e)
+    }
+}
+
+impl Answer for ReplyEntry {
+    type Value = Attr;
+    fn ok(self, a: Attr) {
+        self.entry(&ttl(&a), &fattr(&a), Generation(0))
+    }
+    fn error(self, e: Errno) {
+        ReplyEntry::error(self, e)
+    }
+}
+
+impl Answer for ReplyCreate {
+    type Value = (Attr, Opened);
+    fn ok(self, (a, o): (Attr, Opened)) {
+        // The new file is being written: no caching of its attributes.
+        self.created(
+            &Duration::ZERO,
+            &fattr(&a),
+            Generation(0),
+            FileHandle(o.fh),
+            open_flags(&o),
+        )
+    }
+    fn error(self, e: Errno) {
+        ReplyCreate::error(self, e)
+    }
+}
+
+impl Answer for ReplyOpen {
+    type Value = Opened;
+    fn ok(self, o: Opened) {
+        self.opened(FileHandle(o.fh), open_flags(&o))
+    }
+    fn error(self, e: Errno) {
+        ReplyOpen::error(self, e)
+    }
+}
+
+impl Answer for ReplyData {
+    type Value = Vec<u8>;
+    fn ok(self, d: Vec<u8>) {
+        self.data(&d)
+    }
+    fn error(self, e: Errno) {
+        ReplyData::error(self, e)
+    }
+}
+
+impl Answer for ReplyWrite {
+    type Value = u32;
+    fn ok(self, n: u32) {
+        self.written(n)
+    }
+    fn error(self, e: Errno) {
+        ReplyWrite::error(self, e)
+    }
+}
+
+impl Answer for ReplyIoctl {
+    type Value = Vec<u8>;
+    fn ok(self, d: Vec<u8>) {
+        self.ioctl(0, &d)
+    }
+    fn error(self, e: Errno) {
+        ReplyIoctl::error(self, e)
+    }
+}
+
+impl Answer for ReplyStatfs {
+    type Value = Statfs;
+    fn ok(self, s: Statfs) {
+        self.statfs(
+            s.blocks,
+            s.free_blocks,
+            s.free_blocks,
+            s.files,
+            u64::from(u32::MAX),
+            Statfs::BLOCK_SIZE,
+            255,
+            Statfs::BLOCK_SIZE,
+        )
+    }
+    fn error(self, e: Errno) {
+        ReplyStatfs::error(self, e)
+    }
+}
+
+/// An xattr value or name list, and the buffer size the caller offered
+/// (0: it asks for the size only).
+struct XattrReply(ReplyXattr, u32);
+
+impl Answer for XattrReply {
+    type Value = Vec<u8>;
+    fn ok(self, v: Vec<u8>) {
+        let XattrReply(reply, size) = self;
+        if size == 0 {
+            reply.size(v.len() as u32)
+        } else if v.len() > size as usize {
+            reply.error(Errno::ERANGE)
+        } else {
+            reply.data(&v)
+        }
+    }
+    fn error(self, e: Errno) {
+        self.0.error(e)
+    }
+}
+
+fn bytes(name: &OsStr) -> Vec<u8> {
+    name.as_bytes().to_vec()
 }
 
 fn time(ns: i64) -> SystemTime {
@@ -123,21 +311,7 @@ fn caller(req: &Request) -> Caller {
     }
 }
 
-fn entry(reply: ReplyEntry, r: Result<Attr, FsError>) {
-    match r {
-        Ok(a) => reply.entry(&ttl(&a), &fattr(&a), Generation(0)),
-        Err(e) => reply.error(errno(&e)),
-    }
-}
-
-fn empty(reply: ReplyEmpty, r: Result<(), FsError>) {
-    match r {
-        Ok(()) => reply.ok(),
-        Err(e) => reply.error(errno(&e)),
-    }
-}
-
-fn open_flags(o: &super::core::Opened) -> FopenFlags {
+fn open_flags(o: &Opened) -> FopenFlags {
     let mut f = FopenFlags::empty();
     if o.direct_io {
         f |= FopenFlags::FOPEN_DIRECT_IO;
@@ -146,6 +320,16 @@ fn open_flags(o: &super::core::Opened) -> FopenFlags {
         f |= FopenFlags::FOPEN_KEEP_CACHE;
     }
     f
+}
+
+/// FUSE's list of xattr names: each one NUL-terminated.
+fn name_list(names: Vec<Vec<u8>>) -> Vec<u8> {
+    let mut out = Vec::new();
+    for n in names {
+        out.extend_from_slice(&n);
+        out.push(0);
+    }
+    out
 }
 
 impl Filesystem for Adapter {
@@ -172,27 +356,20 @@ impl Filesystem for Adapter {
         Ok(())
     }
 
-    fn destroy(&mut self) {
-        self.core.wait_closes(Duration::from_secs(30));
-        self.core.persist_epochs();
-        self.core.leases.shutdown();
-    }
-
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let name = name.as_bytes().to_vec();
-        self.run(move |c| entry(reply, c.lookup(parent.0, &name)))
+        let name = bytes(name);
+        self.request(Op::Lookup, move |c| {
+            answer(reply, c.lookup(parent.0, &name))
+        })
     }
 
     /// The kernel evicted the inode, and its cached pages with it.
     fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
-        self.core.forget_pages(ino.0)
+        self.contain(Op::Forget, || self.core.forget_pages(ino.0))
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        self.run(move |c| match c.getattr(ino.0) {
-            Ok(a) => reply.attr(&ttl(&a), &fattr(&a)),
-            Err(e) => reply.error(errno(&e)),
-        })
+        self.request(Op::Getattr, move |c| answer(reply, c.getattr(ino.0)))
     }
 
     fn setattr(
@@ -213,7 +390,7 @@ impl Filesystem for Adapter {
         _flags: Option<BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let c = caller(req);
+        let who = caller(req);
         let ch = AttrChange {
             mode,
             uid,
@@ -222,45 +399,14 @@ impl Filesystem for Adapter {
             mtime: mtime.map(time_or_now),
             ctime: ctime.map(ns),
         };
-        let finish = move |core: &Core, reply: ReplyAttr| {
-            let any = ch.mode.is_some()
-                || ch.uid.is_some()
-                || ch.gid.is_some()
-                || ch.atime.is_some()
-                || ch.mtime.is_some();
-            let r = if any {
-                core.set_attrs(ino.0, ch, c)
-            } else {
-                core.getattr(ino.0)
-            };
-            match r {
-                Ok(a) => reply.attr(&ttl(&a), &fattr(&a)),
-                Err(e) => reply.error(errno(&e)),
-            }
-        };
-        self.run(move |core| match size {
-            None => finish(core, reply),
-            Some(size) => {
-                let core2 = core.clone();
-                core.set_size(
-                    ino.0,
-                    size,
-                    fh.map(|f| f.0),
-                    c,
-                    Box::new(move |r| match r {
-                        Ok(()) => finish(&core2, reply),
-                        Err(e) => reply.error(errno(&e)),
-                    }),
-                );
-            }
+        let fh = fh.map(|f| f.0);
+        self.request(Op::Setattr, move |c| {
+            c.setattr(ino.0, size, fh, ch, who, later(reply))
         })
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        self.run(move |c| match c.readlink(ino.0) {
-            Ok(t) => reply.data(&t),
-            Err(e) => reply.error(errno(&e)),
-        })
+        self.request(Op::Readlink, move |c| answer(reply, c.readlink(ino.0)))
     }
 
     fn mknod(
@@ -274,7 +420,7 @@ impl Filesystem for Adapter {
         reply: ReplyEntry,
     ) {
         let Some(kind) = Kind::from_mode(mode) else {
-            return reply.error(Errno::EINVAL);
+            return self.contain(Op::Mknod, || reply.error(Errno::EINVAL));
         };
         let node = Node {
             kind,
@@ -283,7 +429,7 @@ impl Filesystem for Adapter {
             target: None,
             umask,
         };
-        self.mknode(parent, name, node, caller(req), reply)
+        self.mknode(Op::Mknod, parent, name, node, req, reply)
     }
 
     fn mkdir(
@@ -302,17 +448,21 @@ impl Filesystem for Adapter {
             target: None,
             umask,
         };
-        self.mknode(parent, name, node, caller(req), reply)
+        self.mknode(Op::Mkdir, parent, name, node, req, reply)
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let (name, who) = (name.as_bytes().to_vec(), caller(req));
-        self.run(move |c| empty(reply, c.unlink(parent.0, &name, who)))
+        let (name, who) = (bytes(name), caller(req));
+        self.request(Op::Unlink, move |c| {
+            answer(reply, c.unlink(parent.0, &name, who))
+        })
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let (name, who) = (name.as_bytes().to_vec(), caller(req));
-        self.run(move |c| empty(reply, c.rmdir(parent.0, &name, who)))
+        let (name, who) = (bytes(name), caller(req));
+        self.request(Op::Rmdir, move |c| {
+            answer(reply, c.rmdir(parent.0, &name, who))
+        })
     }
 
     fn symlink(
@@ -330,7 +480,7 @@ impl Filesystem for Adapter {
             target: Some(target.as_os_str().as_bytes().to_vec()),
             umask: 0,
         };
-        self.mknode(parent, link_name, node, caller(req), reply)
+        self.mknode(Op::Symlink, parent, link_name, node, req, reply)
     }
 
     fn rename(
@@ -343,11 +493,10 @@ impl Filesystem for Adapter {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        let (name, newname) = (name.as_bytes().to_vec(), newname.as_bytes().to_vec());
-        let who = caller(req);
-        self.run(move |c| {
+        let (name, newname, who) = (bytes(name), bytes(newname), caller(req));
+        self.request(Op::Rename, move |c| {
             let r = c.rename(parent.0, &name, newparent.0, &newname, flags.bits(), who);
-            empty(reply, r)
+            answer(reply, r)
         })
     }
 
@@ -359,23 +508,15 @@ impl Filesystem for Adapter {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        let (newname, who) = (newname.as_bytes().to_vec(), caller(req));
-        self.run(move |c| entry(reply, c.link(ino.0, newparent.0, &newname, who)))
+        let (newname, who) = (bytes(newname), caller(req));
+        self.request(Op::Link, move |c| {
+            answer(reply, c.link(ino.0, newparent.0, &newname, who))
+        })
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let who = caller(req);
-        self.run(move |c| {
-            c.open(
-                ino.0,
-                flags.0,
-                who,
-                Box::new(move |r| match r {
-                    Ok(o) => reply.opened(FileHandle(o.fh), open_flags(&o)),
-                    Err(e) => reply.error(errno(&e)),
-                }),
-            )
-        })
+        self.request(Op::Open, move |c| c.open(ino.0, flags.0, who, later(reply)))
     }
 
     fn read(
@@ -389,15 +530,9 @@ impl Filesystem for Adapter {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        self.core.read_any(
-            fh.0,
-            offset,
-            size,
-            Box::new(move |r| match r {
-                Ok(d) => reply.data(&d),
-                Err(e) => reply.error(errno(&e)),
-            }),
-        )
+        self.contain(Op::Read, || {
+            self.core.read_any(fh.0, offset, size, later(reply))
+        })
     }
 
     fn write(
@@ -413,16 +548,10 @@ impl Filesystem for Adapter {
         reply: ReplyWrite,
     ) {
         let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
-        self.core.write(
-            fh.0,
-            offset,
-            data,
-            (caller(req), kill),
-            Box::new(move |r| match r {
-                Ok(n) => reply.written(n),
-                Err(e) => reply.error(errno(&e)),
-            }),
-        )
+        self.contain(Op::Write, || {
+            self.core
+                .write(fh.0, offset, data, (caller(req), kill), later(reply))
+        })
     }
 
     fn flush(
@@ -433,8 +562,9 @@ impl Filesystem for Adapter {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        self.core
-            .flush(fh.0, caller(req), Box::new(move |r| empty(reply, r)))
+        self.contain(Op::Flush, || {
+            self.core.flush(fh.0, caller(req), later(reply))
+        })
     }
 
     fn release(
@@ -447,7 +577,7 @@ impl Filesystem for Adapter {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.core.release(fh.0, Box::new(move |r| empty(reply, r)))
+        self.contain(Op::Release, || self.core.release(fh.0, later(reply)))
     }
 
     fn fsync(
@@ -458,7 +588,7 @@ impl Filesystem for Adapter {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.core.fsync(fh.0, Box::new(move |r| empty(reply, r)))
+        self.contain(Op::Fsync, || self.core.fsync(fh.0, later(reply)))
     }
 
     fn readdir(
@@ -469,14 +599,14 @@ impl Filesystem for Adapter {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        self.run(move |c| {
+        self.request(Op::Readdir, move |c| {
             let mut add = |e: &DirEntry| {
                 let name = OsStr::from_bytes(&e.name);
                 reply.add(INodeNo(e.ino), e.cookie, file_type(e.kind), name)
             };
             match c.readdir(ino.0, offset, &mut add) {
                 Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(&e)),
+                Err(e) => reply.error(Errno::from_i32(e.errno())),
             }
         })
     }
@@ -489,23 +619,11 @@ impl Filesystem for Adapter {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        self.core.fsync_dir(Box::new(move |r| empty(reply, r)))
+        self.contain(Op::Fsyncdir, || self.core.fsync_dir(later(reply)))
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        self.run(move |c| match c.statfs() {
-            Ok((total, free, files)) => reply.statfs(
-                total,
-                free,
-                free,
-                files,
-                u64::from(u32::MAX),
-                4096,
-                255,
-                4096,
-            ),
-            Err(e) => reply.error(errno(&e)),
-        })
+        self.request(Op::Statfs, move |c| answer(reply, c.statfs()))
     }
 
     fn setxattr(
@@ -518,37 +636,35 @@ impl Filesystem for Adapter {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        let (name, value, who) = (name.as_bytes().to_vec(), value.to_vec(), caller(req));
-        self.run(move |c| empty(reply, c.setxattr(ino.0, &name, &value, flags, who)))
+        let (name, value, who) = (bytes(name), value.to_vec(), caller(req));
+        self.request(Op::Setxattr, move |c| {
+            answer(reply, c.setxattr(ino.0, &name, &value, flags, who))
+        })
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        let name = name.as_bytes().to_vec();
-        self.run(move |c| xattr_reply(reply, size, c.getxattr(ino.0, &name)))
+        let name = bytes(name);
+        self.request(Op::Getxattr, move |c| {
+            answer(XattrReply(reply, size), c.getxattr(ino.0, &name))
+        })
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        self.run(move |c| {
-            let r = c.listxattr(ino.0).map(|names| {
-                let mut out = Vec::new();
-                for n in names {
-                    out.extend_from_slice(&n);
-                    out.push(0);
-                }
-                out
-            });
-            xattr_reply(reply, size, r)
+        self.request(Op::Listxattr, move |c| {
+            answer(XattrReply(reply, size), c.listxattr(ino.0).map(name_list))
         })
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let (name, who) = (name.as_bytes().to_vec(), caller(req));
-        self.run(move |c| empty(reply, c.removexattr(ino.0, &name, who)))
+        let (name, who) = (bytes(name), caller(req));
+        self.request(Op::Removexattr, move |c| {
+            answer(reply, c.removexattr(ino.0, &name, who))
+        })
     }
 
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
         // default_permissions: the kernel has already checked.
-        reply.ok()
+        self.contain(Op::Access, || reply.ok())
     }
 
     fn create(
@@ -561,9 +677,17 @@ impl Filesystem for Adapter {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        let c = caller(req);
-        let name = name.as_bytes().to_vec();
-        self.run(move |core| create(core, parent, &name, (mode, umask), flags, c, reply))
+        let (name, who) = (bytes(name), caller(req));
+        let node = Node {
+            kind: Kind::File,
+            mode,
+            rdev: 0,
+            target: None,
+            umask,
+        };
+        self.request(Op::Create, move |c| {
+            c.create(parent.0, &name, node, flags, who, later(reply))
+        })
     }
 
     fn fallocate(
@@ -576,14 +700,11 @@ impl Filesystem for Adapter {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        self.core.fallocate(
-            fh.0,
-            offset,
-            length,
-            mode,
-            caller(req),
-            Box::new(move |r| empty(reply, r)),
-        )
+        self.contain(Op::Fallocate, || {
+            let who = caller(req);
+            self.core
+                .fallocate(fh.0, offset, length, mode, who, later(reply))
+        })
     }
 
     fn ioctl(
@@ -597,77 +718,6 @@ impl Filesystem for Adapter {
         _out_size: u32,
         reply: ReplyIoctl,
     ) {
-        self.run(move |c| match c.ioctl(fh.0, cmd) {
-            Ok(d) => reply.ioctl(0, &d),
-            Err(e) => reply.error(errno(&e)),
-        })
+        self.request(Op::Ioctl, move |c| answer(reply, c.ioctl(fh.0, cmd)))
     }
-}
-
-fn xattr_reply(reply: ReplyXattr, size: u32, r: Result<Vec<u8>, FsError>) {
-    match r {
-        Ok(v) if size == 0 => reply.size(v.len() as u32),
-        Ok(v) if v.len() > size as usize => reply.error(Errno::ERANGE),
-        Ok(v) => reply.data(&v),
-        Err(e) => reply.error(errno(&e)),
-    }
-}
-
-/// Creates (unless it exists) and opens a file.
-fn create(
-    core: &Arc<Core>,
-    parent: INodeNo,
-    name: &[u8],
-    (mode, umask): (u32, u32),
-    flags: i32,
-    c: Caller,
-    reply: ReplyCreate,
-) {
-    let attr = match core.lookup(parent.0, name) {
-        Ok(_) if flags & libc::O_EXCL != 0 => return reply.error(Errno::EEXIST),
-        Ok(a) => a,
-        Err(FsError::NotFound) => match core.mknode(
-            parent.0,
-            name,
-            Node {
-                kind: Kind::File,
-                mode,
-                rdev: 0,
-                target: None,
-                umask,
-            },
-            c,
-        ) {
-            Ok(a) => a,
-            // Another daemon sharing the namespace created the name since
-            // the lookup: without O_EXCL, open(O_CREAT) opens it.
-            Err(FsError::Exists) if flags & libc::O_EXCL == 0 => {
-                match core.lookup(parent.0, name) {
-                    Ok(a) => a,
-                    Err(e) => return reply.error(errno(&e)),
-                }
-            }
-            Err(e) => return reply.error(errno(&e)),
-        },
-        Err(e) => return reply.error(errno(&e)),
-    };
-    let core2 = core.clone();
-    core.open(
-        attr.ino,
-        flags,
-        c,
-        Box::new(move |r| match r {
-            Ok(o) => {
-                let a = core2.getattr(attr.ino).unwrap_or(attr);
-                reply.created(
-                    &Duration::ZERO,
-                    &fattr(&a),
-                    Generation(0),
-                    FileHandle(o.fh),
-                    open_flags(&o),
-                )
-            }
-            Err(e) => reply.error(errno(&e)),
-        }),
-    )
 }

@@ -382,6 +382,22 @@ impl Daemon {
         });
     }
 
+    /// Unmounted: the background work stops, closes in flight finish,
+    /// what a restart needs is recorded (grant epochs), and every lease
+    /// and election term of this daemon ends. The one shutdown sequence,
+    /// whether the kernel or a signal ended the session.
+    fn shut_down(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.housekeeper.lose(&*self.core.meta, "unmounted");
+        self.core.wait_closes(Duration::from_secs(30));
+        self.core.persist_epochs();
+        self.core.leases.shutdown();
+        self.core.end_all_terms();
+        if let Some(s) = &self.shared {
+            s.leases.shutdown();
+        }
+    }
+
     /// Mounts and serves until unmounted. `ready` is called once the
     /// kernel has completed the FUSE handshake.
     pub fn serve(self, spec: &MountSpec, ready: impl FnOnce(Result<(), String>)) -> FsResult<()> {
@@ -422,16 +438,14 @@ impl Daemon {
             &spec.mountpoint,
             self.fatal.clone(),
         );
-        let mut session =
-            match fuser::Session::new(super::contained::Contained(adapter), &spec.mountpoint, &cfg)
-            {
-                Ok(s) => s,
-                Err(e) => {
-                    let msg = format!("cannot mount {}: {e}", spec.mountpoint.display());
-                    ready(Err(msg.clone()));
-                    return Err(FsError::Io(msg));
-                }
-            };
+        let mut session = match fuser::Session::new(adapter, &spec.mountpoint, &cfg) {
+            Ok(s) => s,
+            Err(e) => {
+                let msg = format!("cannot mount {}: {e}", spec.mountpoint.display());
+                ready(Err(msg.clone()));
+                return Err(FsError::Io(msg));
+            }
+        };
         let notifier = session.notifier();
         self.core.set_invalidator(Arc::new(move |ino, offset, len| {
             // ENOENT: the kernel holds nothing of this inode; fine.
@@ -443,13 +457,7 @@ impl Daemon {
         ready(Ok(()));
         tracing::info!(mountpoint = %spec.mountpoint.display(), "mounted");
         let r = session.run();
-        self.stop.store(true, Ordering::Relaxed);
-        self.housekeeper.lose(&*self.core.meta, "unmounted");
-        self.core.wait_closes(Duration::from_secs(30));
-        self.core.end_all_terms();
-        if let Some(s) = &self.shared {
-            s.leases.shutdown();
-        }
+        self.shut_down();
         let _ = std::fs::remove_file(spec.data.join("control.sock"));
         if let Some(why) = crate::sync::lock(&self.fatal.why).clone() {
             tracing::error!("unmounted because a background thread died");

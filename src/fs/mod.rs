@@ -6,7 +6,6 @@ pub mod adapter;
 pub mod attr;
 pub mod cache;
 mod clustered;
-pub mod contained;
 pub mod control;
 pub mod core;
 pub mod daemon;

@@ -4,9 +4,10 @@
 //! `statfs`.
 
 use super::attr::Attr;
-use super::core::{Caller, Core};
+use super::core::{Caller, Core, Opened, Reply};
 use crate::error::{FsError, FsResult};
 use crate::meta::{AttrChange, DirEntry, FIRST_COOKIE, Inode, Kind, NewNode};
+use crate::sync::Arc;
 
 const NAME_MAX: usize = 255;
 
@@ -25,6 +26,18 @@ pub struct Node {
     /// The creating process's umask; applied unless the directory has a
     /// default ACL.
     pub umask: u32,
+}
+
+/// What `statfs` reports.
+#[derive(Debug, Clone, Copy)]
+pub struct Statfs {
+    pub blocks: u64,
+    pub free_blocks: u64,
+    pub files: u64,
+}
+
+impl Statfs {
+    pub const BLOCK_SIZE: u32 = 4096;
 }
 
 fn check_name(name: &[u8]) -> FsResult<()> {
@@ -82,6 +95,75 @@ impl Core {
             },
         )?;
         Ok(Attr::from_inode(&i))
+    }
+
+    /// open(O_CREAT): creates the file unless the name exists (with
+    /// `O_EXCL` it must not), then opens it; the reply carries the
+    /// attributes as of the open.
+    pub fn create(
+        self: &Arc<Self>,
+        parent: u64,
+        name: &[u8],
+        node: Node,
+        flags: i32,
+        caller: Caller,
+        reply: Reply<(Attr, Opened)>,
+    ) {
+        let excl = flags & libc::O_EXCL != 0;
+        let attr = match self.lookup(parent, name) {
+            Ok(_) if excl => Err(FsError::Exists),
+            Err(FsError::NotFound) => match self.mknode(parent, name, node, caller) {
+                // Another daemon sharing the namespace created the name
+                // since the lookup: without O_EXCL, open(O_CREAT) opens it.
+                Err(FsError::Exists) if !excl => self.lookup(parent, name),
+                r => r,
+            },
+            r => r,
+        };
+        let attr = match attr {
+            Ok(a) => a,
+            Err(e) => return reply(Err(e)),
+        };
+        let me = self.clone();
+        self.open(
+            attr.ino,
+            flags,
+            caller,
+            Box::new(move |r| reply(r.map(|o| (me.getattr(attr.ino).unwrap_or(attr), o)))),
+        )
+    }
+
+    /// SETATTR: a size change first (it may wait for the lease), then the
+    /// other attributes; the reply carries the attributes after both.
+    pub fn setattr(
+        self: &Arc<Self>,
+        ino: u64,
+        size: Option<u64>,
+        fh: Option<u64>,
+        ch: AttrChange,
+        caller: Caller,
+        reply: Reply<Attr>,
+    ) {
+        let me = self.clone();
+        let rest = move |r: FsResult<()>| {
+            // A ctime alone is no change of its own (it comes with others).
+            let any = ch.mode.is_some()
+                || ch.uid.is_some()
+                || ch.gid.is_some()
+                || ch.atime.is_some()
+                || ch.mtime.is_some();
+            reply(r.and_then(|()| {
+                if any {
+                    me.set_attrs(ino, ch, caller)
+                } else {
+                    me.getattr(ino)
+                }
+            }))
+        };
+        match size {
+            None => rest(Ok(())),
+            Some(size) => self.set_size(ino, size, fh, caller, Box::new(rest)),
+        }
     }
 
     pub fn link(&self, ino: u64, parent: u64, name: &[u8], caller: Caller) -> FsResult<Attr> {
@@ -209,12 +291,11 @@ impl Core {
         Ok(a)
     }
 
-    /// (total blocks, free blocks, files) in 4 KiB blocks, from the
-    /// fullest live datanode in service (every block needs room on several
-    /// of them; decommissioning ones take no new block);
-    /// free is also at most what the metadata store's filesystem has left,
-    /// since nothing can be created once that is full.
-    pub fn statfs(&self) -> FsResult<(u64, u64, u64)> {
+    /// Sizes in 4 KiB blocks, from the fullest live datanode in service
+    /// (every block needs room on several of them; decommissioning ones
+    /// take no new block); free is also at most what the metadata store's
+    /// filesystem has left, since nothing can be created once that is full.
+    pub fn statfs(&self) -> FsResult<Statfs> {
         let (files, _) = self.meta.usage()?;
         let mut total = u64::MAX;
         let mut free = u64::MAX;
@@ -223,8 +304,9 @@ impl Core {
                 && let Ok(s) = nix::sys::statvfs::statvfs(&dn.root)
             {
                 let f = s.fragment_size();
-                total = total.min(s.blocks() * f / 4096);
-                free = free.min(s.blocks_available() * f / 4096);
+                let bs = u64::from(Statfs::BLOCK_SIZE);
+                total = total.min(s.blocks() * f / bs);
+                free = free.min(s.blocks_available() * f / bs);
             }
         }
         if total == u64::MAX {
@@ -232,8 +314,12 @@ impl Core {
             free = 0;
         }
         if let Some(m) = self.meta.space()? {
-            free = free.min(m.avail_bytes / 4096);
+            free = free.min(m.avail_bytes / u64::from(Statfs::BLOCK_SIZE));
         }
-        Ok((total, free, files))
+        Ok(Statfs {
+            blocks: total,
+            free_blocks: free,
+            files,
+        })
     }
 }
