@@ -15,6 +15,8 @@
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod control;
+pub mod daemon;
 pub mod dnadmin;
 pub mod elect;
 pub mod error;

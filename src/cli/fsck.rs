@@ -90,7 +90,7 @@ fn offline(data: &Path, repair: bool) -> Result<Report, String> {
         }
         return Err(format!("{} holds no leasefs metadata", data.display()));
     }
-    let _lock = crate::fs::daemon::lock_data_dir(data)
+    let _lock = crate::daemon::lock_data_dir(data)
         .map_err(|e| format!("{e}; run fsck on its mountpoint instead"))?;
     let meta = MetaStore::open(&db, 0, 0).map_err(|e| e.to_string())?;
     let replication = meta.replication().map_err(|e| e.to_string())?;

@@ -12,7 +12,7 @@ use clap::Args;
 
 use super::fail;
 use crate::config::MountOptions;
-use crate::fs::daemon::{self, Daemon, MountSpec};
+use crate::daemon::{self, Daemon, MountSpec};
 
 #[derive(Args, Debug)]
 pub struct MountArgs {

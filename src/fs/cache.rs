@@ -20,8 +20,18 @@
 //! thread: the kernel may hold a page lock while waiting for a READ reply,
 //! and the invalidation waits for that lock.
 
-use super::core::{Core, Reply};
+use std::sync::OnceLock;
+
+use dashmap::DashMap;
+
+use super::request::Reply;
 use crate::sync::Arc;
+
+/// Tells the kernel to forget an inode's cached attributes and the cached
+/// data of bytes `offset..offset+len` (`len` 0: to the end of the file).
+/// Blocks while the kernel waits for a READ of those pages: never call it
+/// from a request thread.
+pub type Invalidator = Arc<dyn Fn(u64, i64, i64) + Send + Sync>;
 
 /// What the kernel may cache of one inode's data.
 #[derive(Debug, Default, Clone, Copy)]
@@ -66,26 +76,40 @@ fn page_range(from: u64, to: u64) -> (i64, i64) {
     (start as i64, len.min(i64::MAX as u64) as i64)
 }
 
-impl Core {
-    /// The page-cache state of `ino` (a copy).
-    pub fn page_cache(&self, ino: u64) -> PageCache {
-        self.page_cache.get(&ino).map(|p| *p).unwrap_or_default()
+/// The page-cache state of every inode the kernel may cache, and the
+/// kernel's invalidation channel (set once the FUSE session exists).
+pub struct PageCaches {
+    map: DashMap<u64, PageCache>,
+    invalidator: OnceLock<Invalidator>,
+    /// Where notifications are sent from: never a request thread.
+    rt: tokio::runtime::Handle,
+}
+
+impl PageCaches {
+    pub fn new(rt: tokio::runtime::Handle) -> PageCaches {
+        PageCaches {
+            map: DashMap::new(),
+            invalidator: OnceLock::new(),
+            rt,
+        }
     }
 
-    /// Chooses the mode of a read-only open of a regular file and records
-    /// a cached one (never over etcd). Decided under the inode's entry lock, which writers
-    /// take to become busy: either the writer sees this reader, or this
-    /// open sees the writer.
-    pub(super) fn read_mode(&self, ino: u64) -> ReadMode {
-        // Over a shared namespace other daemons change files without this
-        // one knowing: never trust the kernel's pages there.
-        if self.cluster.is_some()
-            || self.stream_of(ino).is_some()
-            || self.leases.state(ino) != crate::lease::LeaseState::Free
-        {
-            return ReadMode::Direct;
-        }
-        let mut p = self.page_cache.entry(ino).or_default();
+    pub fn set_invalidator(&self, f: Invalidator) {
+        let _ = self.invalidator.set(f);
+    }
+
+    /// The page-cache state of `ino` (a copy).
+    pub fn state(&self, ino: u64) -> PageCache {
+        self.map.get(&ino).map(|p| *p).unwrap_or_default()
+    }
+
+    /// The mode of a read-only open of a regular file that nobody writes
+    /// or holds the lease of (the caller has checked), recording a cached
+    /// one. Decided under the inode's entry lock, which writers take to
+    /// become busy: either the writer sees this reader, or this open sees
+    /// the writer.
+    pub fn open_reader(&self, ino: u64) -> ReadMode {
+        let mut p = self.map.entry(ino).or_default();
         if p.busy > 0 {
             return ReadMode::Direct;
         }
@@ -97,53 +121,53 @@ impl Core {
     }
 
     /// A cached handle was released.
-    pub(super) fn cached_closed(&self, ino: u64) {
+    pub fn cached_closed(&self, ino: u64) {
         self.update(ino, |p| p.cached = p.cached.saturating_sub(1));
     }
 
     /// Something may change `ino` from now on (a write handle, truncation,
     /// recovery): opens are direct, earlier pages are no longer kept.
     /// Returns the state as it was.
-    pub(super) fn cache_busy(&self, ino: u64) -> PageCache {
-        let mut p = self.page_cache.entry(ino).or_default();
+    pub fn busy(&self, ino: u64) -> PageCache {
+        let mut p = self.map.entry(ino).or_default();
         let before = *p;
         p.busy += 1;
         p.keep = false;
         before
     }
 
-    /// The change that `cache_busy` announced is over.
-    pub(super) fn cache_idle(&self, ino: u64) {
+    /// The change that `busy` announced is over.
+    pub fn idle(&self, ino: u64) {
         self.update(ino, |p| p.busy = p.busy.saturating_sub(1));
     }
 
     /// Handles reading through the page cache are open on `ino`.
-    pub(super) fn cached_readers(&self, ino: u64) -> bool {
-        self.page_cache.get(&ino).is_some_and(|p| p.cached > 0)
+    pub fn has_cached_readers(&self, ino: u64) -> bool {
+        self.map.get(&ino).is_some_and(|p| p.cached > 0)
     }
 
     /// The kernel forgot the inode, and its pages with it.
-    pub fn forget_pages(&self, ino: u64) {
-        self.page_cache
+    pub fn forget(&self, ino: u64) {
+        self.map
             .remove_if(&ino, |_, p| p.cached == 0 && p.busy == 0);
     }
 
     /// The inode is deleted.
-    pub(super) fn drop_page_state(&self, ino: u64) {
-        self.page_cache.remove(&ino);
+    pub fn drop_state(&self, ino: u64) {
+        self.map.remove(&ino);
     }
 
     fn update(&self, ino: u64, f: impl FnOnce(&mut PageCache)) {
-        if let Some(mut p) = self.page_cache.get_mut(&ino) {
+        if let Some(mut p) = self.map.get_mut(&ino) {
             f(&mut p);
         }
-        self.page_cache.remove_if(&ino, |_, p| p.unused());
+        self.map.remove_if(&ino, |_, p| p.unused());
     }
 
     /// Drops the kernel's pages of bytes `from..=to` of `ino` (whole
     /// pages), then calls `then`; on the blocking pool.
-    pub(super) fn invalidate_range_then(
-        self: &Arc<Self>,
+    pub fn invalidate_range_then(
+        &self,
         ino: u64,
         from: u64,
         to: u64,
@@ -153,17 +177,11 @@ impl Core {
         self.notify_then(ino, off, len, then)
     }
 
-    fn notify_then(
-        self: &Arc<Self>,
-        ino: u64,
-        off: i64,
-        len: i64,
-        then: impl FnOnce() + Send + 'static,
-    ) {
+    fn notify_then(&self, ino: u64, off: i64, len: i64, then: impl FnOnce() + Send + 'static) {
         let Some(f) = self.invalidator.get().cloned() else {
             return then();
         };
-        self.ctx.rt.spawn_blocking(move || {
+        self.rt.spawn_blocking(move || {
             f(ino, off, len);
             then()
         });
@@ -171,13 +189,13 @@ impl Core {
 
     /// After a change of the whole file (truncation, O_TRUNC): drops all
     /// its pages if the kernel may hold any, then replies `r`.
-    pub(super) fn invalidate_all_then<T: Send + 'static>(
+    pub fn invalidate_all_then<T: Send + 'static>(
         self: &Arc<Self>,
         ino: u64,
         r: T,
         reply: Reply<T>,
     ) {
-        let p = self.page_cache(ino);
+        let p = self.state(ino);
         if !(p.maybe_pages || p.cached > 0) {
             return reply(Ok(r));
         }
@@ -190,7 +208,7 @@ impl Core {
 
     /// Drops every page of `ino` now, on the calling thread, which must be
     /// off the request threads (recovery runs on the blocking pool).
-    pub(super) fn invalidate_all_now(&self, ino: u64) {
+    pub fn invalidate_all_now(&self, ino: u64) {
         if let Some(f) = self.invalidator.get() {
             f(ino, 0, 0);
             self.pages_dropped(ino);

@@ -163,7 +163,7 @@ impl Core {
     /// is fenced and whatever it has not had acknowledged is dropped, before
     /// another daemon can claim the file.
     pub fn claim_lost(self: &Arc<Self>, ino: u64) {
-        for h in self.handles.iter().filter(|h| h.ino == ino && h.write) {
+        for h in self.handles.filter(|h| h.ino == ino && h.write) {
             if let Some(s) = &h.stream {
                 s.abort(FsError::Lease(LeaseError::Fenced {
                     file: ino,
@@ -173,7 +173,7 @@ impl Core {
         }
         self.leases
             .revoke(ino, "another daemon (cluster claim lost)");
-        self.lease_left_term(ino);
+        self.fences.lease_left_term(ino);
     }
 
     /// Who claims a file to recover it: the daemon itself.

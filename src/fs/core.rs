@@ -9,8 +9,11 @@ use std::time::Duration;
 use dashmap::DashMap;
 
 use super::attr::Attr;
-use super::cache::{PageCache, ReadMode};
-use super::handles::{Handle, OpenFile};
+use super::cache::{PageCaches, ReadMode};
+use super::deletions::Deletions;
+use super::epochs::GrantEpochs;
+use super::fencing::Fences;
+use super::handles::{Handle, Handles};
 use super::{privs, proc_info};
 use crate::clock::{Clock, SystemClock};
 use crate::config::MountOptions;
@@ -23,7 +26,7 @@ use crate::lease::{
 use crate::meta::{Inode, Kind, Meta, UnderConstruction};
 use crate::pipeline::reader::{self, BadReplicas};
 use crate::pipeline::{Datanodes, OutputStream, StreamCtx};
-use crate::sync::{Arc, AtomicU64, Mutex, Ordering, lock};
+use crate::sync::{Arc, Mutex, Ordering, lock};
 
 /// ioctl: the caller takes over renewal of its lease (client renewal).
 pub const IOC_CLIENT_RENEWAL: u32 = 0x4C01; // _IO('L', 1)
@@ -32,21 +35,8 @@ pub const IOC_RENEW: u32 = 0x4C02; // _IO('L', 2)
 /// ioctl: the epoch of the caller's lease grant, as a u64.
 pub const IOC_EPOCH: u32 = 0x8008_4C03; // _IOR('L', 3, u64)
 
-pub type Reply<T> = Box<dyn FnOnce(FsResult<T>) + Send>;
-
-/// Tells the kernel to forget an inode's cached attributes and the cached
-/// data of bytes `offset..offset+len` (`len` 0: to the end of the file).
-/// Blocks while the kernel waits for a READ of those pages: never call it
-/// from a request thread.
-pub type Invalidator = Arc<dyn Fn(u64, i64, i64) + Send + Sync>;
-
-/// Who is asking.
-#[derive(Debug, Clone, Copy)]
-pub struct Caller {
-    pub pid: u32,
-    pub uid: u32,
-    pub gid: u32,
-}
+pub use super::cache::Invalidator;
+pub use super::request::{Caller, Opened, Reply};
 
 /// Who opens for writing: the process, its uid (who may see the holder's
 /// details), and the election term's fence it belongs to, if any (its
@@ -55,17 +45,6 @@ pub(super) struct Opener {
     pub who: proc_info::Ident,
     pub uid: u32,
     pub fence: Option<u32>,
-}
-
-/// How an open was granted.
-#[derive(Debug, Clone, Copy)]
-pub struct Opened {
-    pub fh: u64,
-    /// Serve reads without the page cache (write opens, and read opens of
-    /// a file that may change: see `cache`).
-    pub direct_io: bool,
-    /// Keep the kernel's pages of earlier opens (they match the file).
-    pub keep_cache: bool,
 }
 
 /// The cluster side of a daemon that shares its namespace (etcd): claims
@@ -112,6 +91,19 @@ impl Default for Instance {
     }
 }
 
+/// The filesystem: every request of the adapter is one call of it. It
+/// owns the parts that keep the state of a mount, each behind its own
+/// narrow interface:
+/// - [`Handles`]: open file descriptions, per-inode open state, streams;
+/// - [`PageCaches`]: what the kernel may cache of each inode;
+/// - the [`LeaseManager`] (and, over etcd, the cluster claims), with the
+///   threads of opens waiting for a lease;
+/// - [`Fences`]: the election terms' process trees;
+/// - [`GrantEpochs`]: grant epochs not yet recorded with their inodes;
+/// - [`Deletions`]: replicas waiting for durable metadata to be deleted;
+///
+/// and the services it shares with the write pipeline (`ctx`: the
+/// metadata store, the datanodes, the runtime).
 pub struct Core {
     pub meta: Arc<dyn Meta>,
     /// Set when several daemons share the namespace: a write lease is then
@@ -125,28 +117,17 @@ pub struct Core {
     pub data_dir: PathBuf,
     pub host: Arc<str>,
     pub mount_id: String,
-    pub(super) handles: DashMap<u64, Arc<Handle>>,
-    pub(super) files: DashMap<u64, Arc<OpenFile>>,
-    next_fh: AtomicU64,
-    /// The process trees of election terms' commands (see `fencing`).
-    pub(super) fences: super::fencing::Fences,
-    /// Drops the kernel's cached pages and attributes of an inode (set by
-    /// the daemon once the session exists).
-    pub(super) invalidator: std::sync::OnceLock<Invalidator>,
-    /// What the kernel's page cache may hold of each inode (see `cache`).
-    pub(super) page_cache: DashMap<u64, PageCache>,
+    pub(super) handles: Handles,
+    pub(super) cache: Arc<PageCaches>,
+    pub(super) fences: Arc<Fences>,
+    pub(super) epochs: GrantEpochs,
+    pub(super) deletions: Arc<Deletions>,
     /// The thread of each open waiting for a lease (fh -> tid): its
     /// signals decide whether the wait is interrupted.
     pub(super) waiter_tids: DashMap<u64, u32>,
-    /// Epochs of grants not yet recorded with their inode (ino -> epoch),
-    /// written in batches by the monitor and at unmount: a grant costs no
-    /// commit, and `user.leasefs.epoch` reads this first.
-    pub(super) epochs: DashMap<u64, u64>,
-    /// Closes still finishing, so unmount can wait for them.
-    pending_closes: Mutex<usize>,
-    /// Blocks whose replicas wait for deletion, and whether the deleting
-    /// worker runs (see `delete_replicas`).
-    pub(super) doomed: Arc<Mutex<(Vec<crate::meta::BlockRow>, bool)>>,
+    /// The abstract socket name of the daemon's control service, once it
+    /// listens (`user.leasefs.control` on the mount root).
+    pub(super) control_address: std::sync::OnceLock<String>,
 }
 
 impl Core {
@@ -187,6 +168,9 @@ impl Core {
         let leases = Arc::new(LeaseManager::new(cfg, clock, epochs, host.clone()));
         let bad = Arc::new(BadReplicas::default());
         let budget = crate::pipeline::Budget::new(opts.write_buffer_packets(), rt.clone());
+        let fences = Arc::new(Fences::new(owner, leases.clone(), meta.clone(), rt.clone()));
+        let cache = Arc::new(PageCaches::new(rt.clone()));
+        let deletions = Arc::new(Deletions::new(meta.clone(), dns.clone(), rt.clone()));
         let ctx = Arc::new(StreamCtx {
             bad: bad.clone(),
             meta: meta.clone(),
@@ -211,16 +195,13 @@ impl Core {
             data_dir,
             mount_id,
             host,
-            handles: DashMap::new(),
-            files: DashMap::new(),
-            next_fh: AtomicU64::new(1),
-            fences: super::fencing::Fences::new(owner),
-            invalidator: std::sync::OnceLock::new(),
-            page_cache: DashMap::new(),
+            handles: Handles::default(),
+            cache,
+            fences,
+            epochs: GrantEpochs::default(),
+            deletions,
             waiter_tids: DashMap::new(),
-            epochs: DashMap::new(),
-            pending_closes: Mutex::new(0),
-            doomed: Arc::default(),
+            control_address: std::sync::OnceLock::new(),
         })
     }
 
@@ -237,20 +218,24 @@ impl Core {
         Self::new(meta, dns, opts, rt, data_dir, clock, instance)
     }
 
-    pub(super) fn handle(&self, fh: u64) -> FsResult<Arc<Handle>> {
-        self.handles
-            .get(&fh)
-            .map(|h| h.clone())
-            .ok_or(FsError::BadHandle)
-    }
-
-    fn open_file(&self, ino: u64) -> Arc<OpenFile> {
-        self.files.entry(ino).or_default().clone()
-    }
-
     /// The live stream of a file, if a writer has it open.
     pub fn stream_of(&self, ino: u64) -> Option<Arc<OutputStream>> {
-        self.files.get(&ino).and_then(|f| lock(&f.stream).clone())
+        self.handles.stream_of(ino)
+    }
+
+    /// The handle table (what the control socket checks a peer against).
+    pub fn handles(&self) -> &Handles {
+        &self.handles
+    }
+
+    /// The kernel evicted the inode, and its cached pages with it.
+    pub fn forget_pages(&self, ino: u64) {
+        self.cache.forget(ino)
+    }
+
+    /// The election terms' fences.
+    pub fn fences(&self) -> &Arc<Fences> {
+        &self.fences
     }
 
     /// Attributes with the live view of a file under construction: its
@@ -281,7 +266,7 @@ impl Core {
     /// recovery of an expired holder).
     pub fn open(self: &Arc<Self>, ino: u64, flags: i32, caller: Caller, reply: Reply<Opened>) {
         let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
-        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        let fh = self.handles.next_fh();
         if !write {
             return match self.meta.get(ino) {
                 Ok(inode) => self.open_reader(fh, &inode, caller.uid, reply),
@@ -293,8 +278,8 @@ impl Core {
         // OPENDIR, the kernel keeps special files to itself), and anything
         // read before the grant could be stale by then.
         let who = proc_info::identity(caller.pid);
-        let fence = self.fence_of(caller.pid, Some(&who));
-        if let Err(e) = self.check_fenced(fence) {
+        let fence = self.fences.of(caller.pid, Some(&who));
+        if let Err(e) = self.fences.check(fence) {
             return reply(Err(e));
         }
         let opener = Opener {
@@ -342,7 +327,7 @@ impl Core {
             flushed: Default::default(),
             stream: None,
         };
-        self.register(h);
+        self.handles.register(h);
         reply(Ok(match mode {
             ReadMode::Direct => Opened {
                 fh,
@@ -425,12 +410,18 @@ impl Core {
         }
     }
 
-    fn register(&self, h: Handle) -> Arc<Handle> {
-        let h = Arc::new(h);
-        let of = self.open_file(h.ino);
-        *lock(&of.opens) += 1;
-        self.handles.insert(h.fh, h.clone());
-        h
+    /// The mode of a read-only open of a regular file: through the page
+    /// cache only while nothing may change it (no stream, lease free) and
+    /// never over etcd, where other daemons change files without this one
+    /// knowing.
+    fn read_mode(&self, ino: u64) -> ReadMode {
+        if self.cluster.is_some()
+            || self.stream_of(ino).is_some()
+            || self.leases.state(ino) != crate::lease::LeaseState::Free
+        {
+            return ReadMode::Direct;
+        }
+        self.cache.open_reader(ino)
     }
 
     /// The lease is ours: set up the file's output stream.
@@ -473,7 +464,7 @@ impl Core {
         };
         // From here until this handle's release the file may change: read
         // opens go direct and no longer keep earlier pages.
-        self.cache_busy(ino);
+        self.cache.busy(ino);
         let stream = OutputStream::new(self.ctx.clone(), ino, inode.size, bs, uc);
         let h = Handle {
             fh,
@@ -490,12 +481,12 @@ impl Core {
             flushed: Default::default(),
             stream: Some(stream.clone()),
         };
-        let of = self.open_file(ino);
+        let of = self.handles.open_file(ino);
         *lock(&of.stream) = Some(stream.clone());
         of.privs
             .store(privs::at_open(&inode, has_caps), Ordering::Relaxed);
-        self.register(h);
-        self.epochs.insert(ino, grant.epoch);
+        self.handles.register(h);
+        self.epochs.granted(ino, grant.epoch);
         tracing::debug!(ino, fh, epoch = grant.epoch, "write lease granted");
         // Writers never use the page cache (see `open`).
         let opened = Opened {
@@ -516,7 +507,7 @@ impl Core {
     /// The replicas are read on the blocking pool, never on a request
     /// thread: a slow or failing datanode disk then stalls only its readers.
     pub fn read_any(self: &Arc<Self>, fh: u64, offset: u64, size: u32, reply: Reply<Vec<u8>>) {
-        let h = match self.handle(fh) {
+        let h = match self.handles.get(fh) {
             Ok(h) => h,
             Err(e) => return reply(Err(e)),
         };
@@ -546,7 +537,7 @@ impl Core {
     }
 
     pub fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<Vec<u8>> {
-        let h = self.handle(fh)?;
+        let h = self.handles.get(fh)?;
         // A writer may reopen the last block for append (new generation
         // stamp) between our reading the block list and the replicas.
         let mut tries = 0;
@@ -623,7 +614,7 @@ impl Core {
         (caller, kill_suidgid): (Caller, bool),
         reply: Reply<u32>,
     ) {
-        let h = match self.handle(fh) {
+        let h = match self.handles.get(fh) {
             Ok(h) => h,
             Err(e) => return reply(Err(e)),
         };
@@ -634,10 +625,49 @@ impl Core {
             tracing::warn!(ino = h.ino, fh, "write refused: {e}");
             return reply(Err(e));
         }
-        if self.privs_to_drop(h.ino, kill_suidgid) {
+        if self.handles.privs_to_drop(h.ino, kill_suidgid) {
             return self.drop_privs_then_write(h, offset, data, (caller, kill_suidgid), reply);
         }
         self.write_checked(&h, offset, data, reply)
+    }
+
+    /// The write of `Core::write` once privileges are dropped. The drop
+    /// is a metadata commit: on the request thread only when it is local.
+    fn drop_privs_then_write(
+        self: &Arc<Self>,
+        h: Arc<Handle>,
+        offset: u64,
+        data: &[u8],
+        (caller, kill_suidgid): (Caller, bool),
+        reply: Reply<u32>,
+    ) {
+        let kill = if kill_suidgid {
+            privs::Kill::Yes
+        } else {
+            privs::Kill::No
+        };
+        if self.cluster.is_some() {
+            let (me, data) = (self.clone(), data.to_vec());
+            self.ctx
+                .rt
+                .spawn_blocking(move || match me.drop_privs(h.ino, caller, kill) {
+                    Ok(()) => me.write_checked(&h, offset, &data, reply),
+                    Err(e) => reply(Err(e)),
+                });
+            return;
+        }
+        match self.drop_privs(h.ino, caller, kill) {
+            Ok(()) => self.write_checked(&h, offset, data, reply),
+            Err(e) => reply(Err(e)),
+        }
+    }
+
+    /// Drops what a data change of `ino` by `caller` removes (see
+    /// `privs`), and remembers what is left for the next write.
+    pub(super) fn drop_privs(&self, ino: u64, caller: Caller, kill: privs::Kill) -> FsResult<()> {
+        let i = privs::drop(&*self.meta, ino, caller, kill)?;
+        self.handles.note_privs(ino, privs::mode_bits(&i), false);
+        Ok(())
     }
 
     /// Appends through the handle's stream; the reply may wait for acks
@@ -650,13 +680,7 @@ impl Core {
     /// arrives, and a page it read while the end was there (zero-filled
     /// past it) must not survive that, nor may the size pass unacknowledged
     /// bytes.
-    pub(super) fn write_checked(
-        self: &Arc<Self>,
-        h: &Handle,
-        offset: u64,
-        data: &[u8],
-        reply: Reply<u32>,
-    ) {
+    fn write_checked(self: &Arc<Self>, h: &Handle, offset: u64, data: &[u8], reply: Reply<u32>) {
         let fh = h.fh;
         let Some(stream) = h.stream.as_ref() else {
             return reply(Err(FsError::BadHandle));
@@ -675,7 +699,7 @@ impl Core {
         };
         let n = data.len() as u32;
         let off = if h.append { None } else { Some(offset) };
-        if !self.cached_readers(h.ino) {
+        if !self.cache.has_cached_readers(h.ino) {
             return stream.write(off, data, Box::new(move |r| reply(r.map(|_| n))));
         }
         let from = stream.visible_len();
@@ -692,7 +716,8 @@ impl Core {
                     Err(e) => reply(Err(e)),
                     Ok(()) => {
                         let to = s2.visible_len();
-                        me.invalidate_range_then(ino, from, to, move || reply(Ok(n)));
+                        me.cache
+                            .invalidate_range_then(ino, from, to, move || reply(Ok(n)));
                     }
                 }));
             }),
@@ -728,7 +753,7 @@ impl Core {
     /// The handle and stream of a descriptor that may still write, or
     /// `None` for a read-only one.
     fn writer(&self, fh: u64) -> FsResult<Option<(Arc<Handle>, Arc<OutputStream>)>> {
-        let h = self.handle(fh)?;
+        let h = self.handles.get(fh)?;
         let Some(stream) = h.stream.clone() else {
             return Ok(None);
         };
@@ -739,7 +764,7 @@ impl Core {
     /// The open file description is gone: close the file (finalising its
     /// last block) and hand the lease to the next waiter.
     pub fn release(self: &Arc<Self>, fh: u64, reply: Reply<()>) {
-        let Some((_, h)) = self.handles.remove(&fh) else {
+        let Some(h) = self.handles.remove(fh) else {
             return reply(Ok(()));
         };
         let stream_to_close = h.stream.clone();
@@ -752,7 +777,7 @@ impl Core {
         let me = self.clone();
         let finish = move |r: FsResult<()>| {
             if h.write {
-                let of = me.open_file(h.ino);
+                let of = me.handles.open_file(h.ino);
                 let mut s = lock(&of.stream);
                 if s.as_ref()
                     .is_some_and(|s| h.stream.as_ref().is_some_and(|m| Arc::ptr_eq(s, m)))
@@ -760,13 +785,13 @@ impl Core {
                     *s = None;
                 }
                 drop(s);
-                me.cache_idle(h.ino);
+                me.cache.idle(h.ino);
                 me.leases.release(h.ino, h.fh);
                 me.unclaim(h.ino, h.fh);
-                me.lease_left_term(h.ino);
+                me.fences.lease_left_term(h.ino);
             }
             if h.cached {
-                me.cached_closed(h.ino);
+                me.cache.cached_closed(h.ino);
             }
             // No cache invalidation here: the kernel's pages and size of this
             // inode were updated by the writer's own writes through it.
@@ -782,25 +807,25 @@ impl Core {
                     .as_ref()
                     .is_some_and(|e| !matches!(e, FsError::Lease(LeaseError::Fenced { .. }))) =>
             {
-                *lock(&self.pending_closes) += 1;
+                self.handles.close_started();
                 let me = self.clone();
                 self.ctx.rt.spawn_blocking(move || {
                     if let Err(e) = me.recover(ino, RecoveryReason::HolderGone) {
                         tracing::error!(ino, "recovery after a failed stream: {e}");
                     }
                     finish(Ok(()));
-                    *lock(&me.pending_closes) -= 1;
+                    me.handles.close_finished();
                 });
             }
             Some(stream) if failed.is_none() => {
-                *lock(&self.pending_closes) += 1;
+                self.handles.close_started();
                 let me = self.clone();
                 stream.close(Box::new(move |r| {
                     if let Err(e) = &r {
                         tracing::error!("close failed: {e}");
                     }
                     finish(r);
-                    *lock(&me.pending_closes) -= 1;
+                    me.handles.close_finished();
                 }));
             }
             _ => finish(Ok(())),
@@ -809,36 +834,26 @@ impl Core {
 
     /// One open fewer; an unlinked file goes away with its last open.
     fn drop_open(&self, ino: u64) {
-        let last = {
-            let Some(of) = self.files.get(&ino).map(|f| f.clone()) else {
-                return;
-            };
-            let mut n = lock(&of.opens);
-            *n = n.saturating_sub(1);
-            *n == 0
-        };
-        if last {
-            self.files.remove_if(&ino, |_, f| *lock(&f.opens) == 0);
-            if let Ok(i) = self.meta.get(ino)
-                && i.nlink == 0
-            {
-                self.delete_inode(ino);
-            }
+        if self.handles.drop_open(ino)
+            && let Ok(i) = self.meta.get(ino)
+            && i.nlink == 0
+        {
+            self.delete_inode(ino);
         }
     }
 
     /// Deletes an inode with no names and no opens, and its replicas.
     pub(crate) fn delete_inode(&self, ino: u64) {
-        self.drop_page_state(ino);
+        self.cache.drop_state(ino);
         lock(&self.ctx.synced_files).remove(&ino);
         match self.meta.delete_inode(ino) {
-            Ok(blocks) => self.delete_replicas(blocks),
+            Ok(blocks) => self.deletions.delete(blocks),
             Err(e) => tracing::error!(ino, "cannot delete inode: {e}"),
         }
     }
 
     pub(crate) fn is_open(&self, ino: u64) -> bool {
-        self.files.get(&ino).is_some_and(|f| *lock(&f.opens) > 0)
+        self.handles.is_open(ino)
     }
 
     // ---- truncate -------------------------------------------------------
@@ -864,14 +879,12 @@ impl Core {
             Err(e) => reply(Err(e)),
         });
         let own = fh
-            .and_then(|f| self.handle(f).ok())
+            .and_then(|f| self.handles.get(f).ok())
             .filter(|h| h.write)
             .or_else(|| {
                 let tgid = proc_info::identity(caller.pid).tgid;
                 self.handles
-                    .iter()
                     .find(|h| h.ino == ino && h.write && h.tgid == tgid)
-                    .map(|h| h.clone())
             });
         if let Some(h) = own
             && let Some(stream) = h.stream.clone()
@@ -883,7 +896,7 @@ impl Core {
             return stream.truncate(
                 size,
                 Box::new(move |r| match r {
-                    Ok(()) => me.invalidate_all_then(ino, (), reply),
+                    Ok(()) => me.cache.invalidate_all_then(ino, (), reply),
                     Err(e) => reply(Err(e)),
                 }),
             );
@@ -897,7 +910,7 @@ impl Core {
             Box::new(move |r| match r {
                 Err(e) => reply(Err(e)),
                 Ok(o) => {
-                    let Ok(h) = me.handle(o.fh) else {
+                    let Ok(h) = me.handles.get(o.fh) else {
                         return reply(Err(FsError::BadHandle));
                     };
                     let Some(stream) = h.stream.clone() else {
@@ -912,7 +925,7 @@ impl Core {
                         size,
                         Box::new(move |r| match r {
                             // Pages go while the file is still busy.
-                            Ok(()) => me3.invalidate_all_then(ino, (), Box::new(release)),
+                            Ok(()) => me3.cache.invalidate_all_then(ino, (), Box::new(release)),
                             Err(e) => release(Err(e)),
                         }),
                     );
@@ -933,7 +946,7 @@ impl Core {
         caller: Caller,
         reply: Reply<()>,
     ) {
-        let h = match self.handle(fh) {
+        let h = match self.handles.get(fh) {
             Ok(h) => h,
             Err(e) => return reply(Err(e)),
         };
@@ -955,10 +968,15 @@ impl Core {
 
     /// Waits until closes in progress have finished (unmount).
     pub fn wait_closes(&self, max: Duration) {
-        let deadline = std::time::Instant::now() + max;
-        while *lock(&self.pending_closes) > 0 && std::time::Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        self.handles.wait_closes(max)
+    }
+
+    /// The one check of every request that changes the filesystem (create,
+    /// remove, rename, link, attributes, xattrs, truncate, open for
+    /// writing): refused with EIO when the caller belongs to the command
+    /// of an election term that is over.
+    pub fn may_change(&self, caller: Caller) -> FsResult<()> {
+        self.fences.check(self.fences.of(caller.pid, None))
     }
 
     pub fn stream_stats_json(&self, ino: u64) -> Option<String> {

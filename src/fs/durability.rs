@@ -1,10 +1,9 @@
-//! What [`Core`] owes to a power cut beyond the write path: `fsync`
-//! through any descriptor, and deleting replicas only once the metadata
-//! that stopped naming them is durable.
+//! `fsync` through any descriptor: what the filesystem owes to a power
+//! cut beyond the write path (see also `deletions`).
 
 use super::core::{Core, Reply};
 use crate::pipeline::durable;
-use crate::sync::{Arc, lock};
+use crate::sync::Arc;
 
 impl Core {
     /// fsync: acknowledged by all replicas, then data, checksums and
@@ -19,7 +18,7 @@ impl Core {
             metrics.fsync_done(start.elapsed());
             reply(r)
         });
-        let h = match self.handle(fh) {
+        let h = match self.handles.get(fh) {
             Ok(h) => h,
             Err(e) => return reply(Err(e)),
         };
@@ -44,46 +43,5 @@ impl Core {
                     .spawn_blocking(move || reply(durable::sync_file(&ctx, ino)));
             }
         }
-    }
-
-    /// Deletes the replicas of blocks the metadata no longer names, once
-    /// that is durable: a power cut must never bring back a block whose
-    /// replicas are gone. Deletions queue for one worker, which makes the
-    /// metadata durable once per batch (an `rm -rf` costs a few syncs, not
-    /// one per file).
-    pub(crate) fn delete_replicas(&self, blocks: Vec<crate::meta::BlockRow>) {
-        if blocks.is_empty() {
-            return;
-        }
-        let start = {
-            let mut q = lock(&self.doomed);
-            q.0.extend(blocks);
-            !std::mem::replace(&mut q.1, true)
-        };
-        if !start {
-            return;
-        }
-        let (dns, meta, doomed) = (self.dns.clone(), self.meta.clone(), self.doomed.clone());
-        self.ctx.rt.spawn_blocking(move || {
-            loop {
-                let batch = {
-                    let mut q = lock(&doomed);
-                    if q.0.is_empty() {
-                        q.1 = false;
-                        return;
-                    }
-                    std::mem::take(&mut q.0)
-                };
-                match meta.sync_if_needed() {
-                    Ok(()) => dns.delete_blocks(&batch),
-                    // Kept: the orphan sweep removes them once the
-                    // metadata is durable.
-                    Err(e) => tracing::error!(
-                        "replicas of {} removed blocks kept: cannot make the metadata durable: {e}",
-                        batch.len()
-                    ),
-                }
-            }
-        });
     }
 }

@@ -1,8 +1,12 @@
-//! Lease epochs of a lone daemon, reserved durably from the metadata store.
+//! Lease epochs: those of a lone daemon, reserved durably from the
+//! metadata store ([`StoreEpochs`]), and the epochs of grants not yet
+//! recorded with their inodes ([`GrantEpochs`]).
+
+use dashmap::DashMap;
 
 use crate::error::FsResult;
 use crate::lease::EpochSource;
-use crate::meta::Meta;
+use crate::meta::{Change, Meta};
 use crate::sync::{Arc, AtomicBool, Mutex, Ordering, lock};
 
 /// How many epochs one durable reservation takes.
@@ -81,5 +85,53 @@ impl EpochSource for StoreEpochs {
         let e = self.next;
         self.next += 1;
         Ok(e)
+    }
+}
+
+/// The epochs of grants not yet recorded with their inode (ino -> epoch):
+/// a grant costs no commit; the monitor and the unmount write them in
+/// batches, and `user.leasefs.epoch` reads them before the store.
+#[derive(Default)]
+pub struct GrantEpochs {
+    unrecorded: DashMap<u64, u64>,
+}
+
+impl GrantEpochs {
+    pub fn granted(&self, ino: u64, epoch: u64) {
+        self.unrecorded.insert(ino, epoch);
+    }
+
+    /// The epoch of `ino`'s last grant, if it is not recorded yet.
+    pub fn unrecorded(&self, ino: u64) -> Option<u64> {
+        self.unrecorded.get(&ino).map(|e| *e)
+    }
+
+    /// Records the epochs of recent grants with their inodes.
+    pub fn persist(&self, meta: &dyn Meta) {
+        if self.unrecorded.is_empty() {
+            return;
+        }
+        let batch: Vec<(u64, u64)> = self
+            .unrecorded
+            .iter()
+            .map(|e| (*e.key(), *e.value()))
+            .collect();
+        // In pieces: etcd caps the operations of one transaction, and
+        // epochs only ever rise, so a partly recorded batch is harmless.
+        let r = batch.chunks(64).try_for_each(|part| {
+            let ch: Vec<Change> = part
+                .iter()
+                .map(|&(ino, epoch)| Change::SetLastEpoch { ino, epoch })
+                .collect();
+            meta.commit(&ch, false).map(drop)
+        });
+        match r {
+            Ok(()) => {
+                for (ino, e) in batch {
+                    self.unrecorded.remove_if(&ino, |_, v| *v == e);
+                }
+            }
+            Err(e) => tracing::warn!("cannot record grant epochs: {e}"),
+        }
     }
 }

@@ -14,13 +14,12 @@ use std::time::{Duration, Instant};
 use dashmap::DashMap;
 use serde::Deserialize;
 
-use super::core::{Caller, Core};
 use super::proc_info::{self, Ident};
 use crate::error::{FsError, FsResult};
-use crate::lease::{LeaseState, RecoveryReason, RecoveryTicket};
-use crate::meta::{AuditEvent, FenceRecord};
+use crate::lease::{LeaseManager, LeaseState, RecoveryReason, RecoveryTicket};
+use crate::meta::{AuditEvent, FenceRecord, Meta};
 use crate::proc_tree::{self, Tree};
-use crate::sync::{AtomicUsize, Mutex, Ordering, lock};
+use crate::sync::{Arc, AtomicUsize, Mutex, Ordering, lock};
 
 /// How long the daemon leaves a live, running elector to stop the command
 /// of its ended term (with its own SIGTERM and grace) before it kills the
@@ -56,8 +55,14 @@ struct Term {
     pid: u32,
 }
 
-/// The fence table of a daemon.
+/// The fence table of a daemon, with what deciding needs: the lease
+/// manager (a term is over once its lease is), the metadata store (the
+/// durable copy of the table, the audit of preemptions) and the pool
+/// sweeps run on.
 pub struct Fences {
+    leases: Arc<LeaseManager>,
+    meta: Arc<dyn Meta>,
+    rt: tokio::runtime::Handle,
     /// This daemon's lineage (`host:DATA`): durable fences are kept by it.
     owner: String,
     boot_id: String,
@@ -70,8 +75,16 @@ pub struct Fences {
 }
 
 impl Fences {
-    pub fn new(owner: String) -> Fences {
+    pub fn new(
+        owner: String,
+        leases: Arc<LeaseManager>,
+        meta: Arc<dyn Meta>,
+        rt: tokio::runtime::Handle,
+    ) -> Fences {
         Fences {
+            leases,
+            meta,
+            rt,
             owner,
             boot_id: proc_tree::boot_id(),
             table: DashMap::new(),
@@ -99,6 +112,16 @@ impl Fences {
             self.with_cgroup.fetch_sub(1, Ordering::Relaxed);
         }
     }
+
+    /// The lineage durable fences are kept under.
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    /// No fence is registered.
+    pub fn is_empty(&self) -> bool {
+        self.table.is_empty()
+    }
 }
 
 /// What an elector registers at the start of a term (the control socket's
@@ -123,12 +146,12 @@ pub struct TermRegistration {
     pub cgroup: Option<String>,
 }
 
-impl Core {
+impl Fences {
     /// The fence (its key) of the process behind thread `tid`, if any:
     /// its process group or session is a fenced command's, or it is in a
     /// fenced command's cgroup. `who`: its identity, when already read.
-    pub(super) fn fence_of(&self, tid: u32, who: Option<&Ident>) -> Option<u32> {
-        let t = &self.fences.table;
+    pub fn of(&self, tid: u32, who: Option<&Ident>) -> Option<u32> {
+        let t = &self.table;
         if t.is_empty() {
             return None;
         }
@@ -146,7 +169,7 @@ impl Core {
         {
             return Some(k);
         }
-        if self.fences.with_cgroup.load(Ordering::Relaxed) == 0 {
+        if self.with_cgroup.load(Ordering::Relaxed) == 0 {
             return None;
         }
         let cg = proc_tree::cgroup_of(tid)?;
@@ -170,11 +193,11 @@ impl Core {
 
     /// EIO when `fence` (a caller's, or a handle's) belongs to a term that
     /// is over; what is left of that term's tree is then stopped.
-    pub(super) fn check_fenced(&self, fence: Option<u32>) -> FsResult<()> {
+    pub fn check(&self, fence: Option<u32>) -> FsResult<()> {
         let Some(key) = fence else {
             return Ok(());
         };
-        let Some(f) = self.fences.table.get(&key) else {
+        let Some(f) = self.table.get(&key) else {
             return Ok(());
         };
         if !self.term_over(&f) {
@@ -190,25 +213,17 @@ impl Core {
         Err(FsError::TermOver { epoch })
     }
 
-    /// The one check of every request that changes the filesystem (create,
-    /// remove, rename, link, attributes, xattrs, truncate, open for
-    /// writing): refused with EIO when the caller belongs to the command
-    /// of an election term that is over.
-    pub fn may_change(&self, caller: Caller) -> FsResult<()> {
-        self.check_fenced(self.fence_of(caller.pid, None))
-    }
-
     /// Registers a term (`fence` on the control socket): the election
     /// file's current term, for the audit, and, when it has a command, the
     /// command's tree, durably, before the command runs.
-    pub fn register_term(&self, ino: u64, reg: &TermRegistration) -> Result<(), String> {
+    pub fn register(&self, ino: u64, reg: &TermRegistration) -> Result<(), String> {
         let election = reg
             .path
             .rsplit_once('/')
             .map(|(dir, _)| if dir.is_empty() { "/" } else { dir })
             .unwrap_or("/")
             .to_string();
-        self.fences.terms.insert(
+        self.terms.insert(
             ino,
             Term {
                 election,
@@ -239,10 +254,10 @@ impl Core {
             }
         }
         let rec = FenceRecord {
-            owner: self.fences.owner.clone(),
+            owner: self.owner.clone(),
             pgid: reg.pgid,
             start_ticks: st.start_ticks,
-            boot_id: self.fences.boot_id.clone(),
+            boot_id: self.boot_id.clone(),
             cgroup: reg.cgroup.clone(),
             leader: reg.path.clone(),
             ino,
@@ -252,7 +267,7 @@ impl Core {
         };
         self.meta.put_fence(&rec).map_err(|e| e.to_string())?;
         tracing::info!(pgid = reg.pgid, ino, epoch = reg.epoch, cgroup = ?reg.cgroup, "command of an election term fenced");
-        self.fences.insert(Fence {
+        self.insert(Fence {
             rec,
             inherited: false,
             over_since: Mutex::new(None),
@@ -261,18 +276,18 @@ impl Core {
     }
 
     /// The election file (inode) whose term fenced the tree of `pgid`.
-    pub fn fenced_election(&self, pgid: u32) -> Option<u64> {
-        self.fences.table.get(&pgid).map(|f| f.rec.ino)
+    pub fn election_of(&self, pgid: u32) -> Option<u64> {
+        self.table.get(&pgid).map(|f| f.rec.ino)
     }
 
     /// Forgets the fence of `pgid` (its elector stopped the whole tree).
-    pub fn unregister_fence(&self, pgid: u32) {
+    pub fn unregister(&self, pgid: u32) {
         self.drop_fence(pgid);
     }
 
     fn drop_fence(&self, pgid: u32) {
-        self.fences.remove(pgid);
-        if let Err(e) = self.meta.delete_fence(&self.fences.owner, pgid) {
+        self.remove(pgid);
+        if let Err(e) = self.meta.delete_fence(&self.owner, pgid) {
             tracing::warn!(pgid, "cannot forget the fence of a finished command: {e}");
         }
     }
@@ -281,18 +296,18 @@ impl Core {
     /// Their terms are over (their leases died with that daemon); those
     /// whose tree is gone, or of another boot, are forgotten, the others
     /// are refused everything and stopped by the first sweep.
-    pub fn load_fences(&self) -> FsResult<usize> {
+    pub fn load(&self) -> FsResult<usize> {
         let mut n = 0;
-        for rec in self.meta.fences(&self.fences.owner)? {
+        for rec in self.meta.fences(&self.owner)? {
             let f = Fence {
                 rec,
                 inherited: true,
                 over_since: Mutex::new(None),
             };
-            let live = f.rec.boot_id == self.fences.boot_id && !f.tree().gone();
+            let live = f.rec.boot_id == self.boot_id && !f.tree().gone();
             if !live {
                 f.tree().remove_cgroup();
-                self.meta.delete_fence(&self.fences.owner, f.rec.pgid)?;
+                self.meta.delete_fence(&self.owner, f.rec.pgid)?;
                 continue;
             }
             tracing::warn!(
@@ -301,7 +316,7 @@ impl Core {
                 election = %f.rec.leader,
                 "the command of a term that ended with the previous daemon still runs: fenced, and stopped"
             );
-            self.fences.insert(f);
+            self.insert(f);
             n += 1;
         }
         Ok(n)
@@ -310,12 +325,11 @@ impl Core {
     /// Stops what is left of the trees of terms that are over (at once if
     /// their elector is gone or stopped, else after [`ELECTOR_GRACE`]), and
     /// forgets the fences of trees that are gone.
-    pub fn sweep_fences(&self) {
-        if self.fences.table.is_empty() {
+    pub fn sweep(&self) {
+        if self.table.is_empty() {
             return;
         }
         let over: Vec<(u32, Tree, bool)> = self
-            .fences
             .table
             .iter()
             .filter(|f| self.term_over(f))
@@ -351,13 +365,8 @@ impl Core {
     /// The daemon stops: every lease ends with it, and so does every term
     /// it fenced; what is left of their trees is killed and the fences
     /// forgotten.
-    pub fn end_all_terms(&self) {
-        let all: Vec<(u32, Tree)> = self
-            .fences
-            .table
-            .iter()
-            .map(|f| (*f.key(), f.tree()))
-            .collect();
+    pub fn end_all(&self) {
+        let all: Vec<(u32, Tree)> = self.table.iter().map(|f| (*f.key(), f.tree())).collect();
         for (pgid, tree) in all {
             if !tree.gone() {
                 tracing::warn!(
@@ -375,10 +384,10 @@ impl Core {
 
     /// The lease of `ino` may just have left its term (released,
     /// recovered, lost): sweep now rather than at the next monitor tick.
-    pub(super) fn lease_left_term(self: &crate::sync::Arc<Self>, ino: u64) {
-        if self.fences.table.iter().any(|f| f.rec.ino == ino) {
+    pub fn lease_left_term(self: &Arc<Self>, ino: u64) {
+        if self.table.iter().any(|f| f.rec.ino == ino) {
             let me = self.clone();
-            self.ctx.rt.spawn_blocking(move || me.sweep_fences());
+            self.rt.spawn_blocking(move || me.sweep());
         }
     }
 
@@ -386,11 +395,12 @@ impl Core {
     /// recovery takes from its holder after the soft limit, before the
     /// lease can go to anyone else: the daemon that preempts is the one
     /// that knows (the successor may be on another daemon).
-    pub(super) fn audit_preemption(&self, t: &RecoveryTicket) {
+    /// `soft_limit` and `mount_id` (this daemon) go into the record.
+    pub fn audit_preemption(&self, t: &RecoveryTicket, soft_limit: Duration, mount_id: &str) {
         if t.reason != RecoveryReason::SoftLimit {
             return;
         }
-        let Some(term) = self.fences.terms.get(&t.file).map(|e| e.clone()) else {
+        let Some(term) = self.terms.get(&t.file).map(|e| e.clone()) else {
             return;
         };
         if term.epoch != t.stale.epoch {
@@ -407,8 +417,8 @@ impl Core {
             why: format!(
                 "lease not renewed for {} ms (soft limit {} ms): recovered by the daemon ({}) for another writer; the leader is fenced",
                 t.stale.renewed_ms_ago.unwrap_or(0),
-                self.opts.soft_limit.as_millis(),
-                self.mount_id
+                soft_limit.as_millis(),
+                mount_id
             ),
         };
         if let Err(err) = self.meta.audit(&e) {
@@ -417,314 +427,5 @@ impl Core {
                 "cannot record the preemption of a term: {err}"
             );
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    //! The fence table driven in process: a real core over a SQLite store
-    //! and one datanode, and a real process in a session of its own as the
-    //! term's command (fencing goes by what /proc says about a caller).
-
-    use std::process::{Child, Command};
-    use std::sync::mpsc;
-
-    use super::*;
-    use crate::config::MountOptions;
-    use crate::fs::core::{Instance, Opened, Reply};
-    use crate::fs::namespace::Node;
-    use crate::meta::{AttrChange, Kind, Meta, MetaStore, ROOT_INO};
-    use crate::pipeline::Datanodes;
-    use crate::sync::Arc;
-
-    struct Setup {
-        dir: tempfile::TempDir,
-        meta: Arc<dyn Meta>,
-        _rt: tokio::runtime::Runtime,
-        handle: tokio::runtime::Handle,
-    }
-
-    fn setup() -> Setup {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let meta: Arc<dyn Meta> =
-            Arc::new(MetaStore::open(&dir.path().join("meta.db"), 0, 0).expect("store"));
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_time()
-            .build()
-            .expect("runtime");
-        let handle = rt.handle().clone();
-        Setup {
-            dir,
-            meta,
-            _rt: rt,
-            handle,
-        }
-    }
-
-    /// A daemon's core on the setup's data directory.
-    fn core(s: &Setup) -> Arc<Core> {
-        let dns = Datanodes::unregistered(&[s.dir.path().join("dn1")], 1).expect("datanode");
-        Core::with_system_clock(
-            s.meta.clone(),
-            Arc::new(dns),
-            MountOptions::default(),
-            s.handle.clone(),
-            s.dir.path().join("data"),
-            Instance::new(),
-        )
-    }
-
-    fn wait<T: Send + 'static>(f: impl FnOnce(Reply<T>)) -> FsResult<T> {
-        let (tx, rx) = mpsc::channel();
-        f(Box::new(move |r| {
-            let _ = tx.send(r);
-        }));
-        rx.recv_timeout(Duration::from_secs(10)).expect("reply")
-    }
-
-    fn open(c: &Arc<Core>, ino: u64, flags: i32, who: Caller) -> FsResult<u64> {
-        wait(|r: Reply<Opened>| c.open(ino, flags, who, r)).map(|o| o.fh)
-    }
-
-    fn caller(pid: u32) -> Caller {
-        Caller {
-            pid,
-            uid: 0,
-            gid: 0,
-        }
-    }
-
-    fn file(kind: Kind) -> Node {
-        Node {
-            kind,
-            mode: 0o644,
-            rdev: 0,
-            target: None,
-            umask: 0,
-        }
-    }
-
-    /// A command: `sleep` as the leader of a session of its own.
-    fn command() -> Child {
-        let c = Command::new("setsid")
-            .args(["sleep", "30"])
-            .spawn()
-            .expect("setsid sleep");
-        let pid = c.id();
-        let end = Instant::now() + Duration::from_secs(5);
-        while proc_tree::stat(pid).is_none_or(|s| s.sid != pid) {
-            assert!(Instant::now() < end, "no session of its own");
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        c
-    }
-
-    fn term(pgid: u32, epoch: u64) -> TermRegistration {
-        TermRegistration {
-            path: "/LEADER".into(),
-            epoch,
-            who: "a".into(),
-            host: "h".into(),
-            // No elector process: the daemon stops the tree at once.
-            pid: u32::MAX,
-            pgid,
-            cgroup: None,
-        }
-    }
-
-    fn is_term_over<T: std::fmt::Debug>(r: FsResult<T>) -> bool {
-        matches!(r, Err(FsError::TermOver { .. }))
-    }
-
-    /// Whether a control request of process `who` (as root) was refused
-    /// because its term is over.
-    fn control(c: &Arc<Core>, who: Caller, req: serde_json::Value) -> bool {
-        let peer = crate::fs::control::Peer {
-            pid: who.pid,
-            uid: 0,
-            gid: 0,
-            groups: Vec::new(),
-        };
-        let admin = crate::dnadmin::Admin::new(
-            c.clone(),
-            Arc::new(crate::housekeeping::Housekeeper::new()),
-        );
-        let a = crate::fs::control::requests::answer(
-            c,
-            &admin,
-            std::path::Path::new("/mnt"),
-            &peer,
-            &req,
-        );
-        a["error"]
-            .as_str()
-            .is_some_and(|e| e.starts_with("permission denied: the election term"))
-    }
-
-    #[test]
-    fn every_change_by_an_ended_terms_tree_is_refused_and_the_tree_stopped() {
-        let s = setup();
-        let c = core(&s);
-        let me = caller(std::process::id());
-        let leader = c
-            .mknode(ROOT_INO, b"LEADER", file(Kind::File), me)
-            .expect("LEADER");
-        let f = c.mknode(ROOT_INO, b"f", file(Kind::File), me).expect("f");
-        let lfh = open(&c, leader.ino, libc::O_WRONLY, me).expect("lead");
-        let epoch = c.last_epoch(leader.ino).expect("epoch");
-        let mut cmd = command();
-        let pgid = cmd.id();
-        c.register_term(leader.ino, &term(pgid, epoch))
-            .expect("fence");
-        let it = caller(pgid);
-
-        // During the term the command may do anything.
-        let ffh = open(&c, f.ino, libc::O_WRONLY | libc::O_APPEND, it).expect("open f");
-        assert_eq!(
-            wait(|r| c.write(ffh, 0, b"a\n", (it, false), r)).expect("write"),
-            2
-        );
-        c.mknode(ROOT_INO, b"d", file(Kind::Dir), it)
-            .expect("mkdir");
-
-        // The term ends: the election file's lease is released.
-        wait(|r| c.release(lfh, r)).expect("release");
-        let refused = [
-            (
-                "mkdir",
-                is_term_over(c.mknode(ROOT_INO, b"d2", file(Kind::Dir), it)),
-            ),
-            ("unlink", is_term_over(c.unlink(ROOT_INO, b"f", it))),
-            ("rmdir", is_term_over(c.rmdir(ROOT_INO, b"d", it))),
-            (
-                "rename",
-                is_term_over(c.rename(ROOT_INO, b"f", ROOT_INO, b"g", 0, it)),
-            ),
-            ("link", is_term_over(c.link(f.ino, ROOT_INO, b"h", it))),
-            (
-                "setxattr",
-                is_term_over(c.setxattr(f.ino, b"user.x", b"1", 0, it)),
-            ),
-            (
-                "removexattr",
-                is_term_over(c.removexattr(f.ino, b"user.x", it)),
-            ),
-            (
-                "chmod",
-                is_term_over(c.set_attrs(
-                    f.ino,
-                    AttrChange {
-                        mode: Some(0o600),
-                        ..Default::default()
-                    },
-                    it,
-                )),
-            ),
-            (
-                "truncate",
-                is_term_over(wait(|r| c.set_size(f.ino, 0, None, it, r))),
-            ),
-            ("open", is_term_over(open(&c, f.ino, libc::O_WRONLY, it))),
-            (
-                "write",
-                is_term_over(wait(|r| c.write(ffh, 2, b"b\n", (it, false), r))),
-            ),
-            (
-                "ioctl",
-                is_term_over(c.ioctl(ffh, crate::fs::core::IOC_RENEW)),
-            ),
-            // The control socket's changes, root's included: above all,
-            // the tree may not drop its own fence.
-            (
-                "control unfence",
-                control(&c, it, serde_json::json!({"op": "unfence", "pgid": pgid})),
-            ),
-            (
-                "control recover",
-                control(&c, it, serde_json::json!({"op": "recover", "path": "/f"})),
-            ),
-            (
-                "control fsck repair",
-                control(&c, it, serde_json::json!({"op": "fsck", "repair": true})),
-            ),
-            (
-                "control datanode balance",
-                control(
-                    &c,
-                    it,
-                    serde_json::json!({"op": "datanode_balance", "threshold": 10.0}),
-                ),
-            ),
-        ];
-        let let_through: Vec<&str> = refused.iter().filter(|r| !r.1).map(|r| r.0).collect();
-        assert!(let_through.is_empty(), "not refused: {let_through:?}");
-        assert!(c.fenced_election(pgid).is_some(), "the fence was dropped");
-        // Anyone else is not fenced; reading is never refused.
-        c.mknode(ROOT_INO, b"mine", file(Kind::File), me)
-            .expect("others may");
-        assert!(c.lookup(ROOT_INO, b"f").is_ok());
-
-        // The sweep kills what is left of the tree, then forgets it.
-        c.sweep_fences();
-        let st = cmd.wait().expect("reaped");
-        assert_eq!(
-            std::os::unix::process::ExitStatusExt::signal(&st),
-            Some(libc::SIGKILL)
-        );
-        c.sweep_fences();
-        assert!(s.meta.fences(&c.fences.owner).expect("fences").is_empty());
-        assert!(c.fences.table.is_empty());
-    }
-
-    #[test]
-    fn a_restarted_daemon_inherits_the_fences_and_pid_reuse_is_not_fenced() {
-        let s = setup();
-        let mut cmd = command();
-        let pgid = cmd.id();
-        {
-            let c = core(&s);
-            let me = caller(std::process::id());
-            let leader = c
-                .mknode(ROOT_INO, b"LEADER", file(Kind::File), me)
-                .expect("LEADER");
-            let _lfh = open(&c, leader.ino, libc::O_WRONLY, me).expect("lead");
-            let epoch = c.last_epoch(leader.ino).expect("epoch");
-            c.register_term(leader.ino, &term(pgid, epoch))
-                .expect("fence");
-            c.mknode(ROOT_INO, b"during", file(Kind::Dir), caller(pgid))
-                .expect("during the term");
-            // A record of a tree that is gone (its number may be anyone's
-            // now), and one from another boot.
-            for (pg, boot) in [(pgid + 1_000_000, "this"), (std::process::id(), "other")] {
-                let mut rec = s.meta.fences(&c.fences.owner).expect("fences")[0].clone();
-                rec.pgid = pg;
-                if boot == "other" {
-                    rec.boot_id = "another boot".into();
-                }
-                s.meta.put_fence(&rec).expect("put");
-            }
-            // The daemon dies with the lease held: no release, no sweep.
-        }
-        let c = core(&s);
-        assert_eq!(c.load_fences().expect("load"), 1);
-        assert!(is_term_over(c.mknode(
-            ROOT_INO,
-            b"after",
-            file(Kind::Dir),
-            caller(pgid)
-        )));
-        // This process's own number was in the other boot's record: not fenced.
-        let me = caller(std::process::id());
-        c.mknode(ROOT_INO, b"mine", file(Kind::Dir), me)
-            .expect("not fenced");
-        c.sweep_fences();
-        let st = cmd.wait().expect("reaped");
-        assert_eq!(
-            std::os::unix::process::ExitStatusExt::signal(&st),
-            Some(libc::SIGKILL)
-        );
-        c.sweep_fences();
-        assert!(s.meta.fences(&c.fences.owner).expect("fences").is_empty());
     }
 }

@@ -1,8 +1,16 @@
 //! Open file descriptions (FUSE file handles) and the per-inode state they
-//! share: the one output stream of a file and how many opens remain.
+//! share: the one output stream of a file, how many opens remain, what a
+//! write must drop first (see `privs`), and the closes still finishing.
+//! [`Handles`] owns all of it; nothing else keeps a handle table.
 
+use std::time::{Duration, Instant};
+
+use dashmap::DashMap;
+
+use super::privs;
+use crate::error::{FsError, FsResult};
 use crate::pipeline::OutputStream;
-use crate::sync::{Arc, AtomicBool, AtomicU8, Mutex};
+use crate::sync::{Arc, AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Mutex, Ordering, lock};
 
 /// One open file description.
 pub struct Handle {
@@ -32,10 +40,164 @@ pub struct Handle {
 /// Per-inode state while any handle is open.
 #[derive(Default)]
 pub struct OpenFile {
-    pub opens: Mutex<usize>,
+    opens: Mutex<usize>,
     pub stream: Mutex<Option<Arc<OutputStream>>>,
     /// What a write must drop first (`privs::MODE`, `privs::CAPS`), as
     /// known since a writer opened the file; kept current by this daemon's
     /// chmod and setxattr.
     pub privs: AtomicU8,
+}
+
+/// The handle table of a mount.
+pub struct Handles {
+    by_fh: DashMap<u64, Arc<Handle>>,
+    files: DashMap<u64, Arc<OpenFile>>,
+    next_fh: AtomicU64,
+    /// Closes still finishing, so unmount can wait for them.
+    closing: AtomicUsize,
+}
+
+impl Default for Handles {
+    fn default() -> Self {
+        Handles {
+            by_fh: DashMap::new(),
+            files: DashMap::new(),
+            next_fh: AtomicU64::new(1),
+            closing: AtomicUsize::new(0),
+        }
+    }
+}
+
+impl Handles {
+    /// A handle number not given out before (by this daemon).
+    pub fn next_fh(&self) -> u64 {
+        self.next_fh.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub fn get(&self, fh: u64) -> FsResult<Arc<Handle>> {
+        self.by_fh
+            .get(&fh)
+            .map(|h| h.clone())
+            .ok_or(FsError::BadHandle)
+    }
+
+    /// Adds an open of its inode.
+    pub fn register(&self, h: Handle) -> Arc<Handle> {
+        let h = Arc::new(h);
+        let of = self.open_file(h.ino);
+        *lock(&of.opens) += 1;
+        self.by_fh.insert(h.fh, h.clone());
+        h
+    }
+
+    /// Takes a handle out of the table (its open is dropped later, by
+    /// [`Handles::drop_open`], once its close has finished).
+    pub fn remove(&self, fh: u64) -> Option<Arc<Handle>> {
+        self.by_fh.remove(&fh).map(|(_, h)| h)
+    }
+
+    /// The per-inode state of `ino`, created if no handle has it open.
+    pub fn open_file(&self, ino: u64) -> Arc<OpenFile> {
+        self.files.entry(ino).or_default().clone()
+    }
+
+    /// The per-inode state of `ino`, if a handle has it open.
+    pub fn file(&self, ino: u64) -> Option<Arc<OpenFile>> {
+        self.files.get(&ino).map(|f| f.clone())
+    }
+
+    /// The live stream of a file, if a writer has it open.
+    pub fn stream_of(&self, ino: u64) -> Option<Arc<OutputStream>> {
+        self.files.get(&ino).and_then(|f| lock(&f.stream).clone())
+    }
+
+    /// Every live stream of the mount.
+    pub fn streams(&self) -> Vec<Arc<OutputStream>> {
+        self.files
+            .iter()
+            .filter_map(|f| lock(&f.stream).clone())
+            .collect()
+    }
+
+    /// One open of `ino` fewer; true when it was the last.
+    pub fn drop_open(&self, ino: u64) -> bool {
+        let last = {
+            let Some(of) = self.file(ino) else {
+                return false;
+            };
+            let mut n = lock(&of.opens);
+            *n = n.saturating_sub(1);
+            *n == 0
+        };
+        if last {
+            self.files.remove_if(&ino, |_, f| *lock(&f.opens) == 0);
+        }
+        last
+    }
+
+    pub fn is_open(&self, ino: u64) -> bool {
+        self.files.get(&ino).is_some_and(|f| *lock(&f.opens) > 0)
+    }
+
+    /// The first handle for which `pred` holds.
+    pub fn find(&self, pred: impl Fn(&Handle) -> bool) -> Option<Arc<Handle>> {
+        self.by_fh.iter().find(|h| pred(h)).map(|h| h.clone())
+    }
+
+    /// Every handle for which `pred` holds.
+    pub fn filter(&self, pred: impl Fn(&Handle) -> bool) -> Vec<Arc<Handle>> {
+        self.by_fh
+            .iter()
+            .filter(|h| pred(h))
+            .map(|h| h.clone())
+            .collect()
+    }
+
+    /// Records what a writer of `ino` must drop, if the file is open here;
+    /// `keep_caps`: what is known of its capabilities stays.
+    pub fn note_privs(&self, ino: u64, bits: u8, keep_caps: bool) {
+        if let Some(f) = self.files.get(&ino) {
+            let caps = if keep_caps {
+                f.privs.load(Ordering::Relaxed) & privs::CAPS
+            } else {
+                0
+            };
+            f.privs.store(bits | caps, Ordering::Relaxed);
+        }
+    }
+
+    /// `ino` got capabilities (a setxattr of this daemon).
+    pub fn note_caps(&self, ino: u64) {
+        if let Some(f) = self.files.get(&ino) {
+            f.privs.fetch_or(privs::CAPS, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether a write with the kernel's kill flag `kill` must first drop
+    /// privileges (cheap: what the daemon already knows of the file).
+    pub fn privs_to_drop(&self, ino: u64, kill: bool) -> bool {
+        self.files.get(&ino).is_some_and(|f| {
+            let p = f.privs.load(Ordering::Relaxed);
+            p & privs::CAPS != 0 || (kill && p & privs::MODE != 0)
+        })
+    }
+
+    /// A close starts finishing in the background.
+    pub fn close_started(&self) {
+        self.closing.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// A close that [`Handles::close_started`] announced has finished.
+    pub fn close_finished(&self) {
+        self.closing.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Waits until closes in progress have finished, at most `max`
+    /// (unmount).
+    pub fn wait_closes(&self, max: Duration) {
+        let deadline = Instant::now() + max;
+        while self.closing.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
 }

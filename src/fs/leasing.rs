@@ -7,7 +7,6 @@ use super::handles::Handle;
 use super::proc_info;
 use crate::error::{FsError, FsResult};
 use crate::lease::{LeaseError, RecoveryReason, RecoveryTicket, RenewalMode};
-use crate::meta::Change;
 use crate::metrics::Recovery;
 use crate::pipeline::recovery;
 use crate::sync::{Arc, lock};
@@ -32,35 +31,15 @@ impl Core {
         if e != 0 {
             return Ok(e);
         }
-        if let Some(e) = self.epochs.get(&ino) {
-            return Ok(*e);
+        if let Some(e) = self.epochs.unrecorded(ino) {
+            return Ok(e);
         }
         Ok(self.meta.get(ino)?.last_epoch)
     }
 
     /// Records the epochs of recent grants with their inodes.
     pub fn persist_epochs(&self) {
-        if self.epochs.is_empty() {
-            return;
-        }
-        let batch: Vec<(u64, u64)> = self.epochs.iter().map(|e| (*e.key(), *e.value())).collect();
-        // In pieces: etcd caps the operations of one transaction, and
-        // epochs only ever rise, so a partly recorded batch is harmless.
-        let r = batch.chunks(64).try_for_each(|part| {
-            let ch: Vec<Change> = part
-                .iter()
-                .map(|&(ino, epoch)| Change::SetLastEpoch { ino, epoch })
-                .collect();
-            self.meta.commit(&ch, false).map(drop)
-        });
-        match r {
-            Ok(()) => {
-                for (ino, e) in batch {
-                    self.epochs.remove_if(&ino, |_, v| *v == e);
-                }
-            }
-            Err(e) => tracing::warn!("cannot record grant epochs: {e}"),
-        }
+        self.epochs.persist(&*self.meta)
     }
 
     /// May this write handle still change its file? Its lease must be the
@@ -69,7 +48,7 @@ impl Core {
     /// flushed: its stream is aborted, so a frozen old leader adds nothing.
     pub(super) fn writable(&self, h: &Handle) -> FsResult<()> {
         self.leases.check(h.ino, h.fh, h.epoch)?;
-        if let Err(e) = self.check_fenced(h.fence) {
+        if let Err(e) = self.fences.check(h.fence) {
             if let Some(s) = &h.stream {
                 s.abort(e.clone());
             }
@@ -87,14 +66,15 @@ impl Core {
             let r = me.recover(ticket.file, ticket.reason);
             // Recorded before the lease can move on: the next leader of an
             // election finds its predecessor's end in the audit table.
-            me.audit_preemption(&ticket);
+            me.fences
+                .audit_preemption(&ticket, me.opts.soft_limit, &me.mount_id);
             me.leases
                 .finish_recovery(ticket.file, r.map(|_| ()).map_err(|e| e.to_string()));
             // The preempted holder no longer keeps the file's claim.
             if let Some(h) = ticket.stale.handle {
                 me.unclaim(ticket.file, h);
             }
-            me.lease_left_term(ticket.file);
+            me.fences.lease_left_term(ticket.file);
         });
     }
 
@@ -103,17 +83,17 @@ impl Core {
     /// kernel to drop the file's pages before it returns (and before the
     /// lease can move on to another writer).
     pub fn recover(&self, ino: u64, reason: RecoveryReason) -> FsResult<u64> {
-        self.cache_busy(ino);
+        self.cache.busy(ino);
         // Recovery cuts and restamps the last block: not synced any more.
         lock(&self.ctx.synced_files).remove(&ino);
         let r = self.recover_file(ino, reason);
-        self.invalidate_all_now(ino);
-        self.cache_idle(ino);
+        self.cache.invalidate_all_now(ino);
+        self.cache.idle(ino);
         r
     }
 
     fn recover_file(&self, ino: u64, reason: RecoveryReason) -> FsResult<u64> {
-        if let Some(of) = self.files.get(&ino).map(|f| f.clone()) {
+        if let Some(of) = self.handles.file(ino) {
             let old = lock(&of.stream).take();
             if let Some(s) = old {
                 let epoch = self.leases.info(ino).epoch;
@@ -131,7 +111,12 @@ impl Core {
     }
 
     pub fn set_invalidator(&self, f: Invalidator) {
-        let _ = self.invalidator.set(f);
+        self.cache.set_invalidator(f);
+    }
+
+    /// The control service listens on the abstract socket `name`.
+    pub fn set_control_address(&self, name: String) {
+        let _ = self.control_address.set(name);
     }
 
     /// `leasefs recover-lease`: recovers now; Ok(true) when the file is closed.
@@ -161,12 +146,12 @@ impl Core {
     }
 
     pub fn ioctl(&self, fh: u64, cmd: u32) -> FsResult<Vec<u8>> {
-        let h = self.handle(fh)?;
+        let h = self.handles.get(fh)?;
         if !h.write {
             return Err(FsError::BadHandle);
         }
         // A fenced command's own descriptors renew nothing either.
-        self.check_fenced(h.fence)?;
+        self.fences.check(h.fence)?;
         match cmd {
             IOC_CLIENT_RENEWAL => {
                 self.leases.set_mode(h.ino, fh, RenewalMode::Client)?;

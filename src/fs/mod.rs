@@ -6,9 +6,8 @@ pub mod adapter;
 pub mod attr;
 pub mod cache;
 mod clustered;
-pub mod control;
 pub mod core;
-pub mod daemon;
+mod deletions;
 mod durability;
 mod epochs;
 mod fencing;
@@ -18,7 +17,12 @@ mod maintenance;
 pub mod namespace;
 mod privs;
 pub mod proc_info;
+pub mod request;
 mod stats;
+#[cfg(test)]
+pub(crate) mod testing;
+#[cfg(test)]
+mod tests;
 pub mod xattrs;
 
 pub use self::core::Core;

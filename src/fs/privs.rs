@@ -9,12 +9,10 @@
 
 use std::cell::OnceCell;
 
-use super::core::{Caller, Core, Reply};
-use super::handles::Handle;
 use super::proc_info;
+use super::request::Caller;
 use crate::error::FsResult;
-use crate::meta::{AttrChange, Inode, Kind, XattrEdit, XattrLimits};
-use crate::sync::{Arc, Ordering};
+use crate::meta::{AttrChange, Inode, Kind, Meta, XattrEdit, XattrLimits};
 
 pub const CAPABILITY: &[u8] = b"security.capability";
 
@@ -59,86 +57,32 @@ pub fn at_open(i: &Inode, has_caps: bool) -> u8 {
     mode_bits(i) | if has_caps { CAPS } else { 0 }
 }
 
-impl Core {
-    /// Records what a writer of `ino` must drop, if the file is open here.
-    pub(super) fn note_privs(&self, ino: u64, bits: u8, keep_caps: bool) {
-        if let Some(f) = self.files.get(&ino) {
-            let caps = if keep_caps {
-                f.privs.load(Ordering::Relaxed) & CAPS
-            } else {
-                0
+/// Drops what a data change of `ino` by `caller` removes, in one
+/// metadata step; returns the inode after it.
+pub fn drop(meta: &dyn Meta, ino: u64, caller: Caller, kill: Kill) -> FsResult<Inode> {
+    let creds = OnceCell::new();
+    let creds = || creds.get_or_init(|| proc_info::creds(caller.pid)).clone();
+    meta.update_xattrs(ino, &[CAPABILITY], XattrLimits::NONE, &mut |i, cur| {
+        let mut edit = XattrEdit::default();
+        if cur[0].is_some() {
+            edit.set.push((CAPABILITY.to_vec(), None));
+        }
+        if mode_bits(i) != 0 {
+            let kill = match kill {
+                Kill::Yes => true,
+                Kill::No => false,
+                Kill::UnlessCapFsetid => !creds().cap_fsetid,
             };
-            f.privs.store(bits | caps, Ordering::Relaxed);
-        }
-    }
-
-    /// Whether a write with the kernel's kill flag `kill` must first drop
-    /// privileges (cheap: what the daemon already knows of the file).
-    pub(super) fn privs_to_drop(&self, ino: u64, kill: bool) -> bool {
-        self.files.get(&ino).is_some_and(|f| {
-            let p = f.privs.load(Ordering::Relaxed);
-            p & CAPS != 0 || (kill && p & MODE != 0)
-        })
-    }
-
-    /// The write of `Core::write` once privileges are dropped. The drop
-    /// is a metadata commit: on the request thread only when it is local.
-    pub(super) fn drop_privs_then_write(
-        self: &Arc<Self>,
-        h: Arc<Handle>,
-        offset: u64,
-        data: &[u8],
-        (caller, kill_suidgid): (Caller, bool),
-        reply: Reply<u32>,
-    ) {
-        let kill = if kill_suidgid { Kill::Yes } else { Kill::No };
-        if self.cluster.is_some() {
-            let (me, data) = (self.clone(), data.to_vec());
-            self.ctx
-                .rt
-                .spawn_blocking(move || match me.drop_privs(h.ino, caller, kill) {
-                    Ok(()) => me.write_checked(&h, offset, &data, reply),
-                    Err(e) => reply(Err(e)),
+            let m = killed_mode(i.mode, || creds().in_group(i.gid));
+            if kill && m != i.mode {
+                edit.attrs = Some(AttrChange {
+                    mode: Some(m),
+                    ..AttrChange::default()
                 });
-            return;
+            }
         }
-        match self.drop_privs(h.ino, caller, kill) {
-            Ok(()) => self.write_checked(&h, offset, data, reply),
-            Err(e) => reply(Err(e)),
-        }
-    }
-
-    /// Drops what a data change of `ino` by `caller` removes, in one
-    /// metadata step.
-    pub(super) fn drop_privs(&self, ino: u64, caller: Caller, kill: Kill) -> FsResult<()> {
-        let creds = OnceCell::new();
-        let creds = || creds.get_or_init(|| proc_info::creds(caller.pid)).clone();
-        let i = self
-            .meta
-            .update_xattrs(ino, &[CAPABILITY], XattrLimits::NONE, &mut |i, cur| {
-                let mut edit = XattrEdit::default();
-                if cur[0].is_some() {
-                    edit.set.push((CAPABILITY.to_vec(), None));
-                }
-                if mode_bits(i) != 0 {
-                    let kill = match kill {
-                        Kill::Yes => true,
-                        Kill::No => false,
-                        Kill::UnlessCapFsetid => !creds().cap_fsetid,
-                    };
-                    let m = killed_mode(i.mode, || creds().in_group(i.gid));
-                    if kill && m != i.mode {
-                        edit.attrs = Some(AttrChange {
-                            mode: Some(m),
-                            ..AttrChange::default()
-                        });
-                    }
-                }
-                Ok(edit)
-            })?;
-        self.note_privs(ino, mode_bits(&i), false);
-        Ok(())
-    }
+        Ok(edit)
+    })
 }
 
 #[cfg(test)]

@@ -17,10 +17,7 @@ impl Core {
         self.ctx.metrics.fill(&mut s);
         s.leases_held = self.leases.len() as u64;
         s.lease_waiters = self.leases.waiting().len() as u64;
-        for f in self.files.iter() {
-            let Some(stream) = crate::sync::lock(&f.stream).clone() else {
-                continue;
-            };
+        for stream in self.handles.streams() {
             s.streams_open += 1;
             s.packets_in_flight += stream.stats().in_flight as u64;
         }

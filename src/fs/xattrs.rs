@@ -54,7 +54,9 @@ impl Core {
                 Ok(self.opts.soft_limit.as_millis().to_string().into_bytes())
             }
             XATTR_WRITE_BUFFER if ino == ROOT_INO => Ok(self.write_buffer_json()),
-            XATTR_CONTROL if ino == ROOT_INO => super::control::abstract_address()
+            XATTR_CONTROL if ino == ROOT_INO => self
+                .control_address
+                .get()
                 .map(|n| n.as_bytes().to_vec())
                 .ok_or(FsError::NoXattr),
             _ => self.meta.getxattr(ino, name),
@@ -143,11 +145,8 @@ impl Core {
                     }),
                 },
             )?;
-        if name == privs::CAPABILITY
-            && let Some(f) = self.files.get(&ino)
-        {
-            f.privs
-                .fetch_or(privs::CAPS, crate::sync::Ordering::Relaxed);
+        if name == privs::CAPABILITY {
+            self.handles.note_caps(ino);
         }
         Ok(())
     }
@@ -196,7 +195,7 @@ impl Core {
                 Ok(edit)
             })?;
         if access {
-            self.note_privs(ino, privs::mode_bits(&i), true);
+            self.handles.note_privs(ino, privs::mode_bits(&i), true);
         }
         Ok(())
     }
@@ -232,7 +231,7 @@ impl Core {
                 })
             })?;
         if name == privs::CAPABILITY {
-            self.note_privs(ino, privs::mode_bits(&i), false);
+            self.handles.note_privs(ino, privs::mode_bits(&i), false);
         }
         Ok(())
     }
@@ -258,7 +257,7 @@ impl Core {
                     }
                     Ok(edit)
                 })?;
-        self.note_privs(ino, privs::mode_bits(&i), true);
+        self.handles.note_privs(ino, privs::mode_bits(&i), true);
         Ok(i)
     }
 

@@ -17,6 +17,8 @@
 
 mod peer;
 pub(crate) mod requests;
+#[cfg(test)]
+mod tests;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -29,9 +31,9 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 pub use self::peer::Peer;
-use super::core::Core;
-use super::daemon::Fatal;
+use crate::daemon::fatal::Fatal;
 use crate::dnadmin::Admin;
+use crate::fs::core::Core;
 use crate::sync::{Arc, Condvar, Mutex, lock};
 
 /// The longest request line (an audit event's reason is the longest
@@ -57,14 +59,6 @@ fn abstract_name(data: &Path) -> String {
     use std::hash::BuildHasher;
     let salt = std::collections::hash_map::RandomState::new().hash_one(data);
     format!("leasefs-control-{}-{salt:016x}", std::process::id())
-}
-
-/// The abstract socket's name once it is bound (one daemon per process).
-static ABSTRACT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-
-/// The abstract socket the control service listens on, if any.
-pub fn abstract_address() -> Option<&'static str> {
-    ABSTRACT.get().map(String::as_str)
 }
 
 /// The connections being served, in total and by user.
@@ -141,7 +135,7 @@ pub fn serve(
     match bound {
         Ok(l) => {
             accept_loop(l, "control-abstract", &core, &admin, &mnt, &slots, &fatal);
-            let _ = ABSTRACT.set(name);
+            core.set_control_address(name);
         }
         Err(e) => tracing::warn!("abstract control socket: {e}"),
     }

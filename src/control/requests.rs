@@ -125,9 +125,9 @@ fn may_recover(core: &Core, peer: &Peer, rel: &str) -> Result<u64, Refusal> {
 fn is_participant(core: &Core, peer: &Peer, leader: u64) -> bool {
     peer.is_root()
         || core
-            .handles
-            .iter()
-            .any(|h| h.write && h.ino == leader && h.tgid == peer.pid)
+            .handles()
+            .find(|h| h.write && h.ino == leader && h.tgid == peer.pid)
+            .is_some()
 }
 
 /// Registering a term: the peer holds the election file's lease at that
@@ -145,13 +145,16 @@ fn may_fence(core: &Core, peer: &Peer, leader: u64, reg: &TermRegistration) -> R
             reg.pid, peer.pid
         )));
     }
-    let holds = core.handles.iter().any(|h| {
-        h.write
-            && h.ino == leader
-            && h.tgid == peer.pid
-            && h.epoch == epoch
-            && core.leases.check(leader, h.fh, epoch).is_ok()
-    });
+    let holds = core
+        .handles()
+        .find(|h| {
+            h.write
+                && h.ino == leader
+                && h.tgid == peer.pid
+                && h.epoch == epoch
+                && core.leases.check(leader, h.fh, epoch).is_ok()
+        })
+        .is_some();
     if !holds {
         return Err(Refusal::Denied(format!(
             "only the holder of the election's lease at epoch {epoch} may fence under it"
@@ -220,7 +223,9 @@ fn leases(core: &Arc<Core>, mnt: &Path, peer: &Peer) -> Answer {
         .list()
         .into_iter()
         .map(|l| {
-            let holder_uid = l.handle.and_then(|fh| core.handles.get(&fh).map(|h| h.uid));
+            let holder_uid = l
+                .handle
+                .and_then(|fh| core.handles().get(fh).ok().map(|h| h.uid));
             let shown = may_see_holder(peer, holder_uid);
             let mut v = serde_json::to_value(&l).unwrap_or(Value::Null);
             if let Some(o) = v.as_object_mut() {
@@ -274,13 +279,15 @@ fn fence(core: &Arc<Core>, peer: &Peer, req: &Value) -> Answer {
         .map_err(|e| Refusal::Bad(format!("bad fence request: {e}")))?;
     let leader = resolve(core, peer, &reg.path)?;
     may_fence(core, peer, leader, &reg)?;
-    core.register_term(leader, &reg).map_err(Refusal::Failed)?;
+    core.fences()
+        .register(leader, &reg)
+        .map_err(Refusal::Failed)?;
     Ok(json!({ "ok": true }))
 }
 
 fn unfence(core: &Arc<Core>, peer: &Peer, pgid: u32) -> Answer {
     // A tree with no fence: nothing to drop, whoever asks.
-    let Some(leader) = core.fenced_election(pgid) else {
+    let Some(leader) = core.fences().election_of(pgid) else {
         return Ok(json!({ "ok": true }));
     };
     if !is_participant(core, peer, leader) {
@@ -288,7 +295,7 @@ fn unfence(core: &Arc<Core>, peer: &Peer, pgid: u32) -> Answer {
             "only a participant of its election may drop the fence of process group {pgid}"
         )));
     }
-    core.unregister_fence(pgid);
+    core.fences().unregister(pgid);
     Ok(json!({ "ok": true }))
 }
 
@@ -305,8 +312,7 @@ fn fsck(core: &Arc<Core>, peer: &Peer, repair: bool) -> Answer {
             .rsplit_once(':')
             .and_then(|(_, p)| p.parse::<u32>().ok());
         let uid = pid.and_then(|pid| {
-            core.handles
-                .iter()
+            core.handles()
                 .find(|h| h.write && h.tgid == pid)
                 .map(|h| h.uid)
         });

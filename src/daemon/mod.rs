@@ -8,14 +8,18 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::adapter::Adapter;
-use super::core::{ClusterParts, Core, Instance};
 use crate::config::MountOptions;
 use crate::error::{FsError, FsResult};
 use crate::etcd::Etcd;
 use crate::etcd::leases::{EtcdLeases, keep_alive_loop};
+use crate::fs::adapter::Adapter;
+use crate::fs::core::{ClusterParts, Core, Instance};
 use crate::meta::{EtcdMeta, Meta, MetaStore};
-use crate::sync::{Arc, AtomicBool, Mutex, Ordering};
+use crate::sync::{Arc, AtomicBool, Ordering};
+
+pub use self::fatal::{FATAL_EXIT, Fatal};
+
+pub mod fatal;
 
 /// Interval of datanode heartbeats (HDFS: 3 s).
 pub const HEARTBEAT: Duration = Duration::from_secs(3);
@@ -23,79 +27,6 @@ pub const HEARTBEAT: Duration = Duration::from_secs(3);
 const INTERRUPT_POLL: Duration = Duration::from_millis(50);
 /// Readahead of the mount, as negotiated with the kernel (`max_readahead`).
 const READAHEAD_KB: u32 = 1024;
-/// Exit status of a daemon taken down by a dead background thread
-/// (`EX_SOFTWARE`).
-pub const FATAL_EXIT: i32 = 70;
-
-/// How a background thread that dies takes the daemon down: the lease
-/// monitor, the renewer, heartbeats, housekeeping, the control server and
-/// the etcd keep-alives are each what some guarantee rests on (expiry,
-/// renewal, liveness, fencing), so the daemon must not run on without one.
-/// It unmounts cleanly when it can (nothing open); otherwise it detaches
-/// the mount and exits at once, as a crash would (files being written are
-/// recovered at the next mount). Either way the exit status is non-zero.
-pub struct Fatal {
-    mountpoint: PathBuf,
-    unmounter: Mutex<Option<fuser::SessionUnmounter>>,
-    why: Mutex<Option<String>>,
-}
-
-impl Fatal {
-    fn new(mountpoint: PathBuf) -> Arc<Fatal> {
-        Arc::new(Fatal {
-            mountpoint,
-            unmounter: Default::default(),
-            why: Default::default(),
-        })
-    }
-
-    /// Thread `thread` died of `why`.
-    pub fn die(&self, thread: &str, why: &str) {
-        tracing::error!(
-            thread,
-            "background thread died ({why}); the daemon cannot run on without it: stopping"
-        );
-        crate::sync::lock(&self.why).get_or_insert_with(|| format!("{thread} died: {why}"));
-        if let Some(mut u) = crate::sync::lock(&self.unmounter).take() {
-            match u.unmount() {
-                Ok(()) => return,
-                Err(e) => tracing::error!("clean unmount impossible ({e}); detaching the mount"),
-            }
-        }
-        detach(&self.mountpoint);
-        std::process::exit(FATAL_EXIT);
-    }
-
-    /// Runs `f` on a thread named `name`; a panic in it is fatal.
-    pub fn spawn(self: &Arc<Self>, name: &str, f: impl FnOnce() + Send + 'static) {
-        let me = self.clone();
-        let thread = name.to_string();
-        let r = std::thread::Builder::new()
-            .name(name.into())
-            .spawn(move || {
-                if let Err(why) = crate::fault::catch(f) {
-                    me.die(&thread, &why);
-                }
-            });
-        if let Err(e) = r {
-            tracing::error!("cannot start {name}: {e}");
-            self.die(name, &format!("cannot start: {e}"));
-        }
-    }
-}
-
-/// Lazily detaches the mount (a crashed daemon's mount would otherwise be
-/// left behind, giving ENOTCONN until `fusermount3 -uz`).
-fn detach(mountpoint: &Path) {
-    if nix::mount::umount2(mountpoint, nix::mount::MntFlags::MNT_DETACH).is_ok() {
-        return;
-    }
-    let _ = std::process::Command::new("fusermount3")
-        .arg("-uz")
-        .arg(mountpoint)
-        .status();
-}
-
 pub struct MountSpec {
     pub mountpoint: PathBuf,
     pub data: PathBuf,
@@ -251,8 +182,8 @@ impl Daemon {
         }
         // Before anything is served: the commands of terms that ended with
         // the previous daemon are refused from the first request on.
-        if core.load_fences()? > 0 {
-            core.sweep_fences();
+        if core.fences().load()? > 0 {
+            core.fences().sweep();
         }
         let n = core.startup_recovery()?;
         if n > 0 {
@@ -338,7 +269,7 @@ impl Daemon {
                 core.spawn_recovery(t);
             }
             core.persist_epochs();
-            core.sweep_fences();
+            core.fences().sweep();
         });
         // Lease renewal for ordinary programs, which cannot renew anything.
         self.every("lease-renewer", "renewer", o.soft_limit / 2, |core| {
@@ -392,7 +323,7 @@ impl Daemon {
         self.core.wait_closes(Duration::from_secs(30));
         self.core.persist_epochs();
         self.core.leases.shutdown();
-        self.core.end_all_terms();
+        self.core.fences().end_all();
         if let Some(s) = &self.shared {
             s.leases.shutdown();
         }
@@ -431,7 +362,7 @@ impl Daemon {
         let mountpoint =
             std::fs::canonicalize(&spec.mountpoint).unwrap_or_else(|_| spec.mountpoint.clone());
         let admin = crate::dnadmin::Admin::new(self.core.clone(), self.housekeeper.clone());
-        super::control::serve(
+        crate::control::serve(
             self.core.clone(),
             admin,
             &spec.data,

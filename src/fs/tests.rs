@@ -1,0 +1,162 @@
+//! The filesystem core in process (see `testing`): leases, their limits,
+//! recovery and epochs through the same calls the adapter makes, with the
+//! clock moved by the test instead of waited for. What only a mount can
+//! show (the kernel's caches, real processes contending) is tested in
+//! tests/ through FUSE.
+
+use std::time::Duration;
+
+use super::core::{IOC_CLIENT_RENEWAL, IOC_EPOCH, IOC_RENEW};
+use super::testing::{TestFs, me};
+use crate::config::MountOptions;
+use crate::error::FsError;
+use crate::lease::{LeaseError, LeaseState};
+
+const APPEND: i32 = libc::O_WRONLY | libc::O_APPEND;
+
+fn opts() -> MountOptions {
+    MountOptions {
+        soft_limit: Duration::from_secs(60),
+        hard_limit: Duration::from_secs(3600),
+        ..MountOptions::default()
+    }
+}
+
+fn is_busy<T: std::fmt::Debug>(r: Result<T, FsError>) -> bool {
+    matches!(r, Err(FsError::Lease(LeaseError::Busy { .. })))
+}
+
+fn errno<T: std::fmt::Debug>(r: Result<T, FsError>) -> i32 {
+    r.expect_err("the request succeeded").errno()
+}
+
+#[test]
+fn a_second_writer_is_refused_while_the_first_holds_the_lease_and_readers_never_are() {
+    let t = TestFs::new(opts(), 2);
+    let ino = t.create("f");
+    let a = t.open(ino, APPEND, me()).expect("first writer");
+    assert!(is_busy(t.open(ino, APPEND, me())), "second writer let in");
+    assert_eq!(
+        errno(t.open(ino, APPEND | libc::O_NONBLOCK, me())),
+        libc::EBUSY
+    );
+    let r = t.open(ino, libc::O_RDONLY, me()).expect("a reader");
+    t.write(a, 0, b"hello").expect("write");
+    t.close(a).expect("close");
+    assert_eq!(t.read(r, 0, 100).expect("read"), b"hello");
+    let b = t
+        .open(ino, APPEND, me())
+        .expect("the next writer, once released");
+    t.close(b).expect("close");
+}
+
+#[test]
+fn a_client_renewed_lease_is_preempted_after_the_soft_limit_and_its_holder_fenced() {
+    let t = TestFs::new(opts(), 3);
+    let ino = t.create("f");
+    let a = t.open(ino, APPEND, me()).expect("holder");
+    t.core.ioctl(a, IOC_CLIENT_RENEWAL).expect("client renewal");
+    t.write(a, 0, b"acknowledged").expect("write");
+    t.fsync(a).expect("fsync");
+
+    // Renewed, it is kept however long the holder lives.
+    for _ in 0..10 {
+        t.clock.advance(Duration::from_secs(50));
+        t.core.ioctl(a, IOC_RENEW).expect("renew");
+    }
+    assert!(is_busy(t.open(ino, APPEND, me())));
+    // Not renewed for less than the soft limit: still the holder's.
+    t.clock.advance(Duration::from_secs(59));
+    assert!(is_busy(t.open(ino, APPEND, me())));
+    // Past it: another writer recovers the file and gets the lease.
+    t.clock.advance(Duration::from_secs(2));
+    let b = t.open(ino, APPEND, me()).expect("preempting writer");
+    assert_eq!(t.size(ino), 12, "recovery kept what was acknowledged");
+
+    // The stale holder can add nothing, nor renew.
+    assert_eq!(errno(t.write(a, 12, b"late")), libc::EIO);
+    assert!(t.core.ioctl(a, IOC_RENEW).is_err());
+    t.write(b, 12, b", then more").expect("new holder writes");
+    t.close(b).expect("close");
+    let _ = t.close(a);
+    assert_eq!(t.size(ino), 23);
+}
+
+#[test]
+fn the_daemon_renews_ordinary_writers_and_the_hard_limit_recovers_one_it_stopped_renewing() {
+    let t = TestFs::new(opts(), 1);
+    let ino = t.create("f");
+    let a = t.open(ino, APPEND, me()).expect("holder");
+    t.write(a, 0, b"data").expect("write");
+    t.fsync(a).expect("fsync");
+
+    // The renewal thread (every soft limit / 2) keeps it through hours.
+    for _ in 0..(3 * 3600 / 30) {
+        t.clock.advance(Duration::from_secs(30));
+        t.core.leases.renew_daemon_leases();
+        t.monitor_tick();
+    }
+    assert!(
+        t.meta.uc(ino).expect("uc").is_some(),
+        "recovered while renewed"
+    );
+
+    // Renewals stop (a hung daemon thread, as far as the lease knows):
+    // past the soft limit nobody contends, so nothing happens ...
+    t.clock.advance(Duration::from_secs(61));
+    t.monitor_tick();
+    assert!(t.meta.uc(ino).expect("uc").is_some());
+    // ... past the hard limit the monitor recovers and closes the file.
+    t.clock.advance(Duration::from_secs(3600));
+    t.monitor_tick();
+    t.wait_until("the monitor's recovery is over", || {
+        t.core.leases.info(ino).state == LeaseState::Free
+    });
+    assert!(t.meta.uc(ino).expect("uc").is_none(), "not closed");
+    assert_eq!(t.size(ino), 4);
+    assert_eq!(errno(t.write(a, 4, b"x")), libc::EIO);
+    let b = t.open(ino, APPEND, me()).expect("free again");
+    t.close(b).expect("close");
+}
+
+#[test]
+fn recover_now_closes_a_file_at_its_acknowledged_length() {
+    let t = TestFs::new(opts(), 2);
+    let ino = t.create("f");
+    let a = t.open(ino, APPEND, me()).expect("holder");
+    t.write(a, 0, &[7u8; 100_000]).expect("write");
+    wait_flush(&t, a);
+    assert!(t.core.recover_now(ino).expect("recover"), "not closed");
+    assert!(t.meta.uc(ino).expect("uc").is_none());
+    assert_eq!(t.size(ino), 100_000);
+    assert_eq!(errno(t.write(a, 100_000, b"x")), libc::EIO);
+}
+
+fn wait_flush(t: &TestFs, fh: u64) {
+    super::testing::wait(|r| t.core.flush(fh, me(), r)).expect("flush");
+}
+
+#[test]
+fn epochs_rise_with_every_grant_and_across_a_restart() {
+    let mut t = TestFs::new(opts(), 1);
+    let ino = t.create("f");
+    let mut seen = Vec::new();
+    for _ in 0..5 {
+        let fh = t.open(ino, APPEND, me()).expect("open");
+        let e = t.core.ioctl(fh, IOC_EPOCH).expect("epoch");
+        seen.push(u64::from_le_bytes(e.try_into().expect("8 bytes")));
+        t.close(fh).expect("close");
+    }
+    // A new daemon on the same store: its epochs start above all of them.
+    t.core.persist_epochs();
+    let core = t.restart();
+    let fh = t.open(ino, APPEND, me()).expect("open after restart");
+    let e = core.ioctl(fh, IOC_EPOCH).expect("epoch");
+    seen.push(u64::from_le_bytes(e.try_into().expect("8 bytes")));
+    t.close(fh).expect("close");
+    assert!(seen.windows(2).all(|w| w[0] < w[1]), "epochs {seen:?}");
+    assert_eq!(
+        core.last_epoch(ino).expect("last"),
+        *seen.last().expect("some")
+    );
+}
