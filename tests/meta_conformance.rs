@@ -1444,8 +1444,8 @@ fn path_of_and_parent_of(m: &dyn Meta) {
 // ---- two daemons ---------------------------------------------------------
 
 fn alloc_unique_across_daemons(a: &dyn Meta, b: &dyn Meta) {
-    assert!(a.alloc("next_gs").unwrap() >= 1000);
-    assert!(a.alloc("next_block").unwrap() >= 1);
+    assert!(a.alloc(Counter::GenStamp).unwrap() >= 1000);
+    assert!(a.alloc(Counter::Block).unwrap() >= 1);
     let per_thread = 1500;
     let ids: Vec<Vec<u64>> = std::thread::scope(|sc| {
         let hs: Vec<_> = (0..4)
@@ -1453,7 +1453,7 @@ fn alloc_unique_across_daemons(a: &dyn Meta, b: &dyn Meta) {
                 let m = if t % 2 == 0 { a } else { b };
                 sc.spawn(move || {
                     (0..per_thread)
-                        .map(|_| m.alloc("next_block").unwrap())
+                        .map(|_| m.alloc(Counter::Block).unwrap())
                         .collect::<Vec<_>>()
                 })
             })
@@ -1674,16 +1674,16 @@ mod etcd_only {
     fn second_daemon_sees_the_namespace() {
         let p = etcd("second_daemon");
         let d = mkdir(&p.a, ROOT_INO, "d");
-        let id = p.a.alloc("next_block").unwrap();
+        let id = p.a.alloc(Counter::Block).unwrap();
         let e = p.a.reserve_epochs(10).unwrap();
         let late = EtcdMeta::open(p.etcd.clone(), 1, 1).unwrap();
         assert_eq!(late.backend(), "etcd");
         assert_eq!(late.lookup(ROOT_INO, b"d").unwrap(), d);
         assert_eq!(late.get(ROOT_INO).unwrap().uid, UID);
         assert_eq!(nlink(&late, ROOT_INO), 3);
-        assert!(late.alloc("next_block").unwrap() > id);
+        assert!(late.alloc(Counter::Block).unwrap() > id);
         assert_eq!(late.reserve_epochs(1).unwrap(), e + 10);
-        assert!(late.alloc("next_ino").unwrap() > d.ino);
+        assert!(late.alloc(Counter::Ino).unwrap() > d.ino);
     }
 
     /// A file of more blocks than one etcd Txn may touch keys: deleting it

@@ -2,7 +2,7 @@
 
 use crate::error::FsResult;
 use crate::lease::EpochSource;
-use crate::meta::Meta;
+use crate::meta::Counters;
 use crate::sync::{Arc, AtomicBool, Mutex, Ordering, lock};
 
 /// How many epochs one durable reservation takes.
@@ -15,7 +15,7 @@ const EPOCH_BATCH: u64 = 1024;
 /// the current one is used, so a grant never waits for the disk unless the
 /// store fell behind. A reservation that fails fails the grant.
 pub(super) struct StoreEpochs {
-    meta: Arc<dyn Meta>,
+    meta: Arc<dyn Counters>,
     rt: tokio::runtime::Handle,
     next: u64,
     end: u64,
@@ -25,7 +25,7 @@ pub(super) struct StoreEpochs {
 }
 
 impl StoreEpochs {
-    pub(super) fn new(meta: Arc<dyn Meta>, rt: tokio::runtime::Handle) -> StoreEpochs {
+    pub(super) fn new(meta: Arc<dyn Counters>, rt: tokio::runtime::Handle) -> StoreEpochs {
         let s = StoreEpochs {
             meta,
             rt,

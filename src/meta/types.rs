@@ -271,12 +271,12 @@ pub struct DirEntry {
 /// An extended attribute: name and value.
 pub type Xattr = (Vec<u8>, Vec<u8>);
 
-/// How [`crate::meta::Meta::update_xattrs`] decides its change from the
+/// How [`crate::meta::Namespace::update_xattrs`] decides its change from the
 /// inode and the current values of the attributes it asked for.
 pub type DecideXattrs<'a> =
     dyn FnMut(&Inode, &[Option<Vec<u8>>]) -> crate::error::FsResult<XattrEdit> + 'a;
 
-/// What [`crate::meta::Meta::update_xattrs`] changes, decided from the
+/// What [`crate::meta::Namespace::update_xattrs`] changes, decided from the
 /// inode and the current values of the attributes it asked for.
 #[derive(Debug, Default, Clone)]
 pub struct XattrEdit {
