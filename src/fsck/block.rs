@@ -32,7 +32,7 @@ struct Inspection {
 fn inspect(c: &Check<'_>, b: &BlockRow) -> Inspection {
     let mut ins = Inspection::default();
     for &dn in &b.replicas {
-        // A removed datanode's entry means nothing (see Meta::remove_datanode).
+        // A removed datanode's entry means nothing (see DatanodeRegistry::remove_datanode).
         if !c.dns.is_recorded(dn) {
             continue;
         }

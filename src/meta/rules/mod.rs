@@ -8,7 +8,7 @@
 //! the reads a rule needs and the writes it decides, each of which the
 //! backend maps to its own storage (SQL statements; etcd keys, where one
 //! entry is three keys). The rules are tested once, against an in-memory
-//! [`Tx`] (`tests.rs`); what depends on a backend (that its reads and
+//! [`Tx`] (`tests/`); what depends on a backend (that its reads and
 //! writes store what the rules decided, its atomicity, its races) is
 //! tested on both in `tests/meta_conformance.rs`.
 
