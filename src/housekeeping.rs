@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use crate::fs::Core;
 use crate::fsck::{self, Check, Report};
-use crate::meta::{AdminState, AuditEvent, Meta};
+use crate::meta::{AdminState, AuditEvent, AuditLog};
 use crate::sync::{Arc, AtomicBool, Condvar, Mutex, Ordering, lock};
 
 /// How soon the next round follows one that copied blocks of a
@@ -95,18 +95,18 @@ impl Housekeeper {
 
     /// takeLeadership: tasks run from the next round on. The event goes to
     /// the election audit table (election `housekeeping`) with the log.
-    pub fn take(&self, meta: &dyn Meta, why: &str) {
+    pub fn take(&self, log: &dyn AuditLog, why: &str) {
         if !self.leader.swap(true, Ordering::Relaxed) {
             tracing::info!(event = "take", "housekeeping leadership taken: {why}");
-            audit(meta, "elected", why);
+            audit(log, "elected", why);
         }
     }
 
     /// loseLeadership: tasks stop before the next round.
-    pub fn lose(&self, meta: &dyn Meta, why: &str) {
+    pub fn lose(&self, log: &dyn AuditLog, why: &str) {
         if self.leader.swap(false, Ordering::Relaxed) {
             tracing::warn!(event = "lose", "housekeeping leadership lost: {why}");
-            audit(meta, "lost", why);
+            audit(log, "lost", why);
         }
     }
 
@@ -205,7 +205,7 @@ fn finish_decommissions(core: &Core, r: &Report) -> bool {
 /// The name housekeeping's leadership is recorded under in the audit table.
 pub const ELECTION: &str = "housekeeping";
 
-fn audit(meta: &dyn Meta, event: &str, why: &str) {
+fn audit(log: &dyn AuditLog, event: &str, why: &str) {
     let host = nix::unistd::gethostname()
         .ok()
         .and_then(|h| h.into_string().ok())
@@ -220,7 +220,7 @@ fn audit(meta: &dyn Meta, event: &str, why: &str) {
         at_ms: crate::clock::wall_ms(),
         why: why.into(),
     };
-    if let Err(err) = meta.audit(&e) {
+    if let Err(err) = log.audit(&e) {
         tracing::warn!("cannot record housekeeping {event}: {err}");
     }
 }

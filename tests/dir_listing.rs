@@ -90,7 +90,7 @@ fn listing_cost_per_entry_does_not_grow() {
     let big = std::fs::metadata(m.path("big")).unwrap();
     m.unmount();
     {
-        use leasefs::meta::{Kind, Meta, MetaStore, NewNode};
+        use leasefs::meta::{Kind, MetaStore, Namespace, NewNode};
         use std::os::unix::fs::MetadataExt;
         let store = MetaStore::open(&m.data.join("meta.db"), 0, 0).unwrap();
         for (dir, n) in [(small.ino(), 10_000), (big.ino(), 100_000)] {

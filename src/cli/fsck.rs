@@ -10,7 +10,7 @@ use serde_json::json;
 use super::client::{ask, find_mount};
 use super::fail;
 use crate::fsck::{self, Check, Report};
-use crate::meta::{Meta, MetaStore};
+use crate::meta::{DatanodeRegistry, MetaStore};
 use crate::pipeline::Health;
 
 pub fn run(

@@ -7,7 +7,7 @@
 use std::os::unix::net::UnixStream;
 
 use crate::fs::acl::{self, Acl, Entry, Tag};
-use crate::meta::{Inode, Meta};
+use crate::meta::{Inode, Namespace};
 
 /// Write and search (execute) bits, as in a mode's `rwx`.
 pub const WRITE: u32 = 2;
@@ -106,7 +106,7 @@ impl Peer {
 
     /// Whether the peer may access `ino` for `want`, reading its inode and
     /// ACL from the store.
-    pub fn may_ino(&self, meta: &dyn Meta, ino: u64, want: u32) -> bool {
+    pub fn may_ino(&self, meta: &dyn Namespace, ino: u64, want: u32) -> bool {
         if self.is_root() {
             return true;
         }

@@ -256,7 +256,11 @@ impl Daemon {
         );
         let (id, stop) = (self.core.mount_id.clone(), self.stop.clone());
         self.fatal.spawn("hk-election", move || {
-            crate::etcd::election::run(etcd, meta, hk, id, stop)
+            let (take, lose) = (
+                |why: &str| hk.take(&*meta, why),
+                |why: &str| hk.lose(&*meta, why),
+            );
+            crate::etcd::election::run(etcd, id, stop, take, lose)
         });
     }
 

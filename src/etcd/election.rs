@@ -4,27 +4,28 @@
 //!
 //! A daemon campaigns under an etcd lease it keeps alive. It stops acting
 //! as leader as soon as a keep-alive has not been confirmed for two thirds
-//! of the TTL, before etcd can elect someone else.
+//! of the TTL, before etcd can elect someone else. What leadership means
+//! (the housekeeper's tasks and its audit events) is the caller's: this
+//! module only says when it is taken and lost.
 
 use std::time::{Duration, Instant};
 
 use super::Etcd;
-use crate::housekeeping::Housekeeper;
-use crate::meta::Meta;
 use crate::sync::{Arc, AtomicBool, Ordering};
 
 /// The leadership lease: short, since a dead leader's tasks wait this long.
 const TTL_SECS: i64 = 6;
 
-/// Campaigns for housekeeping leadership until `stop` is set; on the way
-/// out a leader resigns (revokes its lease) so another daemon takes over
-/// at once.
+/// Campaigns for housekeeping leadership until `stop` is set, calling
+/// `take` when this daemon won it and `lose` (with why) when it ended; on
+/// the way out a leader resigns (revokes its lease) so another daemon
+/// takes over at once.
 pub fn run(
     etcd: Arc<Etcd>,
-    meta: Arc<dyn Meta>,
-    hk: Arc<Housekeeper>,
     mount_id: String,
     stop: Arc<AtomicBool>,
+    take: impl Fn(&str),
+    lose: impl Fn(&str),
 ) {
     let period = Duration::from_secs(TTL_SECS as u64) / 3;
     let limit = Duration::from_secs(TTL_SECS as u64) * 2 / 3;
@@ -67,7 +68,7 @@ pub fn run(
                 continue;
             }
         }
-        hk.take(&*meta, "elected through etcd");
+        take("elected through etcd");
         let mut last_ok = Instant::now();
         let why = loop {
             if stop.load(Ordering::Relaxed) {
@@ -80,7 +81,7 @@ pub fn run(
                 break "etcd lease not renewed in time";
             }
         };
-        hk.lose(&*meta, why);
+        lose(why);
         etcd.revoke(lease);
     }
 }

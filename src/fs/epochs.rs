@@ -6,7 +6,7 @@ use dashmap::DashMap;
 
 use crate::error::FsResult;
 use crate::lease::EpochSource;
-use crate::meta::{Change, Meta};
+use crate::meta::{BlockMap, Change, Counters};
 use crate::sync::{Arc, AtomicBool, Mutex, Ordering, lock};
 
 /// How many epochs one durable reservation takes.
@@ -19,7 +19,7 @@ const EPOCH_BATCH: u64 = 1024;
 /// the current one is used, so a grant never waits for the disk unless the
 /// store fell behind. A reservation that fails fails the grant.
 pub(super) struct StoreEpochs {
-    meta: Arc<dyn Meta>,
+    meta: Arc<dyn Counters>,
     rt: tokio::runtime::Handle,
     next: u64,
     end: u64,
@@ -29,7 +29,7 @@ pub(super) struct StoreEpochs {
 }
 
 impl StoreEpochs {
-    pub(super) fn new(meta: Arc<dyn Meta>, rt: tokio::runtime::Handle) -> StoreEpochs {
+    pub(super) fn new(meta: Arc<dyn Counters>, rt: tokio::runtime::Handle) -> StoreEpochs {
         let s = StoreEpochs {
             meta,
             rt,
@@ -107,7 +107,7 @@ impl GrantEpochs {
     }
 
     /// Records the epochs of recent grants with their inodes.
-    pub fn persist(&self, meta: &dyn Meta) {
+    pub fn persist(&self, meta: &dyn BlockMap) {
         if self.unrecorded.is_empty() {
             return;
         }

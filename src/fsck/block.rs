@@ -5,7 +5,7 @@
 //! and a block no replica holds whole cut back to what survives.
 
 use super::{Check, Problem, ProblemKind, Report, replicate};
-use crate::meta::{BlockRow, Change, DnId};
+use crate::meta::{BlockRow, Change, Counter, DnId};
 use crate::pipeline::datanodes::Health;
 use crate::storage::datanode::StorageError;
 
@@ -32,7 +32,7 @@ struct Inspection {
 fn inspect(c: &Check<'_>, b: &BlockRow) -> Inspection {
     let mut ins = Inspection::default();
     for &dn in &b.replicas {
-        // A removed datanode's entry means nothing (see Meta::remove_datanode).
+        // A removed datanode's entry means nothing (see DatanodeRegistry::remove_datanode).
         if !c.dns.is_recorded(dn) {
             continue;
         }
@@ -465,7 +465,7 @@ fn cut_lost_tail(c: &Check<'_>, b: &BlockRow, path: &str) -> Option<String> {
     let mut row = b.clone();
     if keep > 0 {
         row.len = keep;
-        row.gs = c.meta.alloc("next_gs").ok()?;
+        row.gs = c.meta.alloc(Counter::GenStamp).ok()?;
         row.replicas = holders.iter().map(|(dn, _)| *dn).collect();
         ch.push(Change::PutBlock(row.clone()));
     }

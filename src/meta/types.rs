@@ -271,12 +271,12 @@ pub struct DirEntry {
 /// An extended attribute: name and value.
 pub type Xattr = (Vec<u8>, Vec<u8>);
 
-/// How [`crate::meta::Meta::update_xattrs`] decides its change from the
+/// How [`crate::meta::Namespace::update_xattrs`] decides its change from the
 /// inode and the current values of the attributes it asked for.
 pub type DecideXattrs<'a> =
     dyn FnMut(&Inode, &[Option<Vec<u8>>]) -> crate::error::FsResult<XattrEdit> + 'a;
 
-/// What [`crate::meta::Meta::update_xattrs`] changes, decided from the
+/// What [`crate::meta::Namespace::update_xattrs`] changes, decided from the
 /// inode and the current values of the attributes it asked for.
 #[derive(Debug, Default, Clone)]
 pub struct XattrEdit {
@@ -391,4 +391,51 @@ pub fn now_ns() -> i64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos() as i64)
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(event: &str, epoch: u64, at_ms: u64) -> AuditEvent {
+        AuditEvent {
+            election: "/el".into(),
+            event: event.into(),
+            who: "a".into(),
+            host: "h".into(),
+            pid: 1,
+            epoch,
+            at_ms,
+            why: String::new(),
+        }
+    }
+
+    /// Every term gets one start, and a successor's account of how a term
+    /// ended is left out when the term's end is recorded already; a
+    /// leader's own late `lost` is kept, an exact repeat is not; other
+    /// terms, other elections and events without an epoch are
+    /// independent.
+    #[test]
+    fn redundant_audit_events() {
+        let mut h = vec![ev("elected", 7, 1)];
+        assert!(ev("elected", 7, 2).is_redundant(&h), "second start");
+        assert!(!ev("preempted", 7, 3).is_redundant(&h));
+        h.push(ev("preempted", 7, 3));
+        for end in ["expired", "preempted"] {
+            assert!(ev(end, 7, 4).is_redundant(&h), "second guess: {end}");
+        }
+        assert!(!ev("lost", 7, 5).is_redundant(&h), "late lost");
+        h.push(ev("lost", 7, 5));
+        assert!(ev("lost", 7, 5).is_redundant(&h), "a retried write");
+        assert!(!ev("lost", 7, 6).is_redundant(&h), "a later lost");
+        assert!(!ev("expired", 8, 6).is_redundant(&h), "another term");
+        assert!(!ev("elected", 8, 6).is_redundant(&h));
+        let other = AuditEvent {
+            election: "/other".into(),
+            ..ev("elected", 7, 7)
+        };
+        assert!(!other.is_redundant(&h), "another election");
+        let hk = ev("elected", 0, 9);
+        assert!(!hk.is_redundant(&[hk.clone(), hk.clone()]), "no epoch");
+    }
 }

@@ -462,7 +462,7 @@ pub fn recorded(meta: &dyn Meta, replication: usize) -> Result<Datanodes, Attach
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::meta::MetaStore;
+    use crate::meta::{DatanodeRegistry, MetaStore};
 
     /// A database of the positional layout recording `dirs` in that order.
     fn positional_db(at: &Path, dirs: &[&Path]) -> MetaStore {

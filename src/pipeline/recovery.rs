@@ -13,7 +13,7 @@
 //! leaves the list: the list is the membership).
 
 use crate::error::{FsError, FsResult};
-use crate::meta::{Change, Meta, now_ns};
+use crate::meta::{Change, Counter, Meta, now_ns};
 use crate::pipeline::Datanodes;
 
 /// Recovers file `ino`; returns its final length.
@@ -113,7 +113,7 @@ pub fn recover_file(meta: &dyn Meta, dns: &Datanodes, ino: u64) -> FsResult<u64>
         );
         return Ok(start);
     }
-    let new_gs = meta.alloc("next_gs")?;
+    let new_gs = meta.alloc(Counter::GenStamp)?;
     let mut row = last.clone();
     row.gs = new_gs;
     row.len = len;

@@ -12,7 +12,7 @@
 use super::durable::{self, Replica, SyncJob};
 use super::stream::{Done, Job, OutputStream, Packet, State};
 use crate::error::{FsError, FsResult};
-use crate::meta::{BlockRow, Change, DnId, Meta, now_ns};
+use crate::meta::{BlockRow, Change, Counter, DnId, Meta, now_ns};
 use crate::pipeline::datanodes::FULL_BELOW;
 use crate::storage::datanode::{ReplicaWriter, StorageError};
 use crate::storage::replica::ChunkAccumulator;
@@ -301,7 +301,7 @@ impl OutputStream {
         // stamps then follow; one that a crash keeps behind lags the
         // record, which recovery accepts from a member of the block.
         let old_gs = b.row.gs;
-        let new_gs = self.meta().alloc("next_gs")?;
+        let new_gs = self.meta().alloc(Counter::GenStamp)?;
         b.row.gs = new_gs;
         b.row.replicas = b.writers.iter().map(|(d, _)| *d).collect();
         self.meta()
@@ -400,8 +400,8 @@ impl OutputStream {
         match existing {
             None => {
                 let replicas = self.ctx.dns.choose_pipeline()?;
-                let block_id = self.meta().alloc("next_block")?;
-                let gs = self.meta().alloc("next_gs")?;
+                let block_id = self.meta().alloc(Counter::Block)?;
+                let gs = self.meta().alloc(Counter::GenStamp)?;
                 let mut writers = Vec::new();
                 for dn in replicas {
                     let Some(node) = self.ctx.dns.get(dn) else {
@@ -460,7 +460,7 @@ impl OutputStream {
                 // replica carries the stamp: a replica's stamp may lag what
                 // the metadata records (recovery and repair settle it),
                 // never lead it (that would make every replica stale).
-                let new_gs = self.meta().alloc("next_gs")?;
+                let new_gs = self.meta().alloc(Counter::GenStamp)?;
                 let mut rec = row.clone();
                 rec.gs = new_gs;
                 rec.len = len;
@@ -716,7 +716,7 @@ impl OutputStream {
                 .find(|b| b.idx == idx)
             {
                 let mut rec = row.clone();
-                rec.gs = self.meta().alloc("next_gs")?;
+                rec.gs = self.meta().alloc(Counter::GenStamp)?;
                 rec.len = size - idx * bs;
                 ch.push(Change::PutBlock(rec.clone()));
                 cut = Some((row, rec));

@@ -159,7 +159,7 @@ pub struct Block {
 /// the test's directory, the data directory's parent.
 pub fn all_blocks(data: &Path) -> Vec<Block> {
     if super::etcd_backend() {
-        use leasefs::meta::Meta;
+        use leasefs::meta::BlockMap;
         let name = data
             .parent()
             .and_then(|p| p.file_name())

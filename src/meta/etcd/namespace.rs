@@ -1,310 +1,316 @@
-//! The namespace steps, each the body of one [`super::stm::run`] attempt.
-//! They follow the SQLite backend statement by statement, so both give the
-//! same answers and the same refusals.
+//! [`Namespace`] on etcd: each step runs its rule
+//! ([`crate::meta::rules`]) on one [`Stm`] attempt, through the keys of
+//! [`super::records`]. One entry is three keys (`d/` for lookups, `p/`
+//! for the names of an inode, `o/` for listings), kept in step here.
+//!
+//! Every change of a directory entry also rewrites the directory's inode
+//! (mtime, ctime, nlink), so a step that read a directory conflicts with
+//! any concurrent change of its entries; reading an inode makes a
+//! concurrent change of its attributes a conflict, so xattr limits hold
+//! at the commit.
 
+use super::EtcdMeta;
 use super::records::*;
-use super::stm::Stm;
+use super::stm::{Stm, prefix_end};
 use crate::error::{FsError, FsResult};
+use crate::meta::counters::{Counter, Counters};
+use crate::meta::namespace::Namespace;
+use crate::meta::rules::{self, Entry, Rename, Tx};
 use crate::meta::types::*;
 
-/// More ancestors than this means a cycle in the stored tree.
-const MAX_DEPTH: usize = 4096;
+impl Tx for Stm<'_> {
+    fn inode(&mut self, ino: u64) -> FsResult<Option<Inode>> {
+        Ok(self.find_inode(ino)?.map(|r| r.inode))
+    }
 
-/// Ids a step was given before it started (so a retried attempt keeps
-/// them): the new inode's number and its entry's cookie.
-pub(super) struct Ids {
-    pub ino: u64,
-    pub cookie: u64,
-}
+    fn entry(&mut self, parent: u64, name: &[u8]) -> FsResult<Option<Entry>> {
+        Ok(self
+            .get_json::<Dentry>(&dentry_key(parent, name))?
+            .map(|d| Entry {
+                ino: d.ino,
+                cookie: d.cookie,
+            }))
+    }
 
-pub(super) fn create(
-    s: &mut Stm<'_>,
-    parent: u64,
-    name: &[u8],
-    n: &NewNode<'_>,
-    ids: &Ids,
-    now: i64,
-) -> FsResult<Inode> {
-    let ino = ids.ino;
-    s.require_dir(parent)?;
-    if s.lookup_in(parent, name)?.is_some() {
-        return Err(FsError::Exists);
+    /// Reading the directory's inode as well (every rule does) makes any
+    /// concurrent entry change in it a conflict, so emptiness holds at the
+    /// commit.
+    fn is_empty_dir(&mut self, dir: u64) -> FsResult<bool> {
+        let p = dentries_of(dir);
+        Ok(self.scan(&p, &prefix_end(&p), Some(1))?.is_empty())
     }
-    let is_dir = n.kind == Kind::Dir;
-    let inode = Inode {
-        ino,
-        kind: n.kind,
-        mode: n.mode & 0o7777,
-        uid: n.uid,
-        gid: n.gid,
-        nlink: if is_dir { 2 } else { 1 },
-        size: 0,
-        rdev: n.rdev,
-        atime: now,
-        mtime: now,
-        ctime: now,
-        crtime: now,
-        block_size: n.block_size,
-        last_epoch: 0,
-    };
-    s.put_inode(&InodeRec {
-        inode: inode.clone(),
-        target: n.target.map(hex),
-    })?;
-    let d = Dentry {
-        ino,
-        kind: n.kind,
-        cookie: ids.cookie,
-    };
-    s.set_entry(parent, name, d, None)?;
-    for (k, v) in &n.xattrs {
-        s.put(&xattr_key(ino, k), v.clone());
-    }
-    s.touch_dir(parent, is_dir as i64, now)?;
-    Ok(inode)
-}
 
-pub(super) fn link(
-    s: &mut Stm<'_>,
-    ino: u64,
-    (parent, name): (u64, &[u8]),
-    cookie: u64,
-    now: i64,
-) -> FsResult<Inode> {
-    s.require_dir(parent)?;
-    let mut r = s.inode(ino)?;
-    if r.inode.kind == Kind::Dir {
-        return Err(FsError::NotPermitted("hard links to directories"));
+    /// Reads the `p/` names of `ino`, so a concurrent move of it (which
+    /// adds a name there) conflicts with this attempt.
+    fn first_parent(&mut self, ino: u64) -> FsResult<Option<u64>> {
+        Ok(self.first_name(ino)?.map(|(p, _)| p))
     }
-    if s.lookup_in(parent, name)?.is_some() {
-        return Err(FsError::Exists);
-    }
-    let kind = r.inode.kind;
-    s.set_entry(parent, name, Dentry { ino, kind, cookie }, None)?;
-    r.inode.nlink += 1;
-    r.inode.ctime = now;
-    s.put_inode(&r)?;
-    s.touch_dir(parent, 0, now)?;
-    Ok(r.inode)
-}
 
-pub(super) fn unlink(s: &mut Stm<'_>, parent: u64, name: &[u8], now: i64) -> FsResult<Inode> {
-    s.require_dir(parent)?;
-    let d = s.lookup_in(parent, name)?.ok_or(FsError::NotFound)?;
-    let mut r = s.inode(d.ino)?;
-    if r.inode.kind == Kind::Dir {
-        return Err(FsError::IsDir);
-    }
-    s.remove_entry(parent, name, d);
-    r.inode.nlink = r.inode.nlink.saturating_sub(1);
-    r.inode.ctime = now;
-    s.put_inode(&r)?;
-    s.touch_dir(parent, 0, now)?;
-    Ok(r.inode)
-}
-
-/// Deletes a directory's inode and its xattrs (its entry is the caller's).
-fn drop_dir(s: &mut Stm<'_>, dir: u64) {
-    s.delete(&inode_key(dir));
-    let x = xattrs_of(dir);
-    s.delete_range(&x, &super::stm::prefix_end(&x));
-}
-
-pub(super) fn rmdir(s: &mut Stm<'_>, parent: u64, name: &[u8], now: i64) -> FsResult<u64> {
-    s.require_dir(parent)?;
-    let d = s.lookup_in(parent, name)?.ok_or(FsError::NotFound)?;
-    let r = s.inode(d.ino)?;
-    if r.inode.kind != Kind::Dir {
-        return Err(FsError::NotDir);
-    }
-    // Reading the directory's inode (above) makes any concurrent entry
-    // change in it a conflict, so emptiness holds at the commit.
-    if !s.is_empty_dir(d.ino)? {
-        return Err(FsError::NotEmpty);
-    }
-    s.remove_entry(parent, name, d);
-    drop_dir(s, d.ino);
-    s.touch_dir(parent, -1, now)?;
-    Ok(d.ino)
-}
-
-/// Whether `dir` is `ancestor` or below it. Each step reads the `p/` names
-/// of a directory on the path, so a concurrent move of any of them (which
-/// adds a name there) conflicts with this attempt.
-fn is_within(s: &mut Stm<'_>, mut dir: u64, ancestor: u64) -> FsResult<bool> {
-    for _ in 0..MAX_DEPTH {
-        if dir == ancestor {
-            return Ok(true);
-        }
-        if dir == ROOT_INO {
-            return Ok(false);
-        }
-        dir = s.first_name(dir)?.map_or(ROOT_INO, |(p, _)| p);
-    }
-    Err(FsError::Meta(format!(
-        "directory {dir} is more than {MAX_DEPTH} levels deep: a cycle?"
-    )))
-}
-
-fn bump_ctime(s: &mut Stm<'_>, ino: u64, now: i64) -> FsResult<()> {
-    s.update_inode(ino, |i| i.ctime = now)
-}
-
-pub(super) struct Rename<'a> {
-    pub parent: u64,
-    pub name: &'a [u8],
-    pub newparent: u64,
-    pub newname: &'a [u8],
-    pub noreplace: bool,
-    pub exchange: bool,
-}
-
-pub(super) fn rename(s: &mut Stm<'_>, r: &Rename<'_>, now: i64) -> FsResult<Option<Inode>> {
-    let (parent, name, newparent, newname) = (r.parent, r.name, r.newparent, r.newname);
-    s.require_dir(parent)?;
-    s.require_dir(newparent)?;
-    let src = s.lookup_in(parent, name)?.ok_or(FsError::NotFound)?;
-    let src_i = s.inode(src.ino)?.inode;
-    let dst = s.lookup_in(newparent, newname)?;
-    if dst.map(|d| d.ino) == Some(src.ino) {
-        return Ok(None);
-    }
-    let src_dir = src_i.kind == Kind::Dir;
-    if src_dir && is_within(s, newparent, src.ino)? {
-        return Err(FsError::Invalid(
-            "cannot move a directory into itself".into(),
-        ));
-    }
-    // Cookies move with their inodes, so that a listing meets each renamed
-    // inode once in a directory, at its old place.
-    let src_d = Dentry {
-        kind: src_i.kind,
-        ..src
-    };
-    if r.exchange {
-        let dst = dst.ok_or(FsError::NotFound)?;
-        let dst_i = s.inode(dst.ino)?.inode;
-        let dst_d = Dentry {
-            kind: dst_i.kind,
-            ..dst
-        };
-        s.remove_entry(parent, name, src);
-        s.remove_entry(newparent, newname, dst);
-        s.set_entry(parent, name, dst_d, None)?;
-        s.set_entry(newparent, newname, src_d, None)?;
-        if parent != newparent {
-            let d_src = src_dir as i64;
-            let d_dst = (dst_i.kind == Kind::Dir) as i64;
-            s.touch_dir(parent, d_dst - d_src, now)?;
-            s.touch_dir(newparent, d_src - d_dst, now)?;
-        } else {
-            s.touch_dir(parent, 0, now)?;
-        }
-        bump_ctime(s, src.ino, now)?;
-        bump_ctime(s, dst.ino, now)?;
-        return Ok(None);
-    }
-    let mut replaced = None;
-    if let Some(dst) = dst {
-        if r.noreplace {
-            return Err(FsError::Exists);
-        }
-        let mut dst_r = s.inode(dst.ino)?;
-        match (src_dir, dst_r.inode.kind == Kind::Dir) {
-            (true, false) => return Err(FsError::NotDir),
-            (false, true) => return Err(FsError::IsDir),
-            (true, true) => {
-                if !s.is_empty_dir(dst.ino)? {
-                    return Err(FsError::NotEmpty);
-                }
-                drop_dir(s, dst.ino);
-                s.touch_dir(newparent, -1, now)?;
-            }
-            (false, false) => {
-                dst_r.inode.nlink = dst_r.inode.nlink.saturating_sub(1);
-                dst_r.inode.ctime = now;
-                s.put_inode(&dst_r)?;
-                replaced = Some(dst_r.inode);
-            }
+    /// The first in key order.
+    fn first_name(&mut self, ino: u64) -> FsResult<Option<(u64, Vec<u8>)>> {
+        let p = names_of(ino);
+        match self.scan(&p, &prefix_end(&p), Some(1))?.first() {
+            Some((k, _)) => Ok(Some(parse_name_key(k)?)),
+            None => Ok(None),
         }
     }
-    s.remove_entry(parent, name, src);
-    s.set_entry(newparent, newname, src_d, dst)?;
-    let dir_delta = src_dir as i64;
-    if parent != newparent {
-        s.touch_dir(parent, -dir_delta, now)?;
-        s.touch_dir(newparent, dir_delta, now)?;
-    } else {
-        s.touch_dir(parent, 0, now)?;
-    }
-    bump_ctime(s, src.ino, now)?;
-    Ok(replaced)
-}
 
-pub(super) fn set_attrs(s: &mut Stm<'_>, ino: u64, ch: &AttrChange, now: i64) -> FsResult<Inode> {
-    let mut r = s.inode(ino)?;
-    ch.apply(&mut r.inode, now);
-    s.put_inode(&r)?;
-    Ok(r.inode)
-}
-
-/// The body of `update_xattrs`. Reading the inode makes a concurrent
-/// change of its attributes (which rewrites it: ctime) a conflict, so the
-/// limits hold at the commit.
-pub(super) fn update_xattrs(
-    s: &mut Stm<'_>,
-    ino: u64,
-    names: &[&[u8]],
-    limits: XattrLimits,
-    decide: &mut DecideXattrs<'_>,
-    now: i64,
-) -> FsResult<Inode> {
-    let mut r = s.inode(ino)?;
-    let current = names
-        .iter()
-        .map(|n| s.get(&xattr_key(ino, n)))
-        .collect::<FsResult<Vec<_>>>()?;
-    let edit = decide(&r.inode, &current)?;
-    if edit.is_empty() {
-        return Ok(r.inode);
+    fn xattr(&mut self, ino: u64, name: &[u8]) -> FsResult<Option<Vec<u8>>> {
+        self.get(&xattr_key(ino, name))
     }
-    if edit.set.iter().any(|(_, v)| v.is_some()) {
+
+    fn xattr_sizes(&mut self, ino: u64) -> FsResult<Vec<(Vec<u8>, u64)>> {
         let p = xattrs_of(ino);
-        let sizes = s
-            .scan(&p, &super::stm::prefix_end(&p), None)?
+        self.scan(&p, &prefix_end(&p), None)?
             .into_iter()
             .map(|(k, v)| Ok((name_in(&k)?, v.len() as u64)))
-            .collect::<FsResult<Vec<_>>>()?;
-        limits.check(ino, &sizes, &edit.set)?;
+            .collect()
     }
-    for (name, value) in &edit.set {
-        let key = xattr_key(ino, name);
-        match value {
-            Some(v) => s.put(&key, v.clone()),
-            None => s.delete(&key),
-        }
+
+    fn insert_inode(&mut self, i: &Inode, target: Option<&[u8]>) -> FsResult<()> {
+        self.put_inode(&InodeRec {
+            inode: i.clone(),
+            target: target.map(hex),
+        })
     }
-    match &edit.attrs {
-        Some(ch) => ch.apply(&mut r.inode, now),
-        None => r.inode.ctime = now,
+
+    fn put_attrs(&mut self, i: &Inode) -> FsResult<()> {
+        self.update_inode(i.ino, |x| {
+            x.mode = i.mode;
+            x.uid = i.uid;
+            x.gid = i.gid;
+            x.atime = i.atime;
+            x.mtime = i.mtime;
+            x.ctime = i.ctime;
+        })
     }
-    s.put_inode(&r)?;
-    Ok(r.inode)
+
+    fn add_nlink(&mut self, ino: u64, delta: i64, ctime: i64) -> FsResult<()> {
+        self.update_inode(ino, |i| {
+            i.nlink = (i.nlink as i64 + delta).max(0) as u32;
+            i.ctime = ctime;
+        })
+    }
+
+    fn set_ctime(&mut self, ino: u64, ctime: i64) -> FsResult<()> {
+        self.update_inode(ino, |i| i.ctime = ctime)
+    }
+
+    fn touch_dir(&mut self, dir: u64, nlink_delta: i64, now: i64) -> FsResult<()> {
+        self.update_inode(dir, |i| {
+            i.mtime = now;
+            i.ctime = now;
+            i.nlink = (i.nlink as i64 + nlink_delta).max(0) as u32;
+        })
+    }
+
+    fn put_entry(
+        &mut self,
+        parent: u64,
+        name: &[u8],
+        e: Entry,
+        kind: Kind,
+        replacing: Option<Entry>,
+    ) -> FsResult<()> {
+        let d = Dentry {
+            ino: e.ino,
+            kind,
+            cookie: e.cookie,
+        };
+        self.set_entry(parent, name, d, replacing)
+    }
+
+    fn remove_entry(&mut self, parent: u64, name: &[u8], e: Entry) -> FsResult<()> {
+        self.delete(&dentry_key(parent, name));
+        self.delete(&name_key(e.ino, parent, name));
+        self.delete(&listed_key(parent, e.cookie));
+        Ok(())
+    }
+
+    fn drop_inode(&mut self, ino: u64) -> FsResult<()> {
+        self.delete(&inode_key(ino));
+        let x = xattrs_of(ino);
+        self.delete_range(&x, &prefix_end(&x));
+        Ok(())
+    }
+
+    fn put_xattr(&mut self, ino: u64, name: &[u8], value: &[u8]) -> FsResult<()> {
+        self.put(&xattr_key(ino, name), value.to_vec());
+        Ok(())
+    }
+
+    fn remove_xattr(&mut self, ino: u64, name: &[u8]) -> FsResult<()> {
+        self.delete(&xattr_key(ino, name));
+        Ok(())
+    }
 }
 
-/// Path of an inode through its first names; `<ino N>` where the chain
-/// breaks.
-pub(super) fn path_of(s: &mut Stm<'_>, mut ino: u64) -> FsResult<String> {
-    let mut parts = Vec::new();
-    while ino != ROOT_INO && parts.len() < 256 {
-        match s.first_name(ino)? {
-            Some((p, n)) => {
-                parts.push(String::from_utf8_lossy(&n).into_owned());
-                ino = p;
-            }
-            None => return Ok(format!("<ino {ino}>")),
-        }
+impl Namespace for EtcdMeta {
+    fn get(&self, ino: u64) -> FsResult<Inode> {
+        self.run(|s| Ok(s.inode_rec(ino)?.inode))
     }
-    parts.reverse();
-    Ok(format!("/{}", parts.join("/")))
+
+    fn lookup(&self, parent: u64, name: &[u8]) -> FsResult<Inode> {
+        self.run(|s| rules::lookup(s, parent, name))
+    }
+
+    fn parent_of(&self, dir: u64) -> FsResult<u64> {
+        if dir == ROOT_INO {
+            // The rule's answer, without a round trip.
+            return Ok(ROOT_INO);
+        }
+        self.run(|s| rules::parent_of(s, dir))
+    }
+
+    fn create(&self, parent: u64, name: &[u8], n: NewNode<'_>) -> FsResult<Inode> {
+        // Outside the retried step: an attempt that runs again keeps its id.
+        let ids = (self.alloc(Counter::Ino)?, self.alloc(Counter::Cookie)?);
+        let now = now_ns();
+        self.run(|s| rules::create(s, parent, name, &n, ids, now))
+    }
+
+    fn readlink(&self, ino: u64) -> FsResult<Vec<u8>> {
+        let r = self.run(|s| s.inode_rec(ino))?;
+        unhex(
+            r.target
+                .as_deref()
+                .ok_or(FsError::Invalid("not a symlink".into()))?,
+        )
+    }
+
+    fn link(&self, ino: u64, parent: u64, name: &[u8]) -> FsResult<Inode> {
+        let now = now_ns();
+        let cookie = self.alloc(Counter::Cookie)?;
+        self.run(|s| rules::link(s, ino, (parent, name), cookie, now))
+    }
+
+    fn unlink(&self, parent: u64, name: &[u8]) -> FsResult<Inode> {
+        let now = now_ns();
+        self.run(|s| rules::unlink(s, parent, name, now))
+    }
+
+    fn rmdir(&self, parent: u64, name: &[u8]) -> FsResult<u64> {
+        let now = now_ns();
+        self.run(|s| rules::rmdir(s, parent, name, now))
+    }
+
+    fn rename(
+        &self,
+        parent: u64,
+        name: &[u8],
+        newparent: u64,
+        newname: &[u8],
+        noreplace: bool,
+        exchange: bool,
+    ) -> FsResult<Option<Inode>> {
+        let now = now_ns();
+        let r = Rename {
+            parent,
+            name,
+            newparent,
+            newname,
+            noreplace,
+            exchange,
+        };
+        self.run(|s| rules::rename(s, &r, now))
+    }
+
+    /// One range read of the directory's `o/` keys from the cookie on.
+    fn readdir(&self, dir: u64, after: u64, limit: usize) -> FsResult<Vec<DirEntry>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let from = listed_key(dir, after.saturating_add(1));
+        let end = prefix_end(&listing_of(dir));
+        self.run(|s| {
+            rules::require_dir(s, dir)?;
+            s.scan(&from, &end, Some(limit))?
+                .into_iter()
+                .map(|(k, v)| {
+                    let l: Listed = decode(&k, &v)?;
+                    let cookie = k
+                        .rsplit('/')
+                        .next()
+                        .and_then(|c| u64::from_str_radix(c, 16).ok())
+                        .ok_or_else(|| FsError::Meta(format!("bad listing key {k}")))?;
+                    Ok(DirEntry {
+                        name: unhex(&l.name)?,
+                        ino: l.ino,
+                        kind: l.kind,
+                        cookie,
+                    })
+                })
+                .collect()
+        })
+    }
+
+    fn set_attrs(&self, ino: u64, ch: &AttrChange) -> FsResult<Inode> {
+        let now = now_ns();
+        self.run(|s| rules::set_attrs(s, ino, ch, now))
+    }
+
+    fn path_of(&self, ino: u64) -> String {
+        self.run(|s| rules::path_of(s, ino))
+            .unwrap_or_else(|_| format!("<ino {ino}>"))
+    }
+
+    /// A scan of every inode: etcd has no secondary index on nlink.
+    fn orphans(&self) -> FsResult<Vec<u64>> {
+        self.run(|s| {
+            Ok(s.scan_json::<InodeRec>(INODES)?
+                .into_iter()
+                .filter(|(_, r)| r.inode.nlink == 0)
+                .map(|(_, r)| r.inode.ino)
+                .collect())
+        })
+    }
+
+    fn delete_inode(&self, ino: u64) -> FsResult<Vec<BlockRow>> {
+        self.run(|s| super::blocks::delete_inode(s, ino))
+    }
+
+    /// A scan of every inode (paged, at one revision): fine for statfs on
+    /// namespaces of up to a few hundred thousand files.
+    fn usage(&self) -> FsResult<(u64, u64)> {
+        self.run(|s| {
+            let all = s.scan_json::<InodeRec>(INODES)?;
+            Ok((
+                all.len() as u64,
+                all.iter().map(|(_, r)| r.inode.size).sum(),
+            ))
+        })
+    }
+
+    fn getxattr(&self, ino: u64, name: &[u8]) -> FsResult<Vec<u8>> {
+        self.run(|s| s.get(&xattr_key(ino, name)))?
+            .ok_or(FsError::NoXattr)
+    }
+
+    fn get_with_xattr(&self, ino: u64, name: &[u8]) -> FsResult<(Inode, bool)> {
+        self.run(|s| {
+            let i = s.inode_rec(ino)?.inode;
+            Ok((i, s.get(&xattr_key(ino, name))?.is_some()))
+        })
+    }
+
+    fn update_xattrs(
+        &self,
+        ino: u64,
+        names: &[&[u8]],
+        limits: XattrLimits,
+        decide: &mut DecideXattrs<'_>,
+    ) -> FsResult<Inode> {
+        let now = now_ns();
+        self.run(|s| rules::update_xattrs(s, ino, names, limits, &mut *decide, now))
+    }
+
+    fn listxattr(&self, ino: u64) -> FsResult<Vec<Vec<u8>>> {
+        self.run(|s| {
+            let p = xattrs_of(ino);
+            s.scan(&p, &prefix_end(&p), None)?
+                .into_iter()
+                .map(|(k, _)| name_in(&k))
+                .collect()
+        })
+    }
 }

@@ -30,6 +30,7 @@ use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 use super::stm::{Stm, prefix_end};
 use crate::error::{FsError, FsResult};
+use crate::meta::rules::Entry;
 use crate::meta::types::*;
 
 pub(super) fn hex(b: &[u8]) -> String {
@@ -216,7 +217,8 @@ impl Stm<'_> {
         self.get_json(&inode_key(ino))
     }
 
-    pub fn inode(&mut self, ino: u64) -> FsResult<InodeRec> {
+    /// The inode `ino` with its symlink target; `NotFound` without one.
+    pub fn inode_rec(&mut self, ino: u64) -> FsResult<InodeRec> {
         self.find_inode(ino)?.ok_or(FsError::NotFound)
     }
 
@@ -234,18 +236,6 @@ impl Stm<'_> {
         Ok(())
     }
 
-    pub fn require_dir(&mut self, ino: u64) -> FsResult<InodeRec> {
-        let r = self.inode(ino)?;
-        if r.inode.kind != Kind::Dir {
-            return Err(FsError::NotDir);
-        }
-        Ok(r)
-    }
-
-    pub fn lookup_in(&mut self, parent: u64, name: &[u8]) -> FsResult<Option<Dentry>> {
-        self.get_json(&dentry_key(parent, name))
-    }
-
     /// Points `parent/name` at `d`, replacing the entry `old` that was
     /// there, if any; keeps the `p/` names and the `o/` listing in step.
     pub fn set_entry(
@@ -253,7 +243,7 @@ impl Stm<'_> {
         parent: u64,
         name: &[u8],
         d: Dentry,
-        old: Option<Dentry>,
+        old: Option<Entry>,
     ) -> FsResult<()> {
         if let Some(o) = old {
             self.delete(&name_key(o.ino, parent, name));
@@ -267,37 +257,6 @@ impl Stm<'_> {
             kind: d.kind,
         };
         self.put_json(&listed_key(parent, d.cookie), &listed)
-    }
-
-    pub fn remove_entry(&mut self, parent: u64, name: &[u8], d: Dentry) {
-        self.delete(&dentry_key(parent, name));
-        self.delete(&name_key(d.ino, parent, name));
-        self.delete(&listed_key(parent, d.cookie));
-    }
-
-    /// Changes the directory's link count and stamps mtime/ctime: every
-    /// entry change rewrites the directory's inode, so an attempt that read
-    /// it conflicts with any change of the directory's contents.
-    pub fn touch_dir(&mut self, dir: u64, nlink_delta: i64, now: i64) -> FsResult<()> {
-        self.update_inode(dir, |i| {
-            i.mtime = now;
-            i.ctime = now;
-            i.nlink = (i.nlink as i64 + nlink_delta).max(0) as u32;
-        })
-    }
-
-    /// One (parent, name) of `ino`, the first in key order.
-    pub fn first_name(&mut self, ino: u64) -> FsResult<Option<(u64, Vec<u8>)>> {
-        let p = names_of(ino);
-        match self.scan(&p, &prefix_end(&p), Some(1))?.first() {
-            Some((k, _)) => Ok(Some(parse_name_key(k)?)),
-            None => Ok(None),
-        }
-    }
-
-    pub fn is_empty_dir(&mut self, dir: u64) -> FsResult<bool> {
-        let p = dentries_of(dir);
-        Ok(self.scan(&p, &prefix_end(&p), Some(1))?.is_empty())
     }
 
     pub fn counter(&mut self, name: &str) -> FsResult<Option<u64>> {

@@ -4,16 +4,37 @@
 
 use rusqlite::{Connection, params};
 
+use super::MetaStore;
 use crate::error::FsResult;
+use crate::meta::audit::AuditLog;
 use crate::meta::types::{AuditEvent, FenceRecord};
+use crate::sync::lock;
+
+impl AuditLog for MetaStore {
+    fn audit(&self, e: &AuditEvent) -> FsResult<Option<i64>> {
+        self.durable(|tx| audit(tx, e))
+    }
+
+    fn audit_history(&self, election: &str) -> FsResult<Vec<AuditEvent>> {
+        history(&lock(&self.conn), election, None)
+    }
+
+    fn put_fence(&self, f: &FenceRecord) -> FsResult<()> {
+        self.durable(|tx| put_fence(tx, f))
+    }
+
+    fn delete_fence(&self, owner: &str, pgid: u32) -> FsResult<()> {
+        self.durable(|tx| delete_fence(tx, owner, pgid))
+    }
+
+    fn fences(&self, owner: &str) -> FsResult<Vec<FenceRecord>> {
+        fences(&lock(&self.conn), owner)
+    }
+}
 
 /// The events of `election` (of one term only, with `epoch`), oldest
 /// first.
-pub(super) fn history(
-    c: &Connection,
-    election: &str,
-    epoch: Option<u64>,
-) -> FsResult<Vec<AuditEvent>> {
+fn history(c: &Connection, election: &str, epoch: Option<u64>) -> FsResult<Vec<AuditEvent>> {
     let mut st = c.prepare(
         "SELECT election, event, who, host, pid, epoch, at_ms, why FROM election_audit WHERE election = ?1 AND (?2 IS NULL OR epoch = ?2) ORDER BY id",
     )?;
@@ -33,7 +54,7 @@ pub(super) fn history(
 }
 
 /// Appends `e` unless its term already has it (`None` then).
-pub(super) fn audit(tx: &Connection, e: &AuditEvent) -> FsResult<Option<i64>> {
+fn audit(tx: &Connection, e: &AuditEvent) -> FsResult<Option<i64>> {
     if e.is_redundant(&history(tx, &e.election, Some(e.epoch))?) {
         return Ok(None);
     }
@@ -44,7 +65,7 @@ pub(super) fn audit(tx: &Connection, e: &AuditEvent) -> FsResult<Option<i64>> {
     Ok(Some(tx.last_insert_rowid()))
 }
 
-pub(super) fn put_fence(tx: &Connection, f: &FenceRecord) -> FsResult<()> {
+fn put_fence(tx: &Connection, f: &FenceRecord) -> FsResult<()> {
     tx.execute(
         "INSERT OR REPLACE INTO election_fences(owner, pgid, start_ticks, boot_id, cgroup, leader, ino, epoch, who, pid) VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
         params![
@@ -63,7 +84,7 @@ pub(super) fn put_fence(tx: &Connection, f: &FenceRecord) -> FsResult<()> {
     Ok(())
 }
 
-pub(super) fn delete_fence(tx: &Connection, owner: &str, pgid: u32) -> FsResult<()> {
+fn delete_fence(tx: &Connection, owner: &str, pgid: u32) -> FsResult<()> {
     tx.execute(
         "DELETE FROM election_fences WHERE owner = ?1 AND pgid = ?2",
         params![owner, pgid as i64],
@@ -72,7 +93,7 @@ pub(super) fn delete_fence(tx: &Connection, owner: &str, pgid: u32) -> FsResult<
 }
 
 /// The fences a daemon of lineage `owner` left, by command pid.
-pub(super) fn fences(c: &Connection, owner: &str) -> FsResult<Vec<FenceRecord>> {
+fn fences(c: &Connection, owner: &str) -> FsResult<Vec<FenceRecord>> {
     let mut st = c.prepare(
         "SELECT owner, pgid, start_ticks, boot_id, cgroup, leader, ino, epoch, who, pid FROM election_fences WHERE owner = ?1 ORDER BY pgid",
     )?;

@@ -1,16 +1,71 @@
-//! The datanode registry in SQLite (table `datanodes`), the filesystem ID
-//! (table `settings`), the upgrade of the positional layout's
-//! `datanodes(idx, path)` table into the registry, and the changes of
-//! replica lists that datanode administration makes (compare-and-set of a
-//! row, removal of a datanode from every row).
+//! [`DatanodeRegistry`] on SQLite: the registry (table `datanodes`), the
+//! filesystem ID (table `settings`), the replication factor (a row of
+//! `counters`), the upgrade of the positional layout's
+//! `datanodes(idx, path)` table into the registry, and the removal of a
+//! datanode from every block row.
 
 use std::path::{Path, PathBuf};
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::schema;
+use super::{MetaStore, blocks, row_to_block, schema};
 use crate::error::{FsError, FsResult};
+use crate::meta::registry::DatanodeRegistry;
 use crate::meta::types::{AdminState, BlockRow, DatanodeRecord, DnId};
+use crate::sync::lock;
+
+impl DatanodeRegistry for MetaStore {
+    fn filesystem_id(&self) -> FsResult<String> {
+        filesystem_id(&lock(&self.conn))
+    }
+
+    fn datanode_records(&self) -> FsResult<Vec<DatanodeRecord>> {
+        records(&lock(&self.conn))
+    }
+
+    fn register_datanode(&self, storage_id: &str, path: &Path) -> FsResult<DnId> {
+        self.durable(|tx| register(tx, storage_id, path))
+    }
+
+    fn claim_legacy_datanode(&self, id: DnId, storage_id: &str) -> FsResult<String> {
+        self.durable(|tx| claim_legacy(tx, id, storage_id))
+    }
+
+    fn set_datanode_state(
+        &self,
+        id: DnId,
+        from: &[AdminState],
+        to: AdminState,
+    ) -> FsResult<AdminState> {
+        self.durable(|tx| set_state(tx, id, from, to))
+    }
+
+    fn remove_datanode(&self, id: DnId) -> FsResult<()> {
+        self.durable(|tx| remove(tx, id))
+    }
+
+    /// A row of the `counters` table.
+    fn set_replication(&self, replication: usize) -> FsResult<()> {
+        self.with_tx(|tx| {
+            tx.execute(
+                "INSERT OR REPLACE INTO counters VALUES('replication', ?1)",
+                [replication as i64],
+            )?;
+            Ok(())
+        })
+    }
+
+    fn replication(&self) -> FsResult<Option<usize>> {
+        let c = lock(&self.conn);
+        Ok(c.query_row(
+            "SELECT value FROM counters WHERE name = 'replication'",
+            [],
+            |r| r.get::<_, i64>(0),
+        )
+        .optional()?
+        .map(|v| v as usize))
+    }
+}
 
 /// At open: upgrades an earlier schema in place and creates the
 /// filesystem ID if the database has none yet.
@@ -44,7 +99,7 @@ fn row_to_record(r: &rusqlite::Row<'_>) -> rusqlite::Result<DatanodeRecord> {
     })
 }
 
-pub(super) fn filesystem_id(c: &Connection) -> FsResult<String> {
+fn filesystem_id(c: &Connection) -> FsResult<String> {
     Ok(c.query_row(
         "SELECT value FROM settings WHERE name = 'filesystem_id'",
         [],
@@ -52,14 +107,14 @@ pub(super) fn filesystem_id(c: &Connection) -> FsResult<String> {
     )?)
 }
 
-pub(super) fn records(c: &Connection) -> FsResult<Vec<DatanodeRecord>> {
+fn records(c: &Connection) -> FsResult<Vec<DatanodeRecord>> {
     let mut st = c.prepare("SELECT id, storage_id, path, state FROM datanodes ORDER BY id")?;
     let rows = st.query_map([], row_to_record)?;
     Ok(rows.collect::<Result<_, _>>()?)
 }
 
-/// [`crate::meta::Meta::register_datanode`], in transaction `tx`.
-pub(super) fn register(tx: &Connection, storage_id: &str, path: &Path) -> FsResult<DnId> {
+/// [`DatanodeRegistry::register_datanode`], in transaction `tx`.
+fn register(tx: &Connection, storage_id: &str, path: &Path) -> FsResult<DnId> {
     let path = path.to_string_lossy();
     let known: Option<i64> = tx
         .query_row(
@@ -87,8 +142,8 @@ pub(super) fn register(tx: &Connection, storage_id: &str, path: &Path) -> FsResu
     Ok(DnId(id as u32))
 }
 
-/// [`crate::meta::Meta::claim_legacy_datanode`], in transaction `tx`.
-pub(super) fn claim_legacy(tx: &Connection, id: DnId, storage_id: &str) -> FsResult<String> {
+/// [`DatanodeRegistry::claim_legacy_datanode`], in transaction `tx`.
+fn claim_legacy(tx: &Connection, id: DnId, storage_id: &str) -> FsResult<String> {
     tx.execute(
         "UPDATE datanodes SET storage_id = ?2 WHERE id = ?1 AND storage_id IS NULL",
         params![id.0 as i64, storage_id],
@@ -103,8 +158,8 @@ pub(super) fn claim_legacy(tx: &Connection, id: DnId, storage_id: &str) -> FsRes
     .ok_or_else(|| FsError::Meta(format!("datanode {id} is not recorded")))
 }
 
-/// [`crate::meta::Meta::set_datanode_state`], in transaction `tx`.
-pub(super) fn set_state(
+/// [`DatanodeRegistry::set_datanode_state`], in transaction `tx`.
+fn set_state(
     tx: &Connection,
     id: DnId,
     from: &[AdminState],
@@ -128,9 +183,9 @@ pub(super) fn set_state(
     Ok(was)
 }
 
-/// [`crate::meta::Meta::remove_datanode`], in transaction `tx`: the
+/// [`DatanodeRegistry::remove_datanode`], in transaction `tx`: the
 /// tombstone and every row rewritten at once.
-pub(super) fn remove(tx: &Connection, id: DnId) -> FsResult<()> {
+fn remove(tx: &Connection, id: DnId) -> FsResult<()> {
     let n = tx.execute(
         "UPDATE datanodes SET state = 'removed' WHERE id = ?1",
         [id.0 as i64],
@@ -143,30 +198,12 @@ pub(super) fn remove(tx: &Connection, id: DnId) -> FsResult<()> {
             "SELECT ino, idx, block_id, gs, len, finalized, replicas FROM blocks
              WHERE ',' || replicas || ',' LIKE '%,' || ?1 || ',%'",
         )?;
-        st.query_map([id.0 as i64], super::row_to_block)?
+        st.query_map([id.0 as i64], row_to_block)?
             .collect::<Result<_, _>>()?
     };
     for mut b in rows {
         b.replicas.retain(|d| *d != id);
-        super::MetaStore::put_block(tx, &b)?;
+        blocks::put_block(tx, &b)?;
     }
     Ok(())
-}
-
-/// [`crate::meta::backend::Change::PutBlockIf`], in transaction `tx`.
-pub(super) fn put_block_if(tx: &Connection, expect: &BlockRow, row: &BlockRow) -> FsResult<()> {
-    let now = tx
-        .prepare_cached(
-            "SELECT ino, idx, block_id, gs, len, finalized, replicas FROM blocks
-             WHERE ino = ?1 AND idx = ?2",
-        )?
-        .query_row(params![row.ino as i64, row.idx as i64], super::row_to_block)
-        .optional()?;
-    if now.as_ref() != Some(expect) {
-        return Err(FsError::Moved(format!(
-            "block {} of inode {} changed since it was read",
-            expect.block_id, expect.ino
-        )));
-    }
-    super::MetaStore::put_block(tx, row)
 }

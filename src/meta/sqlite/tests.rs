@@ -1,7 +1,10 @@
 //! Tests of the SQLite store that need its internals: reopening, the
-//! upgrade of old databases, the query plan of a listing page.
+//! upgrade of old databases, the query plan of a listing page, the
+//! counters' first values.
 
+use super::namespace::READDIR_PAGE;
 use super::*;
+use crate::meta::{Counter, Counters, Namespace};
 
 fn node(kind: Kind) -> NewNode<'static> {
     NewNode {
@@ -29,23 +32,6 @@ fn namespace_survives_reopen() {
     let dir = m.lookup(ROOT_INO, b"d").unwrap();
     assert_eq!(m.lookup(dir.ino, b"f").unwrap().kind, Kind::File);
     assert_eq!(m.get(ROOT_INO).unwrap().nlink, 3);
-}
-
-#[test]
-fn rename_replaces_and_refuses_loops() {
-    let d = tempfile::tempdir().unwrap();
-    let m = MetaStore::open(&d.path().join("m.db"), 0, 0).unwrap();
-    let a = m.create(ROOT_INO, b"a", node(Kind::File)).unwrap();
-    let b = m.create(ROOT_INO, b"b", node(Kind::File)).unwrap();
-    let gone = m
-        .rename(ROOT_INO, b"a", ROOT_INO, b"b", false, false)
-        .unwrap();
-    assert_eq!(gone.unwrap().ino, b.ino);
-    assert_eq!(m.lookup(ROOT_INO, b"b").unwrap().ino, a.ino);
-    let x = m.create(ROOT_INO, b"x", node(Kind::Dir)).unwrap();
-    let y = m.create(x.ino, b"y", node(Kind::Dir)).unwrap();
-    assert!(m.rename(ROOT_INO, b"x", y.ino, b"z", false, false).is_err());
-    assert!(matches!(m.rmdir(ROOT_INO, b"x"), Err(FsError::NotEmpty)));
 }
 
 /// A database from before listing cookies: its entries get cookies in
@@ -107,4 +93,16 @@ fn epochs_reserved_monotonically() {
     let a = m.reserve_epochs(100).unwrap();
     let b = m.reserve_epochs(100).unwrap();
     assert_eq!(b, a + 100);
+}
+
+/// The schema's first counter values are the ones a new etcd namespace
+/// gets ([`Counter::first`]).
+#[test]
+fn counters_start_at_their_first_values() {
+    let d = tempfile::tempdir().unwrap();
+    let m = MetaStore::open(&d.path().join("m.db"), 0, 0).unwrap();
+    for c in Counter::ALL {
+        assert_eq!(m.alloc(c).unwrap(), c.first(), "{}", c.key());
+        assert_eq!(m.alloc(c).unwrap(), c.first() + 1, "{}", c.key());
+    }
 }

@@ -1,0 +1,65 @@
+//! [`BlockMap`]: which blocks each file has and where their replicas
+//! are, the files under construction, and the write path's commits of
+//! [`Change`]s with their durability.
+
+use super::types::{BlockRow, UnderConstruction};
+use crate::error::FsResult;
+
+/// One change of a write-path commit; see [`BlockMap::commit`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// Inserts or replaces the block row (`ino`, `idx`).
+    PutBlock(BlockRow),
+    /// Replaces the block row (`row.ino`, `row.idx`) only if it is still
+    /// `expect`; otherwise the whole commit fails with
+    /// [`crate::error::FsError::Moved`]. Housekeeping, the balancer and
+    /// datanode removal change replica lists of finished blocks this way,
+    /// so none of them writes back a row another one changed meanwhile.
+    PutBlockIf {
+        expect: BlockRow,
+        row: BlockRow,
+    },
+    /// Removes the file's blocks with index >= `from`; they are returned by
+    /// `commit` so their replicas can be deleted.
+    DropBlocksFrom {
+        ino: u64,
+        from: u64,
+    },
+    /// Records the file's length (and mtime = ctime = `touch` if given).
+    SetSize {
+        ino: u64,
+        size: u64,
+        touch: Option<i64>,
+    },
+    /// Records (or replaces) the file's under-construction entry; also
+    /// raises the inode's last epoch to the entry's epoch.
+    PutUc(UnderConstruction),
+    DelUc(u64),
+    /// Raises the inode's last grant epoch (never lowers it).
+    SetLastEpoch {
+        ino: u64,
+        epoch: u64,
+    },
+}
+
+/// Block lists and files under construction. The write path's multi-row
+/// updates are one [`BlockMap::commit`] of [`Change`]s, so they commit as
+/// one unit on either backend (one SQLite transaction, one etcd Txn).
+pub trait BlockMap: Send + Sync {
+    /// Applies `changes` atomically; with `durable`, the commit (and every
+    /// earlier one) is on stable storage when this returns. Returns the
+    /// blocks removed by `DropBlocksFrom`.
+    fn commit(&self, changes: &[Change], durable: bool) -> FsResult<Vec<BlockRow>>;
+    /// Makes every commit so far durable, cheaply when nothing changed.
+    fn sync_if_needed(&self) -> FsResult<()>;
+    fn blocks(&self, ino: u64) -> FsResult<Vec<BlockRow>>;
+    /// Every block of every file, ordered by (ino, idx).
+    fn all_blocks(&self) -> FsResult<Vec<BlockRow>>;
+    /// The row of block `block_id`, if a file still has it (a point read:
+    /// the orphan sweep asks it again before deleting anything).
+    fn block_by_id(&self, block_id: u64) -> FsResult<Option<BlockRow>>;
+    fn list_uc(&self) -> FsResult<Vec<UnderConstruction>>;
+    /// One file's under-construction entry (a point read: write-opens over
+    /// etcd ask this for every file they claim).
+    fn uc(&self, ino: u64) -> FsResult<Option<UnderConstruction>>;
+}

@@ -1,0 +1,46 @@
+//! [`DatanodeRegistry`]: the datanodes the filesystem has recorded (by
+//! id and storage ID), their admin states, the filesystem ID their
+//! identity files name, and the replication factor of the last mount.
+
+use std::path::Path;
+
+use super::types::{AdminState, DatanodeRecord, DnId};
+use crate::error::FsResult;
+
+/// The datanode registry (docs/SEMANTICS.md, "Datanode administration").
+pub trait DatanodeRegistry: Send + Sync {
+    /// The filesystem's ID, created with it: every datanode's identity file
+    /// names it, so a directory of another filesystem is recognised.
+    fn filesystem_id(&self) -> FsResult<String>;
+    /// Every datanode the filesystem has recorded, by id.
+    fn datanode_records(&self) -> FsResult<Vec<DatanodeRecord>>;
+    /// Records that storage `storage_id`, whose identity file is on disk,
+    /// was attached at `path`; returns its id, a new one for a storage not
+    /// seen before. An `upgrading` record of it becomes `normal`. Durable.
+    fn register_datanode(&self, storage_id: &str, path: &Path) -> FsResult<DnId>;
+    /// Gives the positional-layout datanode `id` the storage ID
+    /// `storage_id`, unless it has one already (another daemon's, or an
+    /// interrupted upgrade's); returns the one it has afterwards. Durable:
+    /// the identity file is written only after this.
+    fn claim_legacy_datanode(&self, id: DnId, storage_id: &str) -> FsResult<String>;
+    /// Moves datanode `id` to admin state `to` if it is in one of `from`
+    /// (durably); returns the state it was in, changed or not, so the
+    /// caller sees whether it won (`NotFound` if it is not recorded).
+    fn set_datanode_state(
+        &self,
+        id: DnId,
+        from: &[AdminState],
+        to: AdminState,
+    ) -> FsResult<AdminState>;
+    /// Removes datanode `id`: its record becomes a `removed` tombstone and
+    /// no block row lists it afterwards. The tombstone is one durable
+    /// step, after which a row that still lists the datanode means
+    /// nothing; the rows are rewritten in the same transaction (SQLite) or
+    /// right after it in pages (etcd, whose transactions are bounded), and
+    /// calling it again finishes an interrupted rewrite.
+    fn remove_datanode(&self, id: DnId) -> FsResult<()>;
+    /// Records the replication factor of this mount, for offline tools.
+    fn set_replication(&self, replication: usize) -> FsResult<()>;
+    /// The replication factor of the last mount, if recorded.
+    fn replication(&self) -> FsResult<Option<usize>>;
+}
