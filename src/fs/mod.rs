@@ -13,6 +13,7 @@ pub mod daemon;
 mod durability;
 mod epochs;
 mod fencing;
+mod file_record;
 mod handles;
 mod leasing;
 mod maintenance;

@@ -13,13 +13,13 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
-use super::datanodes::{Absent, Datanodes};
+use super::datanodes::{Absent, Attached, Datanodes};
 use crate::error::FsError;
 use crate::meta::{AdminState, DatanodeRecord, DnId, Meta};
-use crate::storage::datanode::{Datanode, StorageError};
 use crate::storage::identity::{self, Identity};
+use crate::storage::{Datanode, Storage, StorageError, block_ids_in, holds_files};
+use crate::sync::Arc;
 
 /// Why a `--datanode` directory cannot be attached: the mount is refused.
 #[derive(Debug, thiserror::Error)]
@@ -80,8 +80,8 @@ fn storage(path: &Path) -> impl FnOnce(StorageError) -> AttachError + '_ {
     }
 }
 
-/// A directory attached as datanode `id`.
-struct Attached {
+/// A directory recognised as datanode `id`, to be opened.
+struct Identified {
     id: DnId,
     root: PathBuf,
     identity: Identity,
@@ -94,7 +94,6 @@ pub fn attach(
     meta: &dyn Meta,
     dirs: &[PathBuf],
     replication: usize,
-    slow: Option<(DnId, Duration)>,
 ) -> Result<Datanodes, AttachError> {
     let fsid = meta.filesystem_id()?;
     let records = meta.datanode_records()?;
@@ -150,18 +149,18 @@ pub fn attach(
     let (matched, candidates) = match_positional(meta, &legacy, unidentified)?;
     let mut fresh = Vec::new();
     for dir in candidates {
-        match Datanode::holds_files(&dir) {
+        match holds_files(&dir) {
             Ok(true) => return Err(AttachError::Unidentified { path: dir }),
             Ok(false) => fresh.push(dir),
             Err(e) => unusable.push((dir, e.to_string())),
         }
     }
-    let mut attached: Vec<Attached> = Vec::new();
+    let mut attached: Vec<Identified> = Vec::new();
     for (dir, id) in identified {
         // Known: its id (an interrupted upgrade is finished here). Unknown:
         // its file was written but the mount stopped before registering it.
         let dn = meta.register_datanode(&id.storage_id, &dir)?;
-        attached.push(Attached {
+        attached.push(Identified {
             id: dn,
             root: dir,
             identity: id,
@@ -181,7 +180,7 @@ pub fn attach(
         }
         let dn = meta.register_datanode(&id.storage_id, &dir)?;
         tracing::info!(datanode = %dn, storage = %id.storage_id, path = %dir.display(), "new datanode registered");
-        attached.push(Attached {
+        attached.push(Identified {
             id: dn,
             root: dir,
             identity: id,
@@ -201,7 +200,10 @@ pub fn attach(
         match Datanode::open(a.id, &a.root, Some(a.identity)) {
             Ok(n) => {
                 ids.insert(a.id);
-                nodes.push((n, state_of(a.id)));
+                nodes.push(Attached {
+                    node: Arc::new(n),
+                    admin: state_of(a.id),
+                });
             }
             Err(e) => unusable.push((a.root, e.to_string())),
         }
@@ -228,7 +230,7 @@ pub fn attach(
             Absent { record, why }
         })
         .collect();
-    Ok(Datanodes::new(nodes, absent, replication, slow))
+    Ok(Datanodes::new(nodes, absent, replication))
 }
 
 /// Attaches `dir` to the running daemon's datanodes `dns` (`leasefs
@@ -244,7 +246,7 @@ pub fn attach_one(meta: &dyn Meta, dns: &Datanodes, dir: &Path) -> Result<DnId, 
     let id = match identity::read(dir).map_err(storage(dir))? {
         Some(id) => id,
         None => {
-            if Datanode::holds_files(dir).map_err(storage(dir))? {
+            if holds_files(dir).map_err(storage(dir))? {
                 return Err(AttachError::Unidentified {
                     path: dir.to_path_buf(),
                 });
@@ -276,10 +278,10 @@ pub fn attach_one(meta: &dyn Meta, dns: &Datanodes, dir: &Path) -> Result<DnId, 
             });
         }
     }
-    if let Some(other) = dns.attached().iter().find(|n| n.root == dir) {
+    if let Some(other) = dns.attached().iter().find(|n| n.root() == dir) {
         return Err(AttachError::AlreadyAttached {
             path: dir.to_path_buf(),
-            id: other.id,
+            id: other.id(),
         });
     }
     let dn = meta.register_datanode(&id.storage_id, dir)?;
@@ -291,18 +293,21 @@ pub fn attach_one(meta: &dyn Meta, dns: &Datanodes, dir: &Path) -> Result<DnId, 
         AdminState::Normal,
     )?;
     tracing::info!(datanode = %dn, storage = %id.storage_id, path = %dir.display(), "datanode added");
-    dns.insert(node, AdminState::Normal);
+    dns.insert(Arc::new(node), AdminState::Normal);
     Ok(dn)
 }
 
 /// Opens the datanode of `rec` at its recorded path, if the directory
 /// there carries its identity file: how a daemon attaches a datanode
 /// another daemon added while both run.
-pub fn open_recorded(fsid: &str, rec: &DatanodeRecord) -> Result<Datanode, String> {
+pub fn open_recorded(fsid: &str, rec: &DatanodeRecord) -> Result<Arc<dyn Storage>, String> {
     let found = identity::read(&rec.path).map_err(|e| e.to_string())?;
     match (found, &rec.storage_id) {
         (Some(id), Some(sid)) if id.storage_id == *sid && id.filesystem_id == fsid => {
-            Datanode::open(rec.id, &rec.path, Some(id)).map_err(|e| e.to_string())
+            match Datanode::open(rec.id, &rec.path, Some(id)) {
+                Ok(n) => Ok(Arc::new(n)),
+                Err(e) => Err(e.to_string()),
+            }
         }
         _ => Err(format!(
             "{} does not hold its identity file here",
@@ -347,10 +352,10 @@ fn match_positional<'r>(
     // place that holds only some of its blocks.
     let mut scored = Vec::new();
     for (d, dir) in left_dirs.iter().enumerate() {
-        if !Datanode::holds_files(dir).map_err(storage(dir))? {
+        if !holds_files(dir).map_err(storage(dir))? {
             continue;
         }
-        let found = Datanode::block_ids_in(dir).map_err(storage(dir))?;
+        let found = block_ids_in(dir).map_err(storage(dir))?;
         for (k, rec) in left.iter().enumerate() {
             let set = held.get(&rec.id);
             let n = found
@@ -390,7 +395,7 @@ fn upgrade(
     fsid: &str,
     dir: &Path,
     rec: &DatanodeRecord,
-) -> Result<Attached, AttachError> {
+) -> Result<Identified, AttachError> {
     let sid = meta.claim_legacy_datanode(rec.id, &identity::new_storage_id())?;
     let id = identity::create(dir, &Identity::of(sid.clone(), fsid)).map_err(storage(dir))?;
     if id.filesystem_id != fsid {
@@ -418,7 +423,7 @@ fn upgrade(
         was = %rec.path.display(),
         "datanode of the positional layout upgraded in place"
     );
-    Ok(Attached {
+    Ok(Identified {
         id: dn,
         root: dir.to_path_buf(),
         identity: id,
@@ -449,14 +454,17 @@ pub fn recorded(meta: &dyn Meta, replication: usize) -> Result<Datanodes, Attach
             _ => None,
         };
         match opened {
-            Some(n) => nodes.push((n, state)),
+            Some(n) => nodes.push(Attached {
+                node: Arc::new(n),
+                admin: state,
+            }),
             None => absent.push(Absent {
                 record: rec,
                 why: "its directory is missing, or holds another identity file".into(),
             }),
         }
     }
-    Ok(Datanodes::new(nodes, absent, replication, None))
+    Ok(Datanodes::new(nodes, absent, replication))
 }
 
 #[cfg(test)]
@@ -504,9 +512,9 @@ mod tests {
         m.claim_legacy_datanode(DnId(1), "DS-b").unwrap();
         identity::create(&d[1], &Identity::of("DS-b".into(), &fsid)).unwrap();
         for _ in 0..2 {
-            let dns = attach(&m, &[d[1].clone(), d[0].clone()], 2, None).unwrap();
-            assert_eq!(dns.get(DnId(0)).unwrap().root, d[0]);
-            assert_eq!(dns.get(DnId(1)).unwrap().root, d[1]);
+            let dns = attach(&m, &[d[1].clone(), d[0].clone()], 2).unwrap();
+            assert_eq!(dns.get(DnId(0)).unwrap().root(), d[0]);
+            assert_eq!(dns.get(DnId(1)).unwrap().root(), d[1]);
             let sids: Vec<String> = d
                 .iter()
                 .map(|d| identity::read(d).unwrap().unwrap().storage_id)
@@ -526,17 +534,17 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let d = mkdirs(&t, &["a", "b", "foreign", "copy", "new"]);
         let m = MetaStore::open(&t.path().join("meta.db"), 0, 0).unwrap();
-        let dns = attach(&m, &d[..2], 2, None).unwrap();
-        assert_eq!(dns.get(DnId(1)).unwrap().root, d[1]);
+        let dns = attach(&m, &d[..2], 2).unwrap();
+        assert_eq!(dns.get(DnId(1)).unwrap().root(), d[1]);
         // Reversed: the same ids.
-        let dns = attach(&m, &[d[1].clone(), d[0].clone()], 2, None).unwrap();
-        assert_eq!(dns.get(DnId(0)).unwrap().root, d[0]);
+        let dns = attach(&m, &[d[1].clone(), d[0].clone()], 2).unwrap();
+        assert_eq!(dns.get(DnId(0)).unwrap().root(), d[0]);
         // One left out is recorded, and dead.
-        let dns = attach(&m, &d[1..2], 1, None).unwrap();
+        let dns = attach(&m, &d[1..2], 1).unwrap();
         assert_eq!((dns.len(), dns.is_alive(DnId(0))), (2, false));
 
         identity::create(&d[2], &Identity::new("FS-other")).unwrap();
-        let e = attach(&m, &[d[4].clone(), d[0].clone(), d[2].clone()], 2, None).unwrap_err();
+        let e = attach(&m, &[d[4].clone(), d[0].clone(), d[2].clone()], 2).unwrap_err();
         assert!(matches!(e, AttachError::Foreign { .. }), "{e}");
         // A refused mount changed nothing: the new directory is untouched.
         assert_eq!(std::fs::read_dir(&d[4]).unwrap().count(), 0);
@@ -545,7 +553,7 @@ mod tests {
             d[3].join(identity::FILE_NAME),
         )
         .unwrap();
-        let e = attach(&m, &[d[0].clone(), d[3].clone()], 2, None).unwrap_err();
+        let e = attach(&m, &[d[0].clone(), d[3].clone()], 2).unwrap_err();
         assert!(matches!(e, AttachError::Duplicate { .. }), "{e}");
         assert_eq!(m.datanode_records().unwrap().len(), 2, "nothing registered");
     }
