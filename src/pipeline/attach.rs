@@ -80,6 +80,40 @@ fn storage(path: &Path) -> impl FnOnce(StorageError) -> AttachError + '_ {
     }
 }
 
+/// A directory that cannot be used (a failed disk), and why.
+struct Unusable {
+    dir: PathBuf,
+    why: String,
+}
+
+impl Unusable {
+    fn new(dir: PathBuf, e: impl std::fmt::Display) -> Unusable {
+        Unusable {
+            dir,
+            why: e.to_string(),
+        }
+    }
+}
+
+/// A directory with the identity file it holds.
+struct WithIdentity {
+    dir: PathBuf,
+    identity: Identity,
+}
+
+/// A directory without an identity file and the positional-layout record
+/// of the datanode it is.
+struct Pair<'r> {
+    dir: PathBuf,
+    rec: &'r DatanodeRecord,
+}
+
+/// Directories paired with the records they are, and those left over.
+struct Matched<'r> {
+    pairs: Vec<Pair<'r>>,
+    rest: Vec<PathBuf>,
+}
+
 /// A directory recognised as datanode `id`, to be opened.
 struct Identified {
     id: DnId,
@@ -103,7 +137,7 @@ pub fn attach(
     let mut unidentified = Vec::new();
     // Directories that cannot be read (a failed disk): left out of this
     // mount, with the reason, rather than refusing it.
-    let mut unusable: Vec<(PathBuf, String)> = Vec::new();
+    let mut unusable: Vec<Unusable> = Vec::new();
     let mut seen: HashMap<String, PathBuf> = HashMap::new();
     for dir in dirs {
         let id = match identity::read(dir) {
@@ -113,7 +147,7 @@ pub fn attach(
                 continue;
             }
             Err(e) => {
-                unusable.push((dir.clone(), e.to_string()));
+                unusable.push(Unusable::new(dir.clone(), e));
                 continue;
             }
         };
@@ -139,24 +173,27 @@ pub fn attach(
                 storage_id: id.storage_id,
             });
         }
-        identified.push((dir.clone(), id));
+        identified.push(WithIdentity {
+            dir: dir.clone(),
+            identity: id,
+        });
     }
     let legacy: Vec<&DatanodeRecord> = records
         .iter()
         .filter(|r| r.state == AdminState::Upgrading)
         .filter(|r| r.storage_id.as_ref().is_none_or(|s| !seen.contains_key(s)))
         .collect();
-    let (matched, candidates) = match_positional(meta, &legacy, unidentified)?;
+    let matched = match_positional(meta, &legacy, unidentified)?;
     let mut fresh = Vec::new();
-    for dir in candidates {
+    for dir in matched.rest {
         match holds_files(&dir) {
             Ok(true) => return Err(AttachError::Unidentified { path: dir }),
             Ok(false) => fresh.push(dir),
-            Err(e) => unusable.push((dir, e.to_string())),
+            Err(e) => unusable.push(Unusable::new(dir, e)),
         }
     }
     let mut attached: Vec<Identified> = Vec::new();
-    for (dir, id) in identified {
+    for WithIdentity { dir, identity: id } in identified {
         // Known: its id (an interrupted upgrade is finished here). Unknown:
         // its file was written but the mount stopped before registering it.
         let dn = meta.register_datanode(&id.storage_id, &dir)?;
@@ -166,7 +203,7 @@ pub fn attach(
             identity: id,
         });
     }
-    for (dir, rec) in matched {
+    for Pair { dir, rec } in matched.pairs {
         attached.push(upgrade(meta, &fsid, &dir, rec)?);
     }
     for dir in fresh {
@@ -205,18 +242,18 @@ pub fn attach(
                     admin: state_of(a.id),
                 });
             }
-            Err(e) => unusable.push((a.root, e.to_string())),
+            Err(e) => unusable.push(Unusable::new(a.root, e)),
         }
     }
-    for (dir, why) in &unusable {
-        tracing::warn!(path = %dir.display(), "datanode directory cannot be read: left out of this mount: {why}");
+    for u in &unusable {
+        tracing::warn!(path = %u.dir.display(), "datanode directory cannot be read: left out of this mount: {}", u.why);
     }
     let absent = records
         .into_iter()
         .filter(|r| !ids.contains(&r.id) && r.state != AdminState::Removed)
         .map(|record| {
-            let why = match unusable.iter().find(|(d, _)| *d == record.path) {
-                Some((_, e)) => format!("cannot be read at mount: {e}"),
+            let why = match unusable.iter().find(|u| u.dir == record.path) {
+                Some(u) => format!("cannot be read at mount: {}", u.why),
                 None if dirs.contains(&record.path) => {
                     "its directory holds another datanode now (replaced)".into()
                 }
@@ -316,9 +353,6 @@ pub fn open_recorded(fsid: &str, rec: &DatanodeRecord) -> Result<Arc<dyn Storage
     }
 }
 
-/// Directories paired with the records they are, and those left over.
-type Matched<'r> = (Vec<(PathBuf, &'r DatanodeRecord)>, Vec<PathBuf>);
-
 /// Pairs directories without an identity file with the positional
 /// layout's records that await one: by recorded path first, then, for
 /// directories that moved, by the replicas they hold (the block rows say
@@ -334,12 +368,18 @@ fn match_positional<'r>(
     let mut left: Vec<&DatanodeRecord> = legacy.to_vec();
     for dir in dirs {
         match left.iter().position(|r| r.path == dir) {
-            Some(k) => pairs.push((dir, left.remove(k))),
+            Some(k) => pairs.push(Pair {
+                dir,
+                rec: left.remove(k),
+            }),
             None => left_dirs.push(dir),
         }
     }
     if left.is_empty() || left_dirs.is_empty() {
-        return Ok((pairs, left_dirs));
+        return Ok(Matched {
+            pairs,
+            rest: left_dirs,
+        });
     }
     let mut held: HashMap<DnId, HashSet<u64>> = HashMap::new();
     for b in meta.all_blocks()? {
@@ -363,19 +403,31 @@ fn match_positional<'r>(
                 .filter(|b| set.is_some_and(|s| s.contains(b)))
                 .count();
             if n > 0 {
-                scored.push((n, d, k));
+                scored.push(Score {
+                    shared: n,
+                    dir: d,
+                    rec: k,
+                });
             }
         }
     }
-    scored.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+    scored.sort_by(|a, b| {
+        b.shared
+            .cmp(&a.shared)
+            .then(a.dir.cmp(&b.dir))
+            .then(a.rec.cmp(&b.rec))
+    });
     let (mut dir_used, mut rec_used) = (HashSet::new(), HashSet::new());
-    for (_, d, k) in scored {
+    for Score { dir: d, rec: k, .. } in scored {
         if dir_used.contains(&d) || rec_used.contains(&k) {
             continue;
         }
         dir_used.insert(d);
         rec_used.insert(k);
-        pairs.push((left_dirs[d].clone(), left[k]));
+        pairs.push(Pair {
+            dir: left_dirs[d].clone(),
+            rec: left[k],
+        });
     }
     let rest = left_dirs
         .into_iter()
@@ -383,7 +435,14 @@ fn match_positional<'r>(
         .filter(|(d, _)| !dir_used.contains(d))
         .map(|(_, dir)| dir)
         .collect();
-    Ok((pairs, rest))
+    Ok(Matched { pairs, rest })
+}
+
+/// How many replicas directory `dir` and record `rec` (indexes) share.
+struct Score {
+    shared: usize,
+    dir: usize,
+    rec: usize,
 }
 
 /// Upgrades the positional-layout datanode `rec` at `dir` in place: its

@@ -48,6 +48,12 @@ pub(crate) struct ReplicaResult {
     pub result: FsResult<()>,
 }
 
+/// A replica of a block whose sync failed, and why.
+struct Failed<'a> {
+    dn: DnId,
+    error: &'a FsError,
+}
+
 /// The replicas on one datanode filesystem, synced with one `syncfs`.
 struct FsGroup {
     node: Arc<dyn Storage>,
@@ -181,22 +187,25 @@ pub(crate) fn drop_failed(
 ) -> FsResult<Vec<BlockRow>> {
     let mut changed = Vec::new();
     for row in rows.iter_mut() {
-        let failed: Vec<(DnId, &FsError)> = results
+        let failed: Vec<Failed<'_>> = results
             .iter()
             .filter_map(|x| match &x.result {
-                Err(e) if x.replica.block == row.block_id => Some((x.replica.dn, e)),
+                Err(error) if x.replica.block == row.block_id => Some(Failed {
+                    dn: x.replica.dn,
+                    error,
+                }),
                 _ => None,
             })
             .collect();
         if failed.is_empty() {
             continue;
         }
-        for (dn, e) in &failed {
+        for Failed { dn, error } in &failed {
             tracing::warn!(
                 ino,
                 block = row.block_id,
                 datanode = %dn,
-                "replica sync failed; the replica leaves the block: {e}"
+                "replica sync failed; the replica leaves the block: {error}"
             );
             ctx.bad.report(row.block_id, *dn);
             if let Some(node) = ctx.dns.get(*dn) {
@@ -204,11 +213,11 @@ pub(crate) fn drop_failed(
             }
             ctx.dns.mark_dead(*dn);
         }
-        row.replicas.retain(|d| !failed.iter().any(|(f, _)| f == d));
+        row.replicas.retain(|d| !failed.iter().any(|f| f.dn == *d));
         if row.replicas.is_empty() {
             return Err(FsError::Io(format!(
                 "no replica of block {} could be synced: {}",
-                row.block_id, failed[0].1
+                row.block_id, failed[0].error
             )));
         }
         changed.push(row.clone());
