@@ -54,6 +54,25 @@ pub(crate) enum Job {
     Truncate(u64, Done),
 }
 
+/// A barrier: completes once everything written before it is
+/// acknowledged (and, for `Sync`, durable; for `Close`, recorded closed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Barrier {
+    Flush,
+    Sync,
+    Close,
+}
+
+impl Barrier {
+    fn job(self, done: Done) -> Job {
+        match self {
+            Barrier::Flush => Job::Flush(done),
+            Barrier::Sync => Job::Sync(done),
+            Barrier::Close => Job::Close(done),
+        }
+    }
+}
+
 /// An entry of the data queue: a job, and for a packet its share of the
 /// write buffer (none for a stream's only packet in flight, and for
 /// barriers).
@@ -369,18 +388,22 @@ impl StreamState {
         self.running
     }
 
-    /// Queues the barrier `job(done)` after everything written so far:
-    /// completed at once on a failed stream (with its error) or one with
-    /// nothing to do.
-    pub fn barrier(&mut self, job: impl FnOnce(Done) -> Job, done: Done) -> Enqueued {
+    /// Queues the barrier `kind` (completing `done`) after everything
+    /// written so far: completed at once on a failed stream (with its
+    /// error), and a flush or close of a stream with nothing to do. An
+    /// fsync always runs: through any descriptor it makes durable what the
+    /// file's earlier writers, and this stream's closes, left unsynced
+    /// (docs/SEMANTICS.md "Durability").
+    pub fn barrier(&mut self, kind: Barrier, done: Done) -> Enqueued {
         if let Some(e) = &self.failed {
             return Enqueued::Now(done, Err(e.clone()));
         }
-        if !self.dirty && !self.running && self.data_queue.is_empty() {
+        let idle = !self.dirty && !self.running && self.data_queue.is_empty();
+        if idle && kind != Barrier::Sync {
             return Enqueued::Now(done, Ok(()));
         }
         self.seal_packet();
-        self.push(job(done));
+        self.push(kind.job(done));
         Enqueued::Queued
     }
 
@@ -649,18 +672,27 @@ mod tests {
         let calls = Calls::default();
         let mut s = StreamState::new(limits(10), 0);
         // Nothing written: nothing to wait for.
-        match s.barrier(Job::Flush, calls.done("idle flush")) {
-            Enqueued::Now(d, r) => d(r),
-            Enqueued::Queued => panic!("an untouched stream queued a flush"),
+        for kind in [Barrier::Flush, Barrier::Close] {
+            match s.barrier(kind, calls.done("idle")) {
+                Enqueued::Now(d, r) => d(r),
+                Enqueued::Queued => panic!("an untouched stream queued a {kind:?}"),
+            }
         }
-        assert_eq!(calls.seen(), ["idle flush: ok"]);
+        assert_eq!(calls.seen(), ["idle: ok", "idle: ok"]);
+        // An fsync always runs: there may be blocks earlier writers left
+        // unsynced.
+        assert!(matches!(
+            s.barrier(Barrier::Sync, calls.done("idle sync")),
+            Enqueued::Queued
+        ));
+        assert!(matches!(s.next_job(), Next::Job(Job::Sync(_))));
         call(
             s.accept(&[2; 150], calls.done("write"), 1, &mut buf.take()),
             Ok(()),
         );
         // The barrier seals the partial packet and waits behind it.
         assert!(matches!(
-            s.barrier(Job::Sync, calls.done("sync")),
+            s.barrier(Barrier::Sync, calls.done("sync")),
             Enqueued::Queued
         ));
         assert_eq!(take_packets(&mut s, &buf), [(0, 100), (100, 50)]);
@@ -679,7 +711,7 @@ mod tests {
                 .is_none()
         );
         assert!(matches!(
-            s.barrier(Job::Close, calls.done("close")),
+            s.barrier(Barrier::Close, calls.done("close")),
             Enqueued::Queued
         ));
         s.fail(FsError::Io("every replica failed".into()));
@@ -699,7 +731,7 @@ mod tests {
         assert_eq!(s.in_flight(), 0);
         assert!(matches!(s.check_write(None), Err(FsError::Io(_))));
         assert!(matches!(
-            s.barrier(Job::Flush, calls.done("flush")),
+            s.barrier(Barrier::Flush, calls.done("flush")),
             Enqueued::Now(_, Err(FsError::Io(_)))
         ));
         // The first error stays the stream's.

@@ -14,7 +14,7 @@ use std::sync::Weak;
 use super::budget::{Unit, UnitWaiter};
 use super::ctx::{Done, StreamCtx, StreamFile};
 use super::outcome::FileLog;
-use super::state::{Enqueued, Job, Limits, Next, Packet, StreamState};
+use super::state::{Barrier, Enqueued, Job, Limits, Next, Packet, StreamState};
 use super::streamer::DataStreamer;
 use crate::error::{FsError, FsResult};
 use crate::meta::now_ns;
@@ -278,9 +278,9 @@ impl OutputStream {
         r
     }
 
-    fn barrier(self: &Arc<Self>, job: impl FnOnce(Done) -> Job, done: Done) {
+    fn barrier(self: &Arc<Self>, kind: Barrier, done: Done) {
         let mut s = lock(&self.st);
-        let queued = s.barrier(job, done);
+        let queued = s.barrier(kind, done);
         self.queued(s, queued);
     }
 
@@ -305,12 +305,12 @@ impl OutputStream {
     /// hflush: every byte written so far is acknowledged by every replica
     /// (and so visible to readers) before `done`.
     pub fn flush(self: &Arc<Self>, done: Done) {
-        self.barrier(Job::Flush, done)
+        self.barrier(Barrier::Flush, done)
     }
 
     /// hsync: as flush, then data, checksums and metadata are durable.
     pub fn sync(self: &Arc<Self>, done: Done) {
-        self.barrier(Job::Sync, done)
+        self.barrier(Barrier::Sync, done)
     }
 
     /// Flushes, finalises the last block and has the file recorded closed
@@ -318,7 +318,7 @@ impl OutputStream {
     /// The stream stays usable; a close with nothing written since the
     /// last one does nothing.
     pub fn close(self: &Arc<Self>, done: Done) {
-        self.barrier(Job::Close, done)
+        self.barrier(Barrier::Close, done)
     }
 
     /// Shrinks (or grows with zeros) the file after everything before it.
