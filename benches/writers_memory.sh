@@ -14,8 +14,9 @@
 # filled, one in flight outside the buffer, and one blocked request. Also
 # prints the write buffer's own peak and how often writers waited for it
 # (the mount root's user.leasefs.write_buffer). Report only. LEASEFS_O:
-# more -o options (e.g. test_slow_datanode=0:20, so that acks lag and the
-# buffer fills).
+# more -o options (e.g. write_buffer=4M). To make acks lag so that the
+# buffer fills, put the datanodes on a tools/powercut disk slowed with
+# `powercut slow`, as tests/write_buffer.rs does.
 # The last line, `result writers=N base_kib=B peak_kib=P bound_kib=X`, is
 # what benches/run.sh reads. BENCH_DIR: parent of the scratch directory
 # (default /var/tmp).

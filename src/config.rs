@@ -26,9 +26,6 @@ pub struct MountOptions {
     /// `HOST:PORT` where Prometheus text is served (`metrics=`); off
     /// when `None`.
     pub metrics: Option<String>,
-    /// Test-only fault: (datanode id, delay before every packet written
-    /// to it and every block copied onto it).
-    pub test_slow_datanode: Option<(crate::meta::DnId, Duration)>,
     /// Generic mount flags (`ro`, `noexec`, ...) passed to the kernel.
     pub kernel_flags: Vec<fuser::MountOption>,
 }
@@ -47,7 +44,6 @@ impl Default for MountOptions {
             housekeeping_interval: Duration::from_secs(30),
             sync_by_fs: true,
             metrics: None,
-            test_slow_datanode: None,
             kernel_flags: Vec::new(),
         }
     }
@@ -152,14 +148,6 @@ impl MountOptions {
                     }
                 }
                 "metrics" => self.metrics = Some(parse_listen(value).map_err(bad)?),
-                "test_slow_datanode" => {
-                    let (dn, ms) = value
-                        .split_once(':')
-                        .ok_or_else(|| bad("expected ID:MILLISECONDS".into()))?;
-                    let dn = dn.parse().map_err(|_| bad("bad datanode id".into()))?;
-                    let ms = ms.parse().map_err(|_| bad("bad milliseconds".into()))?;
-                    self.test_slow_datanode = Some((dn, Duration::from_millis(ms)));
-                }
                 // Generic mount(8) options: kernel flags are passed on (so
                 // `ro` and `noexec` are enforced), the rest mean nothing to
                 // a FUSE daemon. nosuid and nodev are always in force.

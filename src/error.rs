@@ -5,7 +5,7 @@
 //! to what the kernel (and so the user) sees.
 
 use crate::lease::LeaseError;
-use crate::storage::datanode::StorageError;
+use crate::storage::StorageError;
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum FsError {

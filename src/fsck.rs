@@ -13,7 +13,7 @@ use crate::error::FsResult;
 use crate::meta::{AdminState, BlockRow, DnId, Meta};
 use crate::pipeline::Datanodes;
 use crate::pipeline::datanodes::{DatanodeStatus, FULL_BELOW, Health};
-use crate::storage::datanode::{ReplicaState, StorageError};
+use crate::storage::{ReplicaStat, ReplicaState, StorageError};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -383,8 +383,7 @@ pub fn replicate(dns: &Datanodes, b: &BlockRow, good: &[DnId], need: usize) -> V
             break;
         }
         let Some(dst) = dns.get(dn) else { continue };
-        dns.fault_delay(dn);
-        match dst.copy_replica_from(&src, b.block_id, b.gs, b.len, ReplicaState::Finalized) {
+        match dst.copy_replica_from(&*src, b.block_id, b.gs, b.len, ReplicaState::Finalized) {
             Ok(()) => {
                 tracing::info!(block = b.block_id, datanode = %dn, "block re-replicated");
                 added.push(dn);
@@ -418,7 +417,7 @@ fn orphans(c: &Check<'_>, blocks: &[BlockRow], r: &mut Report) {
     }
     let known: HashMap<u64, &BlockRow> = blocks.iter().map(|b| (b.block_id, b)).collect();
     for node in c.dns.attached() {
-        let i = node.id;
+        let i = node.id();
         if !c.dns.is_alive(i) {
             continue;
         }
@@ -489,7 +488,7 @@ pub fn is_whole(dns: &Datanodes, row: &BlockRow) -> bool {
         }
         let ok = dns.is_alive(dn)
             && dns.get(dn).is_some_and(|n| {
-                matches!(n.stat_replica(row.block_id, row.gs), Ok((ReplicaState::Finalized, len)) if len == row.len)
+                matches!(n.stat_replica(row.block_id, row.gs), Ok(ReplicaStat { state: ReplicaState::Finalized, data_len }) if data_len == row.len)
             });
         if !ok {
             return false;

@@ -249,18 +249,21 @@ fn a_decommission_killed_half_way_resumes_after_remount_and_loses_nothing() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(256);
     let dir = tempfile::tempdir().unwrap();
-    let [a, b]: [PathBuf; 2] = dirs(&dir, &["a", "b"]).try_into().unwrap();
+    let [a]: [PathBuf; 1] = dirs(&dir, &["a"]).try_into().unwrap();
     let t0 = Instant::now();
-    // Sixteen blocks. Copies onto b (id 1, added below) wait 250 ms each,
-    // so there is time to kill the daemon half-way.
+    // Sixteen blocks. Copies onto b (id 1, added below) take about 250 ms
+    // each (b is a slow disk: its 32 writes of a block, 1 MiB of data and
+    // 8 KiB of checksums each, are answered 8 ms late), so there is time
+    // to kill the daemon half-way.
+    let disk = powercut::Disk::new();
+    let b = disk.path("b");
+    std::fs::create_dir(&b).unwrap();
+    disk.slow("b", 8);
     let mut m = Mount::with_datanode_paths(
         Opts {
             datanodes: 1,
             replication: Some(1),
-            o: vec![
-                format!("block_size={}M", size / 16),
-                "test_slow_datanode=1:250".into(),
-            ],
+            o: vec![format!("block_size={}M", size / 16)],
             ..Opts::default()
         },
         vec![a.clone()],
@@ -343,18 +346,17 @@ fn a_decommission_killed_half_way_resumes_after_remount_and_loses_nothing() {
 #[test]
 fn a_failed_datanode_replaced_at_mount_gets_r_restored() {
     let dir = tempfile::tempdir().unwrap();
-    let [a, b, c, d]: [PathBuf; 4] = dirs(&dir, &["a", "b", "c", "d"]).try_into().unwrap();
+    let [a, c, d]: [PathBuf; 3] = dirs(&dir, &["a", "c", "d"]).try_into().unwrap();
+    // b, replaced below, is on a disk that is made slow for the
+    // replacement.
+    let disk = powercut::Disk::new();
+    let b = disk.path("b");
+    std::fs::create_dir(&b).unwrap();
     let mut m = Mount::with_datanode_paths(
         Opts {
             datanodes: 3,
             replication: Some(2),
-            // Copies onto the replacement (id 3) wait 150 ms each: fsck
-            // right after the mount sees the work still to do.
-            o: vec![
-                "block_size=1M".into(),
-                "housekeeping_interval=2".into(),
-                "test_slow_datanode=3:150".into(),
-            ],
+            o: vec!["block_size=1M".into(), "housekeeping_interval=2".into()],
             ..Opts::default()
         },
         vec![a.clone(), b.clone(), c.clone()],
@@ -368,6 +370,10 @@ fn a_failed_datanode_replaced_at_mount_gets_r_restored() {
     m.unmount();
     std::fs::remove_dir_all(&b).unwrap();
     std::fs::create_dir(&b).unwrap();
+    // Copies onto the replacement (id 3) take about 150 ms each (a 1 MiB
+    // block is two writes, answered 75 ms late): fsck right after the
+    // mount sees the work still to do.
+    disk.slow("b", 75);
     m.mount();
     let r = m.fsck_json().1;
     assert!(

@@ -533,7 +533,22 @@ impl Drop for Guard {
 
 // ---- 5. backpressure -------------------------------------------------------
 
-const SLOW_OPTS: &str = "test_slow_datanode=1:20,max_packets_in_flight=4,packet_size=64K";
+const SLOW_OPTS: &str = "max_packets_in_flight=4,packet_size=64K";
+
+/// A mount of three datanodes whose second is a slow disk (tools/powercut
+/// `slow`): each write there is answered 10 ms late, so a 64 KiB packet (its
+/// data and its checksums) is acknowledged 20 ms after it is sent. Bind
+/// both (`let (_disk, m)`): the mount goes before the disk.
+fn slow_mount() -> (powercut::Disk, Mount) {
+    let disk = powercut::Disk::new();
+    disk.slow("dn2", 10);
+    let dns = vec![disk.beside("dn1"), disk.path("dn2"), disk.beside("dn3")];
+    let o = Opts {
+        o: vec![SLOW_OPTS.into()],
+        ..Opts::default()
+    };
+    (disk, Mount::with_datanode_paths(o, dns))
+}
 
 /// Writes 8 MiB to argv[1] with one write(), prints the seconds it took,
 /// then waits for a line on stdin before closing.
@@ -574,7 +589,7 @@ fn stream_stats(m: &Mount, rel: &str) -> Option<Stats> {
 /// by the write that reaches it, as docs/SEMANTICS.md states).
 #[test]
 fn a_slow_replica_makes_write_block_at_the_in_flight_bound() {
-    let m = Mount::with_o(SLOW_OPTS);
+    let (_disk, m) = slow_mount();
     let mut w = Py::spawn(&m.mnt, BIG_WRITER_PY, &["big"]);
     assert_eq!(w.line(), "open");
     let (tx, rx) = std::sync::mpsc::channel();
@@ -632,7 +647,7 @@ fn a_slow_replica_makes_write_block_at_the_in_flight_bound() {
 
 #[test]
 fn metadata_operations_are_not_delayed_by_a_writer_blocked_on_a_slow_replica() {
-    let m = Mount::with_o(SLOW_OPTS);
+    let (_disk, m) = slow_mount();
     m.sh_ok("mkdir -p pre && echo small > pre/r");
     let mut w = Py::spawn(&m.mnt, BIG_WRITER_PY, &["big"]);
     assert_eq!(w.line(), "open");

@@ -268,3 +268,37 @@ fn a_never_fsynced_file_loses_only_its_unsynced_tail_and_fsck_is_clean() {
     reads_back(&pc, "f", &data, 0);
     healthy(&pc);
 }
+
+#[test]
+fn fsync_after_a_copy_of_the_descriptor_was_closed_makes_the_writes_durable() {
+    // A close of a copy of the writer's descriptor (a dup, or a child's
+    // inherited copy at its exit or exec) closes the file as far as its
+    // metadata goes; an fsync through the writer's own descriptor after
+    // that made nothing durable.
+    let mut pc = power(&[]);
+    let data = pattern(300_000, 12);
+    let mut f = File::create(pc.m.path("f")).unwrap();
+    f.write_all(&data).unwrap();
+    drop(f.try_clone().unwrap());
+    f.sync_all().unwrap();
+    pc.cut();
+    drop(f);
+    reads_back(&pc, "f", &data, data.len());
+    healthy(&pc);
+}
+
+#[test]
+fn fsync_through_a_write_descriptor_that_wrote_nothing_makes_the_file_durable() {
+    // The file's earlier writer closed it without an fsync; an fsync
+    // through a descriptor opened for writing since, which wrote nothing,
+    // made nothing durable.
+    let mut pc = power(&[]);
+    let data = pattern(300_000, 13);
+    std::fs::write(pc.m.path("f"), &data).unwrap();
+    let f = append(&pc, "f");
+    f.sync_all().unwrap();
+    pc.cut();
+    drop(f);
+    reads_back(&pc, "f", &data, data.len());
+    healthy(&pc);
+}

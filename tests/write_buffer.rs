@@ -45,12 +45,19 @@ print("ok" if not errors else errors[0])
 fn a_hundred_writers_behind_a_slow_replica_stay_within_the_write_buffer_and_none_fails() {
     const WRITERS: usize = 100;
     const MIB: usize = 2;
-    let m = Mount::with(Opts {
-        datanodes: 1,
-        replication: Some(1),
-        o: vec!["write_buffer=4M,test_slow_datanode=0:20".into()],
-        args: Vec::new(),
-    });
+    // The one datanode is a slow disk (tools/powercut `slow`): each write
+    // is answered 10 ms late, 20 ms per packet (data and checksums).
+    let disk = powercut::Disk::new();
+    disk.slow("dn1", 10);
+    let m = Mount::with_datanode_paths(
+        Opts {
+            datanodes: 1,
+            replication: Some(1),
+            o: vec!["write_buffer=4M".into()],
+            args: Vec::new(),
+        },
+        vec![disk.path("dn1")],
+    );
     let pid = m.pid.expect("daemon pid");
     let base = mem_kib(pid, "VmRSS:");
     let o = py_run(

@@ -152,7 +152,6 @@ impl Daemon {
             &*meta,
             &spec.datanodes,
             spec.replication,
-            spec.opts.test_slow_datanode,
         )?);
         dns.heartbeat();
         meta.set_replication(spec.replication)?;

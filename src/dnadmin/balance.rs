@@ -22,7 +22,7 @@ use crate::fsck::is_whole;
 use crate::meta::{BlockRow, Change, DnId};
 use crate::pipeline::Health;
 use crate::pipeline::datanodes::FULL_BELOW;
-use crate::storage::datanode::ReplicaState;
+use crate::storage::ReplicaState;
 use crate::sync::{Arc, Mutex, lock};
 
 /// What the balancer is doing or did.
@@ -195,7 +195,7 @@ fn survey(core: &Core) -> Result<(Vec<Node>, Vec<BlockRow>), FsError> {
         .filter(|d| d.state == Health::Live && d.admin.in_service())
         .filter_map(|d| {
             let node = core.dns.get(d.id)?;
-            let capacity = capacity(&node.root).filter(|c| *c > 0)?;
+            let capacity = capacity(node.root()).filter(|c| *c > 0)?;
             Some(Node {
                 id: d.id,
                 used: used.get(&d.id).copied().unwrap_or(0),
@@ -248,7 +248,7 @@ fn move_replica(core: &Core, b: &BlockRow, from: DnId, to: DnId) -> Result<bool,
     let (Some(src), Some(dst)) = (dns.get(from), dns.get(to)) else {
         return Ok(false);
     };
-    if let Err(e) = dst.copy_replica_from(&src, b.block_id, b.gs, b.len, ReplicaState::Finalized) {
+    if let Err(e) = dst.copy_replica_from(&*src, b.block_id, b.gs, b.len, ReplicaState::Finalized) {
         dns.mark_failed(to, &e);
         return Err(e.into());
     }

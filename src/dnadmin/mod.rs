@@ -20,8 +20,8 @@ use crate::housekeeping::Housekeeper;
 use crate::meta::{AdminState, BlockRow, DnId};
 use crate::pipeline::Health;
 use crate::pipeline::attach;
-use crate::storage::datanode::ReplicaState;
 use crate::storage::identity;
+use crate::storage::{ReplicaStat, ReplicaState};
 use crate::sync::{Arc, Mutex, lock};
 
 /// Why an administration request was refused or failed: one line for the
@@ -214,7 +214,7 @@ impl Admin {
                 DatanodeInfo {
                     id: d.id,
                     storage_id: d.storage_id,
-                    capacity_bytes: self.core.dns.get(d.id).and_then(|n| capacity(&n.root)),
+                    capacity_bytes: self.core.dns.get(d.id).and_then(|n| capacity(n.root())),
                     path: d.path,
                     state: state.into(),
                     health: d.state,
@@ -383,8 +383,14 @@ fn held_elsewhere(core: &Core, b: &BlockRow, id: DnId) -> bool {
                 .dns
                 .get(dn)
                 .is_some_and(|n| match n.stat_replica(b.block_id, b.gs) {
-                    Ok((ReplicaState::Finalized, len)) => !b.finalized || len == b.len,
-                    Ok((ReplicaState::Rbw, _)) => !b.finalized,
+                    Ok(ReplicaStat {
+                        state: ReplicaState::Finalized,
+                        data_len,
+                    }) => !b.finalized || data_len == b.len,
+                    Ok(ReplicaStat {
+                        state: ReplicaState::Rbw,
+                        ..
+                    }) => !b.finalized,
                     Err(_) => false,
                 })
     })

@@ -465,7 +465,8 @@ impl Core {
         // From here until this handle's release the file may change: read
         // opens go direct and no longer keep earlier pages.
         self.cache.busy(ino);
-        let stream = OutputStream::new(self.ctx.clone(), ino, inode.size, bs, uc);
+        let log = Arc::new(super::file_record::FileRecord::new(self.meta.clone(), uc));
+        let stream = OutputStream::new(self.ctx.clone(), ino, inode.size, bs, log);
         let h = Handle {
             fh,
             ino,

@@ -33,7 +33,7 @@ impl Core {
         // never recorded anywhere.
         for dn in self.dns.attached() {
             if let Err(e) = dn.clean_tmp() {
-                tracing::warn!(datanode = %dn.id, "cannot clean tmp/: {e}");
+                tracing::warn!(datanode = %dn.id(), "cannot clean tmp/: {e}");
             }
         }
         // Replica files of blocks no file has (a crash between creating a

@@ -11,6 +11,7 @@ mod deletions;
 mod durability;
 mod epochs;
 mod fencing;
+mod file_record;
 mod handles;
 mod leasing;
 mod maintenance;

@@ -300,8 +300,8 @@ impl Core {
         let mut total = u64::MAX;
         let mut free = u64::MAX;
         for dn in self.dns.attached() {
-            if self.dns.counts(dn.id)
-                && let Ok(s) = nix::sys::statvfs::statvfs(&dn.root)
+            if self.dns.counts(dn.id())
+                && let Ok(s) = nix::sys::statvfs::statvfs(dn.root())
             {
                 let f = s.fragment_size();
                 let bs = u64::from(Statfs::BLOCK_SIZE);

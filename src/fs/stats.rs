@@ -29,8 +29,8 @@ impl Core {
                 // A recorded datanode not attached in this mount did no
                 // I/O here, and its directory may hold something else.
                 let node = self.dns.get(d.id);
-                let (written, read, errors) = node.as_ref().map_or((0, 0, 0), |n| n.io.get());
-                let space = node.and_then(|n| space(&n.root));
+                let (written, read, errors) = node.as_ref().map_or((0, 0, 0), |n| n.io().get());
+                let space = node.and_then(|n| space(n.root()));
                 DatanodeStats {
                     id: d.id.to_string(),
                     state: d.state_name().into(),

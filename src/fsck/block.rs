@@ -7,7 +7,7 @@
 use super::{Check, Problem, ProblemKind, Report, replicate};
 use crate::meta::{BlockRow, Change, Counter, DnId};
 use crate::pipeline::datanodes::Health;
-use crate::storage::datanode::StorageError;
+use crate::storage::StorageError;
 
 /// What the replicas of one block were found to be.
 #[derive(Default)]
@@ -45,7 +45,7 @@ fn inspect(c: &Check<'_>, b: &BlockRow) -> Inspection {
             continue;
         };
         let data_len = match node.stat_replica(b.block_id, b.gs) {
-            Ok((_, len)) => len,
+            Ok(st) => st.data_len,
             Err(StorageError::StaleGenStamp { found, .. }) if found < b.gs => {
                 ins.lagging.push((dn, found));
                 continue;

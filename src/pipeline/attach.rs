@@ -13,13 +13,13 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
-use super::datanodes::{Absent, Datanodes};
+use super::datanodes::{Absent, Attached, Datanodes};
 use crate::error::FsError;
 use crate::meta::{AdminState, DatanodeRecord, DnId, Meta};
-use crate::storage::datanode::{Datanode, StorageError};
 use crate::storage::identity::{self, Identity};
+use crate::storage::{Datanode, Storage, StorageError, block_ids_in, holds_files};
+use crate::sync::Arc;
 
 /// Why a `--datanode` directory cannot be attached: the mount is refused.
 #[derive(Debug, thiserror::Error)]
@@ -80,8 +80,42 @@ fn storage(path: &Path) -> impl FnOnce(StorageError) -> AttachError + '_ {
     }
 }
 
-/// A directory attached as datanode `id`.
-struct Attached {
+/// A directory that cannot be used (a failed disk), and why.
+struct Unusable {
+    dir: PathBuf,
+    why: String,
+}
+
+impl Unusable {
+    fn new(dir: PathBuf, e: impl std::fmt::Display) -> Unusable {
+        Unusable {
+            dir,
+            why: e.to_string(),
+        }
+    }
+}
+
+/// A directory with the identity file it holds.
+struct WithIdentity {
+    dir: PathBuf,
+    identity: Identity,
+}
+
+/// A directory without an identity file and the positional-layout record
+/// of the datanode it is.
+struct Pair<'r> {
+    dir: PathBuf,
+    rec: &'r DatanodeRecord,
+}
+
+/// Directories paired with the records they are, and those left over.
+struct Matched<'r> {
+    pairs: Vec<Pair<'r>>,
+    rest: Vec<PathBuf>,
+}
+
+/// A directory recognised as datanode `id`, to be opened.
+struct Identified {
     id: DnId,
     root: PathBuf,
     identity: Identity,
@@ -94,7 +128,6 @@ pub fn attach(
     meta: &dyn Meta,
     dirs: &[PathBuf],
     replication: usize,
-    slow: Option<(DnId, Duration)>,
 ) -> Result<Datanodes, AttachError> {
     let fsid = meta.filesystem_id()?;
     let records = meta.datanode_records()?;
@@ -104,7 +137,7 @@ pub fn attach(
     let mut unidentified = Vec::new();
     // Directories that cannot be read (a failed disk): left out of this
     // mount, with the reason, rather than refusing it.
-    let mut unusable: Vec<(PathBuf, String)> = Vec::new();
+    let mut unusable: Vec<Unusable> = Vec::new();
     let mut seen: HashMap<String, PathBuf> = HashMap::new();
     for dir in dirs {
         let id = match identity::read(dir) {
@@ -114,7 +147,7 @@ pub fn attach(
                 continue;
             }
             Err(e) => {
-                unusable.push((dir.clone(), e.to_string()));
+                unusable.push(Unusable::new(dir.clone(), e));
                 continue;
             }
         };
@@ -140,34 +173,37 @@ pub fn attach(
                 storage_id: id.storage_id,
             });
         }
-        identified.push((dir.clone(), id));
+        identified.push(WithIdentity {
+            dir: dir.clone(),
+            identity: id,
+        });
     }
     let legacy: Vec<&DatanodeRecord> = records
         .iter()
         .filter(|r| r.state == AdminState::Upgrading)
         .filter(|r| r.storage_id.as_ref().is_none_or(|s| !seen.contains_key(s)))
         .collect();
-    let (matched, candidates) = match_positional(meta, &legacy, unidentified)?;
+    let matched = match_positional(meta, &legacy, unidentified)?;
     let mut fresh = Vec::new();
-    for dir in candidates {
-        match Datanode::holds_files(&dir) {
+    for dir in matched.rest {
+        match holds_files(&dir) {
             Ok(true) => return Err(AttachError::Unidentified { path: dir }),
             Ok(false) => fresh.push(dir),
-            Err(e) => unusable.push((dir, e.to_string())),
+            Err(e) => unusable.push(Unusable::new(dir, e)),
         }
     }
-    let mut attached: Vec<Attached> = Vec::new();
-    for (dir, id) in identified {
+    let mut attached: Vec<Identified> = Vec::new();
+    for WithIdentity { dir, identity: id } in identified {
         // Known: its id (an interrupted upgrade is finished here). Unknown:
         // its file was written but the mount stopped before registering it.
         let dn = meta.register_datanode(&id.storage_id, &dir)?;
-        attached.push(Attached {
+        attached.push(Identified {
             id: dn,
             root: dir,
             identity: id,
         });
     }
-    for (dir, rec) in matched {
+    for Pair { dir, rec } in matched.pairs {
         attached.push(upgrade(meta, &fsid, &dir, rec)?);
     }
     for dir in fresh {
@@ -181,7 +217,7 @@ pub fn attach(
         }
         let dn = meta.register_datanode(&id.storage_id, &dir)?;
         tracing::info!(datanode = %dn, storage = %id.storage_id, path = %dir.display(), "new datanode registered");
-        attached.push(Attached {
+        attached.push(Identified {
             id: dn,
             root: dir,
             identity: id,
@@ -201,20 +237,23 @@ pub fn attach(
         match Datanode::open(a.id, &a.root, Some(a.identity)) {
             Ok(n) => {
                 ids.insert(a.id);
-                nodes.push((n, state_of(a.id)));
+                nodes.push(Attached {
+                    node: Arc::new(n),
+                    admin: state_of(a.id),
+                });
             }
-            Err(e) => unusable.push((a.root, e.to_string())),
+            Err(e) => unusable.push(Unusable::new(a.root, e)),
         }
     }
-    for (dir, why) in &unusable {
-        tracing::warn!(path = %dir.display(), "datanode directory cannot be read: left out of this mount: {why}");
+    for u in &unusable {
+        tracing::warn!(path = %u.dir.display(), "datanode directory cannot be read: left out of this mount: {}", u.why);
     }
     let absent = records
         .into_iter()
         .filter(|r| !ids.contains(&r.id) && r.state != AdminState::Removed)
         .map(|record| {
-            let why = match unusable.iter().find(|(d, _)| *d == record.path) {
-                Some((_, e)) => format!("cannot be read at mount: {e}"),
+            let why = match unusable.iter().find(|u| u.dir == record.path) {
+                Some(u) => format!("cannot be read at mount: {}", u.why),
                 None if dirs.contains(&record.path) => {
                     "its directory holds another datanode now (replaced)".into()
                 }
@@ -228,7 +267,7 @@ pub fn attach(
             Absent { record, why }
         })
         .collect();
-    Ok(Datanodes::new(nodes, absent, replication, slow))
+    Ok(Datanodes::new(nodes, absent, replication))
 }
 
 /// Attaches `dir` to the running daemon's datanodes `dns` (`leasefs
@@ -244,7 +283,7 @@ pub fn attach_one(meta: &dyn Meta, dns: &Datanodes, dir: &Path) -> Result<DnId, 
     let id = match identity::read(dir).map_err(storage(dir))? {
         Some(id) => id,
         None => {
-            if Datanode::holds_files(dir).map_err(storage(dir))? {
+            if holds_files(dir).map_err(storage(dir))? {
                 return Err(AttachError::Unidentified {
                     path: dir.to_path_buf(),
                 });
@@ -276,10 +315,10 @@ pub fn attach_one(meta: &dyn Meta, dns: &Datanodes, dir: &Path) -> Result<DnId, 
             });
         }
     }
-    if let Some(other) = dns.attached().iter().find(|n| n.root == dir) {
+    if let Some(other) = dns.attached().iter().find(|n| n.root() == dir) {
         return Err(AttachError::AlreadyAttached {
             path: dir.to_path_buf(),
-            id: other.id,
+            id: other.id(),
         });
     }
     let dn = meta.register_datanode(&id.storage_id, dir)?;
@@ -291,18 +330,21 @@ pub fn attach_one(meta: &dyn Meta, dns: &Datanodes, dir: &Path) -> Result<DnId, 
         AdminState::Normal,
     )?;
     tracing::info!(datanode = %dn, storage = %id.storage_id, path = %dir.display(), "datanode added");
-    dns.insert(node, AdminState::Normal);
+    dns.insert(Arc::new(node), AdminState::Normal);
     Ok(dn)
 }
 
 /// Opens the datanode of `rec` at its recorded path, if the directory
 /// there carries its identity file: how a daemon attaches a datanode
 /// another daemon added while both run.
-pub fn open_recorded(fsid: &str, rec: &DatanodeRecord) -> Result<Datanode, String> {
+pub fn open_recorded(fsid: &str, rec: &DatanodeRecord) -> Result<Arc<dyn Storage>, String> {
     let found = identity::read(&rec.path).map_err(|e| e.to_string())?;
     match (found, &rec.storage_id) {
         (Some(id), Some(sid)) if id.storage_id == *sid && id.filesystem_id == fsid => {
-            Datanode::open(rec.id, &rec.path, Some(id)).map_err(|e| e.to_string())
+            match Datanode::open(rec.id, &rec.path, Some(id)) {
+                Ok(n) => Ok(Arc::new(n)),
+                Err(e) => Err(e.to_string()),
+            }
         }
         _ => Err(format!(
             "{} does not hold its identity file here",
@@ -310,9 +352,6 @@ pub fn open_recorded(fsid: &str, rec: &DatanodeRecord) -> Result<Datanode, Strin
         )),
     }
 }
-
-/// Directories paired with the records they are, and those left over.
-type Matched<'r> = (Vec<(PathBuf, &'r DatanodeRecord)>, Vec<PathBuf>);
 
 /// Pairs directories without an identity file with the positional
 /// layout's records that await one: by recorded path first, then, for
@@ -329,12 +368,18 @@ fn match_positional<'r>(
     let mut left: Vec<&DatanodeRecord> = legacy.to_vec();
     for dir in dirs {
         match left.iter().position(|r| r.path == dir) {
-            Some(k) => pairs.push((dir, left.remove(k))),
+            Some(k) => pairs.push(Pair {
+                dir,
+                rec: left.remove(k),
+            }),
             None => left_dirs.push(dir),
         }
     }
     if left.is_empty() || left_dirs.is_empty() {
-        return Ok((pairs, left_dirs));
+        return Ok(Matched {
+            pairs,
+            rest: left_dirs,
+        });
     }
     let mut held: HashMap<DnId, HashSet<u64>> = HashMap::new();
     for b in meta.all_blocks()? {
@@ -347,10 +392,10 @@ fn match_positional<'r>(
     // place that holds only some of its blocks.
     let mut scored = Vec::new();
     for (d, dir) in left_dirs.iter().enumerate() {
-        if !Datanode::holds_files(dir).map_err(storage(dir))? {
+        if !holds_files(dir).map_err(storage(dir))? {
             continue;
         }
-        let found = Datanode::block_ids_in(dir).map_err(storage(dir))?;
+        let found = block_ids_in(dir).map_err(storage(dir))?;
         for (k, rec) in left.iter().enumerate() {
             let set = held.get(&rec.id);
             let n = found
@@ -358,19 +403,31 @@ fn match_positional<'r>(
                 .filter(|b| set.is_some_and(|s| s.contains(b)))
                 .count();
             if n > 0 {
-                scored.push((n, d, k));
+                scored.push(Score {
+                    shared: n,
+                    dir: d,
+                    rec: k,
+                });
             }
         }
     }
-    scored.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+    scored.sort_by(|a, b| {
+        b.shared
+            .cmp(&a.shared)
+            .then(a.dir.cmp(&b.dir))
+            .then(a.rec.cmp(&b.rec))
+    });
     let (mut dir_used, mut rec_used) = (HashSet::new(), HashSet::new());
-    for (_, d, k) in scored {
+    for Score { dir: d, rec: k, .. } in scored {
         if dir_used.contains(&d) || rec_used.contains(&k) {
             continue;
         }
         dir_used.insert(d);
         rec_used.insert(k);
-        pairs.push((left_dirs[d].clone(), left[k]));
+        pairs.push(Pair {
+            dir: left_dirs[d].clone(),
+            rec: left[k],
+        });
     }
     let rest = left_dirs
         .into_iter()
@@ -378,7 +435,14 @@ fn match_positional<'r>(
         .filter(|(d, _)| !dir_used.contains(d))
         .map(|(_, dir)| dir)
         .collect();
-    Ok((pairs, rest))
+    Ok(Matched { pairs, rest })
+}
+
+/// How many replicas directory `dir` and record `rec` (indexes) share.
+struct Score {
+    shared: usize,
+    dir: usize,
+    rec: usize,
 }
 
 /// Upgrades the positional-layout datanode `rec` at `dir` in place: its
@@ -390,7 +454,7 @@ fn upgrade(
     fsid: &str,
     dir: &Path,
     rec: &DatanodeRecord,
-) -> Result<Attached, AttachError> {
+) -> Result<Identified, AttachError> {
     let sid = meta.claim_legacy_datanode(rec.id, &identity::new_storage_id())?;
     let id = identity::create(dir, &Identity::of(sid.clone(), fsid)).map_err(storage(dir))?;
     if id.filesystem_id != fsid {
@@ -418,7 +482,7 @@ fn upgrade(
         was = %rec.path.display(),
         "datanode of the positional layout upgraded in place"
     );
-    Ok(Attached {
+    Ok(Identified {
         id: dn,
         root: dir.to_path_buf(),
         identity: id,
@@ -449,14 +513,17 @@ pub fn recorded(meta: &dyn Meta, replication: usize) -> Result<Datanodes, Attach
             _ => None,
         };
         match opened {
-            Some(n) => nodes.push((n, state)),
+            Some(n) => nodes.push(Attached {
+                node: Arc::new(n),
+                admin: state,
+            }),
             None => absent.push(Absent {
                 record: rec,
                 why: "its directory is missing, or holds another identity file".into(),
             }),
         }
     }
-    Ok(Datanodes::new(nodes, absent, replication, None))
+    Ok(Datanodes::new(nodes, absent, replication))
 }
 
 #[cfg(test)]
@@ -504,9 +571,9 @@ mod tests {
         m.claim_legacy_datanode(DnId(1), "DS-b").unwrap();
         identity::create(&d[1], &Identity::of("DS-b".into(), &fsid)).unwrap();
         for _ in 0..2 {
-            let dns = attach(&m, &[d[1].clone(), d[0].clone()], 2, None).unwrap();
-            assert_eq!(dns.get(DnId(0)).unwrap().root, d[0]);
-            assert_eq!(dns.get(DnId(1)).unwrap().root, d[1]);
+            let dns = attach(&m, &[d[1].clone(), d[0].clone()], 2).unwrap();
+            assert_eq!(dns.get(DnId(0)).unwrap().root(), d[0]);
+            assert_eq!(dns.get(DnId(1)).unwrap().root(), d[1]);
             let sids: Vec<String> = d
                 .iter()
                 .map(|d| identity::read(d).unwrap().unwrap().storage_id)
@@ -526,17 +593,17 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let d = mkdirs(&t, &["a", "b", "foreign", "copy", "new"]);
         let m = MetaStore::open(&t.path().join("meta.db"), 0, 0).unwrap();
-        let dns = attach(&m, &d[..2], 2, None).unwrap();
-        assert_eq!(dns.get(DnId(1)).unwrap().root, d[1]);
+        let dns = attach(&m, &d[..2], 2).unwrap();
+        assert_eq!(dns.get(DnId(1)).unwrap().root(), d[1]);
         // Reversed: the same ids.
-        let dns = attach(&m, &[d[1].clone(), d[0].clone()], 2, None).unwrap();
-        assert_eq!(dns.get(DnId(0)).unwrap().root, d[0]);
+        let dns = attach(&m, &[d[1].clone(), d[0].clone()], 2).unwrap();
+        assert_eq!(dns.get(DnId(0)).unwrap().root(), d[0]);
         // One left out is recorded, and dead.
-        let dns = attach(&m, &d[1..2], 1, None).unwrap();
+        let dns = attach(&m, &d[1..2], 1).unwrap();
         assert_eq!((dns.len(), dns.is_alive(DnId(0))), (2, false));
 
         identity::create(&d[2], &Identity::new("FS-other")).unwrap();
-        let e = attach(&m, &[d[4].clone(), d[0].clone(), d[2].clone()], 2, None).unwrap_err();
+        let e = attach(&m, &[d[4].clone(), d[0].clone(), d[2].clone()], 2).unwrap_err();
         assert!(matches!(e, AttachError::Foreign { .. }), "{e}");
         // A refused mount changed nothing: the new directory is untouched.
         assert_eq!(std::fs::read_dir(&d[4]).unwrap().count(), 0);
@@ -545,7 +612,7 @@ mod tests {
             d[3].join(identity::FILE_NAME),
         )
         .unwrap();
-        let e = attach(&m, &[d[0].clone(), d[3].clone()], 2, None).unwrap_err();
+        let e = attach(&m, &[d[0].clone(), d[3].clone()], 2).unwrap_err();
         assert!(matches!(e, AttachError::Duplicate { .. }), "{e}");
         assert_eq!(m.datanode_records().unwrap().len(), 2, "nothing registered");
     }

@@ -11,9 +11,15 @@
 //! fails for want of one.
 
 use std::collections::VecDeque;
+use std::sync::Weak;
 
-use super::stream::OutputStream;
 use crate::sync::{Arc, Mutex, lock};
+
+/// A stream that queued for a unit (see [`Budget::take`]).
+pub trait UnitWaiter: Send + Sync {
+    /// The unit it queued for, handed over on the blocking pool.
+    fn unit_granted(self: Arc<Self>, unit: Unit);
+}
 
 /// Packets in flight beyond each stream's first, across the mount.
 pub struct Budget {
@@ -25,7 +31,7 @@ pub struct Budget {
 struct State {
     free: usize,
     /// Streams waiting for a unit, first come first served.
-    waiters: VecDeque<std::sync::Weak<OutputStream>>,
+    waiters: VecDeque<Weak<dyn UnitWaiter>>,
     /// Most units out at once, and how often a stream had to wait.
     peak: usize,
     waits: u64,
@@ -77,9 +83,9 @@ impl Budget {
 
     /// A unit for `stream`, if one is free and no stream waits before it;
     /// otherwise `stream` joins the queue and is handed a unit later
-    /// (through [`OutputStream::unit_granted`]). The caller queues a
+    /// (through [`UnitWaiter::unit_granted`]). The caller queues a
     /// stream at most once at a time.
-    pub(crate) fn take(self: &Arc<Self>, stream: &std::sync::Weak<OutputStream>) -> Option<Unit> {
+    pub(crate) fn take(self: &Arc<Self>, stream: &Weak<dyn UnitWaiter>) -> Option<Unit> {
         let mut s = lock(&self.st);
         if s.free > 0 && s.waiters.is_empty() {
             s.free -= 1;
@@ -131,11 +137,17 @@ mod tests {
             .expect("runtime")
     }
 
+    /// A stream that is gone by the time a unit is handed over.
+    struct Gone;
+    impl UnitWaiter for Gone {
+        fn unit_granted(self: Arc<Self>, _: Unit) {}
+    }
+
     #[test]
     fn units_are_counted_given_back_on_drop_and_never_exceed_the_budget() {
         let rt = rt();
         let b = Budget::new(2, rt.handle().clone());
-        let none = std::sync::Weak::new();
+        let none: Weak<dyn UnitWaiter> = Weak::<Gone>::new();
         let u1 = b.take(&none).expect("first unit");
         let u2 = b.take(&none).expect("second unit");
         assert!(b.take(&none).is_none(), "a third unit out of two");

@@ -8,14 +8,13 @@
 //! changes of the registry (see [`Datanodes::reconcile`]).
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use super::placement::{self, Candidate};
 use crate::error::{FsError, FsResult};
 use crate::meta::{AdminState, DatanodeRecord, DnId};
-use crate::storage::datanode::{Datanode, StorageError};
+use crate::storage::{Storage, StorageError};
 use crate::sync::{Arc, AtomicU8, AtomicU64, Ordering, RwLock};
 
 /// A datanode with less free space than this is full: it serves reads but
@@ -115,7 +114,7 @@ struct Slot {
     id: DnId,
     storage_id: Option<String>,
     path: PathBuf,
-    node: Option<Arc<Datanode>>,
+    node: Option<Arc<dyn Storage>>,
     health: AtomicU8,
     admin: AtomicU8,
     free: AtomicU64,
@@ -126,12 +125,13 @@ struct Slot {
 }
 
 impl Slot {
-    fn attached(node: Datanode, admin: AdminState) -> Slot {
+    fn attached(a: Attached) -> Slot {
+        let Attached { node, admin } = a;
         Slot {
-            id: node.id,
+            id: node.id(),
             storage_id: node.storage_id().map(str::to_string),
-            path: node.root.clone(),
-            node: Some(Arc::new(node)),
+            path: node.root().to_path_buf(),
+            node: Some(node),
             health: AtomicU8::new(Health::Live as u8),
             admin: AtomicU8::new(admin_to_u8(admin)),
             free: AtomicU64::new(u64::MAX),
@@ -163,6 +163,12 @@ impl Slot {
     }
 }
 
+/// A datanode attached in this mount, and what the operator made of it.
+pub struct Attached {
+    pub node: Arc<dyn Storage>,
+    pub admin: AdminState,
+}
+
 /// A recorded datanode this mount could not attach, and why.
 pub struct Absent {
     pub record: DatanodeRecord,
@@ -177,30 +183,20 @@ pub struct Datanodes {
     /// so readers take a snapshot and never wait for a change.
     slots: RwLock<Slots>,
     pub replication: usize,
-    /// Test-only fault: a datanode that sleeps before every packet and
-    /// every block copied onto it.
-    slow: Option<(DnId, Duration)>,
 }
 
 impl Datanodes {
-    /// The attached datanodes `nodes` (with their admin states) and the
-    /// recorded ones that are not.
-    pub fn new(
-        nodes: Vec<(Datanode, AdminState)>,
-        absent: Vec<Absent>,
-        replication: usize,
-        slow: Option<(DnId, Duration)>,
-    ) -> Datanodes {
+    /// The attached datanodes `nodes` and the recorded ones that are not.
+    pub fn new(nodes: Vec<Attached>, absent: Vec<Absent>, replication: usize) -> Datanodes {
         let mut slots: Vec<Arc<Slot>> = nodes
             .into_iter()
-            .map(|(n, a)| Arc::new(Slot::attached(n, a)))
+            .map(|a| Arc::new(Slot::attached(a)))
             .collect();
         slots.extend(absent.into_iter().map(|a| Arc::new(Slot::absent(a))));
         slots.sort_by_key(|s| s.id);
         Datanodes {
             slots: RwLock::new(Arc::new(slots)),
             replication,
-            slow,
         }
     }
 
@@ -210,9 +206,13 @@ impl Datanodes {
     pub fn unregistered(dirs: &[PathBuf], replication: usize) -> FsResult<Datanodes> {
         let mut nodes = Vec::new();
         for (i, d) in dirs.iter().enumerate() {
-            nodes.push((Datanode::open(DnId(i as u32), d, None)?, AdminState::Normal));
+            let node = crate::storage::Datanode::open(DnId(i as u32), d, None)?;
+            nodes.push(Attached {
+                node: Arc::new(node),
+                admin: AdminState::Normal,
+            });
         }
-        Ok(Datanodes::new(nodes, Vec::new(), replication, None))
+        Ok(Datanodes::new(nodes, Vec::new(), replication))
     }
 
     fn snapshot(&self) -> Slots {
@@ -247,7 +247,7 @@ impl Datanodes {
     }
 
     /// The datanodes attached in this mount.
-    pub fn attached(&self) -> Vec<Arc<Datanode>> {
+    pub fn attached(&self) -> Vec<Arc<dyn Storage>> {
         self.snapshot()
             .iter()
             .filter_map(|s| s.node.clone())
@@ -255,7 +255,7 @@ impl Datanodes {
     }
 
     /// Datanode `id`, if it is attached in this mount.
-    pub fn get(&self, id: DnId) -> Option<Arc<Datanode>> {
+    pub fn get(&self, id: DnId) -> Option<Arc<dyn Storage>> {
         self.slot(id).and_then(|s| s.node.clone())
     }
 
@@ -302,9 +302,9 @@ impl Datanodes {
     /// datanode another daemon added): it replaces the slot of the same
     /// id, if the datanode was recorded but absent. Its first heartbeat
     /// runs here, so placement knows its free space at once.
-    pub fn insert(&self, node: Datanode, admin: AdminState) {
-        let id = node.id;
-        let slot = Arc::new(Slot::attached(node, admin));
+    pub fn insert(&self, node: Arc<dyn Storage>, admin: AdminState) {
+        let id = node.id();
+        let slot = Arc::new(Slot::attached(Attached { node, admin }));
         self.beat(&slot);
         self.change(|v| {
             v.retain(|s| s.id != id);
@@ -337,7 +337,7 @@ impl Datanodes {
     pub fn reconcile(
         &self,
         records: &[DatanodeRecord],
-        open: impl Fn(&DatanodeRecord) -> Result<Datanode, String>,
+        open: impl Fn(&DatanodeRecord) -> Result<Arc<dyn Storage>, String>,
     ) {
         for r in records {
             match (self.slot(r.id), r.state) {
@@ -496,14 +496,6 @@ impl Datanodes {
         ))
     }
 
-    pub fn fault_delay(&self, id: DnId) {
-        if let Some((dn, d)) = self.slow
-            && dn == id
-        {
-            std::thread::sleep(d);
-        }
-    }
-
     /// Deletes every replica of `blocks` (files removed or truncated away);
     /// a failure leaves an orphan that housekeeping removes later, as does
     /// a dead datanode (its directory may now hold something else).
@@ -588,7 +580,7 @@ mod tests {
     #[test]
     fn only_full_datanodes_left_is_enospc_and_a_recorded_absent_one_is_dead() {
         let dir = tempfile::tempdir().unwrap();
-        let node = Datanode::open(DnId(3), &dir.path().join("a"), None).unwrap();
+        let node = crate::storage::Datanode::open(DnId(3), &dir.path().join("a"), None).unwrap();
         let absent = Absent {
             record: DatanodeRecord {
                 id: DnId(1),
@@ -598,7 +590,11 @@ mod tests {
             },
             why: "not in the --datanode list".into(),
         };
-        let dns = Datanodes::new(vec![(node, AdminState::Normal)], vec![absent], 1, None);
+        let node = Attached {
+            node: Arc::new(node),
+            admin: AdminState::Normal,
+        };
+        let dns = Datanodes::new(vec![node], vec![absent], 1);
         assert_eq!(dns.len(), 2);
         assert!(dns.get(DnId(1)).is_none());
         assert_eq!(dns.health(DnId(1)), Health::Dead);

@@ -16,34 +16,68 @@
 
 use std::collections::HashSet;
 
-use super::stream::StreamCtx;
+use super::ctx::StreamCtx;
 use crate::error::{FsError, FsResult};
 use crate::meta::{BlockRow, Change, DnId};
-use crate::storage::datanode::Datanode;
+use crate::storage::Storage;
 use crate::sync::{Arc, lock};
 
-/// A replica: (block id, datanode id).
-pub(crate) type Replica = (u64, DnId);
+/// One replica of one block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct Replica {
+    pub block: u64,
+    pub dn: DnId,
+}
+
 /// One file's (or one replica's) part of an fsync.
 pub(crate) type SyncTask = Box<dyn FnOnce() -> FsResult<()> + Send>;
-/// A job's result for each replica it covers (`None`: the metadata store).
-pub(crate) type SyncResult = (Option<Replica>, FsResult<()>);
+
+/// The outcome of a sync job for what it covered: a replica, or (`None`)
+/// the metadata store.
+pub(crate) struct Synced {
+    pub who: Option<Replica>,
+    pub result: FsResult<()>,
+}
+
 /// Independent work of an fsync, run in parallel with the others.
-pub(crate) type SyncJob = Box<dyn FnOnce() -> Vec<SyncResult> + Send>;
+pub(crate) type SyncJob = Box<dyn FnOnce() -> Vec<Synced> + Send>;
+
+/// How each replica's sync went.
+pub(crate) struct ReplicaResult {
+    pub replica: Replica,
+    pub result: FsResult<()>,
+}
+
+/// A replica of a block whose sync failed, and why.
+struct Failed<'a> {
+    dn: DnId,
+    error: &'a FsError,
+}
+
+/// The replicas on one datanode filesystem, synced with one `syncfs`.
+struct FsGroup {
+    node: Arc<dyn Storage>,
+    members: Vec<Replica>,
+}
 
 /// Wraps one replica's task as a job.
 pub(crate) fn job(who: Replica, t: SyncTask) -> SyncJob {
-    Box::new(move || vec![(Some(who), t())])
+    Box::new(move || {
+        vec![Synced {
+            who: Some(who),
+            result: t(),
+        }]
+    })
 }
 
 /// The per-file syncs of a closed replica (data, checksums, directories).
 pub(crate) fn closed_replica_syncs(ctx: &StreamCtx, who: Replica, gs: u64) -> Vec<SyncJob> {
-    let Some(node) = ctx.dns.get(who.1) else {
+    let Some(node) = ctx.dns.get(who.dn) else {
         return Vec::new();
     };
     vec![job(
         who,
-        Box::new(move || node.sync_replica(who.0, gs).map_err(FsError::from)),
+        Box::new(move || node.sync_replica(who.block, gs).map_err(FsError::from)),
     )]
 }
 
@@ -55,71 +89,87 @@ pub(crate) fn sync_replicas(
     ctx: &StreamCtx,
     mut replicas: Vec<Replica>,
     per_file: impl Fn(Replica) -> FsResult<Vec<SyncJob>>,
-) -> FsResult<Vec<(Replica, FsResult<()>)>> {
+) -> FsResult<Vec<ReplicaResult>> {
     let mut seen = HashSet::new();
     replicas.retain(|r| seen.insert(*r));
     let meta = ctx.meta.clone();
     // The store's sync is first: `run_parallel` runs the last job on this
     // thread, and that should be a replica's (the store's is usually a
     // no-op).
-    let mut jobs: Vec<SyncJob> = vec![Box::new(move || vec![(None, meta.sync_if_needed())])];
-    let mut groups: Vec<(Arc<Datanode>, Vec<Replica>)> = Vec::new();
+    let mut jobs: Vec<SyncJob> = vec![Box::new(move || {
+        vec![Synced {
+            who: None,
+            result: meta.sync_if_needed(),
+        }]
+    })];
+    let mut groups: Vec<FsGroup> = Vec::new();
     for who in replicas {
         let by_fs = ctx
             .dns
-            .get(who.1)
+            .get(who.dn)
             .filter(|n| ctx.sync_by_fs && n.syncfs_is_barrier());
         match by_fs {
-            Some(node) => match groups.iter_mut().find(|g| g.0.fs_id() == node.fs_id()) {
-                Some(g) => g.1.push(who),
-                None => groups.push((node.clone(), vec![who])),
+            Some(node) => match groups.iter_mut().find(|g| g.node.fs_id() == node.fs_id()) {
+                Some(g) => g.members.push(who),
+                None => groups.push(FsGroup {
+                    node,
+                    members: vec![who],
+                }),
             },
             None => jobs.extend(per_file(who)?),
         }
     }
-    for (node, members) in groups {
+    for FsGroup { node, members } in groups {
         jobs.push(Box::new(move || {
             let r = node.sync_fs().map_err(FsError::from);
             if let Err(e) = &r {
                 tracing::warn!(
-                    datanode = %node.id,
+                    datanode = %node.id(),
                     "syncfs failed, syncing file by file: {e}"
                 );
             }
-            members.into_iter().map(|w| (Some(w), r.clone())).collect()
+            members
+                .into_iter()
+                .map(|w| Synced {
+                    who: Some(w),
+                    result: r.clone(),
+                })
+                .collect()
         }));
     }
-    let mut results: Vec<(Replica, FsResult<()>)> = Vec::new();
+    let mut results: Vec<ReplicaResult> = Vec::new();
     let mut again: Vec<SyncJob> = Vec::new();
     // Several jobs of one replica (data, checksums, directory): it fails if
     // any fails.
-    let merge =
-        |results: &mut Vec<(Replica, FsResult<()>)>, w: Replica, r: FsResult<()>| match results
-            .iter_mut()
-            .find(|(x, _)| *x == w)
-        {
-            Some((_, prev)) => {
-                if prev.is_ok() {
-                    *prev = r
-                }
+    let merge = |results: &mut Vec<ReplicaResult>, w: Replica, r: FsResult<()>| match results
+        .iter_mut()
+        .find(|x| x.replica == w)
+    {
+        Some(prev) => {
+            if prev.result.is_ok() {
+                prev.result = r
             }
-            None => results.push((w, r)),
-        };
-    for (who, r) in run_parallel(&ctx.rt, jobs) {
-        match (who, r) {
+        }
+        None => results.push(ReplicaResult {
+            replica: w,
+            result: r,
+        }),
+    };
+    for Synced { who, result } in run_parallel(&ctx.rt, jobs) {
+        match (who, result) {
             (None, r) => r?,
             // A syncfs error may be anyone's on that filesystem: the
             // replica's own syncs tell.
-            (Some(w), Err(_)) if ctx.sync_by_fs && ctx.dns.get(w.1).is_some() => {
+            (Some(w), Err(_)) if ctx.sync_by_fs && ctx.dns.get(w.dn).is_some() => {
                 again.extend(per_file(w)?)
             }
             (Some(w), r) => merge(&mut results, w, r),
         }
     }
     if !again.is_empty() {
-        for (who, r) in run_parallel(&ctx.rt, again) {
+        for Synced { who, result } in run_parallel(&ctx.rt, again) {
             if let Some(w) = who {
-                merge(&mut results, w, r);
+                merge(&mut results, w, result);
             }
         }
     }
@@ -127,49 +177,62 @@ pub(crate) fn sync_replicas(
 }
 
 /// Takes replicas whose sync failed out of their blocks' lists; returns
-/// the changed rows (to be committed durably) or fails when a block keeps
+/// the changed rows (to be recorded durably) or fails when a block keeps
 /// no replica that synced.
 pub(crate) fn drop_failed(
     ctx: &StreamCtx,
     ino: u64,
     rows: &mut [BlockRow],
-    results: &[(Replica, FsResult<()>)],
+    results: &[ReplicaResult],
 ) -> FsResult<Vec<BlockRow>> {
     let mut changed = Vec::new();
     for row in rows.iter_mut() {
-        let failed: Vec<(DnId, &FsError)> = results
+        let failed: Vec<Failed<'_>> = results
             .iter()
-            .filter_map(|((b, dn), r)| match r {
-                Err(e) if *b == row.block_id => Some((*dn, e)),
+            .filter_map(|x| match &x.result {
+                Err(error) if x.replica.block == row.block_id => Some(Failed {
+                    dn: x.replica.dn,
+                    error,
+                }),
                 _ => None,
             })
             .collect();
         if failed.is_empty() {
             continue;
         }
-        for (dn, e) in &failed {
+        for Failed { dn, error } in &failed {
             tracing::warn!(
                 ino,
                 block = row.block_id,
                 datanode = %dn,
-                "replica sync failed; the replica leaves the block: {e}"
+                "replica sync failed; the replica leaves the block: {error}"
             );
             ctx.bad.report(row.block_id, *dn);
             if let Some(node) = ctx.dns.get(*dn) {
-                node.io.error();
+                node.io().error();
             }
             ctx.dns.mark_dead(*dn);
         }
-        row.replicas.retain(|d| !failed.iter().any(|(f, _)| f == d));
+        row.replicas.retain(|d| !failed.iter().any(|f| f.dn == *d));
         if row.replicas.is_empty() {
             return Err(FsError::Io(format!(
                 "no replica of block {} could be synced: {}",
-                row.block_id, failed[0].1
+                row.block_id, failed[0].error
             )));
         }
         changed.push(row.clone());
     }
     Ok(changed)
+}
+
+/// The replicas `rows` list, for [`sync_replicas`].
+pub(crate) fn replicas_of(rows: &[BlockRow]) -> impl Iterator<Item = Replica> + '_ {
+    rows.iter().flat_map(|r| {
+        r.replicas.iter().map(|&dn| Replica {
+            block: r.block_id,
+            dn,
+        })
+    })
 }
 
 /// fsync of a file that no stream of this daemon is writing: every
@@ -180,13 +243,10 @@ pub fn sync_file(ctx: &StreamCtx, ino: u64) -> FsResult<()> {
         return ctx.meta.sync_if_needed();
     }
     let mut rows = ctx.meta.blocks(ino)?;
-    let replicas: Vec<Replica> = rows
-        .iter()
-        .flat_map(|r| r.replicas.iter().map(|dn| (r.block_id, *dn)))
-        .collect();
+    let replicas: Vec<Replica> = replicas_of(&rows).collect();
     let gs_of = |block: u64| rows.iter().find(|r| r.block_id == block).map(|r| r.gs);
     let results = sync_replicas(ctx, replicas, |who| {
-        Ok(gs_of(who.0)
+        Ok(gs_of(who.block)
             .map(|gs| closed_replica_syncs(ctx, who, gs))
             .unwrap_or_default())
     })?;
@@ -202,7 +262,7 @@ pub fn sync_file(ctx: &StreamCtx, ino: u64) -> FsResult<()> {
 /// Runs independent jobs on the blocking pool (reused threads, so an fsync
 /// costs no thread creation), the last one on the calling thread; returns
 /// every result.
-fn run_parallel(rt: &tokio::runtime::Handle, mut jobs: Vec<SyncJob>) -> Vec<SyncResult> {
+fn run_parallel(rt: &tokio::runtime::Handle, mut jobs: Vec<SyncJob>) -> Vec<Synced> {
     let Some(last) = jobs.pop() else {
         return Vec::new();
     };
@@ -219,7 +279,10 @@ fn run_parallel(rt: &tokio::runtime::Handle, mut jobs: Vec<SyncJob>) -> Vec<Sync
     for _ in 0..n {
         match rx.recv() {
             Ok(r) => out.extend(r),
-            Err(_) => out.push((None, Err(FsError::Io("sync task lost".into())))),
+            Err(_) => out.push(Synced {
+                who: None,
+                result: Err(FsError::Io("sync task lost".into())),
+            }),
         }
     }
     out

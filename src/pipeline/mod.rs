@@ -2,18 +2,40 @@
 //! are filled by `write()`, streamed to every replica of the current block
 //! by a background worker, and acknowledged once all replicas wrote them;
 //! plus the read path and lease (block) recovery that share its view of
-//! replicas.
+//! replicas, and the mount's datanodes.
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`state`] | a stream's bookkeeping: packets, data and ack queues, backpressure (no I/O) |
+//! | [`stream`] | [`OutputStream`]: the state behind a lock, and the worker that drains it |
+//! | [`streamer`] | the worker's I/O: packets, block boundaries, fsync, close, truncate |
+//! | [`block`], [`pipe`] | opening and finalising a block; its replicas and pipeline recovery |
+//! | [`outcome`] | what the worker reports about the file ([`FileLog`], implemented by the filesystem) |
+//! | [`durable`] | making a file durable |
+//! | [`budget`] | the mount's write buffer |
+//! | [`ctx`] | what every stream shares |
+//! | [`datanodes`], [`placement`], [`attach`] | the mount's datanodes, where replicas go, which directory is which |
+//! | [`reader`], [`recovery`] | the read path; lease recovery |
 
 pub mod attach;
+pub mod block;
 pub mod budget;
+pub mod ctx;
 pub mod datanodes;
 pub mod durable;
+pub mod outcome;
+pub mod pipe;
 pub mod placement;
 pub mod reader;
 pub mod recovery;
+pub mod state;
 pub mod stream;
 mod streamer;
+#[cfg(test)]
+mod tests;
 
 pub use budget::Budget;
+pub use ctx::{Done, StreamCtx};
 pub use datanodes::{Datanodes, Health};
-pub use stream::{Done, OutputStream, StreamCtx};
+pub use outcome::{FileLog, FileOutcome};
+pub use stream::{OutputStream, StreamStats};

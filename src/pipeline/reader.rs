@@ -4,10 +4,10 @@
 
 use std::collections::BTreeSet;
 
+use super::datanodes::Datanodes;
 use crate::error::{FsError, FsResult};
 use crate::meta::{BlockRow, DnId};
-use crate::pipeline::Datanodes;
-use crate::storage::datanode::StorageError;
+use crate::storage::StorageError;
 use crate::sync::{Mutex, lock};
 
 /// Replicas that failed a read, as (block id, datanode).

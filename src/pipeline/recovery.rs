@@ -12,9 +12,17 @@
 //! (never one whose stamp leads it; a replica dropped from a pipeline
 //! leaves the list: the list is the membership).
 
+use super::datanodes::Datanodes;
 use crate::error::{FsError, FsResult};
-use crate::meta::{Change, Counter, Meta, now_ns};
-use crate::pipeline::Datanodes;
+use crate::meta::{Change, Counter, DnId, Meta, now_ns};
+
+/// A replica recovery found usable: its datanode, the stamp it carries
+/// and the length of its valid prefix.
+struct Survivor {
+    dn: DnId,
+    gs: u64,
+    valid: u64,
+}
 
 /// Recovers file `ino`; returns its final length.
 pub fn recover_file(meta: &dyn Meta, dns: &Datanodes, ino: u64) -> FsResult<u64> {
@@ -28,12 +36,16 @@ pub fn recover_file(meta: &dyn Meta, dns: &Datanodes, ino: u64) -> FsResult<u64>
     // The longest prefix every listed replica holds with valid checksums.
     // (A datanode marked dead may still hold a readable replica: every
     // replica found counts.)
-    let mut lens = Vec::new();
+    let mut survivors = Vec::new();
     for &dn in &last.replicas {
         let Some(node) = dns.get(dn) else { continue };
         match node.find(last.block_id) {
             Some(info) if info.gs <= last.gs => match node.valid_prefix(last.block_id, info.gs) {
-                Ok(n) => lens.push((dn, info.gs, n)),
+                Ok(valid) => survivors.push(Survivor {
+                    dn,
+                    gs: info.gs,
+                    valid,
+                }),
                 Err(e) => tracing::warn!(datanode = %dn, "replica unusable in recovery: {e}"),
             },
             Some(info) => tracing::warn!(
@@ -51,13 +63,13 @@ pub fn recover_file(meta: &dyn Meta, dns: &Datanodes, ino: u64) -> FsResult<u64>
     }
     // Replicas at the recorded stamp, if any reached it; lagging ones only
     // when none did (a crash between the record and every replica).
-    if lens.iter().any(|(_, gs, _)| *gs == last.gs) {
-        lens.retain(|(dn, gs, _)| {
-            let keep = *gs == last.gs;
+    if survivors.iter().any(|r| r.gs == last.gs) {
+        survivors.retain(|r| {
+            let keep = r.gs == last.gs;
             if !keep {
                 tracing::warn!(
-                    datanode = %dn,
-                    found = gs,
+                    datanode = %r.dn,
+                    found = r.gs,
                     "lagging replica left out of recovery"
                 );
             }
@@ -75,7 +87,7 @@ pub fn recover_file(meta: &dyn Meta, dns: &Datanodes, ino: u64) -> FsResult<u64>
         .iter()
         .filter(|d| dns.is_recorded(**d) && (dns.get(**d).is_none() || !dns.is_alive(**d)))
         .collect();
-    if lens.is_empty() && !unreachable.is_empty() {
+    if survivors.is_empty() && !unreachable.is_empty() {
         return Err(FsError::Io(format!(
             "no replica of block {} could be read, and some are on dead datanodes ({}): recovery waits for them",
             last.block_id,
@@ -86,7 +98,7 @@ pub fn recover_file(meta: &dyn Meta, dns: &Datanodes, ino: u64) -> FsResult<u64>
                 .join(", ")
         )));
     }
-    let len = lens.iter().map(|(_, _, n)| *n).min().unwrap_or(0);
+    let len = survivors.iter().map(|r| r.valid).min().unwrap_or(0);
     if len == 0 {
         // Nothing of the block survived, or it never held a byte: the
         // file ends where the block began, and the block goes. (A stream
@@ -118,7 +130,7 @@ pub fn recover_file(meta: &dyn Meta, dns: &Datanodes, ino: u64) -> FsResult<u64>
     row.gs = new_gs;
     row.len = len;
     row.finalized = true;
-    row.replicas = lens.iter().map(|(dn, _, _)| *dn).collect();
+    row.replicas = survivors.iter().map(|r| r.dn).collect();
     let size = start + len;
     let gone = meta.commit(
         &[
@@ -138,7 +150,7 @@ pub fn recover_file(meta: &dyn Meta, dns: &Datanodes, ino: u64) -> FsResult<u64>
     )?;
     dns.delete_blocks(&gone);
     let mut ok = Vec::new();
-    for (dn, found, _) in lens {
+    for Survivor { dn, gs: found, .. } in survivors {
         let Some(node) = dns.get(dn) else { continue };
         match node.settle(last.block_id, found, new_gs, len) {
             Ok(()) => ok.push(dn),

@@ -9,7 +9,7 @@
 
 use std::path::Path;
 
-use super::datanode::StorageError;
+use super::error::StorageError;
 
 /// Bytes covered by one checksum.
 pub const CHUNK_SIZE: usize = 512;

@@ -10,15 +10,14 @@
 //! if another daemon created it first: then its file wins), and the
 //! directory is synced.
 
-use std::fmt;
 use std::fs::{self, OpenOptions};
 use std::io::{self, Write};
 use std::path::Path;
 
-use serde::{Deserialize, Serialize};
-
-use super::datanode::StorageError;
-use super::replica::fsync_dir;
+use super::error::StorageError;
+use super::fsops::fsync_dir;
+/// Re-exported: block rows name replicas by it (see [`super::layout`]).
+pub use super::layout::DnId;
 
 /// The identity file's name in a datanode directory.
 pub const FILE_NAME: &str = "VERSION";
@@ -27,27 +26,6 @@ pub const FILE_NAME: &str = "VERSION";
 /// (no identity file; replicas recorded by place in the `--datanode`
 /// list), which is upgraded in place at mount.
 pub const LAYOUT_VERSION: u32 = 1;
-
-/// A datanode's compact id: what block rows record for each replica. The
-/// registry in the metadata assigns it to a storage ID once and for all.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default,
-)]
-#[serde(transparent)]
-pub struct DnId(pub u32);
-
-impl fmt::Display for DnId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-impl std::str::FromStr for DnId {
-    type Err = std::num::ParseIntError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        s.parse().map(DnId)
-    }
-}
 
 /// The contents of an identity file.
 #[derive(Debug, Clone, PartialEq, Eq)]

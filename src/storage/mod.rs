@@ -1,7 +1,48 @@
-//! Block storage: datanode directories holding replica files with CRC32C
-//! checksums, and the write pipeline that streams packets into them.
+//! Block storage: datanode directories holding block replicas, each a data
+//! file with a checksum file of CRC32C per 512-byte chunk.
+//!
+//! [`Storage`] is what the rest of the daemon needs of a datanode;
+//! [`Datanode`] implements it on a local directory. The modules, from the
+//! bottom up:
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`layout`] | names and paths of a datanode directory, replica states (no I/O) |
+//! | [`error`] | [`StorageError`] |
+//! | [`checksum`] | CRC32C per chunk, the meta file header, the packet CRC accumulator |
+//! | [`fsops`] | file system calls that name their path in errors |
+//! | [`identity`] | the identity file `DN/VERSION` |
+//! | [`locate`] | finding (and removing) a block's files |
+//! | [`writer`], [`reader`] | the open files of one replica: appends; verified reads |
+//! | [`replica`] | a replica's lifecycle: create, reopen, restamp, cut, finalize |
+//! | [`maintenance`] | listing, deletion, copies, `tmp/` cleanup, the heartbeat probe |
+//! | [`api`] | the [`Storage`] and [`ReplicaWrite`] traits |
+//! | [`datanode`] | [`Datanode`]: open, identity, sync; the real [`Storage`] |
 
+pub mod api;
 pub mod checksum;
 pub mod datanode;
+pub mod error;
+#[cfg(test)]
+pub mod faulty;
+pub mod fsops;
 pub mod identity;
+pub mod layout;
+pub mod locate;
+pub mod maintenance;
+pub mod reader;
 pub mod replica;
+#[cfg(test)]
+mod testkit;
+#[cfg(test)]
+mod tests;
+pub mod writer;
+
+pub use api::{ReplicaWrite, Storage, SyncTask};
+pub use checksum::ChunkAccumulator;
+pub use datanode::Datanode;
+pub use error::StorageError;
+pub use layout::{DnId, ReplicaInfo, ReplicaStat, ReplicaState};
+pub use maintenance::{block_ids_in, holds_files};
+pub use reader::ReplicaReader;
+pub use writer::ReplicaWriter;

@@ -1,502 +1,236 @@
-//! The open files of one replica: [`ReplicaWriter`] appends packets to a
-//! replica being written, [`ReplicaReader`] serves checksum-verified reads
-//! and computes the valid prefix used by lease recovery. Also the positional
-//! I/O helpers and `shrink`, shared with [`super::datanode`].
-//!
-//! Ordering contract between the two: the writer writes a packet's data
-//! before its checksums, and the reader reads checksums before data. A reader
-//! that sees a checksum therefore also sees the bytes it covers; it may see
-//! bytes that no checksum covers yet, which it never serves (see
-//! [`longest_matching_prefix`]).
+//! The life of a replica on disk: created in `rbw/`, reopened for append or
+//! pipeline recovery, restamped, cut, and moved to `finalized/`. Each step
+//! is safe to retry after success (recovery and repairs run again after a
+//! crash). What is made durable where is stated per step: closing a file
+//! promises no durability, truncation does.
 
-use std::fs::File;
-use std::io::{self, IoSliceMut};
-use std::os::fd::AsRawFd;
+use std::fs::{self, File, OpenOptions};
+use std::io;
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use super::checksum::{
-    CHUNK_SIZE, CRC_LEN, META_HEADER_LEN, check_header_at, chunk_count, crc, crc_offset,
-    longest_matching_prefix, meta_len_for,
+    CHUNK_SIZE, crc, crc_offset, encode_header, longest_matching_prefix, meta_len_for,
 };
-use super::datanode::{ReplicaState, StorageError};
+use super::error::StorageError;
+use super::fsops::{exists, file_len, fsync_dir, open_rw, read_full_at, rename, stat_len};
+use super::layout::{Layout, ReplicaState};
+use super::locate::{self, locate};
+use super::writer::{ReplicaFiles, ReplicaWriter};
 use crate::metrics::IoCounters;
-use crate::sync::{Arc, AtomicBool, Ordering};
-
-/// Re-exported for the write pipeline, which pairs it with the writer.
-pub use super::checksum::ChunkAccumulator;
+use crate::sync::Arc;
 
 const CS: u64 = CHUNK_SIZE as u64;
 
-/// Owns the open data and meta files of one replica being written (rbw).
-///
-/// Writes are appends at [`ReplicaWriter::len`]; each packet costs exactly two
-/// `pwrite`s and never reads anything back. Renaming the meta file
-/// (generation stamp bump) while the writer is open is fine: it writes
-/// through its file descriptor.
-#[derive(Debug)]
-pub struct ReplicaWriter {
+/// Creates a new, empty replica in `rbw/`. Leftover files of the same
+/// block (an earlier attempt that crashed) are removed first.
+pub(crate) fn create_rbw(
+    l: &Layout,
+    io: &Arc<IoCounters>,
     block: u64,
-    data: File,
-    meta: File,
-    data_path: PathBuf,
-    /// The meta file's path when opened (for messages: a generation stamp
-    /// bump renames it).
-    meta_path: PathBuf,
-    /// The directory holding the replica (the data file's parent), fsynced
-    /// on the first `sync`.
-    dir: PathBuf,
+    gs: u64,
+) -> Result<ReplicaWriter, StorageError> {
+    let data_path = l.data_path(ReplicaState::Rbw, block);
+    let create = || {
+        OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&data_path)
+    };
+    if exists(&l.data_path(ReplicaState::Finalized, block))? {
+        tracing::warn!(dn = %l.id, block, "removing a leftover finalized replica");
+        locate::delete(l, block)?;
+    }
+    let data = match create() {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            tracing::warn!(dn = %l.id, block, "removing a leftover rbw replica");
+            locate::delete(l, block)?;
+            create().map_err(|e| StorageError::io(&data_path, e))?
+        }
+        Err(e) => return Err(StorageError::io(&data_path, e)),
+    };
+    let meta_path = l.meta_path(ReplicaState::Rbw, block, gs);
+    let meta = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&meta_path)
+        .and_then(|m| m.write_all_at(&encode_header(), 0).map(|()| m))
+        .map_err(|e| {
+            // Best effort: no data file without checksums left behind.
+            let _ = fs::remove_file(&data_path);
+            let _ = fs::remove_file(&meta_path);
+            StorageError::io(&meta_path, e)
+        })?;
+    let files = ReplicaFiles {
+        data,
+        meta,
+        data_path,
+        meta_path,
+    };
+    Ok(ReplicaWriter::new(block, files, 0, Vec::new(), io))
+}
+
+/// Continues writing a replica at length `len`: an rbw replica (pipeline
+/// recovery) or a finalized one, moved back into `rbw/` (append). Cuts the
+/// data to `len` and the checksums to match, fixing the CRC of a partial
+/// last chunk; the writer's resume tail then gives that chunk's bytes.
+pub(crate) fn reopen_rbw(
+    l: &Layout,
+    io: &Arc<IoCounters>,
+    block: u64,
+    gs: u64,
     len: u64,
-    /// Reused buffer for the big-endian CRCs of a packet.
-    meta_buf: Vec<u8>,
-    synced_once: AtomicBool,
-    /// The partial last chunk found when the replica was reopened.
-    resume_tail: Vec<u8>,
-    /// Its datanode's counters.
-    io: Arc<IoCounters>,
+) -> Result<ReplicaWriter, StorageError> {
+    let loc = locate(l, block, gs)?;
+    let cur_data = l.data_path(loc.data_in, block);
+    let cur_meta = l.meta_path(loc.meta_in, block, gs);
+    // Check and cut the replica where it is, so that a replica that
+    // cannot be reopened stays as it was; the descriptors follow the
+    // renames below.
+    let data = open_rw(&cur_data)?;
+    let meta = open_rw(&cur_meta)?;
+    let tail = shrink(block, &data, &cur_data, &meta, &cur_meta, len)?;
+    let data_path = l.data_path(ReplicaState::Rbw, block);
+    let meta_path = l.meta_path(ReplicaState::Rbw, block, gs);
+    if loc.data_in == ReplicaState::Finalized {
+        rename(&cur_data, &data_path)?;
+    }
+    if loc.meta_in == ReplicaState::Finalized {
+        rename(&cur_meta, &meta_path)?;
+    }
+    if loc.any_finalized() {
+        fsync_dir(l.dir(ReplicaState::Rbw))?;
+        fsync_dir(l.dir(ReplicaState::Finalized))?;
+    }
+    let files = ReplicaFiles {
+        data,
+        meta,
+        data_path,
+        meta_path,
+    };
+    Ok(ReplicaWriter::new(block, files, len, tail, io))
 }
 
-/// One independent piece of a sync (see [`ReplicaWriter::sync_tasks`]).
-pub type SyncTask = Box<dyn FnOnce() -> Result<(), StorageError> + Send>;
-
-impl ReplicaWriter {
-    pub(crate) fn new(
-        block: u64,
-        data: File,
-        meta: File,
-        data_path: PathBuf,
-        meta_path: PathBuf,
-        len: u64,
-        resume_tail: Vec<u8>,
-    ) -> Self {
-        let dir = data_path
-            .parent()
-            .map(Path::to_path_buf)
-            .unwrap_or_default();
-        Self {
-            block,
-            data,
-            meta,
-            data_path,
-            meta_path,
-            dir,
-            len,
-            meta_buf: Vec::new(),
-            synced_once: AtomicBool::new(false),
-            resume_tail,
-            io: Arc::default(),
-        }
+/// Moves a replica from `rbw/` to `finalized/` (data, then meta), after
+/// cutting it to `len` if longer. Nothing is synced here: closing a file
+/// promises no durability (as on a local filesystem), and a rename lost in
+/// a crash leaves an rbw replica that recovery finalises again; `fsync` of
+/// the file syncs the replica (`sync_replica`).
+pub(crate) fn finalize(l: &Layout, block: u64, gs: u64, len: u64) -> Result<(), StorageError> {
+    let loc = locate(l, block, gs)?;
+    let data_path = l.data_path(loc.data_in, block);
+    let meta_path = l.meta_path(loc.meta_in, block, gs);
+    let data_len = stat_len(&data_path)?;
+    let meta_len = stat_len(&meta_path)?;
+    if data_len != len || meta_len != meta_len_for(len) {
+        let data = open_rw(&data_path)?;
+        let meta = open_rw(&meta_path)?;
+        shrink(block, &data, &data_path, &meta, &meta_path, len)?;
     }
-
-    /// Counts this writer's bytes and failures in `io` (its datanode's).
-    pub(crate) fn counted(mut self, io: &Arc<IoCounters>) -> Self {
-        self.io = io.clone();
-        self
+    if loc.data_in == ReplicaState::Rbw {
+        rename(&data_path, &l.data_path(ReplicaState::Finalized, block))?;
     }
-
-    /// The block this replica belongs to.
-    pub fn block(&self) -> u64 {
-        self.block
+    if loc.meta_in == ReplicaState::Rbw {
+        rename(&meta_path, &l.meta_path(ReplicaState::Finalized, block, gs))?;
     }
-
-    /// Bytes written so far; the next packet must start here.
-    pub fn len(&self) -> u64 {
-        self.len
-    }
-
-    /// True when nothing has been written.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The data file's path.
-    pub fn path(&self) -> &Path {
-        &self.data_path
-    }
-
-    /// The bytes after the last 512-byte boundary when the replica was
-    /// reopened for append (empty for a new replica), for
-    /// [`super::checksum::ChunkAccumulator::resume`].
-    pub fn take_resume_tail(&mut self) -> Vec<u8> {
-        std::mem::take(&mut self.resume_tail)
-    }
-
-    /// Appends `data` at `offset` (which must equal [`Self::len`]).
-    ///
-    /// `crcs` are the CRCs of the chunks from `offset / 512` to the end of
-    /// `offset + data.len()`; when `offset` is mid-chunk, `crcs[0]` is the CRC
-    /// of the whole chunk, old bytes and new. Data goes first, then the
-    /// checksums, each in one `pwrite`. On error the length is unchanged;
-    /// garbage past it is cut by the next reopen.
-    pub fn write_packet(
-        &mut self,
-        offset: u64,
-        data: &[u8],
-        crcs: &[u32],
-    ) -> Result<(), StorageError> {
-        let r = self.append(offset, data, crcs);
-        match &r {
-            Ok(()) => self.io.wrote(data.len() as u64),
-            Err(_) => self.io.error(),
-        }
-        r
-    }
-
-    fn append(&mut self, offset: u64, data: &[u8], crcs: &[u32]) -> Result<(), StorageError> {
-        if offset != self.len {
-            return Err(self.bad_packet(format!(
-                "packet at offset {offset}, but the replica ends at {}",
-                self.len
-            )));
-        }
-        let end = offset + data.len() as u64;
-        let first = offset / CS;
-        let want = if data.is_empty() {
-            0
-        } else {
-            chunk_count(end) - first
-        };
-        if crcs.len() as u64 != want {
-            return Err(self.bad_packet(format!(
-                "{} checksums for {} bytes at offset {offset}, expected {want}",
-                crcs.len(),
-                data.len()
-            )));
-        }
-        if data.is_empty() {
-            return Ok(());
-        }
-        self.data
-            .write_all_at(data, offset)
-            .map_err(|e| StorageError::io(&self.data_path, e))?;
-        self.meta_buf.clear();
-        for c in crcs {
-            self.meta_buf.extend_from_slice(&c.to_be_bytes());
-        }
-        self.meta
-            .write_all_at(&self.meta_buf, crc_offset(first))
-            .map_err(|e| StorageError::io(&self.meta_path, e))?;
-        self.len = end;
-        Ok(())
-    }
-
-    /// The work of [`Self::sync`] as independent tasks (data, checksums,
-    /// and the directory the first time) that a caller can run in parallel
-    /// with each other and with other replicas' syncs.
-    pub fn sync_tasks(&self) -> Result<Vec<SyncTask>, StorageError> {
-        let first = !self.synced_once.swap(true, Ordering::AcqRel);
-        let mut v: Vec<SyncTask> = Vec::new();
-        for (file, path) in [(&self.data, &self.data_path), (&self.meta, &self.meta_path)] {
-            let f = file.try_clone().map_err(|e| StorageError::io(path, e))?;
-            let p = path.clone();
-            v.push(Box::new(move || {
-                let r = if first { f.sync_all() } else { f.sync_data() };
-                r.map_err(|e| StorageError::io(&p, e))
-            }));
-        }
-        if first {
-            let dir = self.dir.clone();
-            v.push(Box::new(move || fsync_dir(&dir)));
-        }
-        Ok(v)
-    }
-
-    /// Makes everything written durable: `fdatasync` of data and meta. The
-    /// first call does a full `fsync` of both and of the directory, so the
-    /// new directory entries survive a crash too.
-    pub fn sync(&self) -> Result<(), StorageError> {
-        if self.synced_once.load(Ordering::Acquire) {
-            self.data
-                .sync_data()
-                .map_err(|e| StorageError::io(&self.data_path, e))?;
-            self.meta
-                .sync_data()
-                .map_err(|e| StorageError::io(&self.meta_path, e))?;
-        } else {
-            self.data
-                .sync_all()
-                .map_err(|e| StorageError::io(&self.data_path, e))?;
-            self.meta
-                .sync_all()
-                .map_err(|e| StorageError::io(&self.meta_path, e))?;
-            fsync_dir(&self.dir)?;
-            self.synced_once.store(true, Ordering::Release);
-        }
-        Ok(())
-    }
-
-    fn bad_packet(&self, reason: String) -> StorageError {
-        StorageError::BadPacket {
-            path: self.data_path.clone(),
-            reason,
-        }
-    }
+    Ok(())
 }
 
-/// Open data and meta files of one replica with a known generation stamp,
-/// for checksum-verified reads. Cheap to keep open across reads: finalizing
-/// renames the files but not the inodes behind these descriptors.
-#[derive(Debug)]
-pub struct ReplicaReader {
-    pub(crate) block: u64,
-    pub(crate) gs: u64,
-    pub(crate) state: ReplicaState,
-    pub(crate) data: File,
-    pub(crate) meta: File,
-    pub(crate) data_path: PathBuf,
-    pub(crate) meta_path: PathBuf,
-    /// Its datanode's counters.
-    pub(crate) io: Arc<IoCounters>,
+/// Finalizes a replica a writer has just written, `written` bytes long
+/// (the writer is closed): when that is exactly `len`, the files are
+/// where the writer left them, so this is two renames and no lookups.
+/// Anything unexpected (a file moved, a different length) goes the careful
+/// way, through [`finalize`].
+pub(crate) fn finalize_written(
+    l: &Layout,
+    written: u64,
+    block: u64,
+    gs: u64,
+    len: u64,
+) -> Result<(), StorageError> {
+    if written == len
+        && fs::rename(
+            l.data_path(ReplicaState::Rbw, block),
+            l.data_path(ReplicaState::Finalized, block),
+        )
+        .is_ok()
+        && fs::rename(
+            l.meta_path(ReplicaState::Rbw, block, gs),
+            l.meta_path(ReplicaState::Finalized, block, gs),
+        )
+        .is_ok()
+    {
+        return Ok(());
+    }
+    finalize(l, block, gs, len)
 }
 
-impl ReplicaReader {
-    /// The block this replica belongs to.
-    pub fn block(&self) -> u64 {
-        self.block
+/// Renames the meta file to a new generation stamp, so that replicas left
+/// out of a rebuilt pipeline are recognisably stale. Retrying after
+/// success is a no-op.
+pub(crate) fn bump_gs(
+    l: &Layout,
+    block: u64,
+    old_gs: u64,
+    new_gs: u64,
+) -> Result<(), StorageError> {
+    let loc = match locate(l, block, old_gs) {
+        Ok(loc) => loc,
+        Err(StorageError::StaleGenStamp { found, .. }) if found == new_gs => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    if old_gs == new_gs {
+        return Ok(());
     }
-
-    /// The generation stamp the reader was opened with.
-    pub fn gs(&self) -> u64 {
-        self.gs
-    }
-
-    /// Where the files were when opened.
-    pub fn state(&self) -> ReplicaState {
-        self.state
-    }
-
-    /// The data file's path when opened.
-    pub fn data_path(&self) -> &Path {
-        &self.data_path
-    }
-
-    /// The meta file's path when opened.
-    pub fn meta_path(&self) -> &Path {
-        &self.meta_path
-    }
-
-    /// Current length of the data file.
-    pub fn data_len(&self) -> Result<u64, StorageError> {
-        file_len(&self.data, &self.data_path)
-    }
-
-    /// How many bytes the replica holds with a checksum each could cover:
-    /// the data, cut to what the checksum file has room for.
-    pub fn present_len(&self) -> Result<u64, StorageError> {
-        let meta_len = file_len(&self.meta, &self.meta_path)?;
-        let ncrc = meta_len.saturating_sub(META_HEADER_LEN) / CRC_LEN;
-        Ok(self.data_len()?.min(ncrc * CS))
-    }
-
-    /// Reads up to `buf.len()` bytes at `offset`, verifying the CRC of every
-    /// chunk touched. Whole chunks are read internally with one vectored
-    /// `pread` of the data (straight into `buf`, the partial chunks at either
-    /// end into scratch space) and one `pread` of the checksums.
-    ///
-    /// Returns fewer bytes at the end of the data, and, for a replica being
-    /// written, at the end of what the checksums cover. A mismatch gives
-    /// [`StorageError::Corrupt`] with the offset of the bad chunk.
-    pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<usize, StorageError> {
-        let r = self.read_verified(offset, buf);
-        match &r {
-            Ok(n) => self.io.read(*n as u64),
-            // The last chunk of a replica being written may be read between
-            // its data and its checksum: readers retry, it is no failure.
-            Err(StorageError::Corrupt { .. }) if self.state == ReplicaState::Rbw => {}
-            Err(_) => self.io.error(),
-        }
-        r
-    }
-
-    fn read_verified(&self, offset: u64, buf: &mut [u8]) -> Result<usize, StorageError> {
-        if buf.is_empty() {
-            return Ok(0);
-        }
-        let end = offset + buf.len() as u64;
-        let first = offset / CS;
-        let chunks = (chunk_count(end) - first) as usize;
-        let chunk_start = first * CS;
-
-        // Checksums first (see the module doc). With the first chunk, read
-        // the header in the same call and check it.
-        let hdr = if first == 0 {
-            META_HEADER_LEN as usize
-        } else {
-            0
-        };
-        let need = hdr + chunks * CRC_LEN as usize;
-        let mut small = [0u8; 8 + 256 * 4];
-        let mut big = Vec::new();
-        let mbuf: &mut [u8] = if need <= small.len() {
-            &mut small[..need]
-        } else {
-            big.resize(need, 0);
-            &mut big
-        };
-        let meta_at = if first == 0 { 0 } else { crc_offset(first) };
-        let mgot = read_full_at(&self.meta, mbuf, meta_at)
-            .map_err(|e| StorageError::io(&self.meta_path, e))?;
-        if hdr > 0 {
-            check_header_at(&mbuf[..mgot.min(hdr)], &self.meta_path)?;
-        }
-        let crcs = &mbuf[hdr..mgot.max(hdr)];
-        let ncrc = crcs.len() / CRC_LEN as usize;
-
-        // Then the data: [head | buf | tail] covers whole chunks.
-        let head_len = (offset - chunk_start) as usize;
-        let tail_len = (chunk_count(end) * CS - end) as usize;
-        let mut head = [0u8; CHUNK_SIZE];
-        let mut tail = [0u8; CHUNK_SIZE];
-        let got = {
-            let mut iov = [
-                IoSliceMut::new(&mut head[..head_len]),
-                IoSliceMut::new(buf),
-                IoSliceMut::new(&mut tail[..tail_len]),
-            ];
-            preadv_full(&self.data, &mut iov, chunk_start)
-                .map_err(|e| StorageError::io(&self.data_path, e))?
-        };
-
-        let mut avail = got;
-        if ncrc < got.div_ceil(CHUNK_SIZE) {
-            // A replica being written may have data whose checksums are not
-            // written yet: serve only what is covered.
-            if !self.being_written() {
-                return Err(self.corrupt(chunk_start + (ncrc * CHUNK_SIZE) as u64));
-            }
-            avail = ncrc * CHUNK_SIZE;
-        }
-        if avail <= head_len {
-            return Ok(0);
-        }
-        let want_end = head_len + buf.len();
-        let segs: [&[u8]; 3] = [&head[..head_len], buf, &tail[..tail_len]];
-        let nchunks = avail.div_ceil(CHUNK_SIZE);
-        let mut scratch = [0u8; CHUNK_SIZE];
-        for i in 0..nchunks {
-            let a = i * CHUNK_SIZE;
-            let b = (a + CHUNK_SIZE).min(avail);
-            let bytes = chunk_bytes(&segs, a, b, &mut scratch);
-            let c = &crcs[i * 4..i * 4 + 4];
-            let stored = u32::from_be_bytes([c[0], c[1], c[2], c[3]]);
-            if crc(bytes) == stored {
-                continue;
-            }
-            if i + 1 == nchunks
-                && self.being_written()
-                && let Some(k) = longest_matching_prefix(bytes, 0, stored)
-            {
-                avail = a + k;
-                continue;
-            }
-            return Err(self.corrupt(chunk_start + a as u64));
-        }
-        Ok(avail.min(want_end).saturating_sub(head_len))
-    }
-
-    /// The longest prefix of the data whose chunks match their CRCs: stops
-    /// at the first bad chunk, at the end of the data, or at the end of the
-    /// checksums. The last checksummed chunk counts up to the longest prefix
-    /// its CRC covers (a crash between a packet's data and checksum writes
-    /// leaves more data than checksums).
-    pub fn valid_prefix(&self) -> Result<u64, StorageError> {
-        let mut h = [0u8; META_HEADER_LEN as usize];
-        let n = read_full_at(&self.meta, &mut h, 0)
-            .map_err(|e| StorageError::io(&self.meta_path, e))?;
-        check_header_at(&h[..n], &self.meta_path)?;
-        let meta_len = file_len(&self.meta, &self.meta_path)?;
-        let ncrc = meta_len.saturating_sub(META_HEADER_LEN) / CRC_LEN;
-        let data_len = self.data_len()?;
-        let limit = ncrc.min(chunk_count(data_len));
-
-        const BATCH: u64 = 2048; // 1 MiB of data per pair of reads
-        let batch = BATCH.min(limit);
-        let mut data = vec![0u8; (batch * CS) as usize];
-        let mut meta = vec![0u8; (batch * CRC_LEN) as usize];
-        let mut c = 0u64;
-        while c < limit {
-            let n = batch.min(limit - c) as usize;
-            let mgot = read_full_at(&self.meta, &mut meta[..n * 4], crc_offset(c))
-                .map_err(|e| StorageError::io(&self.meta_path, e))?;
-            let dgot = read_full_at(&self.data, &mut data[..n * CHUNK_SIZE], c * CS)
-                .map_err(|e| StorageError::io(&self.data_path, e))?;
-            for j in 0..n.min(mgot / 4) {
-                let a = j * CHUNK_SIZE;
-                let start = (c + j as u64) * CS;
-                if a >= dgot {
-                    return Ok(start);
-                }
-                let b = (a + CHUNK_SIZE).min(dgot);
-                let bytes = &data[a..b];
-                let m = &meta[j * 4..j * 4 + 4];
-                let stored = u32::from_be_bytes([m[0], m[1], m[2], m[3]]);
-                let last = c + j as u64 + 1 == ncrc || b - a < CHUNK_SIZE;
-                if !last {
-                    if crc(bytes) != stored {
-                        return Ok(start);
-                    }
-                    continue;
-                }
-                let k = longest_matching_prefix(bytes, 0, stored).unwrap_or(0);
-                return Ok(start + k as u64);
-            }
-            if mgot / 4 < n {
-                return Ok((c + (mgot / 4) as u64) * CS);
-            }
-            c += n as u64;
-        }
-        Ok(c * CS)
-    }
-
-    /// Whether the replica may be growing under this reader: it was opened
-    /// in `rbw/`, or was finalized but has since been moved back there for
-    /// an append (checked only when the data outruns the checksums, so the
-    /// common path costs nothing).
-    fn being_written(&self) -> bool {
-        self.state == ReplicaState::Rbw || !(self.data_path.exists() && self.meta_path.exists())
-    }
-
-    fn corrupt(&self, offset: u64) -> StorageError {
-        StorageError::Corrupt {
-            block: self.block,
-            replica: self.data_path.clone(),
-            offset,
-        }
-    }
+    // Not synced: the next sync of the replica's writer syncs its
+    // directory, and a lost rename leaves a recognisably stale replica.
+    rename(
+        &l.meta_path(loc.meta_in, block, old_gs),
+        &l.meta_path(loc.meta_in, block, new_gs),
+    )
 }
 
-/// Bytes `[a, b)` of the concatenation of `segs`: borrowed when they lie in
-/// one segment, copied into `scratch` (at most one chunk) when they straddle.
-fn chunk_bytes<'s>(
-    segs: &[&'s [u8]; 3],
-    a: usize,
-    b: usize,
-    scratch: &'s mut [u8; CHUNK_SIZE],
-) -> &'s [u8] {
-    let mut base = 0;
-    for s in segs {
-        if a >= base && b <= base + s.len() {
-            return &s[a - base..b - base];
+/// Shrinks a replica (rbw or finalized) to `len` (HDFS truncate, lease
+/// recovery): cuts the data, recomputes the CRC of a partial last chunk,
+/// trims the checksums, makes that durable, then renames the meta file to
+/// `new_gs`. Retrying after success is a no-op.
+pub(crate) fn truncate(
+    l: &Layout,
+    block: u64,
+    gs: u64,
+    new_gs: u64,
+    len: u64,
+) -> Result<(), StorageError> {
+    let (loc, cur_gs) = match locate(l, block, gs) {
+        Ok(loc) => (loc, gs),
+        Err(StorageError::StaleGenStamp { found, .. }) if found == new_gs => {
+            (locate(l, block, new_gs)?, new_gs)
         }
-        base += s.len();
+        Err(e) => return Err(e),
+    };
+    let data_path = l.data_path(loc.data_in, block);
+    let meta_path = l.meta_path(loc.meta_in, block, cur_gs);
+    let data = open_rw(&data_path)?;
+    let meta = open_rw(&meta_path)?;
+    shrink(block, &data, &data_path, &meta, &meta_path, len)?;
+    data.sync_data()
+        .map_err(|e| StorageError::io(&data_path, e))?;
+    meta.sync_data()
+        .map_err(|e| StorageError::io(&meta_path, e))?;
+    if cur_gs != new_gs {
+        rename(&meta_path, &l.meta_path(loc.meta_in, block, new_gs))?;
+        fsync_dir(l.dir(loc.meta_in))?;
     }
-    let mut base = 0;
-    for s in segs {
-        let lo = a.max(base);
-        let hi = b.min(base + s.len());
-        if lo < hi {
-            scratch[lo - a..hi - a].copy_from_slice(&s[lo - base..hi - base]);
-        }
-        base += s.len();
-    }
-    &scratch[..b - a]
+    Ok(())
 }
 
 /// Cuts a replica to `len` bytes: fixes the CRC of a new partial last chunk
 /// (after checking the old one, so truncation never blesses corrupt bytes),
 /// then shrinks the data and the meta file. Returns the bytes of the partial
 /// last chunk. Both files must be open for reading and writing.
-pub(crate) fn shrink(
+fn shrink(
     block: u64,
     data: &File,
     data_path: &Path,
@@ -559,73 +293,4 @@ pub(crate) fn shrink(
             .map_err(|e| StorageError::io(meta_path, e))?;
     }
     Ok(tail)
-}
-
-pub(crate) fn file_len(f: &File, path: &Path) -> Result<u64, StorageError> {
-    f.metadata()
-        .map(|m| m.len())
-        .map_err(|e| StorageError::io(path, e))
-}
-
-/// `fsync` of a directory, making entries created, renamed or removed in it
-/// durable.
-pub(crate) fn fsync_dir(dir: &Path) -> Result<(), StorageError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| StorageError::io(dir, e))
-}
-
-/// `pread` until `buf` is full or end of file; returns the bytes read.
-pub(crate) fn read_full_at(f: &File, buf: &mut [u8], mut offset: u64) -> io::Result<usize> {
-    let mut done = 0;
-    while done < buf.len() {
-        match f.read_at(&mut buf[done..], offset) {
-            Ok(0) => break,
-            Ok(n) => {
-                done += n;
-                offset += n as u64;
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(done)
-}
-
-/// `preadv` until every buffer is full or end of file; returns the bytes
-/// read. One system call in the usual case.
-fn preadv_full(f: &File, bufs: &mut [IoSliceMut<'_>], mut offset: u64) -> io::Result<usize> {
-    let mut bufs = bufs;
-    IoSliceMut::advance_slices(&mut bufs, 0);
-    let mut done = 0;
-    while !bufs.is_empty() {
-        let off = libc::off_t::try_from(offset)
-            .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-        // SAFETY: `IoSliceMut` is ABI-compatible with `iovec` on Unix, and
-        // every slice is a live, exclusively borrowed buffer; the count is
-        // at most 3 here (far below IOV_MAX).
-        let n = unsafe {
-            libc::preadv(
-                f.as_raw_fd(),
-                bufs.as_ptr().cast::<libc::iovec>(),
-                bufs.len() as libc::c_int,
-                off,
-            )
-        };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        if n == 0 {
-            break;
-        }
-        let n = n as usize;
-        done += n;
-        offset += n as u64;
-        IoSliceMut::advance_slices(&mut bufs, n);
-    }
-    Ok(done)
 }

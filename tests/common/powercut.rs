@@ -5,7 +5,7 @@
 //! target/release/powercut (built by `cargo build --release -p powercut`,
 //! which mount-scripts/test.sh runs).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -58,19 +58,7 @@ impl PowerCut {
 
     /// A command to the powercut filesystem; its reply line.
     pub fn control(&self, cmd: &str) -> String {
-        let mut words = cmd.split_whitespace();
-        let o = Command::new(powercut_bin())
-            .args(words.next())
-            .arg(self.sock())
-            .args(words)
-            .output()
-            .expect("run powercut");
-        assert!(
-            o.status.success(),
-            "powercut {cmd}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        String::from_utf8_lossy(&o.stdout).trim().to_string()
+        control(&self.sock(), cmd)
     }
 
     /// The power cut: the daemon killed, every change not made durable
@@ -86,27 +74,50 @@ impl PowerCut {
     }
 
     fn power_off(&mut self) {
-        let disk = self.dir.path().join("disk");
-        let unmounted = wait_until(Duration::from_secs(10), || {
-            Command::new("fusermount3")
-                .arg("-u")
-                .arg(&disk)
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
-                || !is_mounted(&disk)
-        });
-        if !unmounted {
-            let _ = Command::new("fusermount3").arg("-uz").arg(&disk).status();
+        stop(self.dir.path(), &mut self.pc);
+    }
+}
+
+/// Sends `cmd` (`cut`, `fail DIR EIO`, `slow DIR MILLIS`, ...) to the
+/// powercut filesystem listening on `sock`; returns its reply line.
+fn control(sock: &Path, cmd: &str) -> String {
+    let mut words = cmd.split_whitespace();
+    let o = Command::new(powercut_bin())
+        .args(words.next())
+        .arg(sock)
+        .args(words)
+        .output()
+        .expect("run powercut");
+    assert!(
+        o.status.success(),
+        "powercut {cmd}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).trim().to_string()
+}
+
+/// Unmounts DIR/disk and waits for the powercut process `pc` to end.
+fn stop(dir: &Path, pc: &mut Option<Child>) {
+    let disk = dir.join("disk");
+    let unmounted = wait_until(Duration::from_secs(10), || {
+        Command::new("fusermount3")
+            .arg("-u")
+            .arg(&disk)
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+            || !is_mounted(&disk)
+    });
+    if !unmounted {
+        let _ = Command::new("fusermount3").arg("-uz").arg(&disk).status();
+    }
+    if let Some(mut c) = pc.take() {
+        if !wait_until(Duration::from_secs(10), || {
+            matches!(c.try_wait(), Ok(Some(_)))
+        }) {
+            let _ = c.kill();
         }
-        if let Some(mut c) = self.pc.take() {
-            if !wait_until(Duration::from_secs(10), || {
-                matches!(c.try_wait(), Ok(Some(_)))
-            }) {
-                let _ = c.kill();
-            }
-            let _ = c.wait();
-        }
+        let _ = c.wait();
     }
 }
 
@@ -135,5 +146,51 @@ impl Drop for PowerCut {
     fn drop(&mut self) {
         self.m.unmount();
         self.power_off();
+    }
+}
+
+/// A powercut filesystem for some of a mount's datanodes (not its data
+/// directory), so that a test can make one of them a slow disk through a
+/// real mount (`powercut slow`). Declare it before the [`Mount`] that uses
+/// it: it is unmounted when dropped, which must come after the mount's.
+pub struct Disk {
+    dir: tempfile::TempDir,
+    pc: Option<Child>,
+}
+
+impl Disk {
+    pub fn new() -> Disk {
+        let dir = tempfile::Builder::new()
+            .prefix("leasefs-disk")
+            .tempdir()
+            .expect("tempdir");
+        std::fs::create_dir_all(dir.path().join("disk")).expect("mkdir disk");
+        let pc = start(dir.path());
+        Disk { dir, pc: Some(pc) }
+    }
+
+    /// The top-level directory `name` on the powercut filesystem (what
+    /// `slow` names).
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join("disk").join(name)
+    }
+
+    /// A plain directory beside it, for the mount's other datanodes.
+    pub fn beside(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// Answers every write under `name` `ms` milliseconds late.
+    pub fn slow(&self, name: &str, ms: u64) {
+        control(
+            &self.dir.path().join("control.sock"),
+            &format!("slow {name} {ms}"),
+        );
+    }
+}
+
+impl Drop for Disk {
+    fn drop(&mut self) {
+        stop(self.dir.path(), &mut self.pc);
     }
 }

@@ -1,12 +1,13 @@
 //! The control socket: one command line in, one reply line out
 //! (`ok ...` or `error ...`). Commands: `cut`, `fail DIR ERRNO [sync]`,
-//! `heal [DIR]`, `commit-namespace`, `status`.
+//! `slow DIR MILLIS`, `heal [DIR]`, `commit-namespace`, `status`.
 
 use std::ffi::OsString;
 use std::io::{self, BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::nodes::Shared;
 
@@ -72,6 +73,17 @@ fn run(cmd: &str, shared: &Shared) -> String {
                 None => format!("error unknown errno {name}"),
             }
         }
+        ["slow", dir, ms] => match ms.parse::<u64>() {
+            Ok(ms) => {
+                shared
+                    .slow
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(OsString::from(dir), Duration::from_millis(ms));
+                format!("ok writes under {dir} are answered {ms} ms late")
+            }
+            Err(_) => format!("error bad milliseconds {ms}"),
+        },
         ["commit-namespace"] => {
             let n = shared.journal.commit_namespace();
             format!("ok {n} namespace changes made durable")
@@ -82,15 +94,26 @@ fn run(cmd: &str, shared: &Shared) -> String {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .clear();
+            shared
+                .slow
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clear();
             "ok no faults".into()
         }
         ["heal", dir] => {
+            let dir = OsString::from(dir);
             shared
                 .faults
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .remove(&OsString::from(dir));
-            format!("ok {dir} healed")
+                .remove(&dir);
+            shared
+                .slow
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&dir);
+            format!("ok {} healed", dir.to_string_lossy())
         }
         ["status"] => {
             let (ops, files) = shared.journal.status();

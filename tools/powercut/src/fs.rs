@@ -446,7 +446,12 @@ impl Filesystem for PowerCut {
                 if f.sync_writes {
                     self.shared.journal.sync_file(f.node.key);
                 }
-                reply.written(data.len() as u32)
+                let n = data.len() as u32;
+                match self.slowed(&f.node) {
+                    // A slow disk: the write is made, its answer comes late.
+                    Some(d) => self.shared.late.after(d, move || reply.written(n)),
+                    None => reply.written(n),
+                }
             }
             Err(e) => reply.error(errno(&e)),
         }

@@ -11,7 +11,10 @@
 //! powercut fail SOCK DIR ENOSPC|EIO|EDQUOT|EROFS [--sync]
 //!                                                    changes (or only fsyncs) under
 //!                                                    top-level DIR fail
-//! powercut heal SOCK [DIR]                           end injected faults
+//! powercut slow SOCK DIR MILLIS                      writes under top-level DIR
+//!                                                    are answered MILLIS late
+//! powercut heal SOCK [DIR]                           end injected faults and
+//!                                                    slowness
 //! powercut commit-namespace SOCK                     every pending namespace change
 //!                                                    durable, no file data (a
 //!                                                    journal commit on its own)
@@ -24,6 +27,7 @@
 //! the durable state. A clean unmount keeps everything.
 
 mod control;
+mod delay;
 mod fs;
 mod journal;
 mod nodes;
@@ -65,10 +69,17 @@ enum Cmd {
         #[arg(long)]
         sync: bool,
     },
+    /// Answer every write under the top-level directory DIR MILLIS
+    /// milliseconds late (a slow disk; other requests are not held up).
+    Slow {
+        control: PathBuf,
+        dir: String,
+        millis: u64,
+    },
     /// Make every pending namespace change durable, but no file data (what
     /// a filesystem's periodic journal commit may do on its own).
     CommitNamespace { control: PathBuf },
-    /// End injected faults (of DIR, or all).
+    /// End injected faults and slowness (of DIR, or all).
     Heal {
         control: PathBuf,
         dir: Option<String>,
@@ -100,6 +111,11 @@ fn main() -> ExitCode {
             control,
             format!("fail {dir} {errno}{}", if sync { " sync" } else { "" }),
         ),
+        Cmd::Slow {
+            control,
+            dir,
+            millis,
+        } => (control, format!("slow {dir} {millis}")),
         Cmd::CommitNamespace { control } => (control, "commit-namespace".to_string()),
         Cmd::Heal { control, dir } => (control, format!("heal {}", dir.unwrap_or_default())),
         Cmd::Status { control } => (control, "status".to_string()),
@@ -158,10 +174,16 @@ fn mount(
         Ok(fd) => fd,
         Err(e) => return fail(format!("cannot open {}: {e}", trash.display())),
     };
+    let late = match delay::Delayer::new() {
+        Ok(d) => d,
+        Err(e) => return fail(format!("cannot start the timer thread: {e}")),
+    };
     let shared = Arc::new(nodes::Shared {
         journal: journal::Journal::new(trash_fd),
         cut: RwLock::new(false),
         faults: Mutex::default(),
+        slow: Mutex::default(),
+        late,
     });
     let pc = match nodes::PowerCut::new(&root, shared.clone()) {
         Ok(p) => p,

@@ -37,6 +37,11 @@ pub struct Shared {
     /// Injected faults: top-level directory name -> errno of its changes
     /// (and whether only its fsyncs fail).
     pub faults: Mutex<HashMap<OsString, (i32, bool)>>,
+    /// Slowed directories: top-level directory name -> how late each
+    /// write under it is answered.
+    pub slow: Mutex<HashMap<OsString, Duration>>,
+    /// Sends the late answers.
+    pub late: crate::delay::Delayer,
 }
 
 impl Shared {
@@ -199,6 +204,12 @@ impl PowerCut {
             Some((libc::EIO, false)) => Err(Errno::EIO),
             _ => Ok(()),
         }
+    }
+
+    /// How late a write below `node`'s top-level directory is answered.
+    pub(crate) fn slowed(&self, node: &Node) -> Option<Duration> {
+        let d = node.domain.as_ref()?;
+        lock(&self.shared.slow).get(d).copied()
     }
 
     pub(crate) fn injected(&self, node: &Node) -> Option<(i32, bool)> {

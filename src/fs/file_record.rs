@@ -1,0 +1,167 @@
+//! [`FileRecord`]: how the filesystem records what a file's output stream
+//! did to it (a [`FileOutcome`]), one metadata commit per outcome: the
+//! file under construction from its first block on, its blocks, its
+//! length, and its close.
+
+use crate::error::FsResult;
+use crate::meta::{BlockRow, Change, Meta, UnderConstruction};
+use crate::pipeline::{FileLog, FileOutcome};
+use crate::sync::{Arc, AtomicBool, Ordering};
+
+/// The record of one file written through one stream.
+pub(super) struct FileRecord {
+    meta: Arc<dyn Meta>,
+    /// The file's under-construction entry: its holder, recorded with the
+    /// first change to the file.
+    uc: UnderConstruction,
+    /// The entry is in the store (until the file is recorded closed).
+    under_construction: AtomicBool,
+}
+
+impl FileRecord {
+    pub(super) fn new(meta: Arc<dyn Meta>, uc: UnderConstruction) -> FileRecord {
+        FileRecord {
+            meta,
+            uc,
+            under_construction: AtomicBool::new(false),
+        }
+    }
+
+    /// The file's under-construction entry, unless it is recorded.
+    fn uc_unless_recorded(&self) -> Option<Change> {
+        (!self.under_construction.load(Ordering::Acquire)).then(|| Change::PutUc(self.uc.clone()))
+    }
+}
+
+/// The commit that records `what` of file `ino`; `uc` is the file's
+/// under-construction entry when it is not recorded yet.
+fn changes(ino: u64, what: FileOutcome<'_>, uc: impl FnOnce() -> Option<Change>) -> Vec<Change> {
+    let put = |row: &BlockRow| Change::PutBlock(row.clone());
+    let size = |size: u64, touch: Option<i64>| Change::SetSize { ino, size, touch };
+    match what {
+        FileOutcome::Opened(row) => uc().into_iter().chain([put(row)]).collect(),
+        FileOutcome::Changed(rows) => rows.iter().map(put).collect(),
+        FileOutcome::Finished { row, size: n } => vec![put(row), size(n, None)],
+        FileOutcome::Closed {
+            last,
+            size: n,
+            mtime,
+        } => last
+            .map(put)
+            .into_iter()
+            .chain([size(n, mtime), Change::DelUc(ino)])
+            .collect(),
+        FileOutcome::Truncating => uc().into_iter().collect(),
+        FileOutcome::Shrunk {
+            size: n,
+            mtime,
+            drop_from,
+            cut,
+        } => [
+            Change::DropBlocksFrom {
+                ino,
+                from: drop_from,
+            },
+            size(n, Some(mtime)),
+        ]
+        .into_iter()
+        .chain(cut.map(put))
+        .collect(),
+        FileOutcome::Grown {
+            open,
+            size: n,
+            mtime,
+        } => open
+            .map(put)
+            .into_iter()
+            .chain([size(n, Some(mtime))])
+            .collect(),
+        FileOutcome::Length { size: n, mtime } => vec![size(n, mtime)],
+    }
+}
+
+impl FileLog for FileRecord {
+    fn record(&self, what: FileOutcome<'_>, durable: bool) -> FsResult<Vec<BlockRow>> {
+        let ch = changes(self.uc.ino, what, || self.uc_unless_recorded());
+        if ch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let gone = self.meta.commit(&ch, durable)?;
+        match what {
+            FileOutcome::Closed { .. } => self.under_construction.store(false, Ordering::Release),
+            _ if ch.iter().any(|c| matches!(c, Change::PutUc(_))) => {
+                self.under_construction.store(true, Ordering::Release)
+            }
+            _ => {}
+        }
+        Ok(gone)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(idx: u64) -> BlockRow {
+        BlockRow {
+            ino: 7,
+            idx,
+            block_id: 100 + idx,
+            gs: 1,
+            len: 10,
+            finalized: false,
+            replicas: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn each_outcome_is_one_commit_of_the_changes_it_stands_for() {
+        let uc = || Some(Change::DelUc(0));
+        let none = || None;
+        let r = row(0);
+        assert_eq!(
+            changes(7, FileOutcome::Opened(&r), uc),
+            vec![Change::DelUc(0), Change::PutBlock(r.clone())]
+        );
+        assert_eq!(
+            changes(7, FileOutcome::Opened(&r), none),
+            vec![Change::PutBlock(r.clone())]
+        );
+        let closed = FileOutcome::Closed {
+            last: Some(&r),
+            size: 10,
+            mtime: Some(5),
+        };
+        assert_eq!(
+            changes(7, closed, none),
+            vec![
+                Change::PutBlock(r.clone()),
+                Change::SetSize {
+                    ino: 7,
+                    size: 10,
+                    touch: Some(5)
+                },
+                Change::DelUc(7),
+            ]
+        );
+        assert!(changes(7, FileOutcome::Truncating, none).is_empty());
+        let shrunk = FileOutcome::Shrunk {
+            size: 3,
+            mtime: 9,
+            drop_from: 1,
+            cut: Some(&r),
+        };
+        assert_eq!(
+            changes(7, shrunk, none),
+            vec![
+                Change::DropBlocksFrom { ino: 7, from: 1 },
+                Change::SetSize {
+                    ino: 7,
+                    size: 3,
+                    touch: Some(9)
+                },
+                Change::PutBlock(r.clone()),
+            ]
+        );
+    }
+}

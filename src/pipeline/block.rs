@@ -1,0 +1,180 @@
+//! Opening the block a packet goes into (a new one at a block boundary,
+//! else the file's last block reopened for append under a new generation
+//! stamp) and finalising a block's replicas once it is full or the file is
+//! closed.
+
+use super::ctx::StreamFile;
+use super::outcome::FileOutcome;
+use super::pipe::{OpenBlock, ReplicaOut, datanodes_of};
+use crate::error::{FsError, FsResult};
+use crate::meta::{BlockRow, Counter};
+use crate::storage::ChunkAccumulator;
+use crate::storage::checksum::CHUNK_SIZE;
+
+/// A block whose replicas were finalised: its row (the replicas that
+/// made it) and the file offset just past it.
+pub(crate) struct Finished {
+    pub row: BlockRow,
+    pub end: u64,
+}
+
+/// Opens the block that holds file offset `off`: a new one at a block
+/// boundary, else the file's last block reopened for append. `known_new`:
+/// no block of that index exists (spares the block-list query).
+pub(crate) fn open(f: &StreamFile, off: u64, known_new: bool) -> FsResult<OpenBlock> {
+    let bs = f.block_size;
+    let idx = off / bs;
+    let start = idx * bs;
+    let existing = if known_new {
+        None
+    } else {
+        let blocks = f.ctx.meta.blocks(f.ino)?;
+        blocks.into_iter().find(|b| b.idx == idx)
+    };
+    match existing {
+        None => open_new(f, idx, start),
+        Some(row) => reopen(f, row, start, off - start),
+    }
+}
+
+/// A new block `idx` of the file on a fresh pipeline, recorded (with the
+/// file under construction, the first time) before anything is written.
+fn open_new(f: &StreamFile, idx: u64, start: u64) -> FsResult<OpenBlock> {
+    let dns = &f.ctx.dns;
+    let pipeline = dns.choose_pipeline()?;
+    let block_id = f.ctx.meta.alloc(Counter::Block)?;
+    let gs = f.ctx.meta.alloc(Counter::GenStamp)?;
+    let mut replicas = Vec::new();
+    for dn in pipeline {
+        let Some(node) = dns.get(dn) else {
+            continue;
+        };
+        match node.create_rbw(block_id, gs) {
+            Ok(w) => replicas.push(ReplicaOut { dn, w }),
+            Err(e) => {
+                tracing::warn!(datanode = %dn, "cannot create replica: {e}");
+                dns.mark_failed(dn, &e);
+            }
+        }
+    }
+    if replicas.is_empty() {
+        return Err(FsError::Io("no datanode could take a new block".into()));
+    }
+    let row = BlockRow {
+        ino: f.ino,
+        idx,
+        block_id,
+        gs,
+        len: 0,
+        finalized: false,
+        replicas: datanodes_of(&replicas),
+    };
+    f.log.record(FileOutcome::Opened(&row), false)?;
+    Ok(OpenBlock {
+        row,
+        start,
+        replicas,
+        acc: ChunkAccumulator::new(),
+        synced: false,
+    })
+}
+
+/// The file's last block, `len` bytes long, reopened for append under a
+/// new generation stamp.
+fn reopen(f: &StreamFile, row: BlockRow, start: u64, len: u64) -> FsResult<OpenBlock> {
+    let dns = &f.ctx.dns;
+    // The partial last chunk, from any replica, before anything changes.
+    let tail_start = len - len % CHUNK_SIZE as u64;
+    let mut tail = vec![0u8; (len - tail_start) as usize];
+    let have_tail = tail.is_empty()
+        || row.replicas.iter().any(|&dn| {
+            dns.get(dn).is_some_and(|node| {
+                node.read(row.block_id, row.gs, tail_start, &mut tail)
+                    .is_ok()
+            })
+        });
+    if !have_tail {
+        return Err(FsError::Io(format!(
+            "no replica of block {} could be read to append to it",
+            row.block_id
+        )));
+    }
+    // The new stamp, the block as being written and the file as under
+    // construction are recorded, durably, before any replica carries the
+    // stamp: a replica's stamp may lag what the metadata records (recovery
+    // and repair settle it), never lead it (that would make every replica
+    // stale).
+    let new_gs = f.ctx.meta.alloc(Counter::GenStamp)?;
+    let mut rec = row.clone();
+    rec.gs = new_gs;
+    rec.len = len;
+    rec.finalized = false;
+    f.log.record(FileOutcome::Opened(&rec), true)?;
+    let mut replicas = Vec::new();
+    for &dn in &row.replicas {
+        let Some(node) = dns.get(dn) else {
+            continue;
+        };
+        let r = node
+            .bump_gs(row.block_id, row.gs, new_gs)
+            .and_then(|_| node.reopen_rbw(row.block_id, new_gs, len));
+        match r {
+            Ok(w) => replicas.push(ReplicaOut { dn, w }),
+            Err(e) => tracing::warn!(datanode = %dn, "replica not reopened for append: {e}"),
+        }
+    }
+    if replicas.is_empty() {
+        return Err(FsError::Io(format!(
+            "no replica of block {} could be reopened for append",
+            row.block_id
+        )));
+    }
+    if replicas.len() < rec.replicas.len() {
+        rec.replicas = datanodes_of(&replicas);
+        f.log.record(FileOutcome::Opened(&rec), false)?;
+    }
+    Ok(OpenBlock {
+        row: rec,
+        start,
+        replicas,
+        acc: ChunkAccumulator::resume(tail),
+        synced: false,
+    })
+}
+
+/// Closes the replicas of a block and moves them to `finalized/`; returns
+/// its row and the file length it ends at, for the caller to record (with
+/// whatever else it records). A block not synced since its last byte
+/// joins `unsynced` (closing promises no durability; `fsync` syncs it).
+pub(crate) fn finalize(
+    f: &StreamFile,
+    mut b: OpenBlock,
+    unsynced: &mut Vec<u64>,
+) -> FsResult<Finished> {
+    let len = b.row.len;
+    let mut ok = Vec::new();
+    for ReplicaOut { dn, w } in b.replicas.drain(..) {
+        let Some(node) = f.ctx.dns.get(dn) else {
+            continue;
+        };
+        match node.finalize_written(w, b.row.block_id, b.row.gs, len) {
+            Ok(()) => ok.push(dn),
+            Err(e) => tracing::warn!(datanode = %dn, "finalize failed: {e}"),
+        }
+    }
+    if ok.is_empty() {
+        return Err(FsError::Io(format!(
+            "no replica of block {} finalized",
+            b.row.block_id
+        )));
+    }
+    b.row.finalized = true;
+    if !b.synced {
+        unsynced.push(b.row.block_id);
+    }
+    b.row.replicas = ok;
+    Ok(Finished {
+        row: b.row,
+        end: b.start + len,
+    })
+}

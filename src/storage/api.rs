@@ -1,0 +1,200 @@
+//! [`Storage`]: what the write pipeline, the read path, lease recovery,
+//! fsck and housekeeping need of a datanode, and [`ReplicaWrite`], the
+//! open replica a pipeline streams packets into. [`super::Datanode`] is
+//! the real implementation (a directory on a local filesystem); unit tests
+//! wrap it in one that injects delays and failures at chosen operations.
+//!
+//! Every operation names a replica by block id and generation stamp, the
+//! way block rows record it; which files hold it is the implementation's
+//! business.
+
+use std::fmt;
+use std::path::Path;
+
+use super::checksum::CHUNK_SIZE;
+use super::error::StorageError;
+use super::layout::{DnId, ReplicaInfo, ReplicaStat, ReplicaState};
+use super::reader::ReplicaReader;
+use crate::metrics::IoCounters;
+use crate::sync::Arc;
+
+/// One independent piece of a replica's sync (see
+/// [`ReplicaWrite::sync_tasks`]).
+pub type SyncTask = Box<dyn FnOnce() -> Result<(), StorageError> + Send>;
+
+/// A replica being written (rbw), open for appends.
+pub trait ReplicaWrite: Send + fmt::Debug {
+    /// Bytes written so far; the next packet must start here.
+    fn len(&self) -> u64;
+
+    /// True when nothing has been written.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Appends `data` at `offset` (which must equal [`Self::len`]), with
+    /// `crcs` the CRCs of the chunks from `offset / 512` to the end (the
+    /// first of the whole chunk when `offset` is mid-chunk). On error the
+    /// length is unchanged.
+    fn write_packet(&mut self, offset: u64, data: &[u8], crcs: &[u32]) -> Result<(), StorageError>;
+
+    /// The work that makes everything written durable, as independent
+    /// tasks a caller may run in parallel with each other and with other
+    /// replicas' syncs.
+    fn sync_tasks(&self) -> Result<Vec<SyncTask>, StorageError>;
+
+    /// [`Self::sync_tasks`], run one after the other.
+    fn sync(&self) -> Result<(), StorageError> {
+        self.sync_tasks()?.into_iter().try_for_each(|t| t())
+    }
+
+    /// The bytes after the last 512-byte boundary when the replica was
+    /// reopened for append (empty for a new replica), for
+    /// [`super::checksum::ChunkAccumulator::resume`].
+    fn take_resume_tail(&mut self) -> Vec<u8>;
+}
+
+/// A datanode's replicas. Methods that change a replica are safe to retry
+/// after success, so that recovery and repairs can simply run again.
+pub trait Storage: Send + Sync + fmt::Debug {
+    // ---- which datanode ------------------------------------------------
+
+    /// The registry's id of this storage: what block rows record.
+    fn id(&self) -> DnId;
+    /// Its directory.
+    fn root(&self) -> &Path;
+    /// The storage ID of its identity file, if it has one.
+    fn storage_id(&self) -> Option<&str>;
+    /// Replica bytes written and read here, and failures (`leasefs stats`).
+    fn io(&self) -> &Arc<IoCounters>;
+
+    // ---- the write lifecycle (write pipeline, truncation, recovery) ------
+
+    /// A new, empty replica in `rbw/` (leftovers of the block go first).
+    fn create_rbw(&self, block: u64, gs: u64) -> Result<Box<dyn ReplicaWrite>, StorageError>;
+    /// Continues a replica at length `len`: an rbw one (pipeline recovery)
+    /// or a finalized one moved back to `rbw/` (append), cut to `len`.
+    fn reopen_rbw(
+        &self,
+        block: u64,
+        gs: u64,
+        len: u64,
+    ) -> Result<Box<dyn ReplicaWrite>, StorageError>;
+    /// Gives the replica a new generation stamp, so that replicas left out
+    /// of a rebuilt pipeline are recognisably stale.
+    fn bump_gs(&self, block: u64, old_gs: u64, new_gs: u64) -> Result<(), StorageError>;
+    /// Moves a replica to `finalized/`, cut to `len` if longer.
+    fn finalize(&self, block: u64, gs: u64, len: u64) -> Result<(), StorageError>;
+    /// Finalizes the replica `w` has just written (cheaper than
+    /// [`Self::finalize`] when it holds exactly `len` bytes).
+    fn finalize_written(
+        &self,
+        w: Box<dyn ReplicaWrite>,
+        block: u64,
+        gs: u64,
+        len: u64,
+    ) -> Result<(), StorageError>;
+    /// Cuts a replica to `len` under the new stamp `new_gs`, durably.
+    fn truncate(&self, block: u64, gs: u64, new_gs: u64, len: u64) -> Result<(), StorageError>;
+
+    /// Brings a replica whose stamp `found` lags the recorded `gs` (the
+    /// metadata recorded a bump, truncation or recovery before a crash
+    /// kept it from reaching this replica) to the recorded state: cut to
+    /// `len`, restamped, finalized.
+    fn settle(&self, block: u64, found: u64, gs: u64, len: u64) -> Result<(), StorageError> {
+        self.truncate(block, found, gs, len)?;
+        self.finalize(block, gs, len)
+    }
+
+    // ---- reading ----------------------------------------------------------
+
+    /// Opens replica `block`@`gs` for verified reads:
+    /// [`StorageError::StaleGenStamp`] when the replica has another stamp,
+    /// [`StorageError::Missing`] when there is none.
+    fn open_reader(&self, block: u64, gs: u64) -> Result<ReplicaReader, StorageError>;
+
+    /// Reads up to `buf.len()` bytes at `offset` of replica `block`@`gs`,
+    /// verifying every chunk touched (see [`ReplicaReader::read`]).
+    fn read(
+        &self,
+        block: u64,
+        gs: u64,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Result<usize, StorageError> {
+        self.open_reader(block, gs)?.read(offset, buf)
+    }
+
+    /// The longest prefix of replica `block`@`gs` whose checksums match
+    /// (see [`ReplicaReader::valid_prefix`]); lease recovery takes the
+    /// minimum over the replicas.
+    fn valid_prefix(&self, block: u64, gs: u64) -> Result<u64, StorageError> {
+        self.open_reader(block, gs)?.valid_prefix()
+    }
+
+    /// How much of replica `block`@`gs` survives as a clean prefix: its
+    /// valid length when every chunk it holds checks out but perhaps the
+    /// last (what a power cut leaves of data that was never synced), `None`
+    /// when a chunk before the last one is corrupt (damage, not a lost
+    /// tail).
+    fn clean_prefix(&self, block: u64, gs: u64) -> Result<Option<u64>, StorageError> {
+        let r = self.open_reader(block, gs)?;
+        let valid = r.valid_prefix()?;
+        let present = r.present_len()?;
+        Ok((valid + CHUNK_SIZE as u64 >= present).then_some(valid))
+    }
+
+    /// The replica of `block` here, whatever its stamp, if both of its
+    /// files exist.
+    fn lookup(&self, block: u64) -> Result<Option<ReplicaInfo>, StorageError>;
+
+    /// [`Self::lookup`], with an I/O error logged and taken for no replica.
+    fn find(&self, block: u64) -> Option<ReplicaInfo> {
+        self.lookup(block).unwrap_or_else(|e| {
+            tracing::warn!(dn = %self.id(), block, error = %e, "replica lookup failed");
+            None
+        })
+    }
+
+    /// Where replica `block`@`gs` is and how long its data is.
+    fn stat_replica(&self, block: u64, gs: u64) -> Result<ReplicaStat, StorageError>;
+
+    /// Every replica here (both files present), by block id.
+    fn list(&self) -> Result<Vec<ReplicaInfo>, StorageError>;
+
+    // ---- removing and copying (fsck, housekeeping, the balancer) --------
+
+    /// Removes every file of `block` (absent: no error).
+    fn delete(&self, block: u64) -> Result<(), StorageError>;
+    /// Removes the replica of `block` recorded at stamp `gs`.
+    fn delete_recorded(&self, block: u64, gs: u64) -> Result<(), StorageError>;
+    /// Copies the first `len` bytes of replica `block`@`gs` from `src`
+    /// (verified while read), durably, into `state` here; never replaces a
+    /// replica with a newer stamp ([`StorageError::NewerReplica`]).
+    fn copy_replica_from(
+        &self,
+        src: &dyn Storage,
+        block: u64,
+        gs: u64,
+        len: u64,
+        state: ReplicaState,
+    ) -> Result<(), StorageError>;
+    /// Removes what interrupted copies left; returns how many files.
+    fn clean_tmp(&self) -> Result<usize, StorageError>;
+
+    // ---- durability and health --------------------------------------------
+
+    /// Makes a closed replica durable: data, checksums, directory entries.
+    fn sync_replica(&self, block: u64, gs: u64) -> Result<(), StorageError>;
+    /// One `syncfs(2)` of the datanode's filesystem.
+    fn sync_fs(&self) -> Result<(), StorageError>;
+    /// The filesystem this datanode lives on: datanodes sharing it share
+    /// one [`Self::sync_fs`].
+    fn fs_id(&self) -> u64;
+    /// Whether [`Self::sync_fs`] makes this datanode's replicas durable
+    /// (else each replica needs its own syncs).
+    fn syncfs_is_barrier(&self) -> bool;
+    /// The heartbeat probe: still this datanode, and writable; returns the
+    /// bytes free. A full disk gives [`StorageError::NoSpace`].
+    fn heartbeat(&self) -> Result<u64, StorageError>;
+}

@@ -1,0 +1,359 @@
+//! [`Faulty`]: a [`Storage`] that passes every operation to a real
+//! datanode but delays or fails the ones a test chooses, so that unit tests
+//! of the write pipeline, the read path and recovery meet a slow disk, a
+//! full one (`ENOSPC`) or a failing one (`EIO`) at an exact step.
+//!
+//! A fault is armed for one kind of operation ([`Op`]) and strikes after a
+//! number of further calls of that kind have passed; it then strikes every
+//! call until [`Faulty::heal`]. Calls are counted per kind, struck or not,
+//! so a test can also check what the code under test asked for.
+
+use std::collections::HashMap;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::api::{ReplicaWrite, Storage, SyncTask};
+use super::datanode::Datanode;
+use super::error::StorageError;
+use super::layout::{DnId, ReplicaInfo, ReplicaStat, ReplicaState};
+use super::reader::ReplicaReader;
+use crate::metrics::IoCounters;
+use crate::sync::{Arc, Condvar, Mutex, lock};
+
+/// The kinds of operations a fault can hit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// `create_rbw`.
+    Create,
+    /// `reopen_rbw`.
+    Reopen,
+    /// A packet written through a replica writer.
+    Write,
+    /// Any sync: a writer's sync tasks, `sync_replica`, `sync_fs`.
+    Sync,
+    BumpGs,
+    /// `finalize` and `finalize_written`.
+    Finalize,
+    Truncate,
+    /// `open_reader`, and so every read.
+    Read,
+    /// A copy onto this datanode.
+    Copy,
+    /// `delete` and `delete_recorded`.
+    Delete,
+    Heartbeat,
+}
+
+/// What a fault does to the call it strikes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// Fails with this errno (`ENOSPC` becomes [`StorageError::NoSpace`]).
+    Fail(i32),
+    /// Sleeps this long, then lets the call through.
+    Delay(Duration),
+    /// Waits until [`Faulty::heal`], then lets the call through: a disk
+    /// that hangs until the test says.
+    Hold,
+}
+
+#[derive(Debug)]
+struct Armed {
+    op: Op,
+    fault: Fault,
+    /// Calls still to pass before it strikes.
+    pass: u64,
+}
+
+#[derive(Debug, Default)]
+struct Plan {
+    armed: Vec<Armed>,
+    calls: HashMap<Op, u64>,
+    /// How many times the datanode was healed (held calls wait for more).
+    heals: u64,
+}
+
+/// The faults of one datanode, shared with the writers it opened.
+#[derive(Debug, Default)]
+struct Faults {
+    plan: Mutex<Plan>,
+    healed: Condvar,
+}
+
+impl Faults {
+    /// Counts a call of `op` on `path` and applies the fault that strikes
+    /// it, if any.
+    fn check(&self, op: Op, path: &Path) -> Result<(), StorageError> {
+        let mut plan = lock(&self.plan);
+        *plan.calls.entry(op).or_default() += 1;
+        let mut fault = None;
+        for a in plan.armed.iter_mut().filter(|a| a.op == op) {
+            if a.pass > 0 {
+                a.pass -= 1;
+            } else if fault.is_none() {
+                fault = Some(a.fault);
+            }
+        }
+        match fault {
+            None => Ok(()),
+            Some(Fault::Delay(d)) => {
+                drop(plan);
+                std::thread::sleep(d);
+                Ok(())
+            }
+            Some(Fault::Hold) => {
+                let heals = plan.heals;
+                while plan.heals == heals {
+                    plan = self.healed.wait(plan).unwrap_or_else(|e| e.into_inner());
+                }
+                Ok(())
+            }
+            Some(Fault::Fail(errno)) => {
+                Err(StorageError::io(path, io::Error::from_raw_os_error(errno)))
+            }
+        }
+    }
+}
+
+/// A datanode whose operations fail or slow down on request.
+#[derive(Debug)]
+pub struct Faulty {
+    inner: Datanode,
+    faults: Arc<Faults>,
+}
+
+impl Faulty {
+    pub fn new(inner: Datanode) -> Faulty {
+        Faulty {
+            inner,
+            faults: Arc::default(),
+        }
+    }
+
+    /// Arms `fault` for calls of `op`, striking once `pass` more of them
+    /// went through, and every one after that until [`Self::heal`].
+    pub fn arm(&self, op: Op, fault: Fault, pass: u64) {
+        lock(&self.faults.plan)
+            .armed
+            .push(Armed { op, fault, pass });
+    }
+
+    /// Disarms every fault and lets held calls go on.
+    pub fn heal(&self) {
+        let mut plan = lock(&self.faults.plan);
+        plan.armed.clear();
+        plan.heals += 1;
+        self.faults.healed.notify_all();
+    }
+
+    /// How many calls of `op` were made, struck or not.
+    pub fn calls(&self, op: Op) -> u64 {
+        lock(&self.faults.plan).calls.get(&op).copied().unwrap_or(0)
+    }
+
+    /// The real datanode behind it.
+    pub fn inner(&self) -> &Datanode {
+        &self.inner
+    }
+
+    fn check(&self, op: Op) -> Result<(), StorageError> {
+        self.faults.check(op, self.inner.root())
+    }
+
+    fn wrap(&self, w: Box<dyn ReplicaWrite>, block: u64) -> Box<dyn ReplicaWrite> {
+        Box::new(FaultyWriter {
+            inner: w,
+            faults: self.faults.clone(),
+            path: self.inner.layout().data_path(ReplicaState::Rbw, block),
+        })
+    }
+}
+
+/// A replica writer of a [`Faulty`] datanode.
+#[derive(Debug)]
+struct FaultyWriter {
+    inner: Box<dyn ReplicaWrite>,
+    faults: Arc<Faults>,
+    path: PathBuf,
+}
+
+impl ReplicaWrite for FaultyWriter {
+    fn len(&self) -> u64 {
+        self.inner.len()
+    }
+
+    fn write_packet(&mut self, offset: u64, data: &[u8], crcs: &[u32]) -> Result<(), StorageError> {
+        self.faults.check(Op::Write, &self.path)?;
+        self.inner.write_packet(offset, data, crcs)
+    }
+
+    /// A struck sync fails in its task, as an `fsync` of the file would.
+    fn sync_tasks(&self) -> Result<Vec<SyncTask>, StorageError> {
+        if let Err(e) = self.faults.check(Op::Sync, &self.path) {
+            let failed: SyncTask = Box::new(move || Err(e));
+            return Ok(vec![failed]);
+        }
+        self.inner.sync_tasks()
+    }
+
+    fn take_resume_tail(&mut self) -> Vec<u8> {
+        self.inner.take_resume_tail()
+    }
+}
+
+impl Storage for Faulty {
+    fn id(&self) -> DnId {
+        self.inner.id()
+    }
+
+    fn root(&self) -> &Path {
+        self.inner.root()
+    }
+
+    fn storage_id(&self) -> Option<&str> {
+        self.inner.storage_id()
+    }
+
+    fn io(&self) -> &Arc<IoCounters> {
+        self.inner.io()
+    }
+
+    fn create_rbw(&self, block: u64, gs: u64) -> Result<Box<dyn ReplicaWrite>, StorageError> {
+        self.check(Op::Create)?;
+        Ok(self.wrap(self.inner.create_rbw(block, gs)?, block))
+    }
+
+    fn reopen_rbw(
+        &self,
+        block: u64,
+        gs: u64,
+        len: u64,
+    ) -> Result<Box<dyn ReplicaWrite>, StorageError> {
+        self.check(Op::Reopen)?;
+        Ok(self.wrap(self.inner.reopen_rbw(block, gs, len)?, block))
+    }
+
+    fn bump_gs(&self, block: u64, old_gs: u64, new_gs: u64) -> Result<(), StorageError> {
+        self.check(Op::BumpGs)?;
+        self.inner.bump_gs(block, old_gs, new_gs)
+    }
+
+    fn finalize(&self, block: u64, gs: u64, len: u64) -> Result<(), StorageError> {
+        self.check(Op::Finalize)?;
+        self.inner.finalize(block, gs, len)
+    }
+
+    fn finalize_written(
+        &self,
+        w: Box<dyn ReplicaWrite>,
+        block: u64,
+        gs: u64,
+        len: u64,
+    ) -> Result<(), StorageError> {
+        self.check(Op::Finalize)?;
+        self.inner.finalize_written(w, block, gs, len)
+    }
+
+    fn truncate(&self, block: u64, gs: u64, new_gs: u64, len: u64) -> Result<(), StorageError> {
+        self.check(Op::Truncate)?;
+        self.inner.truncate(block, gs, new_gs, len)
+    }
+
+    fn open_reader(&self, block: u64, gs: u64) -> Result<ReplicaReader, StorageError> {
+        self.check(Op::Read)?;
+        self.inner.open_reader(block, gs)
+    }
+
+    fn lookup(&self, block: u64) -> Result<Option<ReplicaInfo>, StorageError> {
+        self.inner.lookup(block)
+    }
+
+    fn stat_replica(&self, block: u64, gs: u64) -> Result<ReplicaStat, StorageError> {
+        self.inner.stat_replica(block, gs)
+    }
+
+    fn list(&self) -> Result<Vec<ReplicaInfo>, StorageError> {
+        self.inner.list()
+    }
+
+    fn delete(&self, block: u64) -> Result<(), StorageError> {
+        self.check(Op::Delete)?;
+        self.inner.delete(block)
+    }
+
+    fn delete_recorded(&self, block: u64, gs: u64) -> Result<(), StorageError> {
+        self.check(Op::Delete)?;
+        self.inner.delete_recorded(block, gs)
+    }
+
+    fn copy_replica_from(
+        &self,
+        src: &dyn Storage,
+        block: u64,
+        gs: u64,
+        len: u64,
+        state: ReplicaState,
+    ) -> Result<(), StorageError> {
+        self.check(Op::Copy)?;
+        self.inner.copy_replica_from(src, block, gs, len, state)
+    }
+
+    fn clean_tmp(&self) -> Result<usize, StorageError> {
+        self.inner.clean_tmp()
+    }
+
+    fn sync_replica(&self, block: u64, gs: u64) -> Result<(), StorageError> {
+        self.check(Op::Sync)?;
+        self.inner.sync_replica(block, gs)
+    }
+
+    fn sync_fs(&self) -> Result<(), StorageError> {
+        self.check(Op::Sync)?;
+        self.inner.sync_fs()
+    }
+
+    fn fs_id(&self) -> u64 {
+        self.inner.fs_id()
+    }
+
+    fn syncfs_is_barrier(&self) -> bool {
+        self.inner.syncfs_is_barrier()
+    }
+
+    fn heartbeat(&self) -> Result<u64, StorageError> {
+        self.check(Op::Heartbeat)?;
+        self.inner.heartbeat()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::checksum::ChunkAccumulator;
+    use crate::storage::testkit::{append, dn, read_all, stream};
+
+    #[test]
+    fn a_fault_strikes_after_the_calls_it_lets_pass_until_healed() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = Faulty::new(dn(&dir, 0));
+        f.arm(Op::Write, Fault::Fail(libc::ENOSPC), 2);
+        let data = stream(3000, 1);
+        let mut w = f.create_rbw(1, 1).unwrap();
+        let mut acc = ChunkAccumulator::new();
+        append(&mut *w, &mut acc, &data[..1000], &[500]);
+        let mut crcs = Vec::new();
+        acc.clone().crcs_for(1000, &data[1000..1500], &mut crcs);
+        let e = w.write_packet(1000, &data[1000..1500], &crcs).unwrap_err();
+        assert!(matches!(e, StorageError::NoSpace { .. }), "{e}");
+        assert_eq!(w.len(), 1000);
+        f.heal();
+        w.write_packet(1000, &data[1000..1500], &crcs).unwrap();
+        assert_eq!(f.calls(Op::Write), 4);
+        assert_eq!(read_all(&f, 1, 1, 3000), &data[..1500]);
+        // EIO is an I/O error, on the operation armed only.
+        f.arm(Op::Read, Fault::Fail(libc::EIO), 0);
+        assert!(matches!(f.valid_prefix(1, 1), Err(StorageError::Io { .. })));
+        f.finalize_written(w, 1, 1, 1500).unwrap();
+        assert_eq!(f.inner().find(1).unwrap().state, ReplicaState::Finalized);
+    }
+}

@@ -1,0 +1,323 @@
+//! [`ReplicaReader`]: checksum-verified reads of one replica, and its valid
+//! prefix (what lease recovery and fsck trust of it).
+//!
+//! Ordering contract with [`super::writer`]: the writer writes a packet's
+//! data before its checksums, and the reader reads checksums before data.
+//! A reader that sees a checksum therefore also sees the bytes it covers;
+//! it may see bytes that no checksum covers yet, which it never serves
+//! (see [`longest_matching_prefix`]).
+
+use std::fs::File;
+use std::io::IoSliceMut;
+use std::path::{Path, PathBuf};
+
+use super::checksum::{
+    CHUNK_SIZE, CRC_LEN, META_HEADER_LEN, check_header_at, chunk_count, crc, crc_offset,
+    longest_matching_prefix,
+};
+use super::error::StorageError;
+use super::fsops::{file_len, preadv_full, read_full_at};
+use super::layout::{Layout, Located, ReplicaState, data_name, meta_name};
+use super::locate::{Opened, missing_or_stale, open_first};
+use crate::metrics::IoCounters;
+use crate::sync::Arc;
+
+const CS: u64 = CHUNK_SIZE as u64;
+
+/// Opens replica `block`@`gs` of the datanode laid out as `l` for verified
+/// reads, counting them in `io`.
+pub(crate) fn open(
+    l: &Layout,
+    io: &Arc<IoCounters>,
+    block: u64,
+    gs: u64,
+) -> Result<ReplicaReader, StorageError> {
+    // Two tries: a concurrent finalize or reopen may move the files
+    // between the lookups of one try.
+    for _ in 0..2 {
+        let meta = open_first(l, &meta_name(block, gs))?;
+        let data = open_first(l, &data_name(block))?;
+        if let (Some(meta), Some(data)) = (meta, data) {
+            let Opened {
+                file: meta,
+                path: meta_path,
+                dir: meta_in,
+            } = meta;
+            let Opened {
+                file: data,
+                path: data_path,
+                dir: data_in,
+            } = data;
+            return Ok(ReplicaReader {
+                block,
+                gs,
+                state: Located { data_in, meta_in }.state(),
+                data,
+                meta,
+                data_path,
+                meta_path,
+                io: io.clone(),
+            });
+        }
+    }
+    Err(missing_or_stale(l, block, gs))
+}
+
+/// Open data and meta files of one replica with a known generation stamp,
+/// for checksum-verified reads. Cheap to keep open across reads: finalizing
+/// renames the files but not the inodes behind these descriptors.
+#[derive(Debug)]
+pub struct ReplicaReader {
+    block: u64,
+    gs: u64,
+    state: ReplicaState,
+    data: File,
+    meta: File,
+    data_path: PathBuf,
+    meta_path: PathBuf,
+    /// Its datanode's counters.
+    io: Arc<IoCounters>,
+}
+
+impl ReplicaReader {
+    /// The block this replica belongs to.
+    pub fn block(&self) -> u64 {
+        self.block
+    }
+
+    /// The generation stamp the reader was opened with.
+    pub fn gs(&self) -> u64 {
+        self.gs
+    }
+
+    /// Where the files were when opened.
+    pub fn state(&self) -> ReplicaState {
+        self.state
+    }
+
+    /// The data file's path when opened.
+    pub fn data_path(&self) -> &Path {
+        &self.data_path
+    }
+
+    /// The meta file's path when opened.
+    pub fn meta_path(&self) -> &Path {
+        &self.meta_path
+    }
+
+    /// Current length of the data file.
+    pub fn data_len(&self) -> Result<u64, StorageError> {
+        file_len(&self.data, &self.data_path)
+    }
+
+    /// How many bytes the replica holds with a checksum each could cover:
+    /// the data, cut to what the checksum file has room for.
+    pub fn present_len(&self) -> Result<u64, StorageError> {
+        let meta_len = file_len(&self.meta, &self.meta_path)?;
+        let ncrc = meta_len.saturating_sub(META_HEADER_LEN) / CRC_LEN;
+        Ok(self.data_len()?.min(ncrc * CS))
+    }
+
+    /// Reads up to `buf.len()` bytes at `offset`, verifying the CRC of every
+    /// chunk touched. Whole chunks are read internally with one vectored
+    /// `pread` of the data (straight into `buf`, the partial chunks at either
+    /// end into scratch space) and one `pread` of the checksums.
+    ///
+    /// Returns fewer bytes at the end of the data, and, for a replica being
+    /// written, at the end of what the checksums cover. A mismatch gives
+    /// [`StorageError::Corrupt`] with the offset of the bad chunk.
+    pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<usize, StorageError> {
+        let r = self.read_verified(offset, buf);
+        match &r {
+            Ok(n) => self.io.read(*n as u64),
+            // The last chunk of a replica being written may be read between
+            // its data and its checksum: readers retry, it is no failure.
+            Err(StorageError::Corrupt { .. }) if self.state == ReplicaState::Rbw => {}
+            Err(_) => self.io.error(),
+        }
+        r
+    }
+
+    fn read_verified(&self, offset: u64, buf: &mut [u8]) -> Result<usize, StorageError> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let end = offset + buf.len() as u64;
+        let first = offset / CS;
+        let chunks = (chunk_count(end) - first) as usize;
+        let chunk_start = first * CS;
+
+        // Checksums first (see the module doc). With the first chunk, read
+        // the header in the same call and check it.
+        let hdr = if first == 0 {
+            META_HEADER_LEN as usize
+        } else {
+            0
+        };
+        let need = hdr + chunks * CRC_LEN as usize;
+        let mut small = [0u8; 8 + 256 * 4];
+        let mut big = Vec::new();
+        let mbuf: &mut [u8] = if need <= small.len() {
+            &mut small[..need]
+        } else {
+            big.resize(need, 0);
+            &mut big
+        };
+        let meta_at = if first == 0 { 0 } else { crc_offset(first) };
+        let mgot = read_full_at(&self.meta, mbuf, meta_at)
+            .map_err(|e| StorageError::io(&self.meta_path, e))?;
+        if hdr > 0 {
+            check_header_at(&mbuf[..mgot.min(hdr)], &self.meta_path)?;
+        }
+        let crcs = &mbuf[hdr..mgot.max(hdr)];
+        let ncrc = crcs.len() / CRC_LEN as usize;
+
+        // Then the data: [head | buf | tail] covers whole chunks.
+        let head_len = (offset - chunk_start) as usize;
+        let tail_len = (chunk_count(end) * CS - end) as usize;
+        let mut head = [0u8; CHUNK_SIZE];
+        let mut tail = [0u8; CHUNK_SIZE];
+        let got = {
+            let mut iov = [
+                IoSliceMut::new(&mut head[..head_len]),
+                IoSliceMut::new(buf),
+                IoSliceMut::new(&mut tail[..tail_len]),
+            ];
+            preadv_full(&self.data, &mut iov, chunk_start)
+                .map_err(|e| StorageError::io(&self.data_path, e))?
+        };
+
+        let mut avail = got;
+        if ncrc < got.div_ceil(CHUNK_SIZE) {
+            // A replica being written may have data whose checksums are not
+            // written yet: serve only what is covered.
+            if !self.being_written() {
+                return Err(self.corrupt(chunk_start + (ncrc * CHUNK_SIZE) as u64));
+            }
+            avail = ncrc * CHUNK_SIZE;
+        }
+        if avail <= head_len {
+            return Ok(0);
+        }
+        let want_end = head_len + buf.len();
+        let segs: [&[u8]; 3] = [&head[..head_len], buf, &tail[..tail_len]];
+        let nchunks = avail.div_ceil(CHUNK_SIZE);
+        let mut scratch = [0u8; CHUNK_SIZE];
+        for i in 0..nchunks {
+            let a = i * CHUNK_SIZE;
+            let b = (a + CHUNK_SIZE).min(avail);
+            let bytes = chunk_bytes(&segs, a, b, &mut scratch);
+            let c = &crcs[i * 4..i * 4 + 4];
+            let stored = u32::from_be_bytes([c[0], c[1], c[2], c[3]]);
+            if crc(bytes) == stored {
+                continue;
+            }
+            if i + 1 == nchunks
+                && self.being_written()
+                && let Some(k) = longest_matching_prefix(bytes, 0, stored)
+            {
+                avail = a + k;
+                continue;
+            }
+            return Err(self.corrupt(chunk_start + a as u64));
+        }
+        Ok(avail.min(want_end).saturating_sub(head_len))
+    }
+
+    /// The longest prefix of the data whose chunks match their CRCs: stops
+    /// at the first bad chunk, at the end of the data, or at the end of the
+    /// checksums. The last checksummed chunk counts up to the longest prefix
+    /// its CRC covers (a crash between a packet's data and checksum writes
+    /// leaves more data than checksums).
+    pub fn valid_prefix(&self) -> Result<u64, StorageError> {
+        let mut h = [0u8; META_HEADER_LEN as usize];
+        let n = read_full_at(&self.meta, &mut h, 0)
+            .map_err(|e| StorageError::io(&self.meta_path, e))?;
+        check_header_at(&h[..n], &self.meta_path)?;
+        let meta_len = file_len(&self.meta, &self.meta_path)?;
+        let ncrc = meta_len.saturating_sub(META_HEADER_LEN) / CRC_LEN;
+        let data_len = self.data_len()?;
+        let limit = ncrc.min(chunk_count(data_len));
+
+        const BATCH: u64 = 2048; // 1 MiB of data per pair of reads
+        let batch = BATCH.min(limit);
+        let mut data = vec![0u8; (batch * CS) as usize];
+        let mut meta = vec![0u8; (batch * CRC_LEN) as usize];
+        let mut c = 0u64;
+        while c < limit {
+            let n = batch.min(limit - c) as usize;
+            let mgot = read_full_at(&self.meta, &mut meta[..n * 4], crc_offset(c))
+                .map_err(|e| StorageError::io(&self.meta_path, e))?;
+            let dgot = read_full_at(&self.data, &mut data[..n * CHUNK_SIZE], c * CS)
+                .map_err(|e| StorageError::io(&self.data_path, e))?;
+            for j in 0..n.min(mgot / 4) {
+                let a = j * CHUNK_SIZE;
+                let start = (c + j as u64) * CS;
+                if a >= dgot {
+                    return Ok(start);
+                }
+                let b = (a + CHUNK_SIZE).min(dgot);
+                let bytes = &data[a..b];
+                let m = &meta[j * 4..j * 4 + 4];
+                let stored = u32::from_be_bytes([m[0], m[1], m[2], m[3]]);
+                let last = c + j as u64 + 1 == ncrc || b - a < CHUNK_SIZE;
+                if !last {
+                    if crc(bytes) != stored {
+                        return Ok(start);
+                    }
+                    continue;
+                }
+                let k = longest_matching_prefix(bytes, 0, stored).unwrap_or(0);
+                return Ok(start + k as u64);
+            }
+            if mgot / 4 < n {
+                return Ok((c + (mgot / 4) as u64) * CS);
+            }
+            c += n as u64;
+        }
+        Ok(c * CS)
+    }
+
+    /// Whether the replica may be growing under this reader: it was opened
+    /// in `rbw/`, or was finalized but has since been moved back there for
+    /// an append (checked only when the data outruns the checksums, so the
+    /// common path costs nothing).
+    fn being_written(&self) -> bool {
+        self.state == ReplicaState::Rbw || !(self.data_path.exists() && self.meta_path.exists())
+    }
+
+    fn corrupt(&self, offset: u64) -> StorageError {
+        StorageError::Corrupt {
+            block: self.block,
+            replica: self.data_path.clone(),
+            offset,
+        }
+    }
+}
+
+/// Bytes `[a, b)` of the concatenation of `segs`: borrowed when they lie in
+/// one segment, copied into `scratch` (at most one chunk) when they straddle.
+fn chunk_bytes<'s>(
+    segs: &[&'s [u8]; 3],
+    a: usize,
+    b: usize,
+    scratch: &'s mut [u8; CHUNK_SIZE],
+) -> &'s [u8] {
+    let mut base = 0;
+    for s in segs {
+        if a >= base && b <= base + s.len() {
+            return &s[a - base..b - base];
+        }
+        base += s.len();
+    }
+    let mut base = 0;
+    for s in segs {
+        let lo = a.max(base);
+        let hi = b.min(base + s.len());
+        if lo < hi {
+            scratch[lo - a..hi - a].copy_from_slice(&s[lo - base..hi - base]);
+        }
+        base += s.len();
+    }
+    &scratch[..b - a]
+}

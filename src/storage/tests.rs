@@ -1,0 +1,635 @@
+//! Tests of a datanode's replicas through [`super::Storage`]: writes and
+//! verified reads, the replica lifecycle (create, reopen, restamp, cut,
+//! finalize), and maintenance (listing, deletion, copies, the heartbeat).
+//! They live here rather than beside each module because they drive a
+//! whole [`super::Datanode`].
+
+mod reader {
+    use std::fs::{self, OpenOptions};
+    use std::os::unix::fs::FileExt;
+
+    use crate::storage::checksum::{ChunkAccumulator, crc, meta_len_for};
+    use crate::storage::layout::meta_name;
+    use crate::storage::testkit::{dn, flip_byte, read_all, stream, write_in_packets};
+    use crate::storage::{ReplicaState, Storage, StorageError};
+
+    #[test]
+    fn write_packets_mid_chunk_after_partial_flush_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let dn = dn(&dir, 0);
+        let data = stream(5000, 1);
+        write_in_packets(&dn, 7, 1, &data, &[100, 300, 700, 1, 511, 2000, 64]);
+        assert_eq!(read_all(&dn, 7, 1, 5000), data);
+        // Unaligned ranges, crossing chunk boundaries, and past the end.
+        for (off, len) in [
+            (0, 1),
+            (1, 511),
+            (100, 1000),
+            (511, 2),
+            (1024, 512),
+            (4999, 10),
+            (3000, 4000),
+        ] {
+            let mut buf = vec![0u8; len];
+            let n = dn.read(7, 1, off as u64, &mut buf).unwrap();
+            let want = &data[off.min(5000)..(off + len).min(5000)];
+            assert_eq!(&buf[..n], want, "read at {off} len {len}");
+        }
+        let mut buf = [0u8; 10];
+        assert_eq!(dn.read(7, 1, 6000, &mut buf).unwrap(), 0);
+        assert_eq!(dn.valid_prefix(7, 1).unwrap(), 5000);
+        let meta = dn.dir(ReplicaState::Rbw).join(meta_name(7, 1));
+        assert_eq!(fs::metadata(meta).unwrap().len(), meta_len_for(5000));
+    }
+
+    #[test]
+    fn write_packet_rejects_gaps_and_wrong_crc_count() {
+        let dir = tempfile::tempdir().unwrap();
+        let dn = dn(&dir, 0);
+        let mut w = dn.create_rbw(1, 1).unwrap();
+        let data = stream(600, 2);
+        let err = w.write_packet(10, &data, &[0, 0]).unwrap_err();
+        assert!(matches!(err, StorageError::BadPacket { .. }), "{err}");
+        let err = w.write_packet(0, &data, &[0]).unwrap_err();
+        assert!(matches!(err, StorageError::BadPacket { .. }), "{err}");
+        assert_eq!(w.len(), 0);
+        w.write_packet(0, &data, &[crc(&data[..512]), crc(&data[512..])])
+            .unwrap();
+        assert_eq!(w.len(), 600);
+    }
+
+    #[test]
+    fn reader_racing_writer_sees_no_false_corruption() {
+        // The writer publishes a visible length after each packet (as acks
+        // do); a reader reading up to it while the next packet's data is
+        // already on disk but its checksums are not must never see Corrupt.
+        use crate::sync::{Arc, AtomicBool, AtomicU64, Ordering};
+        let dir = tempfile::tempdir().unwrap();
+        let dn = Arc::new(dn(&dir, 0));
+        let data = Arc::new(stream(200_000, 3));
+        let visible = Arc::new(AtomicU64::new(0));
+        let done = Arc::new(AtomicBool::new(false));
+        let started = Arc::new(AtomicBool::new(false));
+        let mut w = dn.create_rbw(1, 1).unwrap();
+        let reader = {
+            let (dn, data, visible) = (dn.clone(), data.clone(), visible.clone());
+            let (done, started) = (done.clone(), started.clone());
+            std::thread::spawn(move || {
+                started.store(true, Ordering::Release);
+                let mut buf = vec![0u8; 4096];
+                let mut reads = 0u64;
+                while !done.load(Ordering::Acquire) {
+                    let v = visible.load(Ordering::Acquire) as usize;
+                    let off = v.saturating_sub(700 + reads as usize % 1500);
+                    let len = (v - off).min(buf.len());
+                    let n = dn.read(1, 1, off as u64, &mut buf[..len]).unwrap();
+                    assert_eq!(n, len, "short read at {off} (visible {v})");
+                    assert_eq!(&buf[..n], &data[off..off + n]);
+                    reads += 1;
+                }
+                reads
+            })
+        };
+        while !started.load(Ordering::Acquire) {
+            std::thread::yield_now();
+        }
+        let mut acc = ChunkAccumulator::new();
+        let mut crcs = Vec::new();
+        let mut off = 0;
+        for size in [1, 100, 333, 511, 700, 1024, 77].iter().cycle() {
+            let n = (*size).min(data.len() - off);
+            if n == 0 {
+                break;
+            }
+            crcs.clear();
+            acc.crcs_for(off as u64, &data[off..off + n], &mut crcs);
+            w.write_packet(off as u64, &data[off..off + n], &crcs)
+                .unwrap();
+            off += n;
+            visible.store(off as u64, Ordering::Release);
+            std::thread::yield_now();
+        }
+        done.store(true, Ordering::Release);
+        assert!(reader.join().unwrap() > 0);
+    }
+
+    #[test]
+    fn reader_of_finalized_replica_survives_append() {
+        // `tail -f` while `>>` appends: a reader opened on the finalized
+        // replica sees the data grow before its checksums.
+        let dir = tempfile::tempdir().unwrap();
+        let dn = dn(&dir, 0);
+        let data = stream(1000, 14);
+        write_in_packets(&dn, 5, 1, &data[..300], &[300]);
+        dn.finalize(5, 1, 300).unwrap();
+        let reader = dn.open_reader(5, 1).unwrap();
+        assert_eq!(reader.state(), ReplicaState::Finalized);
+        let _w = dn.reopen_rbw(5, 1, 300).unwrap();
+        // The writer's data is on disk, its checksums not yet.
+        OpenOptions::new()
+            .write(true)
+            .open(dn.layout().data_path(ReplicaState::Rbw, 5))
+            .unwrap()
+            .write_all_at(&data[300..], 300)
+            .unwrap();
+        let mut buf = vec![0u8; 1000];
+        assert_eq!(reader.read(0, &mut buf).unwrap(), 300);
+        assert_eq!(&buf[..300], &data[..300]);
+    }
+
+    #[test]
+    fn finalized_replica_with_short_meta_is_corrupt() {
+        let dir = tempfile::tempdir().unwrap();
+        let dn = dn(&dir, 0);
+        write_in_packets(&dn, 5, 1, &stream(2000, 15), &[2000]);
+        dn.finalize(5, 1, 2000).unwrap();
+        let meta = dn.layout().meta_path(ReplicaState::Finalized, 5, 1);
+        OpenOptions::new()
+            .write(true)
+            .open(&meta)
+            .unwrap()
+            .set_len(meta_len_for(1024))
+            .unwrap();
+        let mut buf = vec![0u8; 2000];
+        assert!(matches!(
+            dn.read(5, 1, 0, &mut buf),
+            Err(StorageError::Corrupt { offset: 1024, .. })
+        ));
+        assert_eq!(dn.read(5, 1, 0, &mut buf[..1024]).unwrap(), 1024);
+        assert_eq!(dn.valid_prefix(5, 1).unwrap(), 1024);
+    }
+
+    #[test]
+    fn corrupt_byte_read_gives_corrupt_and_valid_prefix_stops_before_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let dn = dn(&dir, 3);
+        let data = stream(3000, 4);
+        write_in_packets(&dn, 9, 5, &data, &[1000]);
+        dn.finalize(9, 5, 3000).unwrap();
+        let path = dn.layout().data_path(ReplicaState::Finalized, 9);
+        flip_byte(&path, 1500);
+        let mut buf = vec![0u8; 100];
+        // A read of a byte anywhere in the bad chunk fails...
+        match dn.read(9, 5, 1030, &mut buf).unwrap_err() {
+            StorageError::Corrupt {
+                block,
+                replica,
+                offset,
+            } => {
+                assert_eq!((block, offset), (9, 1024));
+                assert_eq!(replica, path);
+            }
+            e => panic!("expected Corrupt, got {e}"),
+        }
+        // ...reads of other chunks do not.
+        assert_eq!(dn.read(9, 5, 0, &mut buf[..]).unwrap(), 100);
+        assert_eq!(dn.read(9, 5, 1536, &mut buf[..]).unwrap(), 100);
+        assert_eq!(dn.valid_prefix(9, 5).unwrap(), 1024);
+        assert_eq!(
+            StorageError::Corrupt {
+                block: 9,
+                replica: path,
+                offset: 1024
+            }
+            .errno(),
+            libc::EIO
+        );
+    }
+
+    #[test]
+    fn truncated_data_file_valid_prefix() {
+        let dir = tempfile::tempdir().unwrap();
+        let dn = dn(&dir, 0);
+        let data = stream(3000, 5);
+        write_in_packets(&dn, 4, 1, &data, &[3000]);
+        let path = dn.layout().data_path(ReplicaState::Rbw, 4);
+        let f = OpenOptions::new().write(true).open(&path).unwrap();
+        // Cut mid-chunk: that chunk's CRC covers bytes that are gone.
+        f.set_len(1300).unwrap();
+        assert_eq!(dn.valid_prefix(4, 1).unwrap(), 1024);
+        // Cut at a chunk boundary: every remaining chunk is whole.
+        f.set_len(1024).unwrap();
+        assert_eq!(dn.valid_prefix(4, 1).unwrap(), 1024);
+        f.set_len(0).unwrap();
+        assert_eq!(dn.valid_prefix(4, 1).unwrap(), 0);
+    }
+
+    #[test]
+    fn crash_between_data_and_meta_write_keeps_covered_bytes() {
+        // The writer writes data, then checksums; a crash in between leaves
+        // data no checksum covers. The covered bytes stay valid and
+        // readable, the rest is never served.
+        let dir = tempfile::tempdir().unwrap();
+        let dn = dn(&dir, 0);
+        let data = stream(300, 6);
+        write_in_packets(&dn, 2, 1, &data, &[300]);
+        let path = dn.layout().data_path(ReplicaState::Rbw, 2);
+        let f = OpenOptions::new().write(true).open(&path).unwrap();
+        f.write_all_at(&stream(900, 9), 300).unwrap();
+        assert_eq!(dn.valid_prefix(2, 1).unwrap(), 300);
+        assert_eq!(read_all(&dn, 2, 1, 1200), data);
+        let mut buf = [0u8; 50];
+        assert_eq!(dn.read(2, 1, 100, &mut buf).unwrap(), 50);
+        assert_eq!(&buf[..], &data[100..150]);
+        // Recovery cuts the replica to the valid prefix.
+        dn.truncate(2, 1, 2, 300).unwrap();
+        assert_eq!(dn.find(2).unwrap().data_len, 300);
+        assert_eq!(dn.valid_prefix(2, 2).unwrap(), 300);
+    }
+
+    #[test]
+    fn bad_meta_header_is_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let dn = dn(&dir, 0);
+        write_in_packets(&dn, 1, 1, &stream(900, 1), &[900]);
+        flip_byte(&dn.layout().meta_path(ReplicaState::Rbw, 1, 1), 0);
+        let mut buf = [0u8; 10];
+        assert!(matches!(
+            dn.read(1, 1, 0, &mut buf),
+            Err(StorageError::BadMeta { .. })
+        ));
+        assert!(matches!(
+            dn.valid_prefix(1, 1),
+            Err(StorageError::BadMeta { .. })
+        ));
+    }
+}
+
+mod replica {
+    use std::fs;
+
+    use crate::storage::checksum::{ChunkAccumulator, meta_len_for};
+    use crate::storage::testkit::{append, dn, flip_byte, read_all, stream, write_in_packets};
+    use crate::storage::{DnId, ReplicaState, Storage, StorageError};
+
+    #[test]
+    fn finalize_moves_files_and_cuts_longer_data() {
+        let dir = tempfile::tempdir().unwrap();
+        let dn = dn(&dir, 0);
+        let data = stream(1200, 7);
+        write_in_packets(&dn, 5, 3, &data, &[1200]);
+        assert_eq!(dn.find(5).unwrap().state, ReplicaState::Rbw);
+        dn.finalize(5, 3, 1000).unwrap();
+        assert!(!dn.layout().data_path(ReplicaState::Rbw, 5).exists());
+        assert!(!dn.layout().meta_path(ReplicaState::Rbw, 5, 3).exists());
+        let info = dn.find(5).unwrap();
+        assert_eq!(info.state, ReplicaState::Finalized);
+        assert_eq!((info.gs, info.data_len), (3, 1000));
+        assert_eq!(
+            info.data_path,
+            dn.layout().data_path(ReplicaState::Finalized, 5)
+        );
+        assert_eq!(
+            info.meta_path,
+            dn.layout().meta_path(ReplicaState::Finalized, 5, 3)
+        );
+        assert_eq!(
+            fs::metadata(&info.meta_path).unwrap().len(),
+            meta_len_for(1000)
+        );
+        assert_eq!(read_all(&dn, 5, 3, 1200), &data[..1000]);
+        assert_eq!(dn.valid_prefix(5, 3).unwrap(), 1000);
+        // Idempotent; longer than the data is refused.
+        dn.finalize(5, 3, 1000).unwrap();
+        assert!(matches!(
+            dn.finalize(5, 3, 2000),
+            Err(StorageError::TooShort {
+                len: 1000,
+                wanted: 2000,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn finalize_completes_after_crash_between_renames() {
+        let dir = tempfile::tempdir().unwrap();
+        let dn = dn(&dir, 0);
+        let data = stream(700, 8);
+        write_in_packets(&dn, 6, 1, &data, &[700]);
+        // Data moved, meta not yet.
+        fs::rename(
+            dn.layout().data_path(ReplicaState::Rbw, 6),
+            dn.layout().data_path(ReplicaState::Finalized, 6),
+        )
+        .unwrap();
+        let info = dn.find(6).unwrap();
+        assert_eq!(
+            (info.state, info.gs, info.data_len),
+            (ReplicaState::Rbw, 1, 700)
+        );
+        assert_eq!(read_all(&dn, 6, 1, 700), data);
+        dn.finalize(6, 1, 700).unwrap();
+        assert_eq!(dn.find(6).unwrap().state, ReplicaState::Finalized);
+    }
+
+    #[test]
+    fn bump_gs_renames_meta_and_old_gs_is_stale() {
+        let dir = tempfile::tempdir().unwrap();
+        let dn = dn(&dir, 2);
+        let data = stream(800, 9);
+        let mut w = dn.create_rbw(8, 1).unwrap();
+        let mut acc = ChunkAccumulator::new();
+        append(&mut *w, &mut acc, &data[..300], &[300]);
+        dn.bump_gs(8, 1, 2).unwrap();
+        // The open writer keeps writing through its descriptors.
+        append(&mut *w, &mut acc, &data[300..], &[500]);
+        assert!(!dn.layout().meta_path(ReplicaState::Rbw, 8, 1).exists());
+        assert_eq!(dn.find(8).unwrap().gs, 2);
+        let mut buf = [0u8; 10];
+        assert!(matches!(
+            dn.read(8, 1, 0, &mut buf),
+            Err(StorageError::StaleGenStamp {
+                block: 8,
+                found: 2,
+                wanted: 1
+            })
+        ));
+        assert!(matches!(
+            dn.valid_prefix(8, 1),
+            Err(StorageError::StaleGenStamp {
+                found: 2,
+                wanted: 1,
+                ..
+            })
+        ));
+        assert_eq!(read_all(&dn, 8, 2, 800), data);
+        // A retried bump is a no-op; a block that is not here is Missing.
+        dn.bump_gs(8, 1, 2).unwrap();
+        assert!(matches!(
+            dn.read(99, 1, 0, &mut buf),
+            Err(StorageError::Missing {
+                block: 99,
+                dn: DnId(2)
+            })
+        ));
+        assert!(matches!(
+            dn.bump_gs(99, 1, 2),
+            Err(StorageError::Missing { .. })
+        ));
+    }
+
+    #[test]
+    fn truncate_shrink_recomputes_last_chunk_crc() {
+        let dir = tempfile::tempdir().unwrap();
+        let dn = dn(&dir, 0);
+        let data = stream(2000, 10);
+        write_in_packets(&dn, 3, 4, &data, &[2000]);
+        dn.finalize(3, 4, 2000).unwrap();
+        dn.truncate(3, 4, 5, 700).unwrap();
+        let info = dn.find(3).unwrap();
+        assert_eq!(
+            (info.gs, info.data_len, info.state),
+            (5, 700, ReplicaState::Finalized)
+        );
+        assert_eq!(
+            fs::metadata(&info.meta_path).unwrap().len(),
+            meta_len_for(700)
+        );
+        assert_eq!(read_all(&dn, 3, 5, 2000), &data[..700]);
+        assert_eq!(dn.valid_prefix(3, 5).unwrap(), 700);
+        // Retrying is a no-op; growing is refused; a chunk boundary works.
+        dn.truncate(3, 4, 5, 700).unwrap();
+        assert!(matches!(
+            dn.truncate(3, 5, 6, 701),
+            Err(StorageError::TooShort { .. })
+        ));
+        dn.truncate(3, 5, 6, 512).unwrap();
+        assert_eq!(read_all(&dn, 3, 6, 700), &data[..512]);
+    }
+
+    #[test]
+    fn truncate_refuses_to_bless_a_corrupt_last_chunk() {
+        let dir = tempfile::tempdir().unwrap();
+        let dn = dn(&dir, 0);
+        write_in_packets(&dn, 3, 1, &stream(1000, 11), &[1000]);
+        flip_byte(&dn.layout().data_path(ReplicaState::Rbw, 3), 600);
+        assert!(matches!(
+            dn.truncate(3, 1, 2, 700),
+            Err(StorageError::Corrupt { offset: 512, .. })
+        ));
+    }
+
+    #[test]
+    fn reopen_rbw_continues_appending() {
+        let dir = tempfile::tempdir().unwrap();
+        let dn = dn(&dir, 0);
+        let data = stream(3000, 12);
+        write_in_packets(&dn, 11, 1, &data[..700], &[700]);
+        dn.finalize(11, 1, 700).unwrap();
+        dn.bump_gs(11, 1, 2).unwrap();
+        // A replica that cannot be reopened stays where it was.
+        assert!(matches!(
+            dn.reopen_rbw(11, 2, 701),
+            Err(StorageError::TooShort { .. })
+        ));
+        assert_eq!(dn.find(11).unwrap().state, ReplicaState::Finalized);
+        // Append: the finalized replica goes back to rbw.
+        let mut w = dn.reopen_rbw(11, 2, 700).unwrap();
+        assert_eq!(w.len(), 700);
+        assert_eq!(dn.find(11).unwrap().state, ReplicaState::Rbw);
+        let tail = w.take_resume_tail();
+        assert_eq!(tail, &data[512..700]);
+        let mut acc = ChunkAccumulator::resume(tail);
+        append(&mut *w, &mut acc, &data[700..2000], &[100, 900]);
+        // Pipeline recovery: reopen an rbw replica at a shorter length.
+        drop(w);
+        let mut w = dn.reopen_rbw(11, 2, 1800).unwrap();
+        let mut acc = ChunkAccumulator::resume(w.take_resume_tail());
+        append(&mut *w, &mut acc, &data[1800..], &[333]);
+        dn.finalize(11, 2, 3000).unwrap();
+        assert_eq!(read_all(&dn, 11, 2, 3000), data);
+        assert_eq!(dn.valid_prefix(11, 2).unwrap(), 3000);
+    }
+
+    #[test]
+    fn finalize_written_moves_an_exact_replica_and_checks_any_other() {
+        let dir = tempfile::tempdir().unwrap();
+        let dn = dn(&dir, 0);
+        let mut w = dn.create_rbw(5, 1).unwrap();
+        let mut acc = ChunkAccumulator::new();
+        append(&mut *w, &mut acc, &stream(1000, 3), &[1000]);
+        dn.finalize_written(w, 5, 1, 1000).unwrap();
+        let r = dn.find(5).unwrap();
+        assert_eq!(
+            (r.state, r.data_len, r.gs),
+            (ReplicaState::Finalized, 1000, 1)
+        );
+        // A shorter length than written: cut to it, as `finalize` does.
+        let mut w = dn.create_rbw(6, 1).unwrap();
+        let mut acc = ChunkAccumulator::new();
+        append(&mut *w, &mut acc, &stream(1000, 4), &[1000]);
+        dn.finalize_written(w, 6, 1, 600).unwrap();
+        let r = dn.find(6).unwrap();
+        assert_eq!((r.state, r.data_len), (ReplicaState::Finalized, 600));
+    }
+
+    #[test]
+    fn create_rbw_removes_leftovers() {
+        let dir = tempfile::tempdir().unwrap();
+        let dn = dn(&dir, 0);
+        write_in_packets(&dn, 1, 1, &stream(900, 1), &[900]);
+        let data = stream(100, 2);
+        write_in_packets(&dn, 1, 2, &data, &[100]);
+        assert!(!dn.layout().meta_path(ReplicaState::Rbw, 1, 1).exists());
+        assert_eq!(read_all(&dn, 1, 2, 900), data);
+        dn.finalize(1, 2, 100).unwrap();
+        write_in_packets(&dn, 1, 3, &data[..10], &[10]);
+        assert_eq!(dn.list().unwrap().len(), 1);
+        assert_eq!(read_all(&dn, 1, 3, 900), &data[..10]);
+    }
+}
+
+mod maintenance {
+    use std::fs;
+
+    use crate::storage::identity::{self, Identity};
+    use crate::storage::layout::{DnId, meta_name};
+    use crate::storage::testkit::{dn, flip_byte, read_all, stream, write_in_packets};
+    use crate::storage::{Datanode, ReplicaState, Storage, StorageError};
+
+    #[test]
+    fn copy_replica_from_copies_prefix_and_replaces_stale_replica() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dn(&dir, 0);
+        let dst = dn(&dir, 1);
+        let data = stream(1300, 13);
+        write_in_packets(&src, 12, 3, &data, &[1300]);
+        // A stale replica of the same block on the destination.
+        write_in_packets(&dst, 12, 1, &stream(50, 0), &[50]);
+        dst.copy_replica_from(&src, 12, 3, 1000, ReplicaState::Finalized)
+            .unwrap();
+        let info = dst.find(12).unwrap();
+        assert_eq!(
+            (info.gs, info.data_len, info.state),
+            (3, 1000, ReplicaState::Finalized)
+        );
+        assert!(!dst.layout().meta_path(ReplicaState::Rbw, 12, 1).exists());
+        assert!(!dst.layout().data_path(ReplicaState::Rbw, 12).exists());
+        assert_eq!(read_all(&dst, 12, 3, 1300), &data[..1000]);
+        assert_eq!(dst.valid_prefix(12, 3).unwrap(), 1000);
+        assert_eq!(fs::read_dir(dst.root().join("tmp")).unwrap().count(), 0);
+        // Too long a copy, or a corrupt source, fails and leaves no temp files.
+        assert!(matches!(
+            dst.copy_replica_from(&src, 12, 3, 2000, ReplicaState::Rbw),
+            Err(StorageError::TooShort {
+                len: 1300,
+                wanted: 2000,
+                ..
+            })
+        ));
+        flip_byte(&src.layout().data_path(ReplicaState::Rbw, 12), 10);
+        assert!(matches!(
+            dst.copy_replica_from(&src, 12, 3, 1000, ReplicaState::Rbw),
+            Err(StorageError::Corrupt { offset: 0, .. })
+        ));
+        assert_eq!(fs::read_dir(dst.root().join("tmp")).unwrap().count(), 0);
+        assert_eq!(read_all(&dst, 12, 3, 1300), &data[..1000]);
+    }
+
+    #[test]
+    fn copy_replica_from_never_replaces_a_newer_replica() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dn(&dir, 0);
+        let dst = dn(&dir, 1);
+        write_in_packets(&src, 12, 3, &stream(1000, 13), &[1000]);
+        src.finalize(12, 3, 1000).unwrap();
+        // A writer reopened the block on the destination at stamp 4.
+        let live = stream(1500, 7);
+        write_in_packets(&dst, 12, 4, &live, &[1500]);
+        assert!(matches!(
+            dst.copy_replica_from(&src, 12, 3, 1000, ReplicaState::Finalized),
+            Err(StorageError::NewerReplica {
+                found: 4,
+                copying: 3,
+                ..
+            })
+        ));
+        assert_eq!(read_all(&dst, 12, 4, 1500), live);
+        assert_eq!(fs::read_dir(dst.root().join("tmp")).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn list_reports_every_complete_replica() {
+        let dir = tempfile::tempdir().unwrap();
+        let dn = dn(&dir, 0);
+        write_in_packets(&dn, 30, 1, &stream(10, 1), &[10]);
+        write_in_packets(&dn, 20, 2, &stream(600, 1), &[600]);
+        dn.finalize(20, 2, 600).unwrap();
+        write_in_packets(&dn, 10, 5, &stream(0, 1), &[1]);
+        // Junk and half replicas are not listed.
+        fs::write(dn.dir(ReplicaState::Rbw).join("notes.txt"), b"x").unwrap();
+        fs::write(dn.dir(ReplicaState::Rbw).join("blk_40"), b"x").unwrap();
+        fs::write(dn.dir(ReplicaState::Finalized).join(meta_name(50, 1)), b"x").unwrap();
+        let got: Vec<_> = dn
+            .list()
+            .unwrap()
+            .into_iter()
+            .map(|r| (r.block, r.gs, r.state, r.data_len))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (10, 5, ReplicaState::Rbw, 0),
+                (20, 2, ReplicaState::Finalized, 600),
+                (30, 1, ReplicaState::Rbw, 10),
+            ]
+        );
+        dn.delete(20).unwrap();
+        dn.delete(20).unwrap();
+        assert!(dn.find(20).is_none());
+        assert_eq!(dn.list().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn delete_recorded_removes_both_files_and_falls_back_on_another_gs() {
+        let dir = tempfile::tempdir().unwrap();
+        let dn = dn(&dir, 0);
+        write_in_packets(&dn, 7, 3, &stream(700, 1), &[700]);
+        dn.finalize(7, 3, 700).unwrap();
+        write_in_packets(&dn, 8, 4, &stream(100, 2), &[100]);
+        dn.delete_recorded(7, 3).unwrap();
+        assert!(dn.find(7).is_none());
+        // Recorded at an older stamp than the meta file's: found by listing.
+        dn.delete_recorded(8, 2).unwrap();
+        assert!(dn.find(8).is_none());
+        assert!(dn.list().unwrap().is_empty());
+        for s in ReplicaState::ALL {
+            assert_eq!(fs::read_dir(dn.dir(s)).unwrap().count(), 0);
+        }
+    }
+
+    #[test]
+    fn heartbeat_probes_and_reports_free_space() {
+        let dir = tempfile::tempdir().unwrap();
+        let dn = dn(&dir, 0);
+        assert!(dn.heartbeat().unwrap() > 0);
+        assert_eq!(fs::read_dir(dn.root().join("tmp")).unwrap().count(), 0);
+        // A datanode whose directory is gone fails its heartbeat.
+        fs::remove_dir_all(dn.root()).unwrap();
+        assert!(matches!(dn.heartbeat(), Err(StorageError::Io { .. })));
+    }
+
+    #[test]
+    fn heartbeat_checks_the_identity_file_and_restores_it_in_a_recreated_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("dn");
+        fs::create_dir_all(&root).unwrap();
+        let me = identity::create(&root, &Identity::new("FS-1")).unwrap();
+        let dn = Datanode::open(DnId(4), &root, Some(me.clone())).unwrap();
+        dn.heartbeat().unwrap();
+        // Emptied and recreated by the operator: the same storage again.
+        fs::remove_dir_all(&root).unwrap();
+        fs::create_dir_all(&root).unwrap();
+        dn.heartbeat().unwrap();
+        assert_eq!(identity::read(&root).unwrap(), Some(me.clone()));
+        // Another datanode's directory mounted at the same path is not it.
+        fs::remove_dir_all(&root).unwrap();
+        fs::create_dir_all(&root).unwrap();
+        identity::create(&root, &Identity::new("FS-1")).unwrap();
+        assert!(matches!(
+            dn.heartbeat(),
+            Err(StorageError::OtherIdentity { .. })
+        ));
+    }
+}
