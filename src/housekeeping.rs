@@ -80,7 +80,7 @@ impl Housekeeper {
                 continue;
             }
             crate::fault::panic_if("housekeeping", || {
-                core.meta
+                core.meta()
                     .lookup(crate::meta::ROOT_INO, crate::fault::TRIGGER.as_bytes())
                     .is_ok()
             });
@@ -120,10 +120,10 @@ impl Housekeeper {
             return false;
         };
         let busy = core.busy_blocks(&live);
-        let suspect: HashSet<(u64, crate::meta::DnId)> = core.bad.list().into_iter().collect();
+        let suspect: HashSet<(u64, crate::meta::DnId)> = core.bad().list().into_iter().collect();
         let c = Check {
-            meta: &*core.meta,
-            dns: &core.dns,
+            meta: &**core.meta(),
+            dns: core.dns(),
             repair: true,
             live_leases: live,
             busy_blocks: busy,
@@ -144,7 +144,7 @@ impl Housekeeper {
                     tracing::info!(kind = ?p.kind, path = %p.path, block = ?p.block, "housekeeping repaired: {}", p.detail);
                 }
                 for (b, dn) in suspect {
-                    core.bad.clear(b, dn);
+                    core.bad().clear(b, dn);
                 }
                 finish_decommissions(core, &r)
             }
@@ -158,7 +158,7 @@ impl Housekeeper {
 
 /// Each datanode's admin state as this daemon sees it.
 fn admin_view(core: &Core) -> Vec<(crate::meta::DnId, AdminState)> {
-    core.dns
+    core.dns()
         .statuses()
         .into_iter()
         .map(|d| (d.id, d.admin))
@@ -180,20 +180,20 @@ fn finish_decommissions(core: &Core, r: &Report) -> bool {
             busy = true;
             continue;
         }
-        match core.meta.set_datanode_state(
+        match core.meta().set_datanode_state(
             d.datanode,
             &[AdminState::Decommissioning],
             AdminState::Decommissioned,
         ) {
             Ok(AdminState::Decommissioning) => {
-                core.dns.set_admin(d.datanode, AdminState::Decommissioned);
+                core.dns().set_admin(d.datanode, AdminState::Decommissioned);
                 tracing::info!(
                     datanode = %d.datanode,
                     blocks = d.blocks,
                     "datanode decommissioned: every block it holds is held R times by datanodes in service; safe to remove"
                 );
             }
-            Ok(other) => core.dns.set_admin(d.datanode, other),
+            Ok(other) => core.dns().set_admin(d.datanode, other),
             Err(e) => {
                 tracing::warn!(datanode = %d.datanode, "cannot record the end of a decommission: {e}")
             }

@@ -110,7 +110,7 @@ fn may_see_holder(peer: &Peer, holder_uid: Option<u32>) -> bool {
 /// checks write permission on the file.
 fn may_recover(core: &Core, peer: &Peer, rel: &str) -> Result<u64, Refusal> {
     let ino = resolve(core, peer, rel)?;
-    if !peer.may_ino(&*core.meta, ino, WRITE) {
+    if !peer.may_ino(&**core.meta(), ino, WRITE) {
         return Err(Refusal::Denied(format!(
             "recover-lease of {rel} needs write permission on it"
         )));
@@ -192,13 +192,13 @@ fn parent_of(pid: u32) -> Option<u32> {
 fn resolve(core: &Core, peer: &Peer, rel: &str) -> Result<u64, Refusal> {
     let mut ino = ROOT_INO;
     for part in rel.split('/').filter(|p| !p.is_empty() && *p != ".") {
-        if !peer.may_ino(&*core.meta, ino, SEARCH) {
+        if !peer.may_ino(&**core.meta(), ino, SEARCH) {
             return Err(Refusal::Denied(format!(
                 "{rel}: no search permission on a directory of the path"
             )));
         }
         ino = core
-            .meta
+            .meta()
             .lookup(ino, part.as_bytes())
             .map_err(|e| Refusal::Failed(format!("{rel}: {e}")))?
             .ino;
@@ -229,7 +229,7 @@ fn leases(core: &Arc<Core>, mnt: &Path, peer: &Peer) -> Answer {
             let shown = may_see_holder(peer, holder_uid);
             let mut v = serde_json::to_value(&l).unwrap_or(Value::Null);
             if let Some(o) = v.as_object_mut() {
-                let rel = core.meta.path_of(l.file);
+                let rel = core.meta().path_of(l.file);
                 o.insert("path".into(), json!(format!("{}{}", mnt.display(), rel)));
                 if !shown {
                     o.insert("holder".into(), Value::Null);
@@ -261,14 +261,14 @@ fn audit(core: &Arc<Core>, peer: &Peer, event: &Value) -> Answer {
             e.election
         )));
     }
-    match core.meta.audit(&e) {
+    match core.meta().audit(&e) {
         Ok(id) => Ok(json!({ "id": id })),
         Err(e) => Err(Refusal::Failed(e.to_string())),
     }
 }
 
 fn history(core: &Arc<Core>, election: &str) -> Answer {
-    match core.meta.audit_history(election) {
+    match core.meta().audit_history(election) {
         Ok(rows) => Ok(json!({ "events": rows })),
         Err(e) => Err(Refusal::Failed(e.to_string())),
     }

@@ -220,7 +220,7 @@ impl Daemon {
             while !stop.load(Ordering::Relaxed) {
                 std::thread::sleep(period);
                 crate::fault::panic_if(point, || {
-                    core.meta
+                    core.meta()
                         .lookup(crate::meta::ROOT_INO, crate::fault::TRIGGER.as_bytes())
                         .is_ok()
                 });
@@ -250,7 +250,7 @@ impl Daemon {
         });
         let (etcd, meta, hk) = (
             s.etcd.clone(),
-            self.core.meta.clone(),
+            self.core.meta().clone(),
             self.housekeeper.clone(),
         );
         let (id, stop) = (self.core.mount_id.clone(), self.stop.clone());
@@ -283,13 +283,13 @@ impl Daemon {
         // decommissioned or removed.
         self.every("dn-heartbeat", "heartbeat", HEARTBEAT, |core| {
             crate::dnadmin::refresh(core);
-            core.dns.heartbeat();
+            core.dns().heartbeat();
         });
         // Leader-only housekeeping; a lone daemon leads its namespace,
         // daemons sharing one elect their leader through etcd.
         let hk = self.housekeeper.clone();
         match &self.shared {
-            None => hk.take(&*self.core.meta, "sole daemon of this data directory"),
+            None => hk.take(&**self.core.meta(), "sole daemon of this data directory"),
             Some(s) => self.spawn_shared(s),
         }
         // Its own loop rather than `every`: a kick (a decommission started
@@ -322,7 +322,7 @@ impl Daemon {
     /// whether the kernel or a signal ended the session.
     fn shut_down(&self) {
         self.stop.store(true, Ordering::Relaxed);
-        self.housekeeper.lose(&*self.core.meta, "unmounted");
+        self.housekeeper.lose(&**self.core.meta(), "unmounted");
         self.core.wait_closes(Duration::from_secs(30));
         self.core.persist_epochs();
         self.core.leases.shutdown();

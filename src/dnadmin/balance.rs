@@ -181,7 +181,7 @@ fn run(core: &Core, job: &Job, threshold_pct: f64) -> String {
 
 /// The live datanodes in service and the block table.
 fn survey(core: &Core) -> Result<(Vec<Node>, Vec<BlockRow>), FsError> {
-    let blocks = core.meta.all_blocks()?;
+    let blocks = core.meta().all_blocks()?;
     let mut used: BTreeMap<DnId, u64> = BTreeMap::new();
     for b in &blocks {
         for dn in &b.replicas {
@@ -189,12 +189,12 @@ fn survey(core: &Core) -> Result<(Vec<Node>, Vec<BlockRow>), FsError> {
         }
     }
     let nodes = core
-        .dns
+        .dns()
         .statuses()
         .into_iter()
         .filter(|d| d.state == Health::Live && d.admin.in_service())
         .filter_map(|d| {
-            let node = core.dns.get(d.id)?;
+            let node = core.dns().get(d.id)?;
             let capacity = capacity(node.root()).filter(|c| *c > 0)?;
             Some(Node {
                 id: d.id,
@@ -236,10 +236,10 @@ fn after(src: &Node, dst: &Node, len: u64) -> f64 {
 /// Returns false when the block changed meanwhile (nothing is deleted
 /// then; an unlisted copy is left to the orphan sweep).
 fn move_replica(core: &Core, b: &BlockRow, from: DnId, to: DnId) -> Result<bool, FsError> {
-    let dns = &core.dns;
+    let dns = core.dns();
     // Only blocks that are whole now: a move never makes anything less
     // safe than it was.
-    let Some(now) = core.meta.block_by_id(b.block_id)? else {
+    let Some(now) = core.meta().block_by_id(b.block_id)? else {
         return Ok(false);
     };
     if now != *b || !is_whole(dns, b) {
@@ -262,14 +262,14 @@ fn move_replica(core: &Core, b: &BlockRow, from: DnId, to: DnId) -> Result<bool,
         expect: b.clone(),
         row: row.clone(),
     };
-    match core.meta.commit(&[change], true) {
+    match core.meta().commit(&[change], true) {
         Ok(_) => {}
         Err(FsError::Moved(_)) => return Ok(false),
         Err(e) => return Err(e),
     }
     // The durable row no longer lists `from`; delete its copy only if the
     // block is still whole without it.
-    match core.meta.block_by_id(b.block_id)? {
+    match core.meta().block_by_id(b.block_id)? {
         Some(r) if !r.replicas.contains(&from) && is_whole(dns, &r) => {
             src.delete_recorded(b.block_id, b.gs)?;
             tracing::info!(block = b.block_id, from = %from, to = %to, "balancer moved a replica");

@@ -149,14 +149,14 @@ pub fn capacity(dir: &Path) -> Option<u64> {
 /// daemon's `add`, `decommission`, `remove`, or a decommission finished by
 /// the housekeeping leader elsewhere). Runs with the heartbeats.
 pub fn refresh(core: &Core) {
-    let (fsid, records) = match (core.meta.filesystem_id(), core.meta.datanode_records()) {
+    let (fsid, records) = match (core.meta().filesystem_id(), core.meta().datanode_records()) {
         (Ok(f), Ok(r)) => (f, r),
         (Err(e), _) | (_, Err(e)) => {
             tracing::debug!("datanode registry not read: {e}");
             return;
         }
     };
-    core.dns
+    core.dns()
         .reconcile(&records, |r| attach::open_recorded(&fsid, r));
 }
 
@@ -173,8 +173,8 @@ impl Admin {
     /// directory by its identity file when it can be read, else by the
     /// path it is (or was last) attached at.
     pub fn resolve(&self, dir: &Path) -> Result<DnId, AdminError> {
-        let records = self.core.meta.datanode_records()?;
-        let live = |id: DnId| self.core.dns.is_recorded(id);
+        let records = self.core.meta().datanode_records()?;
+        let live = |id: DnId| self.core.dns().is_recorded(id);
         if let Some(sid) = dir.to_str().filter(|s| s.starts_with("DS-")) {
             return records
                 .iter()
@@ -190,7 +190,7 @@ impl Admin {
         {
             return Ok(r.id);
         }
-        if let Some(d) = self.core.dns.statuses().iter().find(|d| d.path == dir) {
+        if let Some(d) = self.core.dns().statuses().iter().find(|d| d.path == dir) {
             return Ok(d.id);
         }
         records
@@ -202,10 +202,10 @@ impl Admin {
 
     /// Every datanode the filesystem records, with what it holds.
     pub fn list(&self) -> Result<Vec<DatanodeInfo>, AdminError> {
-        let used = usage(&self.core.meta.all_blocks()?);
+        let used = usage(&self.core.meta().all_blocks()?);
         Ok(self
             .core
-            .dns
+            .dns()
             .statuses()
             .into_iter()
             .map(|d| {
@@ -214,7 +214,7 @@ impl Admin {
                 DatanodeInfo {
                     id: d.id,
                     storage_id: d.storage_id,
-                    capacity_bytes: self.core.dns.get(d.id).and_then(|n| capacity(n.root())),
+                    capacity_bytes: self.core.dns().get(d.id).and_then(|n| capacity(n.root())),
                     path: d.path,
                     state: state.into(),
                     health: d.state,
@@ -231,7 +231,7 @@ impl Admin {
 
     /// `datanode add`: attaches `dir` now; new blocks may use it at once.
     pub fn add(&self, dir: &Path) -> Result<DnId, AdminError> {
-        let id = attach::attach_one(&*self.core.meta, &self.core.dns, dir)?;
+        let id = attach::attach_one(&**self.core.meta(), self.core.dns(), dir)?;
         self.hk.kick();
         Ok(id)
     }
@@ -240,7 +240,7 @@ impl Admin {
     /// under way, or done) and asks housekeeping to start copying.
     pub fn decommission(&self, dir: &Path) -> Result<Progress, AdminError> {
         let id = self.resolve(dir)?;
-        let dns = &self.core.dns;
+        let dns = self.core.dns();
         if dns.admin(id).in_service() {
             let left = dns
                 .statuses()
@@ -254,7 +254,7 @@ impl Admin {
                     replication: dns.replication,
                 });
             }
-            let was = self.core.meta.set_datanode_state(
+            let was = self.core.meta().set_datanode_state(
                 id,
                 &[AdminState::Normal, AdminState::Upgrading],
                 AdminState::Decommissioning,
@@ -274,7 +274,7 @@ impl Admin {
     /// How far the decommission of datanode `id` is, from the block rows
     /// (any daemon can tell, whichever leads housekeeping).
     pub fn progress(&self, id: DnId) -> Result<Progress, AdminError> {
-        let dns = &self.core.dns;
+        let dns = self.core.dns();
         let st = dns
             .statuses()
             .into_iter()
@@ -295,7 +295,7 @@ impl Admin {
                 .count(),
             replication: dns.replication,
         };
-        for b in self.core.meta.all_blocks()? {
+        for b in self.core.meta().all_blocks()? {
             if !b.replicas.contains(&id) {
                 continue;
             }
@@ -315,7 +315,7 @@ impl Admin {
     /// it. Its directory is left as it is.
     pub fn remove(&self, dir: &Path, force: bool) -> Result<Removed, AdminError> {
         let id = self.resolve(dir)?;
-        let dns = &self.core.dns;
+        let dns = self.core.dns();
         let path = dns
             .statuses()
             .into_iter()
@@ -323,10 +323,10 @@ impl Admin {
             .map_or_else(|| dir.to_path_buf(), |d| d.path);
         let mut lost_blocks = 0;
         let mut files = BTreeSet::new();
-        for b in self.core.meta.all_blocks()? {
+        for b in self.core.meta().all_blocks()? {
             if b.replicas.contains(&id) && !held_elsewhere(&self.core, &b, id) {
                 lost_blocks += 1;
-                files.insert(self.core.meta.path_of(b.ino));
+                files.insert(self.core.meta().path_of(b.ino));
             }
         }
         let files: Vec<String> = files.into_iter().collect();
@@ -337,7 +337,7 @@ impl Admin {
                 files,
             });
         }
-        self.core.meta.remove_datanode(id)?;
+        self.core.meta().remove_datanode(id)?;
         dns.remove(id);
         if lost_blocks > 0 {
             tracing::error!(datanode = %id, path = %path.display(), blocks = lost_blocks, files = ?files, "datanode removed by force: these files lost data");
@@ -378,9 +378,9 @@ impl Admin {
 fn held_elsewhere(core: &Core, b: &BlockRow, id: DnId) -> bool {
     b.replicas.iter().any(|&dn| {
         dn != id
-            && core.dns.is_alive(dn)
+            && core.dns().is_alive(dn)
             && core
-                .dns
+                .dns()
                 .get(dn)
                 .is_some_and(|n| match n.stat_replica(b.block_id, b.gs) {
                     Ok(ReplicaStat {

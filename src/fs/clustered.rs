@@ -134,7 +134,7 @@ impl Core {
     /// Recovers `ino` if the store says another daemon instance has it
     /// under construction. Only called while this daemon holds the claim.
     fn recover_foreign(&self, ino: u64) -> FsResult<()> {
-        let foreign = self.meta.uc(ino)?.filter(|u| u.mount_id != self.mount_id);
+        let foreign = self.meta().uc(ino)?.filter(|u| u.mount_id != self.mount_id);
         if let Some(uc) = foreign {
             tracing::warn!(ino, holder = %uc.holder, mount = %uc.mount_id, "recovering a file another daemon left open");
             self.recover(ino, RecoveryReason::HolderGone)?;
@@ -194,7 +194,7 @@ impl Core {
     pub(super) fn startup_recovery_clustered(&self, cl: &Arc<dyn Cluster>) -> FsResult<usize> {
         let me = self.recovery_claimant();
         let mut n = 0;
-        for uc in self.meta.list_uc()? {
+        for uc in self.meta().list_uc()? {
             if cl.mount_alive(&uc.mount_id) {
                 continue;
             }

@@ -103,17 +103,15 @@ impl Default for Instance {
 /// - [`Deletions`]: replicas waiting for durable metadata to be deleted;
 ///
 /// and the services it shares with the write pipeline (`ctx`: the
-/// metadata store, the datanodes, the runtime).
+/// metadata store, the datanodes, the replicas found bad, the runtime),
+/// held there once ([`Core::meta`], [`Core::dns`], [`Core::bad`]).
 pub struct Core {
-    pub meta: Arc<dyn Meta>,
     /// Set when several daemons share the namespace: a write lease is then
     /// claimed cluster-wide before it is granted here.
     pub cluster: Option<Arc<dyn Cluster>>,
-    pub dns: Arc<Datanodes>,
     pub leases: Arc<LeaseManager>,
     pub ctx: Arc<StreamCtx>,
     pub opts: MountOptions,
-    pub bad: Arc<BadReplicas>,
     pub data_dir: PathBuf,
     pub host: Arc<str>,
     pub mount_id: String,
@@ -172,9 +170,9 @@ impl Core {
         let cache = Arc::new(PageCaches::new(rt.clone()));
         let deletions = Arc::new(Deletions::new(meta.clone(), dns.clone(), rt.clone()));
         let ctx = Arc::new(StreamCtx {
-            bad: bad.clone(),
-            meta: meta.clone(),
-            dns: dns.clone(),
+            bad,
+            meta,
+            dns,
             rt,
             packet_size: opts.packet_size as usize,
             max_in_flight: opts.max_packets_in_flight,
@@ -185,13 +183,10 @@ impl Core {
             metrics: Arc::default(),
         });
         Arc::new(Core {
-            meta,
             cluster,
-            dns,
             leases,
             ctx,
             opts,
-            bad,
             data_dir,
             mount_id,
             host,
@@ -216,6 +211,21 @@ impl Core {
     ) -> Arc<Core> {
         let clock = Arc::new(SystemClock::new());
         Self::new(meta, dns, opts, rt, data_dir, clock, instance)
+    }
+
+    /// The metadata store.
+    pub fn meta(&self) -> &Arc<dyn Meta> {
+        &self.ctx.meta
+    }
+
+    /// The datanodes of the mount.
+    pub fn dns(&self) -> &Arc<Datanodes> {
+        &self.ctx.dns
+    }
+
+    /// Replicas found bad (reads, syncs), for housekeeping to repair.
+    pub fn bad(&self) -> &Arc<BadReplicas> {
+        &self.ctx.bad
     }
 
     /// The live stream of a file, if a writer has it open.
@@ -245,7 +255,7 @@ impl Core {
         // store before it goes away, so either it is found here or the store
         // read after this has its length.
         let stream = self.stream_of(ino);
-        let i = self.meta.get(ino)?;
+        let i = self.meta().get(ino)?;
         let mut a = Attr::from_inode(&i);
         if let Some(s) = stream {
             a.size = s.visible_len();
@@ -268,7 +278,7 @@ impl Core {
         let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
         let fh = self.handles.next_fh();
         if !write {
-            return match self.meta.get(ino) {
+            return match self.meta().get(ino) {
                 Ok(inode) => self.open_reader(fh, &inode, caller.uid, reply),
                 Err(e) => reply(Err(e)),
             };
@@ -436,7 +446,7 @@ impl Core {
         reply: Reply<Opened>,
     ) {
         let Opener { who, uid, fence } = opener;
-        let (inode, has_caps) = match self.meta.get_with_xattr(ino, privs::CAPABILITY) {
+        let (inode, has_caps) = match self.meta().get_with_xattr(ino, privs::CAPABILITY) {
             Ok((i, caps)) if i.kind == Kind::File => (i, caps),
             r => {
                 self.leases.release(ino, fh);
@@ -465,7 +475,7 @@ impl Core {
         // From here until this handle's release the file may change: read
         // opens go direct and no longer keep earlier pages.
         self.cache.busy(ino);
-        let log = Arc::new(super::file_record::FileRecord::new(self.meta.clone(), uc));
+        let log = Arc::new(super::file_record::FileRecord::new(self.meta().clone(), uc));
         let stream = OutputStream::new(self.ctx.clone(), ino, inode.size, bs, log);
         let h = Handle {
             fh,
@@ -534,7 +544,7 @@ impl Core {
         let me = self.clone();
         self.ctx
             .rt
-            .spawn_blocking(move || reply(me.meta.sync_if_needed()));
+            .spawn_blocking(move || reply(me.meta().sync_if_needed()));
     }
 
     pub fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<Vec<u8>> {
@@ -562,7 +572,7 @@ impl Core {
     fn read_once(&self, ino: u64, offset: u64, size: u32) -> FsResult<Vec<u8>> {
         // The stream before the store, as in `getattr`.
         let stream = self.stream_of(ino);
-        let inode = self.meta.get(ino)?;
+        let inode = self.meta().get(ino)?;
         let len = match stream {
             Some(s) => s.visible_len(),
             None => inode.size,
@@ -571,7 +581,7 @@ impl Core {
         if offset >= len {
             return Ok(Vec::new());
         }
-        let blocks = self.meta.blocks(ino)?;
+        let blocks = self.meta().blocks(ino)?;
         let bs = if inode.block_size == 0 {
             self.opts.block_size
         } else {
@@ -579,8 +589,8 @@ impl Core {
         };
         let mut skipped = Vec::new();
         let r = reader::read(
-            &self.dns,
-            &self.bad,
+            self.dns(),
+            self.bad(),
             &blocks,
             bs,
             len,
@@ -591,13 +601,13 @@ impl Core {
         if r.is_ok() && !skipped.is_empty() {
             // Passed-over replicas the block list still names as they were
             // read are really missing or stale; the others had moved on.
-            let now = self.meta.blocks(ino)?;
+            let now = self.meta().blocks(ino)?;
             for sk in skipped {
                 let current = now.iter().any(|b| {
                     b.block_id == sk.block && b.gs == sk.gs && b.replicas.contains(&sk.dn)
                 });
                 if current {
-                    reader::report_replica(&self.bad, sk.block, sk.dn, &sk.why);
+                    reader::report_replica(self.bad(), sk.block, sk.dn, &sk.why);
                 }
             }
         }
@@ -666,7 +676,7 @@ impl Core {
     /// Drops what a data change of `ino` by `caller` removes (see
     /// `privs`), and remembers what is left for the next write.
     pub(super) fn drop_privs(&self, ino: u64, caller: Caller, kill: privs::Kill) -> FsResult<()> {
-        let i = privs::drop(&*self.meta, ino, caller, kill)?;
+        let i = privs::drop(&**self.meta(), ino, caller, kill)?;
         self.handles.note_privs(ino, privs::mode_bits(&i), false);
         Ok(())
     }
@@ -836,7 +846,7 @@ impl Core {
     /// One open fewer; an unlinked file goes away with its last open.
     fn drop_open(&self, ino: u64) {
         if self.handles.drop_open(ino)
-            && let Ok(i) = self.meta.get(ino)
+            && let Ok(i) = self.meta().get(ino)
             && i.nlink == 0
         {
             self.delete_inode(ino);
@@ -847,7 +857,7 @@ impl Core {
     pub(crate) fn delete_inode(&self, ino: u64) {
         self.cache.drop_state(ino);
         lock(&self.ctx.synced_files).remove(&ino);
-        match self.meta.delete_inode(ino) {
+        match self.meta().delete_inode(ino) {
             Ok(blocks) => self.deletions.delete(blocks),
             Err(e) => tracing::error!(ino, "cannot delete inode: {e}"),
         }

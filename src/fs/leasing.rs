@@ -34,12 +34,12 @@ impl Core {
         if let Some(e) = self.epochs.unrecorded(ino) {
             return Ok(e);
         }
-        Ok(self.meta.get(ino)?.last_epoch)
+        Ok(self.meta().get(ino)?.last_epoch)
     }
 
     /// Records the epochs of recent grants with their inodes.
     pub fn persist_epochs(&self) {
-        self.epochs.persist(&*self.meta)
+        self.epochs.persist(&**self.meta())
     }
 
     /// May this write handle still change its file? Its lease must be the
@@ -100,14 +100,14 @@ impl Core {
                 s.abort(FsError::Lease(LeaseError::Fenced { file: ino, epoch }));
             }
         }
-        tracing::info!(ino, ?reason, path = %self.meta.path_of(ino), "lease recovery");
+        tracing::info!(ino, ?reason, path = %self.meta().path_of(ino), "lease recovery");
         self.ctx.metrics.recovery(match reason {
             RecoveryReason::SoftLimit => Recovery::SoftLimit,
             RecoveryReason::HardLimit => Recovery::HardLimit,
             RecoveryReason::HolderGone => Recovery::HolderGone,
             RecoveryReason::Manual => Recovery::Manual,
         });
-        recovery::recover_file(&*self.meta, &self.dns, ino)
+        recovery::recover_file(&**self.meta(), self.dns(), ino)
     }
 
     pub fn set_invalidator(&self, f: Invalidator) {
@@ -137,7 +137,7 @@ impl Core {
                     return Ok(false);
                 }
                 // No live lease: a leftover under-construction record is closed now.
-                if self.meta.uc(ino)?.is_some() {
+                if self.meta().uc(ino)?.is_some() {
                     self.recover(ino, RecoveryReason::HolderGone)?;
                 }
                 Ok(true)

@@ -18,7 +18,7 @@ impl Core {
             // (with their grace period) deal with true leftovers.
             return self.startup_recovery_clustered(cl);
         }
-        let ucs = self.meta.list_uc()?;
+        let ucs = self.meta().list_uc()?;
         let n = ucs.len();
         for uc in ucs {
             tracing::info!(ino = uc.ino, holder = %uc.holder, "recovering file left open by a previous daemon");
@@ -26,12 +26,12 @@ impl Core {
                 tracing::error!(ino = uc.ino, "startup recovery failed: {e}");
             }
         }
-        for ino in self.meta.orphans()? {
+        for ino in self.meta().orphans()? {
             self.delete_inode(ino);
         }
         // Copies (re-replication, pipeline spares) a crash interrupted:
         // never recorded anywhere.
-        for dn in self.dns.attached() {
+        for dn in self.dns().attached() {
             if let Err(e) = dn.clean_tmp() {
                 tracing::warn!(datanode = %dn.id(), "cannot clean tmp/: {e}");
             }
@@ -42,8 +42,8 @@ impl Core {
         // writes yet, so no grace is needed; copies of recorded blocks are
         // never touched here (housekeeping decides on those).
         let swept = crate::fsck::run(&crate::fsck::Check {
-            meta: &*self.meta,
-            dns: &self.dns,
+            meta: &**self.meta(),
+            dns: self.dns(),
             repair: true,
             live_leases: Default::default(),
             busy_blocks: Default::default(),
@@ -94,7 +94,7 @@ impl Core {
         live: &std::collections::HashSet<u64>,
     ) -> std::collections::HashSet<u64> {
         live.iter()
-            .filter_map(|ino| self.meta.blocks(*ino).ok())
+            .filter_map(|ino| self.meta().blocks(*ino).ok())
             .flatten()
             .map(|b| b.block_id)
             .collect()
@@ -107,8 +107,8 @@ impl Core {
             .ok_or("cannot tell which files other daemons are writing")?;
         let busy = self.busy_blocks(&live);
         crate::fsck::run(&crate::fsck::Check {
-            meta: &*self.meta,
-            dns: &self.dns,
+            meta: &**self.meta(),
+            dns: self.dns(),
             repair,
             live_leases: live,
             busy_blocks: busy,

@@ -51,7 +51,7 @@ impl Core {
     pub fn lookup(&self, parent: u64, name: &[u8]) -> FsResult<Attr> {
         crate::fault::panic_if("request", || name == crate::fault::TRIGGER.as_bytes());
         check_name(name)?;
-        let i = self.meta.lookup(parent, name)?;
+        let i = self.meta().lookup(parent, name)?;
         self.getattr(i.ino)
     }
 
@@ -69,7 +69,7 @@ impl Core {
         } = node;
         self.may_change(caller)?;
         check_name(name)?;
-        let dir = self.meta.get(parent)?;
+        let dir = self.meta().get(parent)?;
         let (mode, xattrs) = self.new_node_acls(parent, kind, mode & 0o7777, umask)?;
         let mut mode = mode & 0o7777;
         let gid = if dir.mode & libc::S_ISGID != 0 {
@@ -80,7 +80,7 @@ impl Core {
         } else {
             caller.gid
         };
-        let i = self.meta.create(
+        let i = self.meta().create(
             parent,
             name,
             NewNode {
@@ -169,7 +169,7 @@ impl Core {
     pub fn link(&self, ino: u64, parent: u64, name: &[u8], caller: Caller) -> FsResult<Attr> {
         self.may_change(caller)?;
         check_name(name)?;
-        let i = self.meta.link(ino, parent, name)?;
+        let i = self.meta().link(ino, parent, name)?;
         self.getattr(i.ino)
     }
 
@@ -177,7 +177,7 @@ impl Core {
     /// open handle are both gone.
     pub fn unlink(&self, parent: u64, name: &[u8], caller: Caller) -> FsResult<()> {
         self.may_change(caller)?;
-        let i = self.meta.unlink(parent, name)?;
+        let i = self.meta().unlink(parent, name)?;
         self.forget_if_unlinked(&i);
         Ok(())
     }
@@ -190,7 +190,7 @@ impl Core {
 
     pub fn rmdir(&self, parent: u64, name: &[u8], caller: Caller) -> FsResult<()> {
         self.may_change(caller)?;
-        self.meta.rmdir(parent, name).map(|_| ())
+        self.meta().rmdir(parent, name).map(|_| ())
     }
 
     pub fn rename(
@@ -210,7 +210,7 @@ impl Core {
             return Err(FsError::Invalid("unsupported rename flags".into()));
         }
         if let Some(i) = self
-            .meta
+            .meta()
             .rename(parent, name, newparent, newname, noreplace, exchange)?
         {
             self.forget_if_unlinked(&i);
@@ -219,7 +219,7 @@ impl Core {
     }
 
     pub fn readlink(&self, ino: u64) -> FsResult<Vec<u8>> {
-        self.meta.readlink(ino)
+        self.meta().readlink(ino)
     }
 
     /// Lists directory `ino` from FUSE offset `offset` on, handing each
@@ -243,12 +243,12 @@ impl Core {
         if offset < 1 && add(&dot(b".", ino, 1)) {
             return Ok(());
         }
-        if offset < 2 && add(&dot(b"..", self.meta.parent_of(ino)?, 2)) {
+        if offset < 2 && add(&dot(b"..", self.meta().parent_of(ino)?, 2)) {
             return Ok(());
         }
         let mut after = offset.max(FIRST_COOKIE - 1);
         loop {
-            let page = self.meta.readdir(ino, after, LISTING_PAGE)?;
+            let page = self.meta().readdir(ino, after, LISTING_PAGE)?;
             for e in &page {
                 if add(e) {
                     return Ok(());
@@ -266,7 +266,7 @@ impl Core {
     pub fn set_attrs(&self, ino: u64, mut ch: AttrChange, caller: Caller) -> FsResult<Attr> {
         self.may_change(caller)?;
         if ch.uid.is_some() || ch.gid.is_some() {
-            let cur = self.meta.get(ino)?;
+            let cur = self.meta().get(ino)?;
             let changes_owner =
                 ch.uid.is_some_and(|u| u != cur.uid) || ch.gid.is_some_and(|g| g != cur.gid);
             if (changes_owner || caller.uid != 0) && cur.kind != Kind::Dir && ch.mode.is_none() {
@@ -296,11 +296,11 @@ impl Core {
     /// take no new block); free is also at most what the metadata store's
     /// filesystem has left, since nothing can be created once that is full.
     pub fn statfs(&self) -> FsResult<Statfs> {
-        let (files, _) = self.meta.usage()?;
+        let (files, _) = self.meta().usage()?;
         let mut total = u64::MAX;
         let mut free = u64::MAX;
-        for dn in self.dns.attached() {
-            if self.dns.counts(dn.id())
+        for dn in self.dns().attached() {
+            if self.dns().counts(dn.id())
                 && let Ok(s) = nix::sys::statvfs::statvfs(dn.root())
             {
                 let f = s.fragment_size();
@@ -313,7 +313,7 @@ impl Core {
             total = 0;
             free = 0;
         }
-        if let Some(m) = self.meta.space()? {
+        if let Some(m) = self.meta().space()? {
             free = free.min(m.avail_bytes / u64::from(Statfs::BLOCK_SIZE));
         }
         Ok(Statfs {

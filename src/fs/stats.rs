@@ -22,13 +22,13 @@ impl Core {
             s.packets_in_flight += stream.stats().in_flight as u64;
         }
         s.datanodes = self
-            .dns
+            .dns()
             .statuses()
             .into_iter()
             .map(|d| {
                 // A recorded datanode not attached in this mount did no
                 // I/O here, and its directory may hold something else.
-                let node = self.dns.get(d.id);
+                let node = self.dns().get(d.id);
                 let (written, read, errors) = node.as_ref().map_or((0, 0, 0), |n| n.io().get());
                 let space = node.and_then(|n| space(n.root()));
                 DatanodeStats {

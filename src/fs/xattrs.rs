@@ -59,7 +59,7 @@ impl Core {
                 .get()
                 .map(|n| n.as_bytes().to_vec())
                 .ok_or(FsError::NoXattr),
-            _ => self.meta.getxattr(ino, name),
+            _ => self.meta().getxattr(ino, name),
         }
     }
 
@@ -131,7 +131,7 @@ impl Core {
             flags & libc::XATTR_CREATE != 0,
             flags & libc::XATTR_REPLACE != 0,
         );
-        self.meta
+        self.meta()
             .update_xattrs(
                 ino,
                 &[name],
@@ -159,7 +159,7 @@ impl Core {
         let access = name == acl::ACCESS;
         let creds = OnceCell::new();
         let i = self
-            .meta
+            .meta()
             .update_xattrs(ino, &[name], LIMITS, &mut |i, cur| {
                 let mut edit = XattrEdit::default();
                 if !access && i.kind != Kind::Dir {
@@ -204,7 +204,7 @@ impl Core {
     /// copy that keeps attributes (`cp -a`, `rsync -X`) must neither carry
     /// a lease's state to another file nor try to remove it here.
     pub fn listxattr(&self, ino: u64) -> FsResult<Vec<Vec<u8>>> {
-        self.meta.listxattr(ino)
+        self.meta().listxattr(ino)
     }
 
     /// Removes an attribute; removing an ACL that is not stored succeeds,
@@ -220,7 +220,7 @@ impl Core {
             return self.set_acl(ino, name, None, caller);
         }
         let i = self
-            .meta
+            .meta()
             .update_xattrs(ino, &[name], XattrLimits::NONE, &mut |_, cur| {
                 if cur[0].is_none() {
                     return Err(FsError::NoXattr);
@@ -240,10 +240,10 @@ impl Core {
     /// ACL's owner, mask (or group) and other entries, in the same step.
     pub(super) fn commit_attrs(&self, ino: u64, ch: &AttrChange) -> FsResult<Inode> {
         let Some(mode) = ch.mode else {
-            return self.meta.set_attrs(ino, ch);
+            return self.meta().set_attrs(ino, ch);
         };
         let i =
-            self.meta
+            self.meta()
                 .update_xattrs(ino, &[acl::ACCESS], XattrLimits::NONE, &mut |_, cur| {
                     let mut edit = XattrEdit {
                         set: Vec::new(),
@@ -275,7 +275,7 @@ impl Core {
         if kind == Kind::Symlink {
             return Ok((mode, Vec::new()));
         }
-        let default = match self.meta.getxattr(dir, acl::DEFAULT) {
+        let default = match self.meta().getxattr(dir, acl::DEFAULT) {
             Ok(v) => Acl::parse(&v).ok().flatten(),
             Err(FsError::NoXattr) => None,
             Err(e) => return Err(e),
