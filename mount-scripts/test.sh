@@ -3,6 +3,8 @@
 #
 #   mount-scripts/test.sh [--no-pjdfstest] [--no-etcd] [--no-bench] [-- CARGO_TEST_ARGS...]
 #
+# 0. tools/modcycles.py           fails on a dependency cycle between modules
+#                                  of the crate (`use` items and inline paths)
 # 1. cargo build --release (once), and the power-cut test tools
 #    (`cargo build --release -p powercut`: tools/powercut)
 # 2. cargo test --release          unit + integration tests; the integration
@@ -18,7 +20,8 @@
 # Real mounts need /dev/fuse and, for pjdfstest's privileged cases, root.
 # Environment: LEASEFS_BIN (exported; default target/release/leasefs),
 # CARGO_TEST_TIMEOUT (seconds, default 1200), and those of tests/pjdfstest.sh.
-# Exit status: 0 when build, cargo test and pjdfstest all passed, 1 otherwise.
+# Exit status: 0 when the cycle check, build, cargo test and pjdfstest all
+# passed, 1 otherwise.
 set -uo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -48,6 +51,13 @@ section() { printf '\n=== %s ===\n' "$*"; }
 
 declare -A status=()
 started=$SECONDS
+
+section "module dependency cycles"
+if python3 "$root/tools/modcycles.py" "$root/src"; then
+    status[modcycles]=ok
+else
+    status[modcycles]=FAILED
+fi
 
 section "cargo build --release"
 if ! cargo build --release || ! cargo build --release -p powercut; then
@@ -109,7 +119,7 @@ fi
 
 section "summary ($((SECONDS - started)) s)"
 rc=0
-for step in cargo-test cargo-test-etcd pjdfstest bench; do
+for step in modcycles cargo-test cargo-test-etcd pjdfstest bench; do
     [[ -n ${status[$step]:-} ]] || continue
     printf '%-12s %s\n' "$step" "${status[$step]}"
     [[ ${status[$step]} != FAILED ]] || rc=1
