@@ -8,7 +8,8 @@
 //! restamped (and before any is deleted), as HDFS's NameNode records a
 //! new generation stamp before datanodes use it: a crash in between leaves
 //! replicas whose stamps lag the record. So a replica the block lists
-//! counts even with a lagging stamp when no replica reached the record
+//! counts even with a lagging stamp when no replica reached the record,
+//! or when it holds exactly the bytes the up-to-date replicas agree on
 //! (never one whose stamp leads it; a replica dropped from a pipeline
 //! leaves the list: the list is the membership).
 
@@ -22,6 +23,28 @@ struct Survivor {
     dn: DnId,
     gs: u64,
     valid: u64,
+}
+
+/// Whether replicas `a` and `b` (datanode, stamp) of `block` hold the same
+/// first `len` bytes, each read verified. Only lagging replicas are
+/// compared, so this is rare work (at most a block per replica).
+fn same_bytes(dns: &Datanodes, block: u64, a: (DnId, u64), b: (DnId, u64), len: u64) -> bool {
+    const PIECE: usize = 1 << 20;
+    let (Some(na), Some(nb)) = (dns.get(a.0), dns.get(b.0)) else {
+        return false;
+    };
+    let (mut ba, mut bb) = (vec![0u8; PIECE], vec![0u8; PIECE]);
+    let mut off = 0;
+    while off < len {
+        let n = PIECE.min((len - off) as usize);
+        let ra = na.read(block, a.1, off, &mut ba[..n]);
+        let rb = nb.read(block, b.1, off, &mut bb[..n]);
+        match (ra, rb) {
+            (Ok(x), Ok(y)) if x == n && y == n && ba[..n] == bb[..n] => off += n as u64,
+            _ => return false,
+        }
+    }
+    true
 }
 
 /// Recovers file `ino`; returns its final length.
@@ -62,18 +85,41 @@ pub fn recover_file(meta: &dyn Meta, dns: &Datanodes, ino: u64) -> FsResult<u64>
         }
     }
     // Replicas at the recorded stamp, if any reached it; lagging ones only
-    // when none did (a crash between the record and every replica).
-    if survivors.iter().any(|r| r.gs == last.gs) {
+    // when none did (a crash between the record and every replica), or
+    // when they hold the very bytes the up-to-date ones agree on (a crash
+    // between the record and their own restamp): those are settled with
+    // the others, and the block keeps its replication.
+    if let Some(reference) = survivors
+        .iter()
+        .find(|r| r.gs == last.gs)
+        .map(|r| (r.dn, r.gs))
+    {
+        let agreed = survivors
+            .iter()
+            .filter(|r| r.gs == last.gs)
+            .map(|r| r.valid)
+            .min()
+            .unwrap_or(0);
         survivors.retain(|r| {
-            let keep = r.gs == last.gs;
-            if !keep {
+            if r.gs == last.gs {
+                return true;
+            }
+            let same = r.valid >= agreed
+                && same_bytes(dns, last.block_id, reference, (r.dn, r.gs), agreed);
+            if same {
+                tracing::info!(
+                    datanode = %r.dn,
+                    found = r.gs,
+                    "lagging replica holds the agreed bytes: recovered with the others"
+                );
+            } else {
                 tracing::warn!(
                     datanode = %r.dn,
                     found = r.gs,
                     "lagging replica left out of recovery"
                 );
             }
-            keep
+            same
         });
     }
     let start = last.idx * bs;
@@ -177,4 +223,148 @@ pub fn recover_file(meta: &dyn Meta, dns: &Datanodes, ino: u64) -> FsResult<u64>
         "lease recovery closed file"
     );
     Ok(size)
+}
+
+#[cfg(test)]
+mod tests {
+    //! Recovery over real datanodes in a temporary directory and a SQLite
+    //! store: the block's record says stamp 2, and the replicas carry what
+    //! a crash left.
+
+    use std::path::PathBuf;
+
+    use super::*;
+    use crate::meta::{BlockRow, Kind, MetaStore, NewNode, ROOT_INO, UnderConstruction};
+    use crate::storage::ChunkAccumulator;
+    use crate::storage::testkit::{append, stream};
+    use crate::sync::Arc;
+
+    const BLOCK: u64 = 7;
+
+    struct Setup {
+        _dir: tempfile::TempDir,
+        meta: Arc<dyn Meta>,
+        dns: Datanodes,
+        ino: u64,
+    }
+
+    fn setup() -> Setup {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let meta: Arc<dyn Meta> =
+            Arc::new(MetaStore::open(&dir.path().join("meta.db"), 0, 0).expect("store"));
+        let dirs: Vec<PathBuf> = (0..3).map(|i| dir.path().join(format!("dn{i}"))).collect();
+        let dns = Datanodes::unregistered(&dirs, 3).expect("datanodes");
+        let ino = meta
+            .create(
+                ROOT_INO,
+                b"f",
+                NewNode {
+                    kind: Kind::File,
+                    mode: 0o644,
+                    uid: 0,
+                    gid: 0,
+                    rdev: 0,
+                    target: None,
+                    block_size: 64 << 20,
+                    xattrs: Vec::new(),
+                },
+            )
+            .expect("create")
+            .ino;
+        Setup {
+            _dir: dir,
+            meta,
+            dns,
+            ino,
+        }
+    }
+
+    /// Replica `dn` of the block: `data` written at stamp 1, then restamped
+    /// to 2 unless `lagging`.
+    fn replica(s: &Setup, dn: u32, data: &[u8], lagging: bool) {
+        let node = s.dns.get(DnId(dn)).expect("datanode");
+        let mut w = node.create_rbw(BLOCK, 1).expect("rbw");
+        append(&mut *w, &mut ChunkAccumulator::new(), data, &[4096]);
+        drop(w);
+        if !lagging {
+            node.bump_gs(BLOCK, 1, 2).expect("bump");
+        }
+    }
+
+    /// The record a crash left: the block at stamp 2 on all three
+    /// datanodes, the file under construction.
+    fn record(s: &Setup) {
+        let row = BlockRow {
+            ino: s.ino,
+            idx: 0,
+            block_id: BLOCK,
+            gs: 2,
+            len: 0,
+            finalized: false,
+            replicas: vec![DnId(0), DnId(1), DnId(2)],
+        };
+        let uc = UnderConstruction {
+            ino: s.ino,
+            holder: "h:1".into(),
+            pid: 1,
+            comm: "w".into(),
+            epoch: 1,
+            mount_id: "gone".into(),
+            since_ms: 0,
+        };
+        s.meta
+            .commit(&[Change::PutUc(uc), Change::PutBlock(row)], true)
+            .expect("commit");
+    }
+
+    fn recovered_row(s: &Setup) -> BlockRow {
+        s.meta.blocks(s.ino).expect("blocks").remove(0)
+    }
+
+    #[test]
+    fn a_lagging_replica_with_the_agreed_bytes_is_recovered_with_the_others() {
+        let s = setup();
+        let data = stream(10_000, 3);
+        replica(&s, 0, &data, false);
+        replica(&s, 1, &data, false);
+        // A crash between the durable record and this replica's restamp.
+        replica(&s, 2, &data, true);
+        record(&s);
+        assert_eq!(
+            recover_file(&*s.meta, &s.dns, s.ino).expect("recover"),
+            10_000
+        );
+        let row = recovered_row(&s);
+        assert!(row.finalized);
+        assert_eq!(
+            row.replicas,
+            vec![DnId(0), DnId(1), DnId(2)],
+            "replication lost"
+        );
+        for dn in 0..3 {
+            let node = s.dns.get(DnId(dn)).expect("datanode");
+            let info = node.find(BLOCK).expect("replica");
+            assert_eq!(info.gs, row.gs, "datanode {dn} not settled");
+            let mut buf = vec![0u8; 10_100];
+            let n = node.read(BLOCK, row.gs, 0, &mut buf).expect("read");
+            assert_eq!(&buf[..n], &data[..]);
+        }
+    }
+
+    #[test]
+    fn a_lagging_replica_with_other_bytes_or_fewer_is_left_out() {
+        for lagging in [stream(10_000, 9), stream(6_000, 3)] {
+            let s = setup();
+            let data = stream(10_000, 3);
+            replica(&s, 0, &data, false);
+            replica(&s, 1, &data, false);
+            replica(&s, 2, &lagging, true);
+            record(&s);
+            assert_eq!(
+                recover_file(&*s.meta, &s.dns, s.ino).expect("recover"),
+                10_000
+            );
+            assert_eq!(recovered_row(&s).replicas, vec![DnId(0), DnId(1)]);
+        }
+    }
 }

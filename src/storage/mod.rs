@@ -33,7 +33,7 @@ pub mod maintenance;
 pub mod reader;
 pub mod replica;
 #[cfg(test)]
-mod testkit;
+pub(crate) mod testkit;
 #[cfg(test)]
 mod tests;
 pub mod writer;
