@@ -5,8 +5,9 @@
 #
 # 0. tools/modcycles.py           fails on a dependency cycle between modules
 #                                  of the crate (`use` items and inline paths)
-# 1. cargo build --release (once), and the power-cut test tools
-#    (`cargo build --release -p powercut`: tools/powercut)
+# 1. cargo build --release (once), and the test tools
+#    (`cargo build --release -p powercut -p testkit`: tools/powercut, the
+#    power-cut filesystem; tools/testkit, the processes the tests drive)
 # 2. cargo test --release          unit + integration tests; the integration
 #                                  tests find the binary through LEASEFS_BIN
 # 2b. the same suites again on the etcd backend (LEASEFS_TEST_META=etcd: every
@@ -60,7 +61,7 @@ else
 fi
 
 section "cargo build --release"
-if ! cargo build --release || ! cargo build --release -p powercut; then
+if ! cargo build --release || ! cargo build --release -p powercut -p testkit; then
     echo "test.sh: build failed" >&2
     exit 1
 fi

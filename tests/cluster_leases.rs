@@ -126,12 +126,13 @@ fn kept_alive_claims_last_wanted_ones_are_offered_and_abandoned_ones_run_out() {
                 a.keep_alive(&move |f| w.lock().unwrap().push(f), &move |f| {
                     l.lock().unwrap().push(f)
                 });
-                std::thread::sleep(a.period());
+                // A keep-alive round every period, as the daemon runs them.
+                common::let_time_pass(a.period());
             }
         })
     };
-    // Kept alive: still A's after several TTLs.
-    std::thread::sleep(TTL * 2);
+    // Kept alive: still A's after several TTLs, which only time shows.
+    common::let_time_pass(TTL * 2);
     assert!(matches!(b.claim(1, 1, &who("B")), Ok(Claim::Busy(_))));
     // B was refused file 1: A's next rounds offer it for preemption (A
     // preempts only an expired client holder; the daemon decides that).

@@ -11,23 +11,18 @@ use common::*;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-/// One raw request to the control socket as `nobody`, through python3
-/// (so that the test can send what the CLI never would); the answer line.
+/// One raw request to the control socket as `nobody` (so that the test
+/// can send what the CLI never would); the answer line.
 fn raw_as_nobody(sock: &Path, req: &Value) -> String {
-    let py = python();
+    let tk = testkit();
     let o = as_nobody(&[
-        py.to_str().expect("python path"),
-        "-c",
-        "import socket, sys\n\
-         s = socket.socket(socket.AF_UNIX)\n\
-         s.connect(sys.argv[1])\n\
-         s.sendall(sys.argv[2].encode() + b'\\n')\n\
-         print(s.makefile().readline().strip())",
+        tk.to_str().expect("testkit path"),
+        "control",
         sock.to_str().expect("socket path"),
         &req.to_string(),
     ]);
@@ -55,41 +50,13 @@ fn out(o: &std::process::Output) -> String {
     )
 }
 
-/// A process of `nobody` holding `path` open for append until killed.
-struct NobodyWriter(Child);
-
-impl NobodyWriter {
-    fn start(path: &Path) -> NobodyWriter {
-        let child = Command::new("setpriv")
-            .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
-            .arg(python())
-            .args([
-                "-c",
-                "import os, sys, time\n\
-                 fd = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)\n\
-                 os.write(fd, b'mine\\n')\n\
-                 print('ready', flush=True)\n\
-                 time.sleep(60)",
-            ])
-            .arg(path)
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn nobody's writer");
-        let mut w = NobodyWriter(child);
-        let mut line = String::new();
-        let stdout = w.0.stdout.take().expect("stdout");
-        std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line)
-            .expect("read ready");
-        assert_eq!(line.trim(), "ready");
-        w
-    }
-}
-
-impl Drop for NobodyWriter {
-    fn drop(&mut self) {
-        kill(self.0.id(), libc::SIGKILL);
-        let _ = self.0.wait();
-    }
+/// A process of `nobody` holding `path` open for append until dropped,
+/// having written `mine` to it.
+fn nobody_writer(m: &Mount, path: &Path) -> Agent {
+    let mut w = Agent::spawn_as_nobody(m.dir.path());
+    w.ok(&format!("open {} wac", path.display()));
+    w.ok("write mine");
+    w
 }
 
 fn pub_dir(m: &Mount, name: &str) {
@@ -113,7 +80,7 @@ fn an_ordinary_user_lists_leases_and_checks_a_root_mount_but_sees_only_its_own_h
     root_writer.ok("open rootfile wc");
     root_writer.ok("write x");
     root_writer.ok("fsync");
-    let _mine = NobodyWriter::start(&m.path("pub/mine"));
+    let _mine = nobody_writer(&m, &m.path("pub/mine"));
 
     let o = leasefs_as_nobody(&["leases", m.mnt.to_str().unwrap(), "--json"]);
     assert!(o.status.success(), "leases as nobody: {}", out(&o));
@@ -317,11 +284,9 @@ fn an_election_round_works_for_nobody_and_fences_stay_with_their_election() {
     let a = raw_as_nobody(&sock, &json!({"op": "no-such-op"}));
     assert!(a.contains("unknown op"), "{a}");
     kill(leader.id(), libc::SIGTERM);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while leader.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    if leader.try_wait().ok().flatten().is_none() {
+    if !wait_until(Duration::from_secs(20), || {
+        leader.try_wait().ok().flatten().is_some()
+    }) {
         kill(leader.id(), libc::SIGKILL);
     }
     let _ = leader.wait();
@@ -364,25 +329,10 @@ fn requests_and_connections_are_bounded() {
 
     // A user holding idle connections gets no more than its share and
     // never blocks anybody else; idle connections are dropped.
-    let py = python();
     let mut idle = Command::new("setpriv")
         .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
-        .arg(&py)
-        .args([
-            "-c",
-            "import socket, sys, time\n\
-             conns = []\n\
-             for i in range(4):\n\
-             \x20   s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); conns.append(s)\n\
-             time.sleep(0.5)\n\
-             extra = socket.socket(socket.AF_UNIX); extra.connect(sys.argv[1])\n\
-             print('extra', extra.makefile().readline().strip(), flush=True)\n\
-             t0 = time.time()\n\
-             for s in conns:\n\
-             \x20   s.makefile().readline()\n\
-             print('dropped after %.1f' % (time.time() - t0), flush=True)",
-        ])
-        .arg(&sock)
+        .arg(testkit())
+        .args(["control-idle", sock.to_str().expect("socket path"), "4"])
         .stdout(Stdio::piped())
         .spawn()
         .expect("spawn idle client");

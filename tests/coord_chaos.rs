@@ -238,7 +238,8 @@ fn election_churn_with_kills_stops_restarts_and_a_partition() {
             _ => {
                 let frozen = Frozen(etcd.pid());
                 kill(etcd.pid(), libc::SIGSTOP);
-                std::thread::sleep(Duration::from_millis(1600));
+                // A partition is a length of time: past the renew deadline.
+                let_time_pass(Duration::from_millis(1600));
                 drop(frozen);
             }
         }
@@ -413,7 +414,8 @@ fn spout_chaos_every_line_reaches_a_consumer() {
     let mut stopped: Vec<(usize, Instant)> = Vec::new();
     while names_in(&m, "done").len() < files.len() && started.elapsed() < Duration::from_secs(60) {
         round += 1;
-        std::thread::sleep(Duration::from_millis(150));
+        // One chaos action every 150 ms: the rounds are paced in time.
+        let_time_pass(Duration::from_millis(150));
         // Resume instances stopped for longer than the soft limit.
         stopped.retain(|(i, at)| {
             if at.elapsed() > Duration::from_millis(1500) {

@@ -32,33 +32,6 @@ const SLOTS: usize = 3;
 const STREAM_LEN: usize = 6 << 20;
 const RETIRE: u64 = 2 << 20;
 
-/// Appends SRC[len(DST):] to DST (O_APPEND) in random pieces, fsyncing at
-/// random; after each fsync that returned, appends the length to SIDE.
-const CRASH_WRITER_PY: &str = r#"
-import errno, os, random, sys, time
-src, dst, side, seed = sys.argv[1:5]
-rnd = random.Random(int(seed))
-s = open(src, "rb").read()
-sf = open(side, "a")
-pos = 0
-try:
-    fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    pos = os.fstat(fd).st_size
-    sys.stdout.write("started %d\n" % pos); sys.stdout.flush()
-    while pos < len(s):
-        pos += os.write(fd, s[pos:pos + rnd.randint(1, 8192)])
-        if rnd.random() < 0.3:
-            os.fsync(fd)
-            sf.write("%d\n" % pos); sf.flush()
-        time.sleep(rnd.random() * 0.004)
-    os.fsync(fd)
-    sf.write("%d\n" % pos); sf.flush()
-    os.close(fd)
-    print("done %d" % pos)
-except OSError as e:
-    print("err %s %d" % (errno.errorcode.get(e.errno, str(e.errno)), pos))
-"#;
-
 struct Rng(u64);
 
 impl Rng {
@@ -160,18 +133,21 @@ fn start_writer(
     name: &str,
     seed: u64,
 ) -> (Child, std::sync::mpsc::Receiver<String>) {
-    let mut child = Command::new(python())
-        .arg("-c")
-        .arg(CRASH_WRITER_PY)
+    // Appends the stream to the file (O_APPEND) from its length in random
+    // pieces, fsyncing at random; after each fsync that returned, it
+    // appends the length to the side file (tools/testkit/src/append.rs).
+    let mut child = Command::new(testkit())
+        .arg("append")
         .arg(&f.src)
         .arg(name)
+        .arg("--side")
         .arg(&f.side)
-        .arg(seed.to_string())
+        .args(["--random", &seed.to_string()])
         .current_dir(&m.mnt)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
-        .expect("spawn python3 writer");
+        .expect("spawn testkit append");
     let out = child.stdout.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -188,16 +164,10 @@ fn start_writer(
 fn reap(children: &mut [Child], max: Duration) {
     let deadline = Instant::now() + max;
     for c in children.iter_mut() {
-        loop {
-            if let Ok(Some(_)) = c.try_wait() {
-                break;
-            }
-            if Instant::now() > deadline {
-                kill(c.id(), libc::SIGKILL);
-                let _ = c.wait();
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(10));
+        let left = deadline.saturating_duration_since(Instant::now());
+        if !wait_until(left, || matches!(c.try_wait(), Ok(Some(_)))) {
+            kill(c.id(), libc::SIGKILL);
+            let _ = c.wait();
         }
     }
 }
@@ -275,13 +245,14 @@ fn every_fsynced_prefix_survives_kill_9_of_the_daemon_in_50_rounds_and_fsck_is_c
                 tail(&run.m.log())
             );
         }
-        std::thread::sleep(Duration::from_millis(20 + rng.below(680)));
+        // The kill at a random moment of the writes: a time, by design.
+        let_time_pass(Duration::from_millis(20 + rng.below(680)));
         run.m.crash();
         reap(&mut children, Duration::from_secs(15));
         let mut still_writing = false;
         for (name, rx) in &outs {
             let r = rx.try_recv().unwrap_or_default();
-            // `done` would mean the kill came after the writer finished.
+            // `ok` would mean the kill came after the writer finished.
             still_writing |= r.starts_with("err");
             assert!(
                 !r.is_empty(),

@@ -377,35 +377,15 @@ fn recovery_waits_for_a_last_block_that_lives_only_on_datanodes_left_out() {
     let data = pattern(3 * MIB, 21);
     let src = m.dir.path().join("f.src");
     std::fs::write(&src, &data).unwrap();
-    // Writes 1 MiB at a time with an fsync after each, then waits.
-    let py = r#"
-import os, sys, time
-d = open(sys.argv[1], "rb").read()
-fd = os.open("f", os.O_WRONLY | os.O_CREAT, 0o644)
-for i in range(0, len(d), 1 << 20):
-    os.write(fd, d[i:i + (1 << 20)])
-    os.fsync(fd)
-print("synced", flush=True)
-time.sleep(600)
-"#;
-    let mut w = std::process::Command::new(python())
-        .arg("-c")
-        .arg(py)
-        .arg(&src)
-        .current_dir(&m.mnt)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(w.stdout.take().unwrap()),
-        &mut line,
-    )
-    .unwrap();
-    assert_eq!(line.trim(), "synced");
+    // Writes 1 MiB at a time with an fsync after each, then holds the file.
+    let mut w = Agent::spawn(&m.mnt);
+    w.ok("open f wc");
+    for off in (0..data.len()).step_by(MIB) {
+        w.ok(&format!("write-from {} {off} {MIB}", src.display()));
+        w.ok("fsync");
+    }
     m.crash();
-    kill(w.id(), libc::SIGKILL);
-    let _ = w.wait();
+    drop(w);
     let blocks = all_blocks(&m.data);
     assert_eq!(blocks.len(), 1, "{blocks:?}");
     let on = &blocks[0].replicas;

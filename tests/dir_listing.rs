@@ -11,12 +11,20 @@ use common::*;
 
 /// Makes `n` empty files in directory `rel` of the mount.
 fn make_files(m: &Mount, rel: &str, n: usize) {
-    let o = py_run(
-        &m.mnt,
-        "import os, sys\nd, n = sys.argv[1], int(sys.argv[2])\nos.makedirs(d, exist_ok=True)\nfor i in range(n):\n    os.close(os.open('%s/file-%06d' % (d, i), os.O_CREAT | os.O_WRONLY, 0o644))",
-        &[rel, &n.to_string()],
-    );
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    std::fs::create_dir_all(m.path(rel)).expect("mkdir");
+    for i in 0..n {
+        create(&m.path(&format!("{rel}/file-{i:06}")));
+    }
+}
+
+/// open(O_CREAT | O_WRONLY), then close.
+fn create(p: &std::path::Path) {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(p)
+        .unwrap_or_else(|e| panic!("create {}: {e}", p.display()));
 }
 
 fn count(m: &Mount, rel: &str) -> usize {
@@ -30,24 +38,26 @@ fn unlinking_while_listing_removes_everything() {
     let m = Mount::new();
     make_files(&m, "d", 3000);
     assert_eq!(count(&m, "d"), 3000);
-    let o = py_run(
-        &m.mnt,
-        "import os\nn = 0\nfor e in os.scandir('d'):\n    os.unlink(e.path)\n    n += 1\nprint(n)",
-        &[],
-    );
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "3000");
+    let mut n = 0;
+    for e in std::fs::read_dir(m.path("d")).expect("list d") {
+        std::fs::remove_file(e.expect("entry").path()).expect("unlink");
+        n += 1;
+    }
+    assert_eq!(n, 3000);
     assert_eq!(count(&m, "d"), 0, "files left behind");
     // Entries added while listing do not disturb it either: each file seen
     // gets a sibling, and every original is still seen exactly once.
     make_files(&m, "e", 1000);
-    let o = py_run(
-        &m.mnt,
-        "import os\nseen = set()\nfor e in os.scandir('e'):\n    assert e.name not in seen, e.name\n    seen.add(e.name)\n    if e.name.startswith('file-'):\n        os.close(os.open('e/new-' + e.name, os.O_CREAT | os.O_WRONLY))\nprint(sum(1 for s in seen if s.startswith('file-')))",
-        &[],
-    );
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "1000");
+    let mut seen = std::collections::HashSet::new();
+    for e in std::fs::read_dir(m.path("e")).expect("list e") {
+        let name = e.expect("entry").file_name().to_string_lossy().into_owned();
+        assert!(seen.insert(name.clone()), "{name} listed twice");
+        if name.starts_with("file-") {
+            create(&m.path(&format!("e/new-{name}")));
+        }
+    }
+    let originals = seen.iter().filter(|s| s.starts_with("file-")).count();
+    assert_eq!(originals, 1000);
 }
 
 /// `find d -delete` lists each directory while it deletes in it.

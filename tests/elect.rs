@@ -25,49 +25,6 @@ use serde_json::Value;
 
 const MOUNT_O: &str = "soft_limit=2,monitor_interval=0.2";
 
-/// A leader's command: appends `EPOCH ID` to the journal (argv[1]) every
-/// 50 ms, `LINES` times (argv[3], 0 = forever), opening it for each line
-/// and retrying on EBUSY (the previous leader's command may still be closing
-/// it). With an own-file directory (argv[4], or `-`) it also keeps a file
-/// of its own open for the whole term and writes to it before each line:
-/// the "old handle" that fencing must stop. Any other error is written to
-/// the status file (argv[2], outside the mount) as `EPOCH ID ERRNO` and
-/// ends the command with status 3.
-const JOURNAL_PY: &str = r#"
-import errno, os, sys, time
-epoch, me = os.environ["LEASEFS_EPOCH"], os.environ["LEASEFS_ID"]
-journal, status, lines, own_dir = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-def fail(e):
-    with open(status, "a") as f:
-        f.write("%s %s %s\n" % (epoch, me, errno.errorcode.get(e.errno, str(e.errno))))
-    sys.exit(3)
-own = None
-if own_dir != "-":
-    try:
-        own = os.open(os.path.join(own_dir, "own-%s-%s" % (me, epoch)), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    except OSError as e:
-        fail(e)
-n = 0
-while lines == 0 or n < lines:
-    try:
-        if own is not None:
-            os.write(own, b"x\n")
-        fd = os.open(journal, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    except OSError as e:
-        if e.errno == errno.EBUSY:
-            time.sleep(0.01)
-            continue
-        fail(e)
-    try:
-        os.write(fd, ("%s %s\n" % (epoch, me)).encode())
-    except OSError as e:
-        fail(e)
-    finally:
-        os.close(fd)
-    n += 1
-    time.sleep(0.05)
-"#;
-
 /// A command's process group that the test stopped: continued and killed
 /// if the test fails before the group is gone.
 struct Group(u32);
@@ -130,16 +87,26 @@ fn wait_leader(m: &Mount, dir: &str, after: u64, max: Duration) -> Option<Value>
     found
 }
 
-fn journal_command(m: &Mount, status: &str, lines: &str, own: &str) -> Vec<String> {
-    vec![
-        python().display().to_string(),
-        "-c".into(),
-        JOURNAL_PY.into(),
+/// A leader's command (tools/testkit/src/term.rs): appends `EPOCH ID` to
+/// the journal every 50 ms, opening it for each line and retrying on
+/// EBUSY (the previous leader's command may still be closing it). With
+/// `own`, a directory of the mount, it also keeps a file of its own open
+/// for the whole term and writes to it before each line: the "old handle"
+/// that fencing must stop. Any other error is written to the status file
+/// (outside the mount) as `EPOCH ID ERRNO` and ends the command with
+/// status 3.
+fn journal_command(m: &Mount, status: &str, own: Option<&str>) -> Vec<String> {
+    let mut cmd = vec![
+        testkit().display().to_string(),
+        "term".into(),
         m.path("journal").display().to_string(),
+        "--status".into(),
         status.into(),
-        lines.into(),
-        own.into(),
-    ]
+    ];
+    if let Some(own) = own {
+        cmd.extend(["--own".into(), own.into()]);
+    }
+    cmd
 }
 
 fn strs(v: &[String]) -> Vec<&str> {
@@ -171,7 +138,7 @@ fn stop_all(cands: &mut [&mut Candidate]) {
 fn killing_the_leader_with_sigkill_hands_over_at_once() {
     let m = Mount::with_o(MOUNT_O);
     let status = m.dir.path().join("status").display().to_string();
-    let cmd = journal_command(&m, &status, "0", "-");
+    let cmd = journal_command(&m, &status, None);
     let mut a = Candidate::spawn(&m, "el", "a", &[], &strs(&cmd));
     let mut b = Candidate::spawn(&m, "el", "b", &[], &strs(&cmd));
     let mut c = Candidate::spawn(&m, "el", "c", &[], &strs(&cmd));
@@ -189,12 +156,10 @@ fn killing_the_leader_with_sigkill_hands_over_at_once() {
         .iter()
         .any(|l| l.0 == e1)));
     // Followers keep following: still one term after a few retries.
-    std::thread::sleep(Duration::from_millis(600));
-    assert_eq!(
-        events(&history(&m, "el"), "elected").len(),
-        1,
-        "{:#?}",
-        history(&m, "el")
+    holds_for(
+        Duration::from_millis(600),
+        "a single term while the leader renews",
+        || events(&history(&m, "el"), "elected").len() == 1,
     );
 
     let old = Group(pgid_of(&first));
@@ -242,7 +207,7 @@ fn a_stopped_leader_is_preempted_after_the_soft_limit_and_fenced() {
     let status_path = m.dir.path().join("status");
     let status = status_path.display().to_string();
     let own = m.path("own").display().to_string();
-    let cmd = journal_command(&m, &status, "0", &own);
+    let cmd = journal_command(&m, &status, Some(&own));
     let mut a = Candidate::spawn(&m, "el", "a", &[], &strs(&cmd));
     let mut b = Candidate::spawn(&m, "el", "b", &[], &strs(&cmd));
     let mut c = Candidate::spawn(&m, "el", "c", &[], &strs(&cmd));
@@ -272,8 +237,11 @@ fn a_stopped_leader_is_preempted_after_the_soft_limit_and_fenced() {
 
     // Its lease was renewed at most 500 ms before: nobody takes over for
     // another 1.5 s.
-    std::thread::sleep(Duration::from_millis(1000));
-    assert_eq!(m.epoch("el/LEADER"), e1, "preempted before the soft limit");
+    holds_for(
+        Duration::from_millis(1000),
+        "the stopped leader's term (not preempted before the soft limit)",
+        || m.epoch("el/LEADER") == e1,
+    );
     let second = wait_leader(&m, "el", e1, Duration::from_secs(8))
         .expect("no new leader after the soft limit");
     let took = frozen.elapsed();
@@ -356,9 +324,10 @@ fn a_leader_that_misses_its_renew_deadline_steps_down_and_competes_again() {
     let e1 = first["epoch"].as_u64().expect("epoch");
     let group = Group(pgid_of(&first));
     // Stopped past the renew deadline (1.33 s): nobody competes, so the
-    // lease is not taken, but the leader must not trust it any more.
+    // lease is not taken, but the leader must not trust it any more. Only
+    // time puts a leader past its deadline.
     a.signal(libc::SIGSTOP);
-    std::thread::sleep(Duration::from_millis(1600));
+    let_time_pass(Duration::from_millis(1600));
     a.signal(libc::SIGCONT);
     let second = wait_leader(&m, "solo", e1, Duration::from_secs(10))
         .unwrap_or_else(|| panic!("not re-elected\n{}", a.log()));
@@ -558,8 +527,8 @@ fn a_churn_of_a_hundred_leadership_changes_never_overlaps() {
         who.windows(2).filter(|w| w[0] != w[1]).count()
     };
     let mut last = 0;
-    let enough = wait_until(Duration::from_secs(90), || {
-        std::thread::sleep(Duration::from_millis(500));
+    // Looked at twice a second: each look runs `leasefs elect --history`.
+    let enough = poll_until(Duration::from_secs(90), Duration::from_millis(500), || {
         assert!(
             cands
                 .iter_mut()

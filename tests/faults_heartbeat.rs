@@ -28,22 +28,25 @@ fn four_datanodes() -> Mount {
 fn wait_dead(m: &Mount, dn: u64, dead: bool) -> Duration {
     let t0 = Instant::now();
     let mut last = serde_json::Value::Null;
-    while t0.elapsed() < DETECT {
+    // fsck runs as a process: every 100 ms.
+    let reported = poll_until(DETECT, Duration::from_millis(100), || {
         let (code, r) = m.fsck_json();
-        let reported = datanode_state(&r, dn) == "dead";
-        if reported == dead {
-            // A dead datanode that holds no replica leaves every block
-            // whole: it is listed, the filesystem is healthy.
-            assert_eq!(code, 0, "the blocks are whole: {r}");
-            if dead {
-                assert_eq!(r["datanodes_alive"], 3, "{r}");
-            } else {
-                assert_eq!(r["datanodes_alive"], 4, "{r}");
-            }
-            return t0.elapsed();
+        if (datanode_state(&r, dn) == "dead") != dead {
+            last = r;
+            return false;
         }
-        last = r;
-        std::thread::sleep(Duration::from_millis(100));
+        // A dead datanode that holds no replica leaves every block
+        // whole: it is listed, the filesystem is healthy.
+        assert_eq!(code, 0, "the blocks are whole: {r}");
+        if dead {
+            assert_eq!(r["datanodes_alive"], 3, "{r}");
+        } else {
+            assert_eq!(r["datanodes_alive"], 4, "{r}");
+        }
+        true
+    });
+    if reported {
+        return t0.elapsed();
     }
     panic!(
         "datanode {dn} not reported {} by fsck within {DETECT:?}; last report: {last}\nlog:\n{}",

@@ -8,9 +8,9 @@ mod common;
 use common::faults::pattern;
 use common::*;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::Read;
 use std::path::Path;
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 /// Writes `data` to a scratch file outside the mount; returns its path.
@@ -20,85 +20,9 @@ fn scratch_file(m: &Mount, name: &str, data: &[u8]) -> String {
     p.display().to_string()
 }
 
-/// A python3 process of the test, killed (by its pid) if still running
-/// when dropped.
-struct Py {
-    child: Child,
-    out: BufReader<ChildStdout>,
-    stdin: Option<ChildStdin>,
-}
-
-impl Py {
-    fn spawn(cwd: &Path, script: &str, args: &[&str]) -> Py {
-        let mut child = Command::new(python())
-            .arg("-c")
-            .arg(script)
-            .args(args)
-            .current_dir(cwd)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn python3");
-        let out = BufReader::new(child.stdout.take().unwrap());
-        let stdin = child.stdin.take();
-        Py { child, out, stdin }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// The next line the script prints (blocking).
-    fn line(&mut self) -> String {
-        let mut l = String::new();
-        self.out.read_line(&mut l).expect("read python stdout");
-        l.trim().to_string()
-    }
-
-    fn say(&mut self, s: &str) {
-        let i = self.stdin.as_mut().unwrap();
-        writeln!(i, "{s}").unwrap();
-        i.flush().unwrap();
-    }
-
-    fn running(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
-    }
-
-    fn wait_ok(&mut self, max: Duration) {
-        let deadline = Instant::now() + max;
-        loop {
-            if let Some(st) = self.child.try_wait().unwrap() {
-                assert!(st.success(), "python3 failed: {st:?}");
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "python3 still running after {max:?}"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-}
-
-impl Drop for Py {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            kill(self.child.id(), libc::SIGKILL);
-        }
-        let _ = self.child.wait();
-    }
-}
-
-fn py_ok(m: &Mount, script: &str, args: &[&str]) -> String {
-    let o = py_run(&m.mnt, script, args);
-    assert!(
-        o.status.success(),
-        "python3 failed: {}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
+/// The errno name of an agent's answer, or `ok`.
+fn errno_or_ok(reply: &str) -> String {
+    err_name(reply).unwrap_or("ok").to_string()
 }
 
 /// Finalized (and rbw) replica data files of a datanode.
@@ -117,32 +41,20 @@ fn replicas(dn: &Path, state: &str) -> Vec<String> {
 
 // ---- 2. sequential writes only -------------------------------------------
 
-const PWRITE_PY: &str = r#"
-import errno, os
-fd = os.open('f', os.O_WRONLY)
-res = []
-for (data, off) in [(b'XY', 1), (b'XY', 0), (b'XY', 9), (b'XY', 4)]:
-    try:
-        os.pwrite(fd, data, off)
-        res.append('ok')
-    except OSError as e:
-        res.append(errno.errorcode[e.errno])
-# A plain write from the descriptor's position (0), not the end.
-try:
-    os.write(fd, b'Z')
-    res.append('ok')
-except OSError as e:
-    res.append(errno.errorcode[e.errno])
-os.close(fd)
-print(' '.join(res))
-"#;
-
 #[test]
 fn write_at_an_offset_other_than_the_end_fails_einval_and_leaves_the_file_unchanged() {
     let m = Mount::new();
     m.sh_ok("printf hello > f");
-    let out = py_ok(&m, PWRITE_PY, &[]);
-    assert_eq!(out.trim(), "EINVAL EINVAL EINVAL EINVAL EINVAL");
+    let mut w = Agent::spawn(&m.mnt);
+    w.ok("open f w");
+    let mut res: Vec<String> = [(1, "XY"), (0, "XY"), (9, "XY"), (4, "XY")]
+        .into_iter()
+        .map(|(off, data)| errno_or_ok(&w.cmd(&format!("pwrite {off} {data}"))))
+        .collect();
+    // A plain write from the descriptor's position (0), not the end.
+    res.push(errno_or_ok(&w.cmd("put Z")));
+    w.ok("close");
+    assert_eq!(res.join(" "), "EINVAL EINVAL EINVAL EINVAL EINVAL");
     assert_eq!(m.read_string("f"), "hello");
     assert!(
         m.log().contains("append-only"),
@@ -165,27 +77,27 @@ fn write_at_an_offset_other_than_the_end_fails_einval_and_leaves_the_file_unchan
     assert_eq!(m.read_string("f"), "hello!!");
 }
 
-const APPEND_PY: &str = r#"
-import os
-fd = os.open('a', os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-os.write(fd, b'aa')
-os.lseek(fd, 0, os.SEEK_SET)
-os.write(fd, b'bb')
-os.pwrite(fd, b'cc', 0)   # Linux: pwrite on O_APPEND appends
-os.close(fd)
-fd = os.open('a', os.O_WRONLY | os.O_APPEND)   # a fresh descriptor at offset 0
-os.write(fd, b'dd')
-os.close(fd)
-fd = os.open('a', os.O_RDWR | os.O_APPEND)
-os.lseek(fd, 1, os.SEEK_SET)
-os.write(fd, b'ee')
-os.close(fd)
-"#;
-
 #[test]
 fn o_append_writes_always_land_at_the_end() {
     let m = Mount::new();
-    py_ok(&m, APPEND_PY, &[]);
+    let mut w = Agent::spawn(&m.mnt);
+    for cmd in [
+        "open a wac",
+        "put aa",
+        "seek 0",
+        "put bb",
+        "pwrite 0 cc", // Linux: pwrite on O_APPEND appends
+        "close",
+        "open a wa", // a fresh descriptor at offset 0
+        "put dd",
+        "close",
+        "open a xa",
+        "seek 1",
+        "put ee",
+        "close",
+    ] {
+        w.ok(cmd);
+    }
     assert_eq!(m.read_string("a"), "aabbccddee");
     m.sh_ok("echo ff >> a; echo gg >> a");
     assert_eq!(m.read_string("a"), "aabbccddeeff\ngg\n");
@@ -215,12 +127,11 @@ fn truncate_shrinks_and_grows_with_zeros() {
     want.extend_from_slice(b"tail");
     assert!(m.read("f") == want);
     // The holder's own ftruncate on its descriptor, then writing on.
-    py_ok(
-        &m,
-        "import os\nfd = os.open('f', os.O_WRONLY | os.O_APPEND)\nos.write(fd, b'XYZ')\n\
-         os.ftruncate(fd, 10)\nos.write(fd, b'after')\nos.close(fd)",
-        &[],
-    );
+    let mut w = Agent::spawn(&m.mnt);
+    for cmd in ["open f wa", "put XYZ", "ftruncate 10", "put after", "close"] {
+        w.ok(cmd);
+    }
+    drop(w); // it works in the mount: gone before the unmount
     let mut want = src[..10].to_vec();
     want.extend_from_slice(b"after");
     assert!(m.read("f") == want, "got {:?}", m.read("f"));
@@ -270,42 +181,46 @@ fn o_trunc_of_a_running_program_fails_etxtbsy_and_leaves_it_running() {
     // soon as the open succeeded, before refusing the truncation, and the
     // program crashed in a few percent of tries (pjdfstest open::etxtbsy).
     let m = Mount::new();
-    let out = py_run(
-        m.dir.path(),
-        r#"
-import errno, os, shutil, signal, sys
-d, src = sys.argv[1], shutil.which("sleep")
-bad = []
-for i in range(60):
-    p = f"{d}/prog{i}"
-    s = os.open(src, os.O_RDONLY)
-    t = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o755)
-    size, off = os.fstat(s).st_size, 0
-    while off < size:
-        off += os.sendfile(t, s, off, size - off)
-    os.close(s); os.close(t)
-    pid = os.posix_spawn(p, [p, "10"], os.environ)
-    got = []
-    for fl in (os.O_WRONLY, os.O_RDWR, os.O_RDONLY | os.O_TRUNC):
-        try:
-            os.close(os.open(p, fl)); got.append("ok")
-        except OSError as e:
-            got.append(errno.errorcode[e.errno])
-    alive = os.waitpid(pid, os.WNOHANG) == (0, 0)
-    if alive:
-        os.kill(pid, signal.SIGKILL); os.waitpid(pid, 0)
-    if got != ["ETXTBSY"] * 3 or not alive or os.stat(p).st_size != size:
-        bad.append((i, got, alive, os.stat(p).st_size))
-print(bad)
-"#,
-        &[m.mnt.to_str().unwrap()],
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[]");
+    let sleep = std::env::var_os("PATH")
+        .and_then(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join("sleep"))
+                .find(|p| p.is_file())
+        })
+        .expect("sleep(1) on the PATH");
+    let size = std::fs::metadata(&sleep).expect("stat sleep").len();
+    // One process copies, starts and opens each program: the test's own
+    // threads fork for other tests, and a copy of a descriptor open for
+    // writing in a forked child would make the exec itself fail.
+    let mut a = Agent::spawn(m.dir.path());
+    let mut bad = Vec::new();
+    for i in 0..60 {
+        let p = m.mnt.join(format!("prog{i}"));
+        let p = p.display();
+        a.ok(&format!("copy {} {p} 755", sleep.display()));
+        let pid = a.ok(&format!("spawn {p} 10"));
+        let got: Vec<String> = ["w", "x", "rt"]
+            .into_iter()
+            .map(|flags| {
+                let r = a.cmd(&format!("open {p} {flags}"));
+                if r.starts_with("ok") {
+                    a.ok("close");
+                }
+                errno_or_ok(&r)
+            })
+            .collect();
+        let alive = a.ok(&format!("running {pid}")) == "yes";
+        if alive {
+            a.ok(&format!("kill {pid}"));
+        }
+        let now = std::fs::metadata(m.mnt.join(format!("prog{i}")))
+            .map(|md| md.len())
+            .unwrap_or(0);
+        if got != ["ETXTBSY"; 3] || !alive || now != size {
+            bad.push(format!("({i}, {got:?}, {alive}, {now})"));
+        }
+    }
+    assert_eq!(bad, Vec::<String>::new());
 }
 
 // ---- 3. files of several blocks ------------------------------------------
@@ -374,36 +289,73 @@ fn a_multi_block_file_reads_back_identical_with_one_finalized_replica_per_block_
 
 // ---- 4. the visible length; readers following a writer --------------------
 
-/// argv: source file, target name, seconds to sleep between chunks.
-/// 64 KiB chunks; an fsync after every other one (the rest become visible
-/// as the streamer acknowledges them). Prints "done" before closing.
-const FOLLOW_WRITER_PY: &str = r#"
-import os, sys, time
-src = open(sys.argv[1], 'rb').read()
-fd = os.open(sys.argv[2], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-for k, i in enumerate(range(0, len(src), 65536)):
-    os.write(fd, src[i:i + 65536])
-    if k % 2 == 0:
-        os.fsync(fd)
-    time.sleep(float(sys.argv[3]))
-os.close(fd)
-"#;
+/// A writer of `src` (a file outside the mount) into the mount's `f`, in
+/// 64 KiB chunks with an fsync after every other one (the rest become
+/// visible as the streamer acknowledges them), paced by its reader: after
+/// each fsync, `follow(fsynced)` is called until it returns true, and it
+/// is called all the while each command runs, so that the reader reads
+/// while the file grows however the machine schedules the two.
+struct ChunkWriter {
+    w: Agent,
+    src: String,
+    len: usize,
+}
+
+impl ChunkWriter {
+    fn start(m: &Mount, src: &str, len: usize) -> ChunkWriter {
+        let mut w = Agent::spawn(&m.mnt);
+        w.ok("open f wct");
+        ChunkWriter {
+            w,
+            src: src.to_string(),
+            len,
+        }
+    }
+
+    /// Runs `cmd`, calling `follow(0)` until it is answered (looking for
+    /// the answer for up to 5 ms between two calls).
+    fn run(&mut self, cmd: &str, follow: &mut impl FnMut(usize) -> bool) {
+        self.w.send(cmd);
+        loop {
+            follow(0);
+            if let Some(r) = self.w.reply(Duration::from_millis(5)) {
+                assert!(r.starts_with("ok"), "writer: `{cmd}` answered `{r}`");
+                return;
+            }
+        }
+    }
+
+    /// Writes chunks `from..`, then closes the file.
+    fn write_from(&mut self, from: usize, follow: &mut impl FnMut(usize) -> bool) {
+        for (k, off) in (0..self.len).step_by(65536).enumerate().skip(from) {
+            self.run(&format!("write-from {} {off} 65536", self.src), follow);
+            if k % 2 == 0 {
+                self.run("fsync", follow);
+                let synced = (off + 65536).min(self.len);
+                wait_for(
+                    Duration::from_secs(10),
+                    &format!("the reader to see the {synced} bytes fsynced"),
+                    || follow(synced),
+                );
+            }
+        }
+        self.run("close", follow);
+    }
+}
 
 #[test]
 fn readers_of_a_file_being_written_see_only_written_bytes_and_a_growing_size() {
     let m = Mount::new();
     let src = pattern(40 * 65536, 4);
     let s = scratch_file(&m, "src", &src);
-    let mut w = Py::spawn(&m.mnt, FOLLOW_WRITER_PY, &[&s, "f", "0.03"]);
+    let mut w = ChunkWriter::start(&m, &s, src.len());
     let f = m.path("f");
-    assert!(
-        wait_until(Duration::from_secs(10), || f.exists()),
-        "writer did not create f"
-    );
     let mut last = 0u64;
     let mut sizes = std::collections::BTreeSet::new();
     let mut reads = 0;
-    while w.running() {
+    // One look at the file: its size, then its bytes. True once `want`
+    // bytes are visible.
+    let mut look = |want: usize| {
         let size = std::fs::metadata(&f).unwrap().len();
         assert!(size >= last, "stat size went back from {last} to {size}");
         assert!(size as usize <= src.len());
@@ -423,8 +375,9 @@ fn readers_of_a_file_being_written_see_only_written_bytes_and_a_growing_size() {
             );
         }
         reads += 1;
-    }
-    w.wait_ok(Duration::from_secs(5));
+        size as usize >= want
+    };
+    w.write_from(0, &mut look);
     let growing: Vec<_> = sizes
         .iter()
         .filter(|&&s| s > 0 && (s as usize) < src.len())
@@ -443,12 +396,13 @@ fn tail_f_follows_a_file_being_written_and_gets_every_byte() {
     let src = pattern(30 * 65536, 5);
     let s = scratch_file(&m, "src", &src);
     let out = m.dir.path().join("tail.out");
-    let mut w = Py::spawn(&m.mnt, FOLLOW_WRITER_PY, &[&s, "f", "0.03"]);
+    let mut w = ChunkWriter::start(&m, &s, src.len());
     let f = m.path("f");
+    // The first chunk, fsynced: visible before anyone follows.
+    w.run(&format!("write-from {s} 0 65536"), &mut |_| true);
+    w.run("fsync", &mut |_| true);
     assert!(
-        wait_until(Duration::from_secs(10), || f
-            .metadata()
-            .is_ok_and(|md| md.len() > 0)),
+        f.metadata().is_ok_and(|md| md.len() > 0),
         "writer wrote nothing visible"
     );
     // GNU tail polls (inotify does not see FUSE writes) and stops once the
@@ -463,18 +417,17 @@ fn tail_f_follows_a_file_being_written_and_gets_every_byte() {
             "0.05",
             "--pid",
         ])
-        .arg(w.pid().to_string())
+        .arg(w.w.pid.to_string())
         .arg(&f)
         .stdout(std::fs::File::create(&out).unwrap())
         .spawn()
         .unwrap();
     let mut tail = scopeguard(tail);
-    // Our own follower: one descriptor, read to EOF, sleep, read again.
+    // Our own follower: one descriptor, read to EOF, again and again.
     let mut fd = std::fs::File::open(&f).unwrap();
     let mut got = Vec::new();
     let mut steps = std::collections::BTreeSet::new();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    let mut follow = |want: usize| {
         let mut buf = [0u8; 65536];
         loop {
             let n = fd.read(&mut buf).unwrap();
@@ -488,18 +441,19 @@ fn tail_f_follows_a_file_being_written_and_gets_every_byte() {
             "follower read wrong bytes"
         );
         steps.insert(got.len());
-        if !w.running() && got.len() == src.len() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "follower stuck at {} of {}",
-            got.len(),
-            src.len()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    w.wait_ok(Duration::from_secs(5));
+        got.len() >= want
+    };
+    w.write_from(1, &mut follow);
+    w.w.ok("exit");
+    assert!(
+        w.w.wait_exit(Duration::from_secs(5)).is_some(),
+        "the writer did not exit"
+    );
+    wait_for(
+        Duration::from_secs(30),
+        "the follower to read every byte",
+        || follow(src.len()),
+    );
     assert!(
         steps.len() >= 5,
         "the follower got everything at once: {steps:?}"
@@ -550,20 +504,22 @@ fn slow_mount() -> (powercut::Disk, Mount) {
     (disk, Mount::with_datanode_paths(o, dns))
 }
 
-/// Writes 8 MiB to argv[1] with one write(), prints the seconds it took,
-/// then waits for a line on stdin before closing.
-const BIG_WRITER_PY: &str = r#"
-import os, sys, time
-data = os.urandom(8 << 20)
-fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o644)
-print('open', flush=True)
-t = time.monotonic()
-n = os.write(fd, data)
-assert n == len(data), n
-print('%.3f' % (time.monotonic() - t), flush=True)
-sys.stdin.readline()
-os.close(fd)
-"#;
+/// Opens `big` and starts writing 8 MiB to it with one write(2): the
+/// agent answers `ok BYTES MS` once the write returned.
+fn big_writer(m: &Mount) -> Agent {
+    let mut w = Agent::spawn(&m.mnt);
+    w.ok("open big wc");
+    w.send("burst 8388608 x");
+    w
+}
+
+/// The seconds a `burst` of 8 MiB took, from its answer.
+fn burst_secs(answer: &str) -> f64 {
+    match answer.split(' ').collect::<Vec<_>>()[..] {
+        ["ok", "8388608", ms] => ms.parse::<f64>().expect("milliseconds") / 1000.0,
+        _ => panic!("the 8 MiB write answered `{answer}`"),
+    }
+}
 
 #[derive(Debug, Default, Clone, Copy)]
 struct Stats {
@@ -590,17 +546,10 @@ fn stream_stats(m: &Mount, rel: &str) -> Option<Stats> {
 #[test]
 fn a_slow_replica_makes_write_block_at_the_in_flight_bound() {
     let (_disk, m) = slow_mount();
-    let mut w = Py::spawn(&m.mnt, BIG_WRITER_PY, &["big"]);
-    assert_eq!(w.line(), "open");
-    let (tx, rx) = std::sync::mpsc::channel();
-    let mut w2 = w;
-    let reader = std::thread::spawn(move || {
-        let l = w2.line();
-        let _ = tx.send(l);
-        w2
-    });
+    let mut w = big_writer(&m);
     let mut seen = Stats::default();
     let mut polls = 0;
+    // Polled about every 5 ms while the write is blocked.
     let secs: f64 = loop {
         if let Some(s) = stream_stats(&m, "big") {
             seen.in_flight = seen.in_flight.max(s.in_flight);
@@ -608,17 +557,14 @@ fn a_slow_replica_makes_write_block_at_the_in_flight_bound() {
             seen.max = s.max;
             polls += 1;
         }
-        if let Ok(l) = rx.try_recv() {
-            break l.parse().expect("seconds");
+        if let Some(r) = w.reply(Duration::from_millis(5)) {
+            break burst_secs(&r);
         }
-        std::thread::sleep(Duration::from_millis(5));
     };
-    let mut w = reader.join().unwrap();
     // Final statistics while the file is still open.
     let last = stream_stats(&m, "big").expect("stream xattr while open");
     seen.peak = seen.peak.max(last.peak);
-    w.say("close");
-    w.wait_ok(Duration::from_secs(30));
+    w.ok("close");
     assert_eq!(seen.max, 4, "max_in_flight option not applied");
     assert!(polls > 10, "only {polls} polls");
     assert!(
@@ -649,8 +595,7 @@ fn a_slow_replica_makes_write_block_at_the_in_flight_bound() {
 fn metadata_operations_are_not_delayed_by_a_writer_blocked_on_a_slow_replica() {
     let (_disk, m) = slow_mount();
     m.sh_ok("mkdir -p pre && echo small > pre/r");
-    let mut w = Py::spawn(&m.mnt, BIG_WRITER_PY, &["big"]);
-    assert_eq!(w.line(), "open");
+    let mut w = big_writer(&m);
     // Wait until the writer is really blocked on acknowledgements.
     assert!(
         wait_until(Duration::from_secs(10), || stream_stats(&m, "big")
@@ -667,16 +612,20 @@ fn metadata_operations_are_not_delayed_by_a_writer_blocked_on_a_slow_replica() {
         assert_eq!(std::fs::read(m.path("pre/r")).unwrap(), b"small\n");
         std::fs::rename(m.path(&format!("d{i}")), m.path(&format!("e{i}"))).unwrap();
         worst = worst.max(t.elapsed());
-        std::thread::sleep(Duration::from_millis(20));
+        // The rounds are spread over the blocked write: a workload paced
+        // in time.
+        let_time_pass(Duration::from_millis(20));
     }
     // All of that happened while the write was still blocked.
     assert!(
         stream_stats(&m, "big").is_some_and(|s| s.in_flight > 0),
         "the writer finished before the metadata operations did"
     );
-    let secs: f64 = w.line().parse().unwrap();
-    w.say("close");
-    w.wait_ok(Duration::from_secs(30));
+    let secs = burst_secs(
+        &w.reply(Duration::from_secs(60))
+            .expect("the 8 MiB write returned"),
+    );
+    w.ok("close");
     assert!(secs >= 1.5, "the writer was not slowed ({secs} s)");
     assert!(
         worst < Duration::from_millis(250),
@@ -686,30 +635,25 @@ fn metadata_operations_are_not_delayed_by_a_writer_blocked_on_a_slow_replica() {
 
 // ---- 6. durability across kill -9 ------------------------------------------
 
-const CRASH_WRITER_PY: &str = r#"
-import os, sys, time
-src = open(sys.argv[1], 'rb').read()
-synced = int(sys.argv[2])
-fd = os.open('open', os.O_WRONLY | os.O_CREAT, 0o644)
-os.write(fd, src[:synced])
-os.fsync(fd)
-os.write(fd, src[synced:])
-print('written', flush=True)
-time.sleep(120)
-"#;
-
 #[test]
 fn fsynced_bytes_survive_kill_9_of_the_daemon() {
     let mut m = Mount::with_o("block_size=128K,packet_size=16K");
     let src = pattern(300_000, 6);
     let s = scratch_file(&m, "src", &src);
-    py_ok(
-        &m,
-        "import os, sys\nd = open(sys.argv[1], 'rb').read()\n\
-         fd = os.open('closed', os.O_WRONLY | os.O_CREAT, 0o644)\nos.write(fd, d)\nos.fsync(fd)\nos.close(fd)\n\
-         fd = os.open('kept', os.O_WRONLY | os.O_CREAT, 0o644)\nos.write(fd, d[:1000])\nos.fsync(fd)\nos.close(fd)",
-        &[&s],
-    );
+    let mut w = Agent::spawn(&m.mnt);
+    for cmd in [
+        "open closed wc",
+        &format!("write-from {s} 0 -"),
+        "fsync",
+        "close",
+        "open kept wc",
+        &format!("write-from {s} 0 1000"),
+        "fsync",
+        "close",
+    ] {
+        w.ok(cmd);
+    }
+    drop(w);
     m.crash();
     m.mount();
     assert!(
@@ -727,8 +671,11 @@ fn a_file_open_for_writing_at_kill_9_keeps_its_fsynced_prefix_and_its_lease_is_f
     let src = pattern(400_000, 7);
     let synced = 200_000;
     let s = scratch_file(&m, "src", &src);
-    let mut w = Py::spawn(&m.mnt, CRASH_WRITER_PY, &[&s, &synced.to_string()]);
-    assert_eq!(w.line(), "written");
+    let mut w = Agent::spawn(&m.mnt);
+    w.ok("open open wc");
+    w.ok(&format!("write-from {s} 0 {synced}"));
+    w.ok("fsync");
+    w.ok(&format!("write-from {s} {synced} -"));
     assert_eq!(m.lease_state("open"), "held");
     m.crash();
     drop(w);

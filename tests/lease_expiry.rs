@@ -9,16 +9,18 @@ use common::*;
 
 use std::time::{Duration, Instant};
 
-const CLIENT_RENEWAL: &str = "ioctl 0x4C01";
-const RENEW: &str = "ioctl 0x4C02";
+const CLIENT_RENEWAL: &str = "client-renewal";
+const RENEW: &str = "renew";
 
 fn epoch_of(a: &mut Agent) -> u64 {
     a.ok("epoch").parse().expect("epoch")
 }
 
+/// Lets time pass until `t`: a stopped holder's lease must go unrenewed
+/// for that long, which only time does.
 fn sleep_until(t: Instant) {
     if let Some(d) = t.checked_duration_since(Instant::now()) {
-        std::thread::sleep(d);
+        let_time_pass(d);
     }
 }
 
@@ -51,7 +53,8 @@ fn stopped_client_renewed_holder_is_preempted_after_soft_limit_and_fenced() {
     // Renewing keeps it: 3 s of renewals, past the soft limit.
     let mut other = Agent::spawn(&m.mnt);
     for _ in 0..6 {
-        std::thread::sleep(Duration::from_millis(500));
+        // Renewals are paced in time: that they outlast the limit is the point.
+        let_time_pass(Duration::from_millis(500));
         h.ok(RENEW);
     }
     let r = other.cmd("open f wa");
@@ -102,7 +105,9 @@ fn stopped_daemon_renewed_holder_is_not_preempted_after_soft_limit() {
     h.ok("write first");
     h.ok("fsync");
     h.signal(libc::SIGSTOP);
-    std::thread::sleep(Duration::from_millis(3500));
+    // Stopped for longer than the soft limit: only time can show that a
+    // daemon-renewed lease does not expire.
+    let_time_pass(Duration::from_millis(3500));
     let mut other = Agent::spawn(&m.mnt);
     let r = other.cmd("open f wa");
     assert_eq!(

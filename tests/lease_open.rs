@@ -5,6 +5,7 @@
 mod common;
 use common::*;
 
+use std::io::{BufRead, BufReader, Read};
 use std::time::{Duration, Instant};
 
 #[test]
@@ -52,9 +53,11 @@ fn second_writer_gets_ebusy_at_once_while_first_holds() {
     );
 
     // Still refused a second later (EBUSY is not a transient race).
-    std::thread::sleep(Duration::from_secs(1));
-    let r = other.cmd("open f wa");
-    assert_eq!(err_name(&r), Some("EBUSY"), "{r}");
+    holds_for(
+        Duration::from_secs(1),
+        "a second writer's open(f, O_APPEND) fails with EBUSY",
+        || err_name(&other.cmd("open f wa")) == Some("EBUSY"),
+    );
 
     // Once the holder is gone, the other writer gets it.
     holder.ok("close");
@@ -166,26 +169,6 @@ fn close_then_reopen_never_fails_spuriously() {
     );
 }
 
-/// Each writer waits for a shared start time, then opens for append,
-/// writes 1 MiB of its own two-digit id in 64 KiB writes and closes.
-const RACER_PY: &str = r#"
-import errno, os, sys, time
-path, wid, start = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-chunk = (b"%02d" % wid) * 32768
-time.sleep(max(0.0, start - time.time()))
-try:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-except OSError as e:
-    print("err", errno.errorcode.get(e.errno, e.errno))
-    sys.exit(0)
-t_open = time.monotonic()
-for _ in range(16):
-    os.write(fd, chunk)
-t_close = time.monotonic()
-os.close(fd)
-print("ok %d %.6f %.6f" % (wid, t_open, t_close))
-"#;
-
 #[test]
 fn racing_writers_hold_one_at_a_time_and_never_interleave() {
     const WRITERS: usize = 8;
@@ -194,31 +177,37 @@ fn racing_writers_hold_one_at_a_time_and_never_interleave() {
     let mut refused = 0;
     for round in 0..5 {
         let path = format!("race{round}");
-        let start = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs_f64()
-            + 1.0;
-        let start = format!("{start:.6}");
-        let children: Vec<_> = (0..WRITERS)
+        // Each racer (tools/testkit/src/race.rs) opens the file for append
+        // once its standard input ends, writes 1 MiB of its two-digit id in
+        // 64 KiB writes and closes; all of them are released at once.
+        let mut racers: Vec<_> = (0..WRITERS)
             .map(|w| {
-                std::process::Command::new(python())
-                    .arg("-c")
-                    .arg(RACER_PY)
-                    .args([path.as_str(), &w.to_string(), &start])
+                let mut c = std::process::Command::new(testkit())
+                    .args(["racer", path.as_str(), &w.to_string()])
                     .current_dir(&m.mnt)
+                    .stdin(std::process::Stdio::piped())
                     .stdout(std::process::Stdio::piped())
                     .stderr(std::process::Stdio::piped())
                     .spawn()
-                    .expect("spawn racer")
+                    .expect("spawn racer");
+                let mut out = BufReader::new(c.stdout.take().expect("stdout"));
+                let mut ready = String::new();
+                out.read_line(&mut ready).expect("racer ready");
+                assert_eq!(ready.trim(), "ready", "a racer did not start");
+                (c, out)
             })
             .collect();
+        for (c, _) in &mut racers {
+            drop(c.stdin.take());
+        }
         // (writer, opened, started closing)
         let mut held: Vec<(usize, f64, f64)> = Vec::new();
         let mut busy = 0;
-        for c in children {
+        for (c, mut stdout) in racers {
+            let mut out = String::new();
+            stdout.read_to_string(&mut out).expect("racer output");
             let o = c.wait_with_output().expect("racer");
-            let out = String::from_utf8_lossy(&o.stdout).trim().to_string();
+            let out = out.trim().to_string();
             assert!(
                 o.status.success(),
                 "racer failed: {out} {}",
@@ -272,38 +261,6 @@ fn racing_writers_hold_one_at_a_time_and_never_interleave() {
     );
 }
 
-/// Forks `n` children that open one file each at the same instant, write,
-/// hold it for a second and close; prints one line per child.
-const HUNDRED_PY: &str = r#"
-import errno, os, sys, time
-n = int(sys.argv[1])
-start = time.monotonic() + 0.5
-pids = []
-for i in range(n):
-    pid = os.fork()
-    if pid == 0:
-        time.sleep(max(0.0, start - time.monotonic()))
-        try:
-            fd = os.open("f%03d" % i, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            opened = time.monotonic()
-            os.write(fd, b"file %d\n" % i)
-            time.sleep(1)
-            closing = time.monotonic()
-            os.close(fd)
-            done = time.monotonic()
-            os.write(1, b"ok %d %.6f %.6f %.6f %.6f\n" % (i, start, opened, closing, done))
-            os._exit(0)
-        except OSError as e:
-            os.write(1, ("err %d %s\n" % (i, errno.errorcode.get(e.errno, e.errno))).encode())
-            os._exit(1)
-    pids.append(pid)
-bad = 0
-for pid in pids:
-    _, st = os.waitpid(pid, 0)
-    bad += st != 0
-sys.exit(1 if bad else 0)
-"#;
-
 #[test]
 fn hundred_writers_on_hundred_files_never_wait_for_each_other() {
     // With lease_wait a writer that waited for another would show up as
@@ -317,7 +274,9 @@ fn hundred_writers_on_hundred_files_never_wait_for_each_other() {
             std::fs::write(m.path(&format!("f{i:03}")), b"").expect("create");
         }
     }
-    let o = py_run(&m.mnt, HUNDRED_PY, &["100"]);
+    // 100 processes released at once (tools/testkit/src/race.rs), each
+    // opening a file of its own, writing, holding it for a second, closing.
+    let o = testkit_run(&m.mnt, "hold-open", &["100", "--hold-ms", "1000"]);
     let out = String::from_utf8_lossy(&o.stdout).into_owned();
     assert!(
         o.status.success(),
@@ -349,28 +308,6 @@ fn hundred_writers_on_hundred_files_never_wait_for_each_other() {
     }
 }
 
-/// Streams `path` as it grows: prints every size it sees and saves what it
-/// read to `out`, until it has `total` bytes.
-const FOLLOW_PY: &str = r#"
-import os, sys, time
-path, out, total = sys.argv[1], sys.argv[2], int(sys.argv[3])
-fd = os.open(path, os.O_RDONLY)
-sizes, data = [], bytearray()
-deadline = time.monotonic() + 30
-while len(data) < total and time.monotonic() < deadline:
-    size = os.stat(path).st_size
-    if not sizes or sizes[-1] != size:
-        sizes.append(size)
-    while True:
-        b = os.read(fd, 1 << 20)
-        if not b:
-            break
-        data += b
-    time.sleep(0.01)
-open(out, "wb").write(data)
-print(" ".join(map(str, sizes)))
-"#;
-
 #[test]
 fn reader_sees_visible_length_grow_while_file_is_written() {
     const CHUNKS: usize = 30;
@@ -382,10 +319,10 @@ fn reader_sees_visible_length_grow_while_file_is_written() {
     w.ok("rep 2048 0000000");
     w.ok("fsync");
     let out_path = m.dir.path().join("followed");
-    let reader = std::process::Command::new(python())
-        .arg("-c")
-        .arg(FOLLOW_PY)
+    // The reader (tools/testkit/src/follow.rs) says each size it sees.
+    let mut reader = std::process::Command::new(testkit())
         .args([
+            "follow",
             m.path("f").to_str().unwrap(),
             out_path.to_str().unwrap(),
             &total.to_string(),
@@ -393,17 +330,46 @@ fn reader_sees_visible_length_grow_while_file_is_written() {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("spawn reader");
+    let (tx, said) = std::sync::mpsc::channel();
+    let stdout = reader.stdout.take().expect("stdout");
+    std::thread::spawn(move || {
+        for l in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    let mut sizes: Vec<u64> = Vec::new();
+    let mut done = false;
+    let take = |sizes: &mut Vec<u64>, done: &mut bool| {
+        while let Ok(l) = said.try_recv() {
+            match l.strip_prefix("size ") {
+                Some(n) => sizes.push(n.parse().expect("size")),
+                None => *done |= l == "done",
+            }
+        }
+    };
     for i in 1..CHUNKS {
-        std::thread::sleep(Duration::from_millis(60));
+        // The next chunk once the reader has seen the last fsync's length.
+        let seen = (i * 16384) as u64;
+        wait_for(
+            Duration::from_secs(10),
+            &format!("the reader to see {seen} bytes"),
+            || {
+                take(&mut sizes, &mut done);
+                sizes.last().is_some_and(|&s| s >= seen)
+            },
+        );
         w.ok(&format!("rep 2048 {i:07}"));
         w.ok("fsync");
     }
     w.ok("close");
-    let o = reader.wait_with_output().expect("reader");
-    let sizes: Vec<u64> = String::from_utf8_lossy(&o.stdout)
-        .split_whitespace()
-        .map(|v| v.parse().unwrap())
-        .collect();
+    wait_for(Duration::from_secs(40), "the reader to finish", || {
+        take(&mut sizes, &mut done);
+        done
+    });
+    let st = reader.wait().expect("reader");
+    assert!(st.success(), "reader: {st:?}");
     assert!(
         sizes.windows(2).all(|p| p[0] <= p[1]),
         "visible size went backwards: {sizes:?}"

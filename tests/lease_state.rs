@@ -43,7 +43,7 @@ fn leases_json_lists_every_held_file_with_holder_identity() {
     a.ok("write a");
     let mut b = Agent::spawn(&m.mnt);
     b.ok("open d/f2 wac");
-    b.ok("ioctl 0x4C01");
+    b.ok("client-renewal");
     let mut w = Agent::spawn(&m.mnt);
     w.send("open f1 wa");
     assert!(

@@ -22,9 +22,14 @@ fn waiting_writers_get_the_lease_in_fifo_order() {
         .into_iter()
         .map(|n| (n, Agent::spawn(&m.mnt)))
         .collect();
-    for (_, a) in &mut queue {
+    // One at a time, each in the queue before the next asks.
+    for (i, (n, a)) in queue.iter_mut().enumerate() {
         a.send("open f wa");
-        std::thread::sleep(Duration::from_millis(200));
+        wait_for(
+            Duration::from_secs(5),
+            &format!("waiter {n} to queue behind the holder"),
+            || waiters(&m, "f") == i as u64 + 1,
+        );
     }
     for (n, a) in &queue {
         assert_eq!(
@@ -113,7 +118,7 @@ fn interrupted_waiting_open_returns_eintr_and_leaves_the_queue() {
     let m = Mount::with_o("lease_wait=30");
     let mut holder = Agent::spawn(&m.mnt);
     holder.ok("open f wac");
-    let mut w = Agent::spawn(&m.mnt); // python: SIGINT raises KeyboardInterrupt
+    let mut w = Agent::spawn(&m.mnt); // SIGINT interrupts its open
     w.send("open f wa");
     assert!(
         wait_until(Duration::from_secs(3), || waiters(&m, "f") == 1),
@@ -158,7 +163,7 @@ fn killed_waiting_open_ends_promptly_and_leaves_the_queue() {
     let m = Mount::with_o("lease_wait=30");
     let mut holder = Agent::spawn(&m.mnt);
     holder.ok("open f wac");
-    let mut w = Agent::spawn_with(&m.mnt, &["dfl"]); // SIGINT kills it
+    let mut w = Agent::spawn_dying_on_sigint(&m.mnt);
     w.send("open f wa");
     assert!(
         wait_until(Duration::from_secs(3), || waiters(&m, "f") == 1),
@@ -257,8 +262,8 @@ fn waiting_open_never_stalls_other_requests() {
 fn job_control_stop_does_not_fail_a_waiting_open() {
     // Ctrl-Z (a stop signal) is not Ctrl-C: a writer stopped and resumed
     // while it waits for the lease keeps waiting, as a blocked open on any
-    // local filesystem would. tee opens its file itself and, unlike bash
-    // and python, does not retry an open that failed with EINTR.
+    // local filesystem would. tee opens its file itself and, unlike bash,
+    // does not retry an open that failed with EINTR.
     use std::io::Write;
     let m = Mount::with_o("lease_wait=10");
     let mut holder = Agent::spawn(&m.mnt);
@@ -280,11 +285,16 @@ fn job_control_stop_does_not_fail_a_waiting_open() {
         wait_until(Duration::from_secs(3), || waiters(&m, "f") == 1),
         "tee did not queue"
     );
+    // Blocked in the open, tee takes the stop only when the open returns:
+    // until then the signals are pending, and the daemon, which looks for
+    // signals of waiting openers every few tens of milliseconds, must not
+    // take them for an interrupt. That it does not is shown only by
+    // letting it look for a while, stopped, then continued.
     kill(pid, libc::SIGSTOP);
-    std::thread::sleep(Duration::from_millis(500));
+    let_time_pass(Duration::from_millis(500));
     let waiting_while_stopped = waiters(&m, "f");
     kill(pid, libc::SIGCONT);
-    std::thread::sleep(Duration::from_millis(200));
+    let_time_pass(Duration::from_millis(200));
     holder.ok("close");
     let o = tee.wait_with_output().expect("tee");
     assert!(

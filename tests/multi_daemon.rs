@@ -72,8 +72,18 @@ fn one_writer_across_daemons() {
         if rb.starts_with("ok") {
             wb.ok("close");
         }
-        // Let the winner's claim go before the next round.
-        std::thread::sleep(Duration::from_millis(100));
+        // The winner's claim goes (with its RELEASE, which follows close())
+        // before the next round.
+        let free = |m: &Mount| {
+            m.xattr(&name, "user.leasefs.lease")
+                .and_then(|l| serde_json::from_str::<serde_json::Value>(l.trim()).ok())
+                .is_none_or(|l| l["state"] == "free")
+        };
+        wait_for(
+            Duration::from_secs(5),
+            &format!("{name} to be free on both daemons"),
+            || free(&a) && free(&b),
+        );
     }
     assert_eq!(both, 0, "two daemons held one file's lease at once");
     assert!(none < 30, "nobody ever won the race");
@@ -97,8 +107,8 @@ fn reader_on_b_follows_writer_on_a() {
         if i % 2 == 0 {
             w.ok("fsync");
         } else {
-            // hflush: a flush of the fd (python's os.fsync is fsync; the
-            // agent's close would end the lease), so fsync again.
+            // hflush: a flush of the fd (the agent's fsync is fsync; its
+            // close would end the lease), so fsync again.
             w.ok("fsync");
         }
         // Within the documented bound (publish + 1 s attribute cache).
@@ -184,8 +194,11 @@ fn one_housekeeping_leader_among_daemons() {
     let lost = |m: &Mount| m.log().matches("housekeeping leadership lost").count();
     let leaders = |ms: &[Mount]| ms.iter().map(|m| taken(m) - lost(m)).sum::<usize>();
     assert!(wait_until(Duration::from_secs(10), || leaders(&ms) == 1));
-    std::thread::sleep(Duration::from_secs(3));
-    assert_eq!(leaders(&ms), 1, "not exactly one housekeeping leader");
+    holds_for(
+        Duration::from_secs(3),
+        "exactly one housekeeping leader",
+        || leaders(&ms) == 1,
+    );
     // The leader unmounts (it resigns): another daemon takes over.
     let i = ms.iter().position(|m| taken(m) == 1).expect("a leader");
     let mut gone = ms.remove(i);

@@ -422,49 +422,6 @@ fn spout_files_of_killed_and_stopped_instances_pass_to_another_daemon() {
 
 const ELECT_O: &str = "soft_limit=2,monitor_interval=0.2";
 
-/// A leader's command. Outside the mount (argv[2], a local file) it logs
-/// `start ID EPOCH PID NS` when it starts, `tick ID EPOCH PID NS` after each
-/// line it got into the shared journal on the mount (argv[1], `EPOCH ID`,
-/// opened for each line, EBUSY retried) and `error ID EPOCH PID NS ERRNO`
-/// before exiting with 3 on any other error. NS is CLOCK_MONOTONIC, common
-/// to every process of the machine. It keeps a file of its own under
-/// argv[3] open all term and writes to it before each line: the descriptor
-/// the daemon's fencing must stop.
-const TERM_PY: &str = r#"
-import errno, os, sys, time
-epoch, me = os.environ["LEASEFS_EPOCH"], os.environ["LEASEFS_ID"]
-journal, outside, own_dir = sys.argv[1], sys.argv[2], sys.argv[3]
-def log(kind, extra=""):
-    fd = os.open(outside, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.write(fd, ("%s %s %s %d %d%s\n" % (kind, me, epoch, os.getpid(), time.monotonic_ns(), extra)).encode())
-    os.close(fd)
-def fail(e):
-    log("error", " " + errno.errorcode.get(e.errno, str(e.errno)))
-    sys.exit(3)
-log("start")
-try:
-    own = os.open(os.path.join(own_dir, "own-%s-%s" % (me, epoch)), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-except OSError as e:
-    fail(e)
-while True:
-    try:
-        os.write(own, b"x\n")
-        fd = os.open(journal, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    except OSError as e:
-        if e.errno == errno.EBUSY:
-            time.sleep(0.01)
-            continue
-        fail(e)
-    try:
-        os.write(fd, ("%s %s\n" % (epoch, me)).encode())
-    except OSError as e:
-        fail(e)
-    finally:
-        os.close(fd)
-    log("tick")
-    time.sleep(0.05)
-"#;
-
 /// A command's process group the test stopped: continued and killed if
 /// the test fails before the group is gone.
 struct Group(u32);
@@ -574,16 +531,6 @@ fn running_commands(path: &Path) -> Vec<(String, u64)> {
         .collect()
 }
 
-fn stopped(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            s.rsplit_once(')')
-                .map(|(_, r)| r.trim_start().starts_with(['T', 't']))
-        })
-        .unwrap_or(false)
-}
-
 /// By the outside journal: each epoch started once, in increasing order,
 /// and every line a term got into the shared journal came before the next
 /// term's command started.
@@ -631,12 +578,22 @@ fn electors_on_three_daemons_one_command_at_a_time() {
         .iter()
         .zip(&ms)
         .map(|(id, m)| {
+            // A leader's command (tools/testkit/src/term.rs). Outside the
+            // mount it logs `start ID EPOCH PID NS` when it starts, `tick ID
+            // EPOCH PID NS` after each line it got into the shared journal
+            // on the mount (`EPOCH ID`, opened for each line, EBUSY
+            // retried) and `error ID EPOCH PID NS ERRNO` before exiting
+            // with 3 on any other error. NS is CLOCK_MONOTONIC, common to
+            // every process of the machine. It keeps a file of its own
+            // under own/ open all term and writes to it before each line:
+            // the descriptor the daemon's fencing must stop.
             let cmd = [
-                python().display().to_string(),
-                "-c".into(),
-                TERM_PY.into(),
+                testkit().display().to_string(),
+                "term".into(),
                 m.path("journal").display().to_string(),
+                "--events".into(),
                 out.display().to_string(),
+                "--own".into(),
                 m.path("own").display().to_string(),
             ];
             Candidate::spawn(
@@ -667,11 +624,14 @@ fn electors_on_three_daemons_one_command_at_a_time() {
             >= 5
     }));
     // Followers on the other daemons keep following.
-    let until = Instant::now() + Duration::from_millis(1000);
-    while Instant::now() < until {
-        one_at_a_time("first term");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    holds_for(
+        Duration::from_millis(1000),
+        "one command at a time in the first term",
+        || {
+            one_at_a_time("first term");
+            true
+        },
+    );
     assert_eq!(events(&history(m0, "el"), "elected").len(), 1);
 
     // Freeze the leader and its command.
@@ -681,11 +641,10 @@ fn electors_on_three_daemons_one_command_at_a_time() {
     cands[i1].signal(libc::SIGSTOP);
     group1.signal(libc::SIGSTOP);
     let froze = Instant::now();
-    std::thread::sleep(Duration::from_millis(1000));
-    assert_eq!(
-        open_term(&history(m0, "el")).map(|t| t.0),
-        Some(e1),
-        "preempted within 1 s of the leader's stop (soft limit 2 s)"
+    holds_for(
+        Duration::from_millis(1000),
+        "the stopped leader's term, within 1 s of its stop (soft limit 2 s)",
+        || open_term(&history(m0, "el")).map(|t| t.0) == Some(e1),
     );
     let mut second = None;
     wait_until(Duration::from_secs(10), || {
@@ -876,8 +835,9 @@ fn partitioned_daemon_fences_its_writers_before_their_claims_can_expire() {
         w.ok(&format!("rep 500 {n}-before-partition"));
         w.ok("fsync");
     }
-    // A few keep-alive rounds of the claims.
-    std::thread::sleep(Duration::from_millis(1500));
+    // A few keep-alive rounds of the claims (every TTL/3 = 1 s; a round
+    // leaves no outward sign, so only time makes sure they ran).
+    let_time_pass(Duration::from_millis(1500));
     let mut acked = Vec::new();
     for (w, n) in ws.iter_mut().zip(names) {
         w.ok("write still-connected");
@@ -892,12 +852,8 @@ fn partitioned_daemon_fences_its_writers_before_their_claims_can_expire() {
     // Writes need no etcd: they go on until the daemon fences the writer.
     let mut fenced_at: Vec<Option<Duration>> = vec![None; names.len()];
     let mut probes = vec![0; names.len()];
-    while fenced_at.iter().any(Option::is_none) {
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "not fenced during the partition: {fenced_at:?}\n{}",
-            a.log()
-        );
+    // A probe by each writer every 30 ms: when fencing came is measured.
+    let all_fenced = poll_until(Duration::from_secs(10), Duration::from_millis(30), || {
         for (i, w) in ws.iter_mut().enumerate() {
             if fenced_at[i].is_some() {
                 continue;
@@ -910,8 +866,13 @@ fn partitioned_daemon_fences_its_writers_before_their_claims_can_expire() {
                 fenced_at[i] = Some(t0.elapsed());
             }
         }
-        std::thread::sleep(Duration::from_millis(30));
-    }
+        fenced_at.iter().all(Option::is_some)
+    });
+    assert!(
+        all_fenced,
+        "not fenced during the partition: {fenced_at:?}\n{}",
+        a.log()
+    );
     let fenced_at: Vec<Duration> = fenced_at.into_iter().flatten().collect();
     let limit = TTL * 2 / 3 + TTL / 3;
     assert!(
@@ -938,8 +899,8 @@ fn partitioned_daemon_fences_its_writers_before_their_claims_can_expire() {
         "{}",
         a.log()
     );
-    // Longer than the soft limit in all.
-    std::thread::sleep((TTL + Duration::from_millis(500)).saturating_sub(t0.elapsed()));
+    // Longer than the soft limit in all: a partition is a length of time.
+    let_time_pass((TTL + Duration::from_millis(500)).saturating_sub(t0.elapsed()));
     drop(frozen);
     let stopped_for = t0.elapsed();
     // A's liveness key ran out with the partition: A registers again, so

@@ -14,43 +14,6 @@ use common::*;
 
 const GRANTS: usize = 100;
 
-/// `RACERS` threads, each looping: open the file for append (waiting in
-/// the open with `lease_wait`; `EBUSY` means try again after a moment),
-/// append one line `TAG`, close. They stop once the file holds `GRANTS`
-/// lines (or after 90 s); prints how many this process won.
-const RACERS_PY: &str = r#"
-import errno, os, random, sys, threading, time
-path, tag, racers, grants = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-line = (tag + "\n").encode()
-wins = [0]
-lock = threading.Lock()
-deadline = time.time() + 90
-def done():
-    try:
-        return os.stat(path).st_size >= grants * len(line) or time.time() > deadline
-    except FileNotFoundError:
-        return time.time() > deadline
-def race():
-    while not done():
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        except OSError as e:
-            if e.errno in (errno.EBUSY, errno.EINTR):
-                time.sleep(random.uniform(0, 0.0002))
-                continue
-            raise
-        try:
-            os.write(fd, line)
-        finally:
-            os.close(fd)
-        with lock:
-            wins[0] += 1
-ts = [threading.Thread(target=race) for _ in range(racers)]
-for t in ts: t.start()
-for t in ts: t.join()
-print(wins[0])
-"#;
-
 fn race(o: &[&str]) {
     let etcd = EtcdServer::start();
     let dn = tempfile::tempdir().expect("tempdir");
@@ -59,11 +22,15 @@ fn race(o: &[&str]) {
     let b = daemon(&etcd, "fair", &dns, o);
     a.sh_ok("touch f");
     assert!(wait_until(Duration::from_secs(3), || b.path("f").exists()));
+    // Four threads per daemon (tools/testkit/src/load.rs), each looping:
+    // open the file for append (waiting in the open with `lease_wait`;
+    // `EBUSY` means try again after a moment), append one line `TAG`,
+    // close. They stop once the file holds `GRANTS` lines (or after 90 s);
+    // each process says how many opens it won.
     let spawn = |m: &Mount, tag: &str| {
-        std::process::Command::new(python())
-            .arg("-c")
-            .arg(RACERS_PY)
+        std::process::Command::new(testkit())
             .args([
+                "contend",
                 m.path("f").to_str().expect("path"),
                 tag,
                 "4",
@@ -124,15 +91,22 @@ fn waiters_across_daemons_get_the_file_in_the_order_they_asked() {
     let mut holder = Agent::spawn(&a.mnt);
     holder.ok("open f wc");
     assert!(wait_until(Duration::from_secs(3), || b.path("f").exists()));
-    // Waiters in the order B, A, B; the pauses only make that order.
+    // Waiters in the order B, A, B: each asks once the one before it is in
+    // the file's queue in etcd (`queue/<ino>/...`, see src/etcd/queue.rs).
     let mut waiters = vec![
         ("1", Agent::spawn(&b.mnt)),
         ("2", Agent::spawn(&a.mnt)),
         ("3", Agent::spawn(&b.mnt)),
     ];
-    for (_, w) in waiters.iter_mut() {
+    let ino = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(a.path("f")).expect("stat f"));
+    let queue = format!("/leasefs/fifo/queue/{ino:016x}/");
+    for (i, (name, w)) in waiters.iter_mut().enumerate() {
         w.send("open f wa");
-        std::thread::sleep(Duration::from_millis(300));
+        wait_for(
+            Duration::from_secs(10),
+            &format!("waiter {name} to join the file's queue in etcd"),
+            || etcd.count_keys(&queue) == i as u64 + 1,
+        );
     }
     for (name, w) in &waiters {
         assert_eq!(w.reply(Duration::ZERO), None, "waiter {name} did not wait");

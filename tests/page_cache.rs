@@ -238,11 +238,11 @@ fn a_cached_follower_never_sees_zeros_or_unacknowledged_bytes_while_a_writer_app
                 pos += n;
                 written.store(pos as u64, Ordering::SeqCst);
                 if i % 50 == 0 {
-                    let deadline = Instant::now() + Duration::from_secs(30);
-                    while caught_up.load(Ordering::SeqCst) < pos as u64 {
-                        assert!(Instant::now() < deadline, "follower never reached {pos}");
-                        std::thread::sleep(Duration::from_millis(1));
-                    }
+                    let reached =
+                        poll_until(Duration::from_secs(30), Duration::from_millis(1), || {
+                            caught_up.load(Ordering::SeqCst) >= pos as u64
+                        });
+                    assert!(reached, "follower never reached {pos}");
                 }
             }
             drop(w);

@@ -215,15 +215,12 @@ fn acl_entry_lets_nobody_read() {
     assert!(!stores_acl(&m.path("f")));
 
     // Garbage is refused.
-    let py = py_run(
-        &m.mnt,
-        "import os\ntry:\n os.setxattr('f', 'system.posix_acl_access', b'\\x02\\0\\0\\0junk!')\n print('stored')\nexcept OSError as e:\n print(e.errno)",
-        &[],
-    );
-    assert_eq!(
-        String::from_utf8_lossy(&py.stdout).trim(),
-        libc::EINVAL.to_string()
-    );
+    let mut a = Agent::spawn(&m.mnt);
+    let r = a.cmd(&format!(
+        "setxattr f system.posix_acl_access {}",
+        hex(b"\x02\0\0\0junk!")
+    ));
+    assert_eq!(err_name(&r), Some("EINVAL"), "{r}");
 }
 
 /// A directory's default ACL is inherited by what is created in it, and
@@ -316,12 +313,11 @@ fn capabilities_cleared_by_a_write() {
     let m = Mount::new();
     m.sh_ok("printf x > prog && chmod 755 prog");
     // VFS_CAP_REVISION_2, effective, permitted CAP_NET_RAW.
-    let set = py_run(
-        &m.mnt,
-        "import os, struct\nos.setxattr('prog', 'security.capability', struct.pack('<5I', 0x02000001, 1 << 13, 0, 0, 0))",
-        &[],
-    );
-    assert!(set.status.success(), "{}", stderr(&set));
+    let cap: Vec<u8> = [0x0200_0001u32, 1 << 13, 0, 0, 0]
+        .iter()
+        .flat_map(|w| w.to_le_bytes())
+        .collect();
+    Agent::spawn(&m.mnt).ok(&format!("setxattr prog security.capability {}", hex(&cap)));
     assert!(m.xattr("prog", "security.capability").is_some());
     m.sh_ok("printf y >> prog");
     assert_eq!(m.xattr("prog", "security.capability"), None);

@@ -37,21 +37,22 @@ impl Trace {
             .spawn()
             .expect("strace (apt-get install strace)");
         let t = Trace { child, out, err };
-        // Attached once it has written its (empty) output file and the
-        // threads are seized; -qq keeps the attach messages quiet, so wait
-        // for the file and a moment more.
+        // Attached once every thread of the daemon is traced by it (-qq
+        // keeps the attach messages quiet; threads started later are
+        // followed with -f).
+        let tracer = t.child.id();
         assert!(
-            wait_until(Duration::from_secs(10), || t.out.exists()),
-            "strace did not start: {}",
+            wait_until(Duration::from_secs(10), || traced_by(pid, tracer)),
+            "strace did not attach: {}",
             std::fs::read_to_string(&t.err).unwrap_or_default()
         );
-        std::thread::sleep(Duration::from_millis(500));
         t
     }
 
-    /// Stops tracing and returns the trace.
+    /// Stops tracing and returns the trace. A traced call is written out
+    /// before the thread that made it goes on, so every sync behind an
+    /// fsync that returned is in it; strace writes the rest as it stops.
     fn finish(mut self) -> String {
-        std::thread::sleep(Duration::from_millis(200));
         kill(self.child.id(), libc::SIGINT);
         let _ = self.child.wait();
         std::fs::read_to_string(&self.out).unwrap_or_default()
@@ -67,25 +68,26 @@ impl Drop for Trace {
     }
 }
 
+/// Whether every thread of process `pid` is traced by `tracer`.
+fn traced_by(pid: u32, tracer: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    let want = format!("TracerPid:\t{tracer}");
+    tasks.flatten().all(|t| {
+        std::fs::read_to_string(t.path().join("status")).is_ok_and(|s| s.lines().any(|l| l == want))
+    })
+}
+
 /// Appends 4 KiB and fsyncs, `n` times, through one descriptor.
 fn append_and_fsync(m: &Mount, rel: &str, n: usize) {
-    let out = py_run(
-        m.dir.path(),
-        r#"
-import os, sys
-fd = os.open(sys.argv[1], os.O_CREAT | os.O_WRONLY, 0o644)
-for i in range(int(sys.argv[2])):
-    os.write(fd, bytes([65 + i]) * 4096)
-    os.fsync(fd)
-os.close(fd)
-"#,
-        &[m.path(rel).to_str().unwrap(), &n.to_string()],
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let mut w = Agent::spawn(m.dir.path());
+    w.ok(&format!("open {} wc", m.path(rel).display()));
+    for i in 0..n {
+        w.ok(&format!("fill 4096 {}", (b'A' + i as u8) as char));
+        w.ok("fsync");
+    }
+    w.ok("close");
 }
 
 /// Lines of the trace that sync a replica file (data or checksums) one by
@@ -186,29 +188,26 @@ fn a_block_cut_by_ftruncate_and_written_again_syncs_without_failing_a_replica() 
             o: vec![mode.into()],
             ..Opts::default()
         });
-        let out = py_run(
-            m.dir.path(),
-            r#"
-import os, sys
-fd = os.open(sys.argv[1], os.O_CREAT | os.O_RDWR, 0o644)
-os.write(fd, b"a" * 10000)
-os.fsync(fd)
-os.ftruncate(fd, 5000)
-os.lseek(fd, 5000, os.SEEK_SET)
-os.write(fd, b"b" * 3000)
-os.fsync(fd)
-os.write(fd, b"c" * 3000)
-os.fsync(fd)
-os.close(fd)
-"#,
-            &[m.path("f").to_str().unwrap()],
-        );
-        assert!(
-            out.status.success(),
-            "{mode}: {}\n{}",
-            String::from_utf8_lossy(&out.stderr),
-            m.log()
-        );
+        let mut w = Agent::spawn(m.dir.path());
+        for cmd in [
+            &format!("open {} xc", m.path("f").display()),
+            "burst 10000 a",
+            "fsync",
+            "ftruncate 5000",
+            "seek 5000",
+            "burst 3000 b",
+            "fsync",
+            "burst 3000 c",
+            "fsync",
+            "close",
+        ] {
+            let r = w.cmd(cmd);
+            assert!(
+                r.starts_with("ok"),
+                "{mode}: `{cmd}` answered `{r}`\n{}",
+                m.log()
+            );
+        }
         let want: Vec<u8> = [vec![b'a'; 5000], vec![b'b'; 3000], vec![b'c'; 3000]].concat();
         assert_eq!(m.read("f"), want, "{mode}");
         assert!(

@@ -15,36 +15,23 @@ fn xattrs_of_an_inode_are_bounded() {
     let m = Mount::new();
     m.open_to_all();
     m.sh_ok("touch f && chown nobody:nogroup f");
-    let script = r#"
-import errno, os
-v = b"v" * 16384
-n, err = 0, "none"
-while n < 64:
-    try:
-        os.setxattr("f", "user.k%02d" % n, v)
-    except OSError as e:
-        err = errno.errorcode[e.errno]
-        break
-    n += 1
-try:
-    os.setxattr("f", "user.big", b"b" * 65537)
-    big = "stored"
-except OSError as e:
-    big = errno.errorcode[e.errno]
-os.removexattr("f", "user.k00")
-os.setxattr("f", "user.again", v)
-print(n, err, big)
-"#;
-    let o = m.sh_as_nobody(&format!(
-        "/usr/bin/python3 -c '{}'",
-        script.replace('\'', "'\\''")
-    ));
-    let out = String::from_utf8_lossy(&o.stdout);
-    assert!(
-        o.status.success(),
-        "{out}{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    let mut w = Agent::spawn_as_nobody(&m.mnt);
+    let v = hex(&[b'v'; 16384]);
+    let mut n = 0;
+    let mut err = "none".to_string();
+    while n < 64 {
+        let r = w.cmd(&format!("setxattr f user.k{n:02} {v}"));
+        if let Some(e) = err_name(&r) {
+            err = e.to_string();
+            break;
+        }
+        n += 1;
+    }
+    let r = w.cmd(&format!("setxattr f user.big {}", hex(&[b'b'; 65537])));
+    let big = err_name(&r).unwrap_or("stored").to_string();
+    w.ok("removexattr f user.k00");
+    w.ok(&format!("setxattr f user.again {v}"));
+    let out = format!("{n} {err} {big}");
     let v: Vec<&str> = out.split_whitespace().collect();
     // 256 KiB of names and values: fifteen 16 KiB values and their names.
     assert_eq!(v, ["15", "ENOSPC", "E2BIG"], "stored, then refused: {out}");

@@ -521,7 +521,9 @@ fn files_published_by_rename_are_consumed_whole() {
     inplace.ok("open in/three wac");
     inplace.ok("rep 1000 three");
     inplace.ok("fsync");
-    std::thread::sleep(Duration::from_millis(1500)); // the spout polls meanwhile
+    // The spout polls meanwhile: that it takes none of the three before
+    // they are complete is shown only by letting it try for a while.
+    let_time_pass(Duration::from_millis(1500));
     for a in [&mut staged, &mut ignored, &mut inplace] {
         a.ok("rep 1000 end");
         a.ok("close");
@@ -674,11 +676,12 @@ fn dirlock_of_a_renewing_holder_is_kept_until_its_lease_expires() {
     std::fs::create_dir_all(m.path("in/.lock")).unwrap();
     let mut holder = Agent::spawn(&m.mnt);
     holder.ok("open in/.lock/DIRLOCK wac");
-    holder.ok("ioctl 0x4C01");
+    holder.ok("client-renewal");
     let mut s = Inst::spawn(&m, "s", &["--lock-timeout", "3", "--once"]);
     for _ in 0..10 {
-        std::thread::sleep(Duration::from_millis(500));
-        holder.ok("ioctl 0x4C02");
+        // Renewals paced in time: that they outlast the lock timeout is the point.
+        let_time_pass(Duration::from_millis(500));
+        holder.ok("renew");
     }
     // 5 s: DIRLOCK is older than the lock timeout, but its lease is renewed.
     assert!(s.child.try_wait().unwrap().is_none(), "{}", s.stderr());

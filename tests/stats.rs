@@ -6,11 +6,11 @@
 mod common;
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, Stdio};
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{Mount, as_nobody, bin, python, wait_until};
+use common::{Agent, Mount, as_nobody, bin, wait_until};
 
 /// One scrape: `name{labels}` -> value.
 type Scrape = HashMap<String, f64>;
@@ -67,33 +67,18 @@ fn stats_json(m: &Mount) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).expect("one JSON object")
 }
 
-/// A writer that appends and fsyncs 512 KiB each time it reads a line,
-/// says `done N` after each, and holds the file open until stdin closes.
-fn writer(m: &Mount, rel: &str) -> Child {
-    let script = r#"
-import os, sys
-f = open(sys.argv[1], "ab")
-n = 0
-for _ in sys.stdin:
-    f.write(b"x" * (512 * 1024)); f.flush(); os.fsync(f.fileno())
-    n += 1
-    print("done", n, flush=True)
-f.close()
-"#;
-    Command::new(python())
-        .args(["-c", script])
-        .arg(m.path(rel))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start the writer")
+/// A writer that holds `rel` open for append.
+fn writer(m: &Mount, rel: &str) -> Agent {
+    let mut w = Agent::spawn(&m.mnt);
+    w.ok(&format!("open {rel} wac"));
+    w
 }
 
-fn step(w: &mut Child, out: &mut impl BufRead, n: u32) {
-    writeln!(w.stdin.as_mut().expect("stdin"), "go").expect("tell the writer");
-    let mut line = String::new();
-    out.read_line(&mut line).expect("writer's answer");
-    assert_eq!(line.trim(), format!("done {n}"), "the writer failed");
+/// Appends 512 KiB and fsyncs.
+fn step(w: &mut Agent) {
+    let wrote = w.ok(&format!("burst {} x", 512 * 1024));
+    assert!(wrote.starts_with("524288 "), "a short write: {wrote}");
+    w.ok("fsync");
 }
 
 #[test]
@@ -107,10 +92,9 @@ fn metrics_scraped_during_a_write_move_and_follow_the_lease() {
     assert_eq!(before.get("leasefs_leases_held"), Some(&0.0));
 
     let mut w = writer(&m, "log");
-    let mut out = BufReader::new(w.stdout.take().expect("stdout"));
-    step(&mut w, &mut out, 1);
+    step(&mut w);
     let first = scrape(&addr);
-    step(&mut w, &mut out, 2);
+    step(&mut w);
     let second = scrape(&addr);
 
     // The writer holds the file: one lease, one stream.
@@ -139,11 +123,8 @@ fn metrics_scraped_during_a_write_move_and_follow_the_lease() {
     assert!(sum(&second, "leasefs_datanode_free_bytes", "") > 0.0);
 
     // A second writer queues for the lease (lease_wait) and is counted.
-    let mut waiter = Command::new(python())
-        .args(["-c", "import sys; open(sys.argv[1], 'ab').close()"])
-        .arg(m.path("log"))
-        .spawn()
-        .expect("start the second writer");
+    let mut waiter = Agent::spawn(&m.mnt);
+    waiter.send("open log wac");
     assert!(
         wait_until(Duration::from_secs(20), || {
             scrape(&addr).get("leasefs_lease_waiters") == Some(&1.0)
@@ -151,9 +132,13 @@ fn metrics_scraped_during_a_write_move_and_follow_the_lease() {
         "the waiting open is not counted"
     );
 
-    drop(w.stdin.take());
-    assert!(w.wait().expect("writer exits").success());
-    assert!(waiter.wait().expect("waiter exits").success());
+    w.ok("close");
+    let r = waiter.reply(Duration::from_secs(30));
+    assert!(
+        r.as_deref().is_some_and(|r| r.starts_with("ok")),
+        "the waiting open: {r:?}"
+    );
+    waiter.ok("close");
     // Its close released the lease (the release follows close() shortly).
     assert!(
         wait_until(Duration::from_secs(20), || {

@@ -18,29 +18,6 @@ fn mem_kib(pid: u32, field: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// `WRITERS` threads of one python3 process, each appending `MIB` MiB in
-/// 64 KiB writes to a file of its own; prints `ok` or the first error.
-const WRITERS_PY: &str = r#"
-import os, sys, threading
-n, mib = int(sys.argv[1]), int(sys.argv[2])
-errors = []
-buf = bytes(range(256)) * 256
-def run(i):
-    try:
-        fd = os.open("w%03d" % i, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        for _ in range(mib * 16):
-            view = memoryview(buf)
-            while view:
-                view = view[os.write(fd, view):]
-        os.close(fd)
-    except OSError as e:
-        errors.append("w%03d: %s" % (i, e))
-ts = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-for t in ts: t.start()
-for t in ts: t.join()
-print("ok" if not errors else errors[0])
-"#;
-
 #[test]
 fn a_hundred_writers_behind_a_slow_replica_stay_within_the_write_buffer_and_none_fails() {
     const WRITERS: usize = 100;
@@ -60,11 +37,10 @@ fn a_hundred_writers_behind_a_slow_replica_stay_within_the_write_buffer_and_none
     );
     let pid = m.pid.expect("daemon pid");
     let base = mem_kib(pid, "VmRSS:");
-    let o = py_run(
-        &m.mnt,
-        WRITERS_PY,
-        &[&WRITERS.to_string(), &MIB.to_string()],
-    );
+    // `WRITERS` threads of one process (tools/testkit/src/load.rs), each
+    // appending `MIB` MiB in 64 KiB writes to a file of its own; it says
+    // `ok` or the first error.
+    let o = testkit_run(&m.mnt, "writers", &[&WRITERS.to_string(), &MIB.to_string()]);
     let said = String::from_utf8_lossy(&o.stdout);
     assert_eq!(
         said.trim(),

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::*;
 
@@ -57,16 +57,11 @@ impl Candidate {
     }
 
     pub fn wait(&mut self, max: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + max;
-        while self.status.is_none() {
-            if let Ok(Some(st)) = self.child.try_wait() {
-                self.status = Some(st);
-                break;
-            }
-            if Instant::now() > deadline {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(10));
+        if self.status.is_none() {
+            wait_until(max, || {
+                self.status = self.child.try_wait().ok().flatten();
+                self.status.is_some()
+            });
         }
         self.status
     }
@@ -193,19 +188,23 @@ pub fn journal(m: &Mount) -> Vec<(u64, String)> {
 /// [`journal`] at another path of the mount.
 pub fn journal_at(m: &Mount, rel: &str) -> Vec<(u64, String)> {
     let mut text = String::new();
-    for attempt in 0.. {
+    let mut failed = None;
+    let read = wait_until(Duration::from_secs(1), || {
         match std::fs::read(m.path(rel)) {
             Ok(b) => {
                 text = String::from_utf8_lossy(&b).into_owned();
-                break;
+                true
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
-            Err(e) if attempt < 50 => {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
+            Err(e) => {
                 eprintln!("journal read failed ({e}); reading again");
-                std::thread::sleep(Duration::from_millis(20));
+                failed = Some(e);
+                false
             }
-            Err(e) => panic!("cannot read the journal: {e}"),
         }
+    });
+    if !read {
+        panic!("cannot read the journal: {failed:?}");
     }
     let complete = text.rfind('\n').map_or("", |end| &text[..end]);
     complete

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use leasefs::etcd::Etcd;
 
@@ -83,18 +83,15 @@ impl EtcdServer {
             dir,
             endpoint: format!("127.0.0.1:{client}"),
         };
-        let t0 = Instant::now();
-        loop {
-            if let Ok(Some(st)) = s.child.try_wait() {
-                return Err(format!("etcd exited ({st}): {}", s.log()));
-            }
-            if Etcd::connect(&[s.endpoint.clone()], "probe").is_ok() {
-                return Ok(s);
-            }
-            if t0.elapsed() > Duration::from_secs(10) {
-                return Err(format!("etcd did not answer in 10 s: {}", s.log()));
-            }
-            std::thread::sleep(Duration::from_millis(100));
+        let mut exited = None;
+        let up = super::poll_until(Duration::from_secs(10), Duration::from_millis(100), || {
+            exited = s.child.try_wait().ok().flatten();
+            exited.is_some() || Etcd::connect(&[s.endpoint.clone()], "probe").is_ok()
+        });
+        match exited {
+            Some(st) => Err(format!("etcd exited ({st}): {}", s.log())),
+            None if up => Ok(s),
+            None => Err(format!("etcd did not answer in 10 s: {}", s.log())),
         }
     }
 
@@ -141,6 +138,56 @@ impl EtcdServer {
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default()
     }
+
+    /// How many keys start with `prefix` (e.g. the writers queued for a
+    /// file), asked through etcd's JSON gateway with `curl`: from outside
+    /// the daemons, as an operator would.
+    pub fn count_keys(&self, prefix: &str) -> u64 {
+        let mut end = prefix.as_bytes().to_vec();
+        if let Some(last) = end.last_mut() {
+            *last += 1;
+        }
+        let body = serde_json::json!({
+            "key": base64(prefix.as_bytes()),
+            "range_end": base64(&end),
+            "count_only": true,
+        });
+        let o = Command::new("curl")
+            .args(["-sS", "--max-time", "10", "-X", "POST", "-d"])
+            .arg(body.to_string())
+            .arg(format!("http://{}/v3/kv/range", self.endpoint))
+            .output()
+            .expect("run curl (apt package curl)");
+        assert!(
+            o.status.success(),
+            "etcd range request: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("etcd's JSON answer");
+        // A count of 0 is left out; counts are strings (int64 in JSON).
+        v["count"]
+            .as_str()
+            .map_or(0, |c| c.parse().expect("a count"))
+    }
+}
+
+/// Standard base64 with padding, as etcd's gateway takes keys.
+fn base64(b: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut s = String::new();
+    for c in b.chunks(3) {
+        let n = (c[0] as u32) << 16
+            | (*c.get(1).unwrap_or(&0) as u32) << 8
+            | *c.get(2).unwrap_or(&0) as u32;
+        for (i, shift) in [18, 12, 6, 0].into_iter().enumerate() {
+            s.push(if i <= c.len() {
+                A[(n >> shift & 63) as usize] as char
+            } else {
+                '='
+            });
+        }
+    }
+    s
 }
 
 impl Drop for EtcdServer {

@@ -2,8 +2,8 @@
 //! `tests/crash_rounds.rs`): a tmpfs and a read-only bind mount the test
 //! mounts itself (always unmounted on drop, even when the test fails), the
 //! block table read straight from the metadata store, replica files and
-//! their checksums on disk, `leasefs fsck` runs, and a python writer that
-//! copies a known source file into the mount with fsyncs.
+//! their checksums on disk, `leasefs fsck` runs, and a writer that copies a
+//! known source file into the mount with fsyncs.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -33,17 +33,15 @@ fn run(cmd: &str, args: &[&str]) -> std::process::Output {
 
 /// Unmounts `p`, lazily if it is busy; never panics (used from `Drop`).
 fn umount_always(p: &Path) {
-    for _ in 0..20 {
-        if !is_mounted(p) {
-            return;
+    let unmounted = poll_until(Duration::from_secs(2), Duration::from_millis(100), || {
+        if is_mounted(p) {
+            let _ = Command::new("umount").arg(p).output();
         }
-        let _ = Command::new("umount").arg(p).output();
-        if !is_mounted(p) {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(100));
+        !is_mounted(p)
+    });
+    if !unmounted {
+        let _ = Command::new("umount").arg("-l").arg(p).output();
     }
-    let _ = Command::new("umount").arg("-l").arg(p).output();
 }
 
 /// A tmpfs of a given size mounted by the test on a fresh directory,
@@ -424,45 +422,11 @@ pub fn problems(report: &serde_json::Value) -> Vec<(String, Option<u64>, Option<
         .unwrap_or_default()
 }
 
-/// A python writer: appends the bytes of SRC to DST from DST's current
-/// length, in pieces of PIECE bytes, sleeping SLEEP_MS after each piece and
-/// fsyncing every FSYNC_EVERY pieces (0: only at the end); after each
-/// successful fsync it appends the file's length to SIDE. Prints one line:
-/// `ok LEN` or `err ERRNO_NAME LEN STAGE` (what failed: write/fsync/close).
-pub const WRITER_PY: &str = r#"
-import errno, os, sys, time
-src, dst, piece, sleep_ms, every, side = sys.argv[1:7]
-piece, sleep_ms, every = int(piece), int(sleep_ms), int(every)
-s = open(src, "rb").read()
-sf = open(side, "a")
-stage, pos, n = "open", 0, 0
-def synced():
-    sf.write("%d\n" % pos); sf.flush()
-try:
-    fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    pos = os.fstat(fd).st_size
-    sys.stdout.write("started %d\n" % pos); sys.stdout.flush()
-    while pos < len(s):
-        stage = "write"
-        pos += os.write(fd, s[pos:pos + piece])
-        n += 1
-        if every and n % every == 0:
-            stage = "fsync"
-            os.fsync(fd)
-            synced()
-        if sleep_ms:
-            time.sleep(sleep_ms / 1000.0)
-    stage = "fsync"
-    os.fsync(fd)
-    synced()
-    stage = "close"
-    os.close(fd)
-    print("ok %d" % pos)
-except OSError as e:
-    print("err %s %d %s" % (errno.errorcode.get(e.errno, str(e.errno)), pos, stage))
-"#;
-
-/// A running [`WRITER_PY`].
+/// A writer (tools/testkit/src/append.rs) appending the bytes of a source
+/// file to a file of the mount from its current length, in pieces, with
+/// fsyncs; after each fsync that returned it appends the file's length to
+/// a side file. Its result line: `ok LEN` or `err ERRNO_NAME LEN STAGE`
+/// (what failed: open/write/fsync/close).
 pub struct Writer {
     pub child: std::process::Child,
     pub side: PathBuf,
@@ -470,8 +434,10 @@ pub struct Writer {
 }
 
 impl Writer {
-    /// Starts a writer copying `src` into the mount's `rel`; waits until it
-    /// has opened the file.
+    /// Starts a writer copying `src` into the mount's `rel` in pieces of
+    /// `piece` bytes, sleeping `sleep_ms` after each and fsyncing every
+    /// `fsync_every` pieces (0: only at the end); waits until it has
+    /// opened the file.
     pub fn start(
         m: &Mount,
         src: &Path,
@@ -485,19 +451,19 @@ impl Writer {
             .dir
             .path()
             .join(format!("{}.synced", rel.replace('/', "_")));
-        let mut child = Command::new(python())
-            .arg("-c")
-            .arg(WRITER_PY)
+        let mut child = Command::new(testkit())
+            .arg("append")
             .arg(src)
             .arg(rel)
-            .arg(piece.to_string())
-            .arg(sleep_ms.to_string())
-            .arg(fsync_every.to_string())
+            .arg("--side")
             .arg(&side)
+            .args(["--piece", &piece.to_string()])
+            .args(["--sleep-ms", &sleep_ms.to_string()])
+            .args(["--fsync-every", &fsync_every.to_string()])
             .current_dir(&m.mnt)
             .stdout(std::process::Stdio::piped())
             .spawn()
-            .expect("spawn python3 writer");
+            .expect("spawn testkit append");
         let out = child.stdout.take().expect("stdout");
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {

@@ -1,7 +1,11 @@
 //! Shared fixture of the integration tests: a real leasefs mount in a
 //! temporary directory, made with the release binary (`LEASEFS_BIN`, or
 //! target/release/leasefs) and always unmounted on drop, even when the
-//! test fails. Only processes this fixture started are ever killed.
+//! test fails; the processes the tests drive ([`Agent`], and the other
+//! subcommands of the `testkit` binary, tools/testkit); and the ways to
+//! wait: [`wait_for`] a condition with a deadline, or, where time itself
+//! is under test, [`let_time_pass`] and [`holds_for`]. Only processes this
+//! fixture or a test started are ever killed.
 
 #![allow(dead_code)]
 
@@ -291,19 +295,15 @@ impl Mount {
 
     /// Unmounts and waits for the daemon to exit.
     pub fn unmount(&mut self) {
-        for _ in 0..50 {
+        // Busy while a process of the test still has a file open: tried
+        // again for a while, then detached.
+        poll_until(Duration::from_secs(5), Duration::from_millis(100), || {
             let st = Command::new("fusermount3")
                 .arg("-u")
                 .arg(&self.mnt)
                 .output();
-            if st.map(|o| o.status.success()).unwrap_or(false) {
-                break;
-            }
-            if !is_mounted(&self.mnt) {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
+            st.is_ok_and(|o| o.status.success()) || !is_mounted(&self.mnt)
+        });
         if is_mounted(&self.mnt) {
             let _ = Command::new("fusermount3")
                 .arg("-uz")
@@ -333,10 +333,7 @@ impl Mount {
             .arg("-uz")
             .arg(&self.mnt)
             .output();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while is_mounted(&self.mnt) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_until(Duration::from_secs(5), || !is_mounted(&self.mnt));
         // The killed daemon's main thread can show as a zombie while another
         // of its threads is still on its way out, holding the data
         // directory's lock: a new mount needs that lock.
@@ -420,10 +417,7 @@ pub fn alive(pid: u32) -> bool {
 }
 
 pub fn wait_exit(pid: u32, max: Duration) {
-    let deadline = Instant::now() + max;
-    while alive(pid) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until(max, || !alive(pid));
 }
 
 pub fn kill(pid: u32, sig: i32) {
@@ -445,8 +439,14 @@ pub fn getxattr(p: &Path, name: &str) -> Option<String> {
     Some(String::from_utf8_lossy(&o.stdout).into_owned())
 }
 
-/// Polls `f` until it is true or `max` passes.
-pub fn wait_until(max: Duration, mut f: impl FnMut() -> bool) -> bool {
+/// Polls `f` every 20 ms until it is true (true) or `max` passes (false).
+pub fn wait_until(max: Duration, f: impl FnMut() -> bool) -> bool {
+    poll_until(max, Duration::from_millis(20), f)
+}
+
+/// [`wait_until`], polling every `every`: for conditions that cost a
+/// process or a scan each time they are looked at.
+pub fn poll_until(max: Duration, every: Duration, mut f: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + max;
     loop {
         if f() {
@@ -455,109 +455,92 @@ pub fn wait_until(max: Duration, mut f: impl FnMut() -> bool) -> bool {
         if Instant::now() > deadline {
             return false;
         }
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(every);
     }
 }
 
-// ---- helpers of the lease tests --------------------------------------------
+/// Waits until `cond` holds; panics after `max`, saying what was awaited.
+/// The way to wait for anything a test can observe: a fixed sleep before
+/// an assertion fails on a loaded machine and wastes time on an idle one.
+pub fn wait_for(max: Duration, what: &str, cond: impl FnMut() -> bool) {
+    assert!(
+        wait_until(max, cond),
+        "timed out after {max:?} waiting for {what}"
+    );
+}
 
-/// The real python3 interpreter (not a pyenv shim), so that the pid of the
-/// process we spawn is the pid the daemon sees, and startup is quick.
-pub fn python() -> PathBuf {
-    static PY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    PY.get_or_init(|| {
-        let o = Command::new("python3")
-            .args(["-c", "import sys; print(sys.executable)"])
-            .output()
-            .expect("python3 is needed by the lease tests");
-        PathBuf::from(String::from_utf8_lossy(&o.stdout).trim())
+/// Lets `d` pass, for the few checks where the passing of time is itself
+/// what is tested and no condition can stand in for it: a lease left
+/// unrenewed past its soft limit, renewals kept up for longer than that
+/// limit, a lock left idle past its timeout, a kernel cache that must
+/// expire, a workload paced in time. Every caller says which.
+pub fn let_time_pass(d: Duration) {
+    std::thread::sleep(d);
+}
+
+/// Checks that `cond` holds all through `d` (polled every 20 ms, and once
+/// more at the end): for what must *not* happen within a time, such as a
+/// preemption before the soft limit. A time and not a condition, since
+/// what is tested is that nothing happens; panics with `what` at the first
+/// poll where it stopped holding.
+pub fn holds_for(d: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    let end = t0 + d;
+    loop {
+        assert!(cond(), "{what}: no longer so after {:?}", t0.elapsed());
+        let now = Instant::now();
+        if now >= end {
+            return;
+        }
+        std::thread::sleep((end - now).min(Duration::from_millis(20)));
+        if Instant::now() >= end {
+            assert!(cond(), "{what}: no longer so after {:?}", t0.elapsed());
+            return;
+        }
+    }
+}
+
+// ---- the test helper binary ------------------------------------------------
+
+/// The test helper binary (tools/testkit, built by `cargo build --release
+/// -p testkit`, which mount-scripts/test.sh runs): `TESTKIT_BIN`, or
+/// `testkit` next to the leasefs binary the tests use, or
+/// target/release/testkit.
+pub fn testkit() -> PathBuf {
+    static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Some(b) = std::env::var_os("TESTKIT_BIN") {
+            return PathBuf::from(b);
+        }
+        let sibling = bin().with_file_name("testkit");
+        if sibling.exists() {
+            return sibling;
+        }
+        let b = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/release/testkit");
+        assert!(
+            b.exists(),
+            "{} is missing: build it with `cargo build --release -p testkit`",
+            b.display()
+        );
+        b
     })
     .clone()
 }
 
-/// Runs a python3 script to completion with the mount as working directory.
-pub fn py_run(cwd: &Path, script: &str, args: &[&str]) -> Output {
-    Command::new(python())
-        .arg("-c")
-        .arg(script)
+/// `testkit SUBCOMMAND ARGS...` run to completion in `cwd`.
+pub fn testkit_run(cwd: &Path, sub: &str, args: &[&str]) -> Output {
+    Command::new(testkit())
+        .arg(sub)
         .args(args)
         .current_dir(cwd)
         .output()
-        .expect("run python3")
+        .expect("run testkit")
 }
 
-/// What an [`Agent`] runs: one command per line on stdin, one answer per
-/// line on stdout, `ok ...` or `err ERRNO_NAME MS`. It holds at most one fd.
-/// Commands: `open PATH FLAGS` (r w x=rdwr a c t n=nonblock), `write TEXT`
-/// (TEXT and a newline), `rep N TEXT` (N times TEXT and a newline),
-/// `fill N CHAR`, `fsync`, `close`, `ioctl CMD`, `epoch` (IOC_EPOCH), `exit`.
-const AGENT_PY: &str = r#"
-import errno, fcntl, os, signal, struct, sys, time
-if "dfl" in sys.argv[1:]:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-FLAGS = {"r": os.O_RDONLY, "w": os.O_WRONLY, "x": os.O_RDWR, "a": os.O_APPEND,
-         "c": os.O_CREAT, "t": os.O_TRUNC, "n": os.O_NONBLOCK}
-fd = None
-def say(s):
-    sys.stdout.write(s + "\n")
-    sys.stdout.flush()
-say("ready %d" % os.getpid())
-while True:
-    line = sys.stdin.readline()
-    if not line:
-        break
-    cmd, _, arg = line.rstrip("\n").partition(" ")
-    t0 = time.monotonic()
-    ms = lambda: int((time.monotonic() - t0) * 1000)
-    try:
-        if cmd == "open":
-            path, _, fl = arg.rpartition(" ")
-            flags = 0
-            for c in fl:
-                flags |= FLAGS[c]
-            fd = os.open(path, flags, 0o644)
-            say("ok %d" % ms())
-        elif cmd == "write":
-            say("ok %d" % os.write(fd, (arg + "\n").encode()))
-        elif cmd == "rep":
-            n, _, text = arg.partition(" ")
-            data = (text + "\n").encode() * int(n)
-            while data:
-                data = data[os.write(fd, data):]
-            say("ok")
-        elif cmd == "fill":
-            n, ch = arg.split(" ")
-            n = int(n)
-            chunk = ch.encode() * 65536
-            while n > 0:
-                n -= os.write(fd, chunk[:min(n, 65536)])
-            say("ok")
-        elif cmd == "fsync":
-            os.fsync(fd)
-            say("ok %d" % ms())
-        elif cmd == "close":
-            f, fd = fd, None
-            os.close(f)
-            say("ok %d" % ms())
-        elif cmd == "ioctl":
-            fcntl.ioctl(fd, int(arg, 0))
-            say("ok")
-        elif cmd == "epoch":
-            b = fcntl.ioctl(fd, 0x80084C03, bytes(8))
-            say("ok %d" % struct.unpack("<Q", b)[0])
-        elif cmd == "exit":
-            say("ok")
-            break
-        else:
-            say("err EINVAL unknown command " + cmd)
-    except OSError as e:
-        say("err %s %d" % (errno.errorcode.get(e.errno, str(e.errno)), ms()))
-    except KeyboardInterrupt:
-        say("err EINTR %d" % ms())
-"#;
-
-/// A python3 process the test drives line by line, standing for one
-/// writer or reader program. Killed (by its pid) when dropped.
+/// A `testkit agent` the test drives line by line (tools/testkit/src/agent.rs
+/// lists the commands), standing for one writer or reader program: it
+/// answers `ok ...` or `err ERRNO_NAME MS` to each command. Its pid is the
+/// holder the daemon records. Killed (by its pid) when dropped.
 pub struct Agent {
     pub pid: u32,
     child: std::process::Child,
@@ -567,26 +550,42 @@ pub struct Agent {
 }
 
 impl Agent {
-    /// An agent working in `cwd` (usually the mountpoint).
+    /// An agent working in `cwd` (usually the mountpoint); SIGINT makes
+    /// the command under way fail with `EINTR`, as Ctrl-C does to a
+    /// program that handles it.
     pub fn spawn(cwd: &Path) -> Agent {
-        Self::spawn_with(cwd, &[])
+        let mut c = Command::new(testkit());
+        c.arg("agent");
+        Self::start(c, cwd)
     }
 
-    /// `args`: "dfl" gives SIGINT its default action (the process dies)
-    /// instead of python's KeyboardInterrupt.
-    pub fn spawn_with(cwd: &Path, args: &[&str]) -> Agent {
+    /// An agent that SIGINT kills (its default action).
+    pub fn spawn_dying_on_sigint(cwd: &Path) -> Agent {
+        let mut c = Command::new(testkit());
+        c.args(["agent", "--sigint-default"]);
+        Self::start(c, cwd)
+    }
+
+    /// An agent running as `nobody:nogroup` (no supplementary groups), as
+    /// an ordinary user of a root mount.
+    pub fn spawn_as_nobody(cwd: &Path) -> Agent {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
+            .arg(testkit())
+            .arg("agent");
+        Self::start(c, cwd)
+    }
+
+    fn start(mut cmd: Command, cwd: &Path) -> Agent {
         use std::io::{BufRead, Read};
         use std::process::Stdio;
-        let mut child = Command::new(python())
-            .arg("-c")
-            .arg(AGENT_PY)
-            .args(args)
+        let mut child = cmd
             .current_dir(cwd)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .expect("spawn python3 agent");
+            .expect("spawn testkit agent");
         let pid = child.id();
         let out = child.stdout.take().expect("stdout");
         let (tx, rx) = std::sync::mpsc::channel();
@@ -667,16 +666,12 @@ impl Agent {
 
     /// Waits for the process to end (reaping it).
     pub fn wait_exit(&mut self, max: Duration) -> Option<std::process::ExitStatus> {
-        let deadline = Instant::now() + max;
-        loop {
-            if let Ok(Some(st)) = self.child.try_wait() {
-                return Some(st);
-            }
-            if Instant::now() > deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        let mut st = None;
+        wait_until(max, || {
+            st = self.child.try_wait().ok().flatten();
+            st.is_some()
+        });
+        st
     }
 
     pub fn stderr(&self) -> String {
@@ -693,6 +688,22 @@ impl Drop for Agent {
         drop(self.stdin.take());
         let _ = self.child.wait();
     }
+}
+
+/// Bytes as the agent's `setxattr` takes them: two hex digits each.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Whether process `pid` is stopped (SIGSTOP, SIGTSTP, a tracer).
+pub fn stopped(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, r)| r.trim_start().starts_with(['T', 't']))
+        })
+        .unwrap_or(false)
 }
 
 /// The errno name of an agent's `err NAME MS` answer.

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::*;
 
@@ -65,7 +65,8 @@ impl Inst {
                         Ok(0) | Err(_) => break,
                         Ok(n) => file.write_all(&buf[..n]).expect("write out"),
                     }
-                    std::thread::sleep(Duration::from_micros(4_000_000 / kib.max(1)));
+                    // The consumer's pace: a time, by design.
+                    let_time_pass(Duration::from_micros(4_000_000 / kib.max(1)));
                 }
             })
         });
@@ -89,23 +90,23 @@ impl Inst {
 
     /// Waits for the exit, asserting it comes within `max`.
     pub fn wait(&mut self, max: Duration) -> ExitStatus {
-        let deadline = Instant::now() + max;
-        loop {
-            if let Some(st) = self.child.try_wait().expect("try_wait") {
-                self.status = Some(st);
-                if let Some(p) = self.pump.take() {
-                    let _ = p.join();
-                }
-                return st;
-            }
-            assert!(
-                Instant::now() < deadline,
+        let mut st = None;
+        let exited = wait_until(max, || {
+            st = self.child.try_wait().expect("try_wait");
+            st.is_some()
+        });
+        let Some(st) = st.filter(|_| exited) else {
+            panic!(
                 "spout {} did not exit within {max:?}; stderr:\n{}",
                 self.id,
                 self.stderr()
             );
-            std::thread::sleep(Duration::from_millis(20));
+        };
+        self.status = Some(st);
+        if let Some(p) = self.pump.take() {
+            let _ = p.join();
         }
+        st
     }
 
     pub fn wait_ok(&mut self, max: Duration) {
