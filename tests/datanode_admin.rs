@@ -192,6 +192,10 @@ fn list_shows_every_datanode_with_its_usage_and_state() {
         );
     }
     assert!(m.datanodes().iter().all(|d| d["state"] == "live"));
+    assert!(
+        !std::path::Path::new("/tmp/leasefs-nobody-dn").exists(),
+        "a refused add left the directory it created"
+    );
 }
 
 /// A datanode added while a file is being written takes the file's next

@@ -164,14 +164,35 @@ fn human(n: u64) -> String {
 }
 
 fn add(m: &Path, dir: &Path) -> Result<ExitCode, String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let d = absolute(dir)?;
-    let v = ask(&mount_of(m)?, json!({"op": "datanode_add", "dir": d}))?;
+    let created = create_dirs(dir)?;
+    let asked = absolute(dir).and_then(|d| {
+        let v = ask(&mount_of(m)?, json!({"op": "datanode_add", "dir": d}))?;
+        Ok((d, v))
+    });
+    // A refused add changes nothing: what it created for the daemon goes.
+    if asked.is_err() {
+        for c in created.iter().rev() {
+            let _ = std::fs::remove_dir(c);
+        }
+    }
+    let (d, v) = asked?;
     println!(
         "datanode {d} attached as id {}: new blocks may use it now",
         v["id"]
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// Creates `dir` and its missing parents; returns those it created, the
+/// outermost first.
+fn create_dirs(dir: &Path) -> Result<Vec<PathBuf>, String> {
+    let missing: Vec<PathBuf> = dir
+        .ancestors()
+        .take_while(|a| !a.as_os_str().is_empty() && !a.exists())
+        .map(Path::to_path_buf)
+        .collect();
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    Ok(missing.into_iter().rev().collect())
 }
 
 /// A progress display: a bar on a terminal, a line every few seconds
