@@ -73,9 +73,9 @@ else
 fi
 nwriters=100
 # The many-file rows: a tree of tree_dirs x tree_per_dir files for tar x and
-# rm -rf, a directory of nentries entries for ls -l, and many_writers
-# against few_writers concurrent writers, each set writing the same
-# writer_files files of 1 MiB (see fig_writers).
+# rm -rf, a directory of nentries entries for ls -l, and writer_files
+# writers of 1 MiB each, many_writers against few_writers at a time (see
+# fig_writers).
 if [[ $quick -eq 1 ]]; then
     tree_dirs=10; tree_per_dir=100; nentries=10000; many_writers=250
 else
@@ -581,18 +581,18 @@ fig_ls() { # RUN TARGET DIR
 
 fig_writers() { # RUN TARGET DIR
     local run=$1 t=$2 d=$3 few many
-    # The same writer_files files of 1 MiB, first by few_writers writers
-    # one after another each, then by many_writers writers at once: the
-    # bytes and files are equal, only the concurrency differs. They are
-    # deleted at the end of the turn (end_turn).
+    # writer_files writers of one 1 MiB file each, processes: few_writers
+    # at a time, then many_writers at a time (all at once). The files, the
+    # bytes and the cost of a writer in many_files.py are the same; only
+    # the concurrency differs. The files are deleted at the turn's end.
     sync
-    few=$(python3 "$here/many_files.py" writers "$d" "wf-r$run" "$few_writers" \
-        $((writer_files / few_writers)) 2>>"$out/logs/writers.log") ||
-        { few=NA; note "${label[$t]}: $few_writers writers failed (run $run, see logs/writers.log)"; }
-    sync
-    many=$(python3 "$here/many_files.py" writers "$d" "wm-r$run" "$many_writers" 1 \
+    few=$(python3 "$here/many_files.py" writers "$d" "wf-r$run" "$writer_files" "$few_writers" \
         2>>"$out/logs/writers.log") ||
-        { many=NA; note "${label[$t]}: $many_writers writers failed (run $run, see logs/writers.log)"; }
+        { few=NA; note "${label[$t]}: $few_writers writers at a time failed (run $run, see logs/writers.log)"; }
+    sync
+    many=$(python3 "$here/many_files.py" writers "$d" "wm-r$run" "$writer_files" "$many_writers" \
+        2>>"$out/logs/writers.log") ||
+        { many=NA; note "${label[$t]}: $many_writers writers at a time failed (run $run, see logs/writers.log)"; }
     sync
     record "$run" "$t" writers_few "$few"
     record "$run" "$t" writers_many "$many"
@@ -743,7 +743,7 @@ fstype=$(findmnt -rn -T "$work" -o FSTYPE | tail -n1)
     echo "leasefs benchmark $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo "host: $(uname -srm), $(nproc) CPUs, scratch $work ($fstype)"
     echo "leasefs: $bin${before_bin:+ (before: $before_bin)}"
-    echo "mode: $([[ $quick -eq 1 ]] && echo quick || echo full), runs $runs, seq ${seq_mib} MiB, $nfiles files, $nfsync fsyncs, $nopen opens, tree $tree_dirs x $tree_per_dir files, ls $nentries entries, $many_writers vs $few_writers writers$([[ $extra -eq 1 ]] && echo ", lease manager, $nwriters writers' memory")"
+    echo "mode: $([[ $quick -eq 1 ]] && echo quick || echo full), runs $runs, seq ${seq_mib} MiB, $nfiles files, $nfsync fsyncs, $nopen opens, tree $tree_dirs x $tree_per_dir files, ls $nentries entries, $writer_files writers of 1 MiB $many_writers vs $few_writers at a time$([[ $extra -eq 1 ]] && echo ", lease manager, $nwriters writers' memory")"
     echo "rows: $rows_arg"
 } | tee "$out/header.txt" >&2
 [[ $fstype != tmpfs ]] || note "warning: scratch directory is on tmpfs; set BENCH_DIR to a disk"
@@ -844,9 +844,9 @@ rows = [
      [ge("rm_rf", R1, BF, 1.0)], None),
     ("ls_l", f"ls -l {nentries:,} entries, cold s", "lower", "<=2xbindfs",
      [le("ls_l", R1, BF, 2.0), le("ls_l", R3, BF, 2.0)], None),
-    ("writers_many", f"{many:,} writers x 1 MiB MB/s", "higher", "-", [], None),
-    ("writers_few", f"{few} writers x {many // few} x 1 MiB MB/s", "higher", "-", [], None),
-    ("writers_ratio", f"{many:,}/{few} writers MB/s ratio", "higher", ">=0.8",
+    ("writers_many", f"{many:,} concurrent writers x 1 MiB MB/s", "higher", "-", [], None),
+    ("writers_few", f"{few} concurrent writers x 1 MiB MB/s", "higher", "-", [], None),
+    ("writers_ratio", f"{many:,}/{few} concurrent writers ratio", "higher", ">=0.8",
      [ge("writers_ratio", R1, None, 0.8), ge("writers_ratio", R3, None, 0.8)], None),
     ("lease_renew_1000000", "lease renew/s, 10^6 leases [1]", "higher", ">=1000000",
      [ge("lease_renew_1000000", "lease", None, 1e6)], ("lease", R1)),
@@ -919,7 +919,7 @@ print(f"medians of up to {n} run(s); ratios are leasefs / column "
 print("met: yes/NO against the goal, yes* = met where measured (some columns n/a), n/a = not measured")
 if groups & {"tree", "ls", "writers"}:
     print("tar x, rm -rf: files per second of the tree's files; ls -l: seconds, FUSE targets remounted "
-          "first; writers: the same files of 1 MiB by few writers in turn and by many at once; "
+          "first; writers: the same files of 1 MiB, one writer process each, few or many at a time; "
           "fuse-ceiling has no directories: its tar, rm, ls are n/a (benches/README.md)")
 print("[1] the lease manager alone (benches/lease_bench.rs), no mount, one run")
 print("[2] benches/writers_memory.sh: leasefs R=3, each writer appends 1 MiB writes; "
