@@ -4,8 +4,11 @@
 #
 #   benches/run.sh                # full: 1 GiB, 10,000 files, 2000 fsyncs, 3 runs
 #   benches/run.sh --quick        # CI: 64 MiB, 1000 files, 200 fsyncs, 1 run
+#                                 # (many-file rows: full 10,000-file tree, 100,000
+#                                 # entries, 1,000 writers; quick 1,000, 10,000, 250)
 #   benches/run.sh --runs 5 --targets native,leasefs-r1
 #   benches/run.sh --no-extra     # without the lease-manager and memory rows
+#   benches/run.sh --rows tree,ls,writers --no-extra   # only some mount figures
 #   LEASEFS_BEFORE_BIN=old/leasefs benches/run.sh --targets native,leasefs-r1,leasefs-r3,before-r1,before-r3
 #                                 # a change's cost: an older build beside this one, in one run
 #
@@ -14,6 +17,11 @@
 # before-r1 and before-r3 (the same with the build LEASEFS_BEFORE_BIN names; the
 # table then adds the columns and the ratios R1/before, R3/before).
 # A target that cannot be set up or mounted shows n/a; the script carries on.
+# Rows (--rows, a comma-separated list of groups; default all): seq (write,
+# cold and warm read), create (4 KiB files), fsync, open, tree (tar x and
+# rm -rf of a 10,000-file tree), ls (ls -l of a 100,000-entry directory),
+# writers (1,000 against 10 concurrent writers of 1 MiB files). The table
+# leaves out the rows of groups not asked for.
 # After the runs, once: the lease manager at 10^3..10^6 leases (cargo bench
 # --bench lease_bench) and daemon memory with 100 writers (writers_memory.sh).
 # Prints one table with every figure of benches/README.md (medians of the runs, the
@@ -35,6 +43,8 @@ runs=
 quick=0
 extra=1
 targets_arg=native,fuse-ceiling,bindfs,leasefs-r1,leasefs-r3
+all_groups=seq,create,fsync,open,tree,ls,writers
+rows_arg=$all_groups
 while [[ $# -gt 0 ]]; do
     case $1 in
         --runs) runs=${2:?--runs needs a number}; shift 2 ;;
@@ -43,6 +53,8 @@ while [[ $# -gt 0 ]]; do
         --no-extra) extra=0; shift ;;
         --targets) targets_arg=${2:?--targets needs a list}; shift 2 ;;
         --targets=*) targets_arg=${1#--targets=}; shift ;;
+        --rows) rows_arg=${2:?--rows needs a list}; shift 2 ;;
+        --rows=*) rows_arg=${1#--rows=}; shift ;;
         -h | --help) usage; exit 0 ;;
         *) echo "run.sh: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
     esac
@@ -60,6 +72,17 @@ else
     seq_mib=1024; nfiles=10000; nfsync=2000; nopen=2000
 fi
 nwriters=100
+# The many-file rows: a tree of tree_dirs x tree_per_dir files for tar x and
+# rm -rf, a directory of nentries entries for ls -l, and writer_files
+# writers of 1 MiB each, many_writers against few_writers at a time (see
+# fig_writers).
+if [[ $quick -eq 1 ]]; then
+    tree_dirs=10; tree_per_dir=100; nentries=10000; many_writers=250
+else
+    tree_dirs=100; tree_per_dir=100; nentries=100000; many_writers=1000
+fi
+few_writers=10
+writer_files=$many_writers
 
 IFS=, read -r -a targets <<<"$targets_arg"
 for t in "${targets[@]}"; do
@@ -69,7 +92,16 @@ for t in "${targets[@]}"; do
     esac
 done
 
-for tool in fio python3 findmnt fusermount3; do
+declare -A want=()   # row group -> 1 when measured
+IFS=, read -r -a groups <<<"$rows_arg"
+for g in "${groups[@]}"; do
+    case ,$all_groups, in
+        *,"$g",*) want[$g]=1 ;;
+        *) echo "run.sh: unknown row group '$g' (groups: $all_groups)" >&2; exit 2 ;;
+    esac
+done
+
+for tool in fio python3 findmnt fusermount3 tar; do
     command -v "$tool" >/dev/null 2>&1 || { echo "run.sh: $tool is required" >&2; exit 2; }
 done
 
@@ -152,7 +184,7 @@ can_drop_caches=0
 if [[ -w /proc/sys/vm/drop_caches ]]; then
     can_drop_caches=1
 else
-    note "cannot write /proc/sys/vm/drop_caches (not root): cold reads are n/a"
+    note "cannot write /proc/sys/vm/drop_caches (not root): cold reads are n/a, and a turn's deletions may slow the next target's creates"
 fi
 drop_caches() {
     sync
@@ -311,8 +343,10 @@ make_cold() { # TARGET RUN
 }
 
 # --- figures -------------------------------------------------------------------
+declare -A recorded=()  # "RUN TARGET FIGURE" -> 1 once recorded
 record() { # RUN TARGET FIGURE VALUE
     printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "${4:-NA}" >>"$results"
+    recorded["$1 $2 $3"]=1
 }
 
 fio_json() { # FILE EXPR -> prints python expression over j (jobs[0])
@@ -448,6 +482,161 @@ PY
     rm -f "$f"
 }
 
+# --- many-file figures: tar x, ls -l, concurrent writers, rm -rf ----------------
+# They run after the figures above, in this order, and each timed window
+# starts after a `sync`, so that no earlier figure's writeback lands in it.
+# rm -rf comes last: an inode freed on ext4 without a journal is not reused
+# while its inode table block is cached and its deletion recent, so every
+# create after many deletions scans past them (see fig_small_files). The
+# deletions of a turn are billed to nobody: end_turn waits for the daemon
+# to exit (leasefs deletes replicas in the background), syncs and drops the
+# caches, which forgets them (benches/README.md, "Deletions are billed to
+# nobody").
+
+# Elapsed time of the command after `--`, in microseconds; its status.
+# $EPOCHREALTIME with the decimal point removed: microseconds, no fork.
+time_us() { # VAR -- CMD...
+    local var=$1 t0 t1 rc
+    shift 2
+    t0=${EPOCHREALTIME/[.,]/}
+    "$@"
+    rc=$?
+    t1=${EPOCHREALTIME/[.,]/}
+    printf -v "$var" '%s' $((t1 - t0))
+    return $rc
+}
+
+per_second() { # COUNT MICROSECONDS
+    awk -v n="$1" -v us="$2" 'BEGIN { if (us > 0) printf "%.0f", n * 1e6 / us; else print "NA" }'
+}
+
+# FUSE targets are unmounted and mounted again, so the kernel holds no
+# dentry or attribute of theirs; native stays as it is (nothing to forget
+# but its own inode cache, which a listing of ext4 has in any case).
+remount_target() { # TARGET RUN
+    local t=$1 run=$2 pid
+    [[ $t == native ]] && return 0
+    pid=$(daemon_pid "$t")
+    unmount_target "$t"
+    wait_daemon "$t" "$pid"
+    mount_target "$t" "$run" 10
+}
+
+daemon_pid() { # TARGET -> pid of its leasefs daemon, if any
+    case $1 in
+        leasefs-* | before-*) awk '{print $2; exit}' "$work/$1/data/lock" 2>/dev/null ;;
+    esac
+}
+
+wait_daemon() { # TARGET PID: after the unmount, until the daemon has exited
+    local t=$1 pid=$2 n=1200
+    [[ -n $pid ]] || return 0
+    while ((n-- > 0)) && kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+    kill -0 "$pid" 2>/dev/null && note "${label[$t]}: daemon $pid still running 120 s after the unmount"
+}
+
+fig_tree_x() { # RUN TARGET DIR
+    local run=$1 t=$2 d=$3/tree-r$1 us
+    if [[ $t == fuse-ceiling || -z $tree_tar ]]; then
+        record "$run" "$t" tar_x NA
+        return
+    fi
+    if ! mkdir "$d"; then
+        note "${label[$t]}: mkdir for tar x failed (run $run)"
+        record "$run" "$t" tar_x NA
+        return
+    fi
+    cat "$tree_tar" >/dev/null # read from the page cache in the timed window
+    sync
+    if time_us us -- tar -xf "$tree_tar" -C "$d" 2>>"$out/logs/tar.log"; then
+        record "$run" "$t" tar_x "$(per_second "$tree_files" "$us")"
+    else
+        record "$run" "$t" tar_x NA
+        note "${label[$t]}: tar x failed (run $run, see logs/tar.log)"
+    fi
+}
+
+fig_ls() { # RUN TARGET DIR
+    local run=$1 t=$2 d=$3/ls-r$1 us
+    if [[ $t == fuse-ceiling ]]; then
+        record "$run" "$t" ls_l NA
+        return
+    fi
+    # The entries stay until the end, like the small files.
+    if ! { mkdir "$d" && python3 "$here/many_files.py" entries "$d" "$nentries" >/dev/null 2>>"$out/logs/ls.log"; }; then
+        note "${label[$t]}: making $nentries entries for ls -l failed (run $run, see logs/ls.log)"
+        record "$run" "$t" ls_l NA
+        return
+    fi
+    sync
+    remount_target "$t" "$run" || return 1
+    d=${tdir[$t]}/ls-r$run
+    if time_us us -- ls -l "$d" >/dev/null 2>>"$out/logs/ls.log"; then
+        record "$run" "$t" ls_l "$(awk -v us="$us" 'BEGIN { printf "%.3f", us / 1e6 }')"
+    else
+        record "$run" "$t" ls_l NA
+        note "${label[$t]}: ls -l failed (run $run, see logs/ls.log)"
+    fi
+}
+
+fig_writers() { # RUN TARGET DIR
+    local run=$1 t=$2 d=$3 few many
+    # writer_files writers of one 1 MiB file each, processes: few_writers
+    # at a time, then many_writers at a time (all at once). The files, the
+    # bytes and the cost of a writer in many_files.py are the same; only
+    # the concurrency differs. The files are deleted at the turn's end.
+    sync
+    few=$(python3 "$here/many_files.py" writers "$d" "wf-r$run" "$writer_files" "$few_writers" \
+        2>>"$out/logs/writers.log") ||
+        { few=NA; note "${label[$t]}: $few_writers writers at a time failed (run $run, see logs/writers.log)"; }
+    sync
+    many=$(python3 "$here/many_files.py" writers "$d" "wm-r$run" "$writer_files" "$many_writers" \
+        2>>"$out/logs/writers.log") ||
+        { many=NA; note "${label[$t]}: $many_writers writers at a time failed (run $run, see logs/writers.log)"; }
+    sync
+    record "$run" "$t" writers_few "$few"
+    record "$run" "$t" writers_many "$many"
+    if [[ $few != NA && $many != NA ]]; then
+        record "$run" "$t" writers_ratio "$(awk -v a="$many" -v b="$few" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "NA" }')"
+    else
+        record "$run" "$t" writers_ratio NA
+    fi
+}
+
+fig_tree_rm() { # RUN TARGET DIR
+    local run=$1 t=$2 us d
+    if [[ $t == fuse-ceiling || -z $tree_tar || ! -d $3/tree-r$run/tree ]]; then
+        record "$run" "$t" rm_rf NA
+        return
+    fi
+    # From a fresh mount, whatever ran before it (see remount_target).
+    sync
+    remount_target "$t" "$run" || return 1
+    d=${tdir[$t]}/tree-r$run
+    if time_us us -- rm -rf "$d/tree" 2>>"$out/logs/tar.log"; then
+        record "$run" "$t" rm_rf "$(per_second "$tree_files" "$us")"
+    else
+        record "$run" "$t" rm_rf NA
+        note "${label[$t]}: rm -rf failed (run $run, see logs/tar.log)"
+    fi
+}
+
+# The end of a target's turn: the writers' files are deleted (untimed),
+# the target unmounted, its daemon waited for (leasefs deletes replicas
+# in the background and finishes before it exits), and the disk synced and
+# the caches dropped: that leaves the next target a clean start and no
+# recently freed inode in the buffer cache to scan past.
+end_turn() { # RUN TARGET
+    local run=$1 t=$2 pid
+    if [[ -n ${want[writers]:-} && -n ${tdir[$t]:-} ]] && { [[ $t == native ]] || is_mounted "$work/$t/mnt"; }; then
+        find "${tdir[$t]}" -maxdepth 1 \( -name "wf-r$run-*" -o -name "wm-r$run-*" \) -delete 2>/dev/null
+    fi
+    pid=$(daemon_pid "$t")
+    unmount_target "$t"
+    wait_daemon "$t" "$pid"
+    drop_caches
+}
+
 # Figures of leasefs alone, measured once after the runs: the lease
 # manager at scale, and daemon memory with many concurrent writers.
 fig_lease() {
@@ -496,10 +685,21 @@ fig_memory() {
     fi
 }
 
-all_figures=(seq_write seq_read_cold seq_read_warm create_4k fsync_p50 fsync_p99 open_w open_r open_ratio)
+declare -A group_figures=(
+    [seq]="seq_write seq_read_cold seq_read_warm" [create]="create_4k"
+    [fsync]="fsync_p50 fsync_p99" [open]="open_w open_r open_ratio"
+    [tree]="tar_x rm_rf" [ls]="ls_l" [writers]="writers_few writers_many writers_ratio"
+)
+all_figures=()
+for g in ${all_groups//,/ }; do
+    if [[ -n ${want[$g]:-} ]]; then
+        read -r -a figs <<<"${group_figures[$g]}"
+        all_figures+=("${figs[@]}")
+    fi
+done
 
 run_target() { # RUN TARGET
-    local run=$1 t=$2 fig
+    local run=$1 t=$2 fig lost=
     if [[ -z ${usable[$t]:-} ]] || ! mount_target "$t" "$run"; then
         for fig in "${all_figures[@]}"; do record "$run" "$t" "$fig" NA; done
         # Not mountable now: not worth trying again in later runs.
@@ -508,16 +708,33 @@ run_target() { # RUN TARGET
         return
     fi
     log "run $run: ${label[$t]}"
-    if fig_seq "$run" "$t" "${tdir[$t]}"; then
-        fig_small_files "$run" "$t" "${tdir[$t]}"
-        fig_fsync "$run" "$t" "${tdir[$t]}"
-        fig_open "$run" "$t" "${tdir[$t]}"
-    else
-        note "${label[$t]}: lost its mount during the cold-read remount (run $run)"
-        for fig in create_4k fsync_p50 fsync_p99 open_w open_r open_ratio; do record "$run" "$t" "$fig" NA; done
+    local d=${tdir[$t]}
+    if [[ -n ${want[seq]:-} ]] && ! fig_seq "$run" "$t" "$d"; then
+        lost="the cold-read remount"
     fi
-    unmount_target "$t"
-    # The scratch data stays until the end (see fig_small_files).
+    if [[ -z $lost ]]; then
+        [[ -z ${want[create]:-} ]] || fig_small_files "$run" "$t" "$d"
+        [[ -z ${want[fsync]:-} ]] || fig_fsync "$run" "$t" "$d"
+        [[ -z ${want[open]:-} ]] || fig_open "$run" "$t" "$d"
+        [[ -z ${want[tree]:-} ]] || fig_tree_x "$run" "$t" "$d"
+        if [[ -n ${want[ls]:-} ]] && ! fig_ls "$run" "$t" "$d"; then
+            lost="the remount before ls -l"
+        fi
+    fi
+    if [[ -z $lost ]]; then
+        [[ -z ${want[writers]:-} ]] || fig_writers "$run" "$t" "$d"
+        if [[ -n ${want[tree]:-} ]] && ! fig_tree_rm "$run" "$t" "$d"; then
+            lost="the remount before rm -rf"
+        fi
+    fi
+    if [[ -n $lost ]]; then
+        note "${label[$t]}: lost its mount during $lost (run $run)"
+        for fig in "${all_figures[@]}"; do
+            [[ -n ${recorded["$run $t $fig"]:-} ]] || record "$run" "$t" "$fig" NA
+        done
+    fi
+    end_turn "$run" "$t"
+    # The rest of the scratch data stays until the end (see fig_small_files).
 }
 
 # --- main ------------------------------------------------------------------------
@@ -526,11 +743,29 @@ fstype=$(findmnt -rn -T "$work" -o FSTYPE | tail -n1)
     echo "leasefs benchmark $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo "host: $(uname -srm), $(nproc) CPUs, scratch $work ($fstype)"
     echo "leasefs: $bin${before_bin:+ (before: $before_bin)}"
-    echo "mode: $([[ $quick -eq 1 ]] && echo quick || echo full), runs $runs, seq ${seq_mib} MiB, $nfiles files, $nfsync fsyncs, $nopen opens$([[ $extra -eq 1 ]] && echo ", lease manager, $nwriters writers' memory")"
+    echo "mode: $([[ $quick -eq 1 ]] && echo quick || echo full), runs $runs, seq ${seq_mib} MiB, $nfiles files, $nfsync fsyncs, $nopen opens, tree $tree_dirs x $tree_per_dir files, ls $nentries entries, $writer_files writers of 1 MiB $many_writers vs $few_writers at a time$([[ $extra -eq 1 ]] && echo ", lease manager, $nwriters writers' memory")"
+    echo "rows: $rows_arg"
 } | tee "$out/header.txt" >&2
 [[ $fstype != tmpfs ]] || note "warning: scratch directory is on tmpfs; set BENCH_DIR to a disk"
 
 for t in "${targets[@]}"; do prepare_target "$t"; done
+if [[ -n ${usable[fuse-ceiling]:-} ]] && [[ -n ${want[tree]:-} || -n ${want[ls]:-} ]]; then
+    note "fuse-ceiling: tar x, rm -rf and ls -l are n/a: its namespace is flat (no mkdir) and lives in memory (no remount keeps it)"
+fi
+
+# The tree for tar x, once per benchmark run, outside the mounts (built in
+# memory: making it creates and deletes no file on the disk).
+tree_tar=
+tree_files=$((tree_dirs * tree_per_dir))
+if [[ -n ${want[tree]:-} ]]; then
+    if python3 "$here/many_files.py" archive "$work/tree.tar" "$tree_dirs" "$tree_per_dir" \
+        >/dev/null 2>>"$out/logs/tar.log"; then
+        tree_tar=$work/tree.tar
+    else
+        note "tar x, rm -rf: making the archive failed (see logs/tar.log): n/a"
+    fi
+fi
+drop_caches # every turn starts as after end_turn
 
 for ((run = 1; run <= runs; run++)); do
     # Interleave: rotate the target order every run.
@@ -545,9 +780,11 @@ if [[ $extra -eq 1 ]]; then
     fig_memory
 fi
 
-python3 - "$results" "$seq_mib" "$nwriters" <<'PY' | tee "$out/table.txt"
+python3 - "$results" "$seq_mib" "$nwriters" "$rows_arg" "$tree_files" "$nentries" "$many_writers" "$few_writers" <<'PY' | tee "$out/table.txt"
 import csv, statistics, sys
 path, seq_mib, nwriters = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+groups = set(sys.argv[4].split(","))
+tree_files, nentries, many, few = (int(a) for a in sys.argv[5:9])
 size = f"{seq_mib // 1024} GiB" if seq_mib >= 1024 else f"{seq_mib} MiB"
 NAT, FC, BF, R1, R3 = "native", "fuse-ceiling", "bindfs", "leasefs-r1", "leasefs-r3"
 vals = {}
@@ -601,6 +838,16 @@ rows = [
     ("open_r", "open(O_RDONLY)+close us", "lower", "-", [], None),
     ("open_ratio", "open write/read ratio", "lower", "<=1.2",
      [le("open_ratio", R1, None, 1.2), le("open_ratio", R3, None, 1.2)], None),
+    ("tar_x", f"tar x {tree_files:,} files, files/s", "higher", "R1>=1xbindfs",
+     [ge("tar_x", R1, BF, 1.0)], None),
+    ("rm_rf", f"rm -rf {tree_files:,} files, files/s", "higher", "R1>=1xbindfs",
+     [ge("rm_rf", R1, BF, 1.0)], None),
+    ("ls_l", f"ls -l {nentries:,} entries, cold s", "lower", "<=2xbindfs",
+     [le("ls_l", R1, BF, 2.0), le("ls_l", R3, BF, 2.0)], None),
+    ("writers_many", f"{many:,} concurrent writers x 1 MiB MB/s", "higher", "-", [], None),
+    ("writers_few", f"{few} concurrent writers x 1 MiB MB/s", "higher", "-", [], None),
+    ("writers_ratio", f"{many:,}/{few} concurrent writers ratio", "higher", ">=0.8",
+     [ge("writers_ratio", R1, None, 0.8), ge("writers_ratio", R3, None, 0.8)], None),
     ("lease_renew_1000000", "lease renew/s, 10^6 leases [1]", "higher", ">=1000000",
      [ge("lease_renew_1000000", "lease", None, 1e6)], ("lease", R1)),
     ("lease_tick_1000", "lease idle tick ns, 10^3 leases [1]", "lower", "-", [], ("lease", R1)),
@@ -612,6 +859,13 @@ rows = [
      "bounded: <=" + (f"{bound:.0f}" if bound is not None else "bound"),
      [mem_bounded], (R3, R3)),
 ]
+# Rows of the mount figures not asked for (--rows) are left out.
+group_of = {"seq_write": "seq", "seq_read_cold": "seq", "seq_read_warm": "seq",
+            "create_4k": "create", "fsync_p50": "fsync", "fsync_p99": "fsync",
+            "open_w": "open", "open_r": "open", "open_ratio": "open",
+            "tar_x": "tree", "rm_rf": "tree", "ls_l": "ls",
+            "writers_few": "writers", "writers_many": "writers", "writers_ratio": "writers"}
+rows = [r for r in rows if group_of.get(r[0], "") in groups or r[0] not in group_of]
 cols = [(NAT, "native"), (FC, "fuse-ceil"), (BF, "bindfs"), (R1, "lfs R=1"), (R3, "lfs R=3")]
 B1, B3 = "before-r1", "before-r3"
 # An older build measured beside this one (LEASEFS_BEFORE_BIN): its columns
@@ -619,7 +873,8 @@ B1, B3 = "before-r1", "before-r3"
 before = any(k[1] in (B1, B3) for k in vals)
 if before:
     cols += [(B1, "before R=1"), (B3, "before R=3")]
-pairs = [(R1, NAT), (R1, FC), (R3, NAT), (R3, FC)] + ([(R1, B1), (R3, B3)] if before else [])
+pairs = ([(R1, NAT), (R1, FC), (R3, NAT), (R3, FC), (R1, BF), (R3, BF)]
+         + ([(R1, B1), (R3, B3)] if before else []))
 
 def fmt(x):
     if x is None:
@@ -629,7 +884,7 @@ def fmt(x):
 def ratio(a, b):
     return None if a is None or b is None or b == 0 else a / b
 
-short = {NAT: "nat", FC: "fc", B1: "before", B3: "before"}
+short = {NAT: "nat", FC: "fc", BF: "bf", B1: "before", B3: "before"}
 head = (["figure", "better"] + [c[1] for c in cols]
         + [f"{'R1' if a == R1 else 'R3'}/{short[b]}" for a, b in pairs] + ["goal", "met"])
 lines = []
@@ -662,6 +917,10 @@ print()
 print(f"medians of up to {n} run(s); ratios are leasefs / column "
       "(for 'higher' rows > 1 is faster, for 'lower' rows < 1 is faster)")
 print("met: yes/NO against the goal, yes* = met where measured (some columns n/a), n/a = not measured")
+if groups & {"tree", "ls", "writers"}:
+    print("tar x, rm -rf: files per second of the tree's files; ls -l: seconds, FUSE targets remounted "
+          "first; writers: the same files of 1 MiB, one writer process each, few or many at a time; "
+          "fuse-ceiling has no directories: its tar, rm, ls are n/a (benches/README.md)")
 print("[1] the lease manager alone (benches/lease_bench.rs), no mount, one run")
 print("[2] benches/writers_memory.sh: leasefs R=3, each writer appends 1 MiB writes; "
       "bound = idle RSS + N x (81 x 64 KiB packets + 1 MiB request); one run")
