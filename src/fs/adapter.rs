@@ -34,6 +34,10 @@ use crate::sync::Arc;
 /// Attribute and entry cache lifetime for files nobody is writing. Files
 /// under construction get 0 so `stat` follows the visible length.
 const TTL: Duration = Duration::from_secs(1);
+/// What a create reply's attributes stay valid for: the kernel rounds any
+/// non-zero time up to a clock tick, so they stay valid for one to two
+/// ticks (at most 8 ms at HZ 250); zero would mean not at all.
+const CREATED_TTL: Duration = Duration::from_nanos(1);
 
 pub struct Adapter {
     pub core: Arc<Core>,
@@ -142,9 +146,14 @@ impl Answer for ReplyEntry {
 impl Answer for ReplyCreate {
     type Value = (Attr, Opened);
     fn ok(self, (a, o): (Attr, Opened)) {
-        // The new file is being written: no caching of its attributes.
+        // The new file is being written, so its attributes are not cached
+        // (as `ttl` has it) but for the shortest time the kernel keeps: a
+        // tick or two. Open's own permission check, right after this reply
+        // in the same open(2), would otherwise cost a GETATTR per created
+        // file (default_permissions refreshes expired attributes first);
+        // docs/SEMANTICS.md "Visible length" states the exception.
         self.created(
-            &Duration::ZERO,
+            &CREATED_TTL,
             &fattr(&a),
             Generation(0),
             FileHandle(o.fh),

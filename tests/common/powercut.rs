@@ -1,9 +1,10 @@
 //! A leasefs mount whose data directory and datanodes live on a
 //! `powercut` filesystem (tools/powercut): the test can cut the power
 //! (every change not yet made durable is lost), inject datanode faults,
-//! and mount again. The binary is `POWERCUT_BIN`, or
-//! target/release/powercut (built by `cargo build --release -p powercut`,
-//! which mount-scripts/test.sh runs).
+//! and mount again. The binary is `POWERCUT_BIN`, or `powercut` next to
+//! the leasefs binary the tests use, or target/release/powercut (built
+//! by `cargo build --release -p powercut`, which mount-scripts/test.sh
+//! runs).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -14,6 +15,12 @@ use super::{Mount, Opts, is_mounted, wait_until};
 pub fn powercut_bin() -> PathBuf {
     if let Some(b) = std::env::var_os("POWERCUT_BIN") {
         return PathBuf::from(b);
+    }
+    // Beside the leasefs binary the tests use (a CARGO_TARGET_DIR build),
+    // else in the checkout's target directory.
+    let sibling = super::bin().with_file_name("powercut");
+    if sibling.exists() {
+        return sibling;
     }
     let b = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/release/powercut");
     assert!(
