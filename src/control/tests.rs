@@ -69,6 +69,24 @@ fn control(c: &Arc<Core>, who: Caller, req: serde_json::Value) -> bool {
         .is_some_and(|e| e.starts_with("permission denied: the election term"))
 }
 
+/// One sweep kills the ended term's tree (`cmd`'s group); the next one
+/// finds it gone and forgets its durable fence record.
+fn sweep_kills_and_forgets(s: &TestFs, c: &Arc<Core>, cmd: &mut Child) {
+    c.fences().sweep();
+    let st = cmd.wait().expect("reaped");
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&st),
+        Some(libc::SIGKILL)
+    );
+    c.fences().sweep();
+    assert!(
+        s.meta
+            .fences(c.fences().owner())
+            .expect("fences")
+            .is_empty()
+    );
+}
+
 #[test]
 fn every_change_by_an_ended_terms_tree_is_refused_and_the_tree_stopped() {
     let s = TestFs::new(MountOptions::default(), 1);
@@ -177,19 +195,7 @@ fn every_change_by_an_ended_terms_tree_is_refused_and_the_tree_stopped() {
     assert!(c.lookup(ROOT_INO, b"f").is_ok());
 
     // The sweep kills what is left of the tree, then forgets it.
-    c.fences().sweep();
-    let st = cmd.wait().expect("reaped");
-    assert_eq!(
-        std::os::unix::process::ExitStatusExt::signal(&st),
-        Some(libc::SIGKILL)
-    );
-    c.fences().sweep();
-    assert!(
-        s.meta
-            .fences(c.fences().owner())
-            .expect("fences")
-            .is_empty()
-    );
+    sweep_kills_and_forgets(&s, &c, &mut cmd);
     assert!(c.fences().is_empty());
 }
 
@@ -235,17 +241,5 @@ fn a_restarted_daemon_inherits_the_fences_and_pid_reuse_is_not_fenced() {
     let me = caller(std::process::id());
     c.mknode(ROOT_INO, b"mine", file(Kind::Dir), me)
         .expect("not fenced");
-    c.fences().sweep();
-    let st = cmd.wait().expect("reaped");
-    assert_eq!(
-        std::os::unix::process::ExitStatusExt::signal(&st),
-        Some(libc::SIGKILL)
-    );
-    c.fences().sweep();
-    assert!(
-        s.meta
-            .fences(c.fences().owner())
-            .expect("fences")
-            .is_empty()
-    );
+    sweep_kills_and_forgets(&s, &c, &mut cmd);
 }
