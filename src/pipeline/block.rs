@@ -4,12 +4,13 @@
 //! closed.
 
 use super::ctx::StreamFile;
+use super::datanodes::FULL_BELOW;
 use super::outcome::FileOutcome;
 use super::pipe::{OpenBlock, ReplicaOut, datanodes_of};
 use crate::error::{FsError, FsResult};
 use crate::meta::{BlockRow, Counter};
 use crate::storage::ChunkAccumulator;
-use crate::storage::checksum::CHUNK_SIZE;
+use crate::storage::checksum::{CHUNK_SIZE, chunk_crcs};
 
 /// A block whose replicas were finalised: its row (the replicas that
 /// made it) and the file offset just past it.
@@ -76,6 +77,56 @@ fn open_new(f: &StreamFile, idx: u64, start: u64) -> FsResult<OpenBlock> {
         replicas,
         acc: ChunkAccumulator::new(),
         synced: false,
+    })
+}
+
+/// A new block `idx` starting at file offset `start`, written whole:
+/// `data` is all it will hold (the last packet of a file being closed, and
+/// its first). Each replica goes straight into `finalized/`; a datanode
+/// that fails is replaced by a spare where one has room. Nothing is
+/// recorded here: the caller records the block with the file's close, in
+/// one commit, so the file is never under construction on its account.
+pub(crate) fn write_whole(
+    f: &StreamFile,
+    idx: u64,
+    data: &[u8],
+    crcs: &mut Vec<u32>,
+) -> FsResult<BlockRow> {
+    let dns = &f.ctx.dns;
+    let mut tried = dns.choose_pipeline()?;
+    let block_id = f.ctx.meta.alloc(Counter::Block)?;
+    let gs = f.ctx.meta.alloc(Counter::GenStamp)?;
+    crcs.clear();
+    chunk_crcs(data, crcs);
+    let mut ok = Vec::new();
+    let mut todo = tried.clone();
+    while let Some(dn) = todo.pop() {
+        let Some(node) = dns.get(dn) else { continue };
+        match node.write_finalized(block_id, gs, data, crcs) {
+            Ok(()) => ok.push(dn),
+            Err(e) => {
+                tracing::warn!(datanode = %dn, "cannot write replica: {e}");
+                dns.mark_failed(dn, &e);
+                let room = data.len() as u64 + FULL_BELOW;
+                if let Some(&spare) = dns.choose_with_room(1, &tried, room).first() {
+                    tried.push(spare);
+                    todo.push(spare);
+                }
+            }
+        }
+    }
+    if ok.is_empty() {
+        return Err(FsError::Io("no datanode could take a new block".into()));
+    }
+    ok.reverse();
+    Ok(BlockRow {
+        ino: f.ino,
+        idx,
+        block_id,
+        gs,
+        len: data.len() as u64,
+        finalized: true,
+        replicas: ok,
     })
 }
 

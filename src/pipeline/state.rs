@@ -452,6 +452,26 @@ impl StreamState {
         }
     }
 
+    /// The close queued right after the packet the streamer just took, if
+    /// that packet is the stream's last (nothing written after it): the
+    /// streamer may then write the packet and close the file in one step.
+    /// The close is taken off the queue; its completion is the caller's.
+    pub fn take_close(&mut self) -> Option<Done> {
+        if !self.packet.is_empty() || self.blocked.is_some() || self.data_queue.len() != 1 {
+            return None;
+        }
+        match self.data_queue.pop_front() {
+            Some(Queued {
+                job: Job::Close(d), ..
+            }) => Some(d),
+            Some(q) => {
+                self.data_queue.push_front(q);
+                None
+            }
+            None => None,
+        }
+    }
+
     /// Every replica wrote the packet ending at `end` (the oldest
     /// unacknowledged one): it is visible, its unit goes back to the write
     /// buffer, and a blocked write may go on (its completion is returned).

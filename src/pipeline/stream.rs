@@ -176,6 +176,14 @@ impl OutputStream {
             let job = {
                 let mut s = lock(&self.st);
                 match s.next_job() {
+                    Next::Job(Job::Packet(p)) if streamer.takes_whole(&p) => match s.take_close() {
+                        Some(d) => {
+                            drop(s);
+                            self.send_whole(&mut streamer, p, d);
+                            continue;
+                        }
+                        None => Job::Packet(p),
+                    },
                     Next::Job(j) => j,
                     Next::Idle => {
                         self.idle.notify_all();
@@ -203,19 +211,7 @@ impl OutputStream {
                 }
                 Job::Close(d) => {
                     let r = self.contained(|| self.close_now(&mut streamer));
-                    let mut s = lock(&self.st);
-                    match &r {
-                        Ok(()) => s.closed(),
-                        // The file's close is not recorded: the descriptor
-                        // is done (later calls get the same error) and its
-                        // release closes the file by lease recovery.
-                        Err(e) => {
-                            tracing::error!(ino = self.ino, "close failed: {e}");
-                            s.fail(e.clone());
-                        }
-                    }
-                    drop(s);
-                    d(r)
+                    self.closed(r, None, d)
                 }
                 Job::Truncate(size, d) => {
                     let mtime = || lock(&self.st).mtime().unwrap_or_else(now_ns);
@@ -230,6 +226,49 @@ impl OutputStream {
                 }
             }
         }
+    }
+
+    /// A close is done (or failed): the stream is clean again, `acked`
+    /// (the packet ending there, written with the close) is visible, and
+    /// `done` gets the result.
+    fn closed(&self, r: FsResult<()>, acked: Option<u64>, done: Done) {
+        let mut s = lock(&self.st);
+        let mut wake = None;
+        match &r {
+            Ok(()) => {
+                if let Some(end) = acked {
+                    self.ctx.metrics.packet_acked();
+                    wake = s.ack(end, &mut || self.take_unit());
+                }
+                s.closed()
+            }
+            // The file's close is not recorded: the descriptor is done
+            // (later calls get the same error) and its release closes the
+            // file by lease recovery.
+            Err(e) => {
+                tracing::error!(ino = self.ino, "close failed: {e}");
+                s.fail(e.clone());
+            }
+        }
+        drop(s);
+        if let Some(w) = wake {
+            w(Ok(()));
+        }
+        done(r)
+    }
+
+    /// The close of a file whose last block is all in `p`: its replicas
+    /// written whole (no rbw file, no renames), and block and close
+    /// recorded in one commit, under the stream's lock as in
+    /// [`Self::close_now`]. The packet becomes visible with the record.
+    fn send_whole(&self, streamer: &mut DataStreamer, p: Packet, done: Done) {
+        let end = p.end();
+        let r = self.contained(|| {
+            let row = streamer.write_whole(&p)?;
+            let s = lock(&self.st);
+            streamer.record_closed(Some(row), end, s.mtime())
+        });
+        self.closed(r, Some(end), done)
     }
 
     /// One packet through the pipeline, then its acknowledgement (which

@@ -83,6 +83,30 @@ impl DataStreamer {
         b.write(&self.file, boff, &p.data, &self.crcs)
     }
 
+    /// Whether `p` can be written as a whole block at once (see
+    /// [`Self::write_whole`]): it starts a block that no replica holds yet
+    /// and none is open.
+    pub fn takes_whole(&self, p: &Packet) -> bool {
+        let bs = self.file.block_size;
+        self.block.is_none()
+            && !p.data.is_empty()
+            && p.off % bs == 0
+            && self.new_from.is_some_and(|n| p.off / bs >= n)
+    }
+
+    /// The close of a file whose last block is all in `p`, its only
+    /// packet (every small file): the block's replicas are written whole,
+    /// straight into `finalized/`, and returned for [`Self::record_closed`],
+    /// which records block and close in one commit.
+    pub fn write_whole(&mut self, p: &Packet) -> FsResult<BlockRow> {
+        let idx = p.off / self.file.block_size;
+        let row = block::write_whole(&self.file, idx, &p.data, &mut self.crcs)?;
+        // Closing promises no durability: a later fsync syncs it.
+        self.unsynced.push(row.block_id);
+        lock(&self.file.ctx.synced_files).remove(&self.file.ino);
+        Ok(row)
+    }
+
     /// Finalises a full block and reports it with the length it implies.
     fn finish(&mut self, b: OpenBlock) -> FsResult<u64> {
         let done = block::finalize(&self.file, b, &mut self.unsynced)?;

@@ -403,6 +403,75 @@ fn a_stream_writes_every_replica_and_its_close_records_the_file() {
 }
 
 #[test]
+fn a_file_that_fits_in_its_first_packet_is_closed_in_one_record_with_no_rbw_replica() {
+    let rig = Rig::new(3, 3, 8);
+    let log = rig.log();
+    let s = rig.stream(&log);
+    let data = bytes(3000, 4);
+    write(&s, &data[..1000]).unwrap();
+    write(&s, &data[1000..]).unwrap();
+    // Nothing went to a replica before the close.
+    assert!(rig.nodes.iter().all(|n| n.calls(Op::Create) == 0));
+    assert_eq!(s.visible_len(), 0);
+    wait(|d| s.close(d)).unwrap();
+    assert_eq!(s.visible_len(), 3000);
+    // Block and close in one record: never under construction.
+    assert_eq!(seen(&log), [Seen::Closed { size: 3000 }]);
+    let rows = rig.blocks();
+    assert_eq!(rows.len(), 1);
+    assert!(rows[0].finalized);
+    assert_eq!(rows[0].len, 3000);
+    assert_eq!(sorted(&rows[0].replicas), [DnId(0), DnId(1), DnId(2)]);
+    for n in &rig.nodes {
+        let r = n.find(rows[0].block_id).unwrap();
+        assert_eq!((r.state, r.data_len), (ReplicaState::Finalized, 3000));
+        assert_eq!(r.gs, rows[0].gs);
+        assert_eq!(n.calls(Op::Finalize), 0, "no rename from rbw/");
+        let rbw = std::fs::read_dir(n.root().join("rbw")).unwrap().count();
+        assert_eq!(rbw, 0);
+    }
+    assert_eq!(rig.read(3000), data);
+    assert_eq!(rig.meta.get(rig.ino).unwrap().size, 3000);
+    assert!(rig.meta.uc(rig.ino).unwrap().is_none());
+    // An append afterwards reopens the block as on any closed file.
+    write(&s, &data[..100]).unwrap();
+    wait(|d| s.close(d)).unwrap();
+    assert_eq!(rig.meta.get(rig.ino).unwrap().size, 3100);
+    assert_eq!(rig.blocks().len(), 1);
+    assert_unbroken(&log);
+}
+
+#[test]
+fn a_whole_block_write_that_fails_on_a_datanode_goes_to_a_spare() {
+    let rig = Rig::new(3, 2, 8);
+    let log = rig.log();
+    let s = rig.stream(&log);
+    for n in &rig.nodes[..2] {
+        n.arm(Op::Write, Fault::Fail(libc::ENOSPC), 0);
+    }
+    let data = bytes(2000, 5);
+    write(&s, &data).unwrap();
+    wait(|d| s.close(d)).unwrap();
+    let row = rig.blocks().remove(0);
+    // Whichever two the pipeline drew, the third took what the full ones
+    // could not; with only one datanode left the block has one replica.
+    assert_eq!(row.replicas, [DnId(2)]);
+    assert_eq!(rig.dns.health(DnId(0)), Health::Full);
+    assert_eq!(rig.read(2000), data);
+    // Every datanode failing is the close's error.
+    let rig = Rig::new(2, 2, 8);
+    let log = rig.log();
+    let s = rig.stream(&log);
+    for n in &rig.nodes {
+        n.arm(Op::Create, Fault::Fail(libc::EIO), 0);
+    }
+    write(&s, &data).unwrap();
+    assert!(matches!(wait(|d| s.close(d)), Err(FsError::Io(_))));
+    assert!(rig.blocks().is_empty());
+    assert_eq!(rig.meta.get(rig.ino).unwrap().size, 0);
+}
+
+#[test]
 fn a_replica_failing_mid_block_leaves_the_pipeline_under_a_new_stamp_and_the_packet_is_resent() {
     let rig = Rig::new(3, 3, 16);
     let log = rig.log();

@@ -94,6 +94,18 @@ pub trait Storage: Send + Sync + fmt::Debug {
         gs: u64,
         len: u64,
     ) -> Result<(), StorageError>;
+    /// A whole replica written at once straight into `finalized/`: the
+    /// only packet of a new block, at the close of a file that fit in it
+    /// (no rbw file, no renames). `crcs` are the CRCs of `data`'s chunks.
+    /// Leftovers of the block go first; nothing is synced (closing
+    /// promises no durability).
+    fn write_finalized(
+        &self,
+        block: u64,
+        gs: u64,
+        data: &[u8],
+        crcs: &[u32],
+    ) -> Result<(), StorageError>;
     /// Cuts a replica to `len` under the new stamp `new_gs`, durably.
     fn truncate(&self, block: u64, gs: u64, new_gs: u64, len: u64) -> Result<(), StorageError>;
 

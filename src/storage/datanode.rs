@@ -150,6 +150,21 @@ impl Storage for Datanode {
         replica::finalize_written(&self.layout, written, block, gs, len)
     }
 
+    fn write_finalized(
+        &self,
+        block: u64,
+        gs: u64,
+        data: &[u8],
+        crcs: &[u32],
+    ) -> Result<(), StorageError> {
+        let r = replica::write_finalized(&self.layout, block, gs, data, crcs);
+        match &r {
+            Ok(()) => self.io.wrote(data.len() as u64),
+            Err(_) => self.io.error(),
+        }
+        r
+    }
+
     fn truncate(&self, block: u64, gs: u64, new_gs: u64, len: u64) -> Result<(), StorageError> {
         replica::truncate(&self.layout, block, gs, new_gs, len)
     }

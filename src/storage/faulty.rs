@@ -254,6 +254,19 @@ impl Storage for Faulty {
         self.inner.finalize_written(w, block, gs, len)
     }
 
+    /// A create and a packet write at once: struck by faults on either.
+    fn write_finalized(
+        &self,
+        block: u64,
+        gs: u64,
+        data: &[u8],
+        crcs: &[u32],
+    ) -> Result<(), StorageError> {
+        self.check(Op::Create)?;
+        self.check(Op::Write)?;
+        self.inner.write_finalized(block, gs, data, crcs)
+    }
+
     fn truncate(&self, block: u64, gs: u64, new_gs: u64, len: u64) -> Result<(), StorageError> {
         self.check(Op::Truncate)?;
         self.inner.truncate(block, gs, new_gs, len)

@@ -10,7 +10,8 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use super::checksum::{
-    CHUNK_SIZE, crc, crc_offset, encode_header, longest_matching_prefix, meta_len_for,
+    CHUNK_SIZE, META_HEADER_LEN, crc, crc_offset, encode_header, longest_matching_prefix,
+    meta_len_for,
 };
 use super::error::StorageError;
 use super::fsops::{exists, file_len, fsync_dir, open_rw, read_full_at, rename, stat_len};
@@ -70,6 +71,61 @@ pub(crate) fn create_rbw(
         meta_path,
     };
     Ok(ReplicaWriter::new(block, files, 0, Vec::new(), io))
+}
+
+/// Writes a whole replica of `block`@`gs` straight into `finalized/`: the
+/// data file, then the meta file (header and `crcs` in one write), each
+/// created anew. A crash part way leaves an unrecorded block's files,
+/// which the orphan sweeps remove; nothing is synced here (see
+/// [`finalize`]). Leftover files of the block (an earlier attempt) are
+/// removed first.
+pub(crate) fn write_finalized(
+    l: &Layout,
+    block: u64,
+    gs: u64,
+    data: &[u8],
+    crcs: &[u32],
+) -> Result<(), StorageError> {
+    let data_path = l.data_path(ReplicaState::Finalized, block);
+    let create = |p: &Path| {
+        OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(p)
+    };
+    let file = match create(&data_path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            tracing::warn!(dn = %l.id, block, "removing a leftover replica");
+            locate::delete(l, block)?;
+            create(&data_path).map_err(|e| StorageError::io(&data_path, e))?
+        }
+        Err(e) => return Err(StorageError::io(&data_path, e)),
+    };
+    let meta_path = l.meta_path(ReplicaState::Finalized, block, gs);
+    let mut meta = Vec::with_capacity(META_HEADER_LEN as usize + crcs.len() * 4);
+    meta.extend_from_slice(&encode_header());
+    for c in crcs {
+        meta.extend_from_slice(&c.to_be_bytes());
+    }
+    let r = file
+        .write_all_at(data, 0)
+        .map_err(|e| StorageError::io(&data_path, e))
+        .and_then(|()| {
+            OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&meta_path)
+                .and_then(|m| m.write_all_at(&meta, 0))
+                .map_err(|e| StorageError::io(&meta_path, e))
+        });
+    if r.is_err() {
+        // Best effort: no half replica left behind.
+        let _ = fs::remove_file(&data_path);
+        let _ = fs::remove_file(&meta_path);
+    }
+    r
 }
 
 /// Continues writing a replica at length `len`: an rbw replica (pipeline
