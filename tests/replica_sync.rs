@@ -1,12 +1,15 @@
-//! How an fsync makes replicas durable (docs/SEMANTICS.md "Durability"): with
+//! How an fsync makes replicas durable (docs/SEMANTICS.md "Writing"): with
 //! `replica_sync=fs` (the default) one `syncfs(2)` per filesystem holding
 //! replicas of the file, so three replicas on one disk cost one cache flush
 //! instead of six `fdatasync`s; with `replica_sync=file` the per-file syncs.
+//! A stream that fsyncs often has its replicas zero-filled ahead of it, and
+//! from then on an fsync writes back only the pages it changed
+//! (`sync_file_range`) and flushes each disk once (one `fdatasync`).
 //! The daemon's system calls are watched with strace, the only way to see
-//! which of the two happened from outside.
+//! which of these happened from outside.
 
 mod common;
-use common::faults::Tmpfs;
+use common::faults::{Tmpfs, replica, verify_replica, wait_closed};
 use common::*;
 
 use std::path::{Path, PathBuf};
@@ -27,7 +30,13 @@ impl Trace {
         let out = m.dir.path().join("strace.out");
         let err = m.dir.path().join("strace.err");
         let child = Command::new("strace")
-            .args(["-f", "-y", "-qq", "-e", "trace=syncfs,fdatasync,fsync"])
+            .args([
+                "-f",
+                "-y",
+                "-qq",
+                "-e",
+                "trace=syncfs,fdatasync,fsync,sync_file_range",
+            ])
             .arg("-o")
             .arg(&out)
             .arg("-p")
@@ -79,16 +88,26 @@ fn traced_by(pid: u32, tracer: u32) -> bool {
     })
 }
 
-/// Appends 4 KiB and fsyncs, `n` times, through one descriptor.
+/// Appends 4 KiB and fsyncs, `n` times, through one descriptor: a stream
+/// that syncs often.
 fn append_and_fsync(m: &Mount, rel: &str, n: usize) {
+    append_and_fsync_each(m, rel, n, 4096);
+}
+
+/// Appends `each` bytes and fsyncs, `n` times, through one descriptor.
+fn append_and_fsync_each(m: &Mount, rel: &str, n: usize, each: usize) {
     let mut w = Agent::spawn(m.dir.path());
     w.ok(&format!("open {} wc", m.path(rel).display()));
     for i in 0..n {
-        w.ok(&format!("fill 4096 {}", (b'A' + i as u8) as char));
+        w.ok(&format!("fill {each} {}", (b'A' + i as u8) as char));
         w.ok("fsync");
     }
     w.ok("close");
 }
+
+/// Appends of 512 KiB between fsyncs: too far apart for the zero-filling
+/// of a stream that syncs often (every fsync stays a full one).
+const FAR: usize = 512 << 10;
 
 /// Lines of the trace that sync a replica file (data or checksums) one by
 /// one, and `syncfs` calls.
@@ -103,9 +122,21 @@ fn count(trace: &str) -> (usize, usize) {
 }
 
 fn expected(m: &Mount, rel: &str, n: usize) -> Vec<u8> {
-    let want: Vec<u8> = (0..n).flat_map(|i| vec![65 + i as u8; 4096]).collect();
+    expected_each(m, rel, n, 4096)
+}
+
+fn expected_each(m: &Mount, rel: &str, n: usize, each: usize) -> Vec<u8> {
+    let want: Vec<u8> = (0..n).flat_map(|i| vec![65 + i as u8; each]).collect();
     assert_eq!(m.read(rel), want);
     want
+}
+
+/// Lines of the trace with `sync_file_range` on a replica file.
+fn ranged(trace: &str) -> usize {
+    trace
+        .lines()
+        .filter(|l| l.contains("sync_file_range(") && l.contains("/blk_"))
+        .count()
 }
 
 #[test]
@@ -116,30 +147,44 @@ fn three_replicas_on_one_disk_take_one_syncfs_per_fsync() {
         ..Opts::default()
     });
     let t = Trace::attach(&m);
-    append_and_fsync(&m, "f", 4);
+    append_and_fsync_each(&m, "f", 3, FAR);
     let trace = t.finish();
     let (per_file, syncfs) = count(&trace);
     assert_eq!(per_file, 0, "replica files synced one by one:\n{trace}");
-    assert_eq!(syncfs, 4, "one syncfs per fsync:\n{trace}");
-    expected(&m, "f", 4);
+    assert_eq!(syncfs, 3, "one syncfs per fsync:\n{trace}");
+    assert_eq!(ranged(&trace), 0, "{trace}");
+    expected_each(&m, "f", 3, FAR);
 }
 
 #[test]
-fn replica_sync_file_syncs_data_and_checksums_of_every_replica() {
+fn a_stream_that_fsyncs_often_writes_back_its_pages_and_flushes_each_disk_once_per_fsync() {
     let m = Mount::with(Opts {
         datanodes: 3,
         replication: Some(3),
-        o: vec!["replica_sync=file".into()],
         ..Opts::default()
     });
     let t = Trace::attach(&m);
-    append_and_fsync(&m, "f", 4);
+    let n = 20;
+    append_and_fsync(&m, "f", n);
     let trace = t.finish();
     let (per_file, syncfs) = count(&trace);
-    assert_eq!(syncfs, 0, "{trace}");
-    // Data and checksum file of three replicas, at each of 4 fsyncs.
-    assert_eq!(per_file, 4 * 2 * 3, "{trace}");
-    expected(&m, "f", 4);
+    // The first two fsyncs: one syncfs each. Then the replicas are
+    // zero-filled ahead, 1 MiB (data and checksum file of each, synced
+    // once), and every later fsync of the 4 KiB appends is ranged: one
+    // fdatasync (the disk's cache flush) for the three replicas.
+    assert_eq!(syncfs, 2, "{trace}");
+    assert_eq!(per_file, 3 * 2 + (n - 2), "{trace}");
+    // Writeback started and waited for, on data and checksums of each.
+    assert!(ranged(&trace) >= (n - 2) * 3 * 2 * 2, "{trace}");
+    expected(&m, "f", n);
+    // Closed, the replicas are as long as the data again.
+    let b = wait_closed(&m, "f").remove(0);
+    assert_eq!(b.replicas.len(), 3);
+    for dn in &m.datanodes {
+        let r = replica(dn, b.id).expect("a replica on each datanode");
+        assert_eq!(std::fs::metadata(&r.data).unwrap().len(), (n * 4096) as u64);
+        verify_replica(dn, b.id, Some(b.gs), &expected(&m, "f", n)).unwrap();
+    }
 }
 
 #[test]
@@ -156,7 +201,7 @@ fn replicas_on_two_filesystems_take_one_syncfs_each() {
         dns.clone(),
     );
     let t = Trace::attach(&m);
-    append_and_fsync(&m, "f", 3);
+    append_and_fsync_each(&m, "f", 3, FAR);
     let trace = t.finish();
     let (per_file, syncfs) = count(&trace);
     assert_eq!(per_file, 0, "{trace}");
@@ -172,7 +217,29 @@ fn replicas_on_two_filesystems_take_one_syncfs_each() {
             Path::new(root).display()
         );
     }
-    expected(&m, "f", 3);
+    expected_each(&m, "f", 3, FAR);
+    // Zero-filled ahead, each disk gets its own cache flush.
+    let t = Trace::attach(&m);
+    let mut w = Agent::spawn(m.dir.path());
+    w.ok(&format!("open {} wa", m.path("f").display()));
+    for i in 0..6 {
+        w.ok(&format!("fill 4096 {}", (b'C' + i as u8) as char));
+        w.ok("fsync");
+    }
+    w.ok("close");
+    let trace = t.finish();
+    let flushes: Vec<&str> = trace
+        .lines()
+        .filter(|l| l.contains("fdatasync(") && l.contains("/rbw/blk_"))
+        .collect();
+    for d in &dns {
+        let root = d.to_str().unwrap();
+        assert!(
+            flushes.iter().any(|l| l.contains(root)),
+            "no cache flush through {}:\n{trace}",
+            Path::new(root).display()
+        );
+    }
 }
 
 #[test]

@@ -52,6 +52,11 @@ pub trait BlockMap: Send + Sync {
     fn commit(&self, changes: &[Change], durable: bool) -> FsResult<Vec<BlockRow>>;
     /// Makes every commit so far durable, cheaply when nothing changed.
     fn sync_if_needed(&self) -> FsResult<()>;
+    /// Whether [`Self::sync_if_needed`] has anything to do: an fsync that
+    /// changed no metadata then asks no thread to make it durable.
+    fn sync_pending(&self) -> bool {
+        true
+    }
     fn blocks(&self, ino: u64) -> FsResult<Vec<BlockRow>>;
     /// Every block of every file, ordered by (ino, idx).
     fn all_blocks(&self) -> FsResult<Vec<BlockRow>>;

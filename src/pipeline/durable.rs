@@ -81,27 +81,32 @@ pub(crate) fn closed_replica_syncs(ctx: &StreamCtx, who: Replica, gs: u64) -> Ve
     )]
 }
 
-/// Syncs `replicas` and the metadata store, all in parallel; `per_file`
-/// gives the per-file syncs of one replica (used where syncfs cannot be).
-/// Returns each replica's result; fails only if the metadata store could
-/// not be synced.
+/// Syncs `replicas` and the metadata store (when it has commits not yet
+/// durable), all in parallel with `extra` jobs and with `here`, which runs
+/// on the calling thread; `per_file` gives the per-file syncs of one
+/// replica (used where syncfs cannot be). Returns each replica's result;
+/// fails only if the metadata store could not be synced. When there is
+/// nothing but `here` to run, no other thread is involved.
 pub(crate) fn sync_replicas(
     ctx: &StreamCtx,
     mut replicas: Vec<Replica>,
     per_file: impl Fn(Replica) -> FsResult<Vec<SyncJob>>,
+    extra: Vec<SyncJob>,
+    here: impl FnOnce() -> Vec<Synced>,
 ) -> FsResult<Vec<ReplicaResult>> {
     let mut seen = HashSet::new();
     replicas.retain(|r| seen.insert(*r));
-    let meta = ctx.meta.clone();
-    // The store's sync is first: `run_parallel` runs the last job on this
-    // thread, and that should be a replica's (the store's is usually a
-    // no-op).
-    let mut jobs: Vec<SyncJob> = vec![Box::new(move || {
-        vec![Synced {
-            who: None,
-            result: meta.sync_if_needed(),
-        }]
-    })];
+    let mut jobs: Vec<SyncJob> = Vec::new();
+    if ctx.meta.sync_pending() {
+        let meta = ctx.meta.clone();
+        jobs.push(Box::new(move || {
+            vec![Synced {
+                who: None,
+                result: meta.sync_if_needed(),
+            }]
+        }));
+    }
+    jobs.extend(extra);
     let mut groups: Vec<FsGroup> = Vec::new();
     for who in replicas {
         let by_fs = ctx
@@ -155,7 +160,7 @@ pub(crate) fn sync_replicas(
             result: r,
         }),
     };
-    for Synced { who, result } in run_parallel(&ctx.rt, jobs) {
+    for Synced { who, result } in run_parallel(&ctx.rt, jobs, here) {
         match (who, result) {
             (None, r) => r?,
             // A syncfs error may be anyone's on that filesystem: the
@@ -167,7 +172,7 @@ pub(crate) fn sync_replicas(
         }
     }
     if !again.is_empty() {
-        for Synced { who, result } in run_parallel(&ctx.rt, again) {
+        for Synced { who, result } in run_parallel(&ctx.rt, again, Vec::new) {
             if let Some(w) = who {
                 merge(&mut results, w, result);
             }
@@ -245,11 +250,12 @@ pub fn sync_file(ctx: &StreamCtx, ino: u64) -> FsResult<()> {
     let mut rows = ctx.meta.blocks(ino)?;
     let replicas: Vec<Replica> = replicas_of(&rows).collect();
     let gs_of = |block: u64| rows.iter().find(|r| r.block_id == block).map(|r| r.gs);
-    let results = sync_replicas(ctx, replicas, |who| {
+    let per_file = |who: Replica| {
         Ok(gs_of(who.block)
             .map(|gs| closed_replica_syncs(ctx, who, gs))
             .unwrap_or_default())
-    })?;
+    };
+    let results = sync_replicas(ctx, replicas, per_file, Vec::new(), Vec::new)?;
     let changed = drop_failed(ctx, ino, &mut rows, &results)?;
     if !changed.is_empty() {
         let ch: Vec<Change> = changed.into_iter().map(Change::PutBlock).collect();
@@ -260,12 +266,15 @@ pub fn sync_file(ctx: &StreamCtx, ino: u64) -> FsResult<()> {
 }
 
 /// Runs independent jobs on the blocking pool (reused threads, so an fsync
-/// costs no thread creation), the last one on the calling thread; returns
-/// every result.
-fn run_parallel(rt: &tokio::runtime::Handle, mut jobs: Vec<SyncJob>) -> Vec<Synced> {
-    let Some(last) = jobs.pop() else {
-        return Vec::new();
-    };
+/// costs no thread creation) and `here` on the calling thread meanwhile,
+/// then the last job there too (one hand-off fewer: the usual fsync has
+/// `here` or one job, seldom both); returns every result.
+fn run_parallel(
+    rt: &tokio::runtime::Handle,
+    mut jobs: Vec<SyncJob>,
+    here: impl FnOnce() -> Vec<Synced>,
+) -> Vec<Synced> {
+    let last = jobs.pop();
     let (tx, rx) = std::sync::mpsc::channel();
     let n = jobs.len();
     for job in jobs {
@@ -275,7 +284,10 @@ fn run_parallel(rt: &tokio::runtime::Handle, mut jobs: Vec<SyncJob>) -> Vec<Sync
         });
     }
     drop(tx);
-    let mut out = last();
+    let mut out = here();
+    if let Some(job) = last {
+        out.extend(job());
+    }
     for _ in 0..n {
         match rx.recv() {
             Ok(r) => out.extend(r),

@@ -207,7 +207,14 @@ impl OutputStream {
                         self.publish_length(&streamer)?;
                         streamer.sync()
                     });
-                    d(r)
+                    let ok = r.is_ok();
+                    d(r);
+                    if ok {
+                        let _ = self.contained(|| {
+                            streamer.after_sync();
+                            Ok(())
+                        });
+                    }
                 }
                 Job::Close(d) => {
                     let r = self.contained(|| self.close_now(&mut streamer));

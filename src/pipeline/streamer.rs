@@ -9,13 +9,26 @@
 
 use super::block;
 use super::ctx::StreamFile;
-use super::durable::{self, Replica, SyncJob};
+use super::durable::{self, Replica, SyncJob, Synced};
 use super::outcome::FileOutcome;
 use super::pipe::OpenBlock;
 use super::state::Packet;
 use crate::error::{FsError, FsResult};
 use crate::meta::{BlockRow, Counter};
-use crate::sync::lock;
+use crate::storage::{SyncPlan, SyncTask};
+use std::collections::HashMap;
+
+use crate::sync::{Mutex, lock};
+
+/// A stream syncs often when it writes at most this much per fsync on
+/// average (and synced more than once): it then keeps its replicas
+/// zero-filled ahead of it (see [`DataStreamer::after_sync`]).
+const SYNC_OFTEN_BELOW: u64 = 256 << 10;
+/// How far ahead of the data replicas are zero-filled, in steps of
+/// `ZERO_STEP`, once less than `ZERO_LOW` is left.
+const ZERO_AHEAD: u64 = 1 << 20;
+const ZERO_STEP: u64 = 64 << 10;
+const ZERO_LOW: u64 = 256 << 10;
 
 /// The streamer's state: the open block, and what the stream knows of the
 /// file's blocks.
@@ -32,6 +45,10 @@ pub(crate) struct DataStreamer {
     /// block-list query when a new block starts (every small file's only
     /// block). `None` once a truncate or an abort may have changed that.
     new_from: Option<u64>,
+    /// Bytes sent and fsyncs done through this streamer, to tell a stream
+    /// that syncs often.
+    sent: u64,
+    syncs: u64,
 }
 
 /// The block holding the new end of a file being shrunk: its row as it
@@ -51,6 +68,8 @@ impl DataStreamer {
             crcs: Vec::new(),
             unsynced: Vec::new(),
             new_from,
+            sent: 0,
+            syncs: 0,
         }
     }
 
@@ -77,6 +96,7 @@ impl DataStreamer {
             self.block = Some(block::open(&self.file, p.off, known_new)?);
         }
         let b = self.block.as_mut().expect("opened above");
+        self.sent += p.data.len() as u64;
         let boff = p.off - b.start;
         self.crcs.clear();
         b.acc.crcs_for(boff, &p.data, &mut self.crcs);
@@ -90,7 +110,7 @@ impl DataStreamer {
         let bs = self.file.block_size;
         self.block.is_none()
             && !p.data.is_empty()
-            && p.off % bs == 0
+            && p.off.is_multiple_of(bs)
             && self.new_from.is_some_and(|n| p.off / bs >= n)
     }
 
@@ -162,17 +182,21 @@ impl DataStreamer {
         } else {
             Vec::new()
         };
-        let mut replicas: Vec<Replica> = Vec::new();
-        if let Some(b) = &self.block {
-            replicas.extend(b.replicas.iter().map(|r| Replica {
-                block: b.row.block_id,
-                dn: r.dn,
-            }));
-        }
-        replicas.extend(durable::replicas_of(&rows));
+        let mut replicas: Vec<Replica> = durable::replicas_of(&rows).collect();
+        let plans = match self.block.as_mut() {
+            Some(b) => plan_open(f, b, &mut replicas),
+            None => OpenPlans::default(),
+        };
+        let OpenPlans {
+            ranged,
+            full,
+            stashed,
+            failed,
+        } = plans;
         let block = self.block.as_ref();
-        let results =
-            durable::sync_replicas(ctx, replicas, |who| file_syncs(f, block, &rows, who))?;
+        let per_file = |who: Replica| file_syncs(f, &stashed, &rows, who);
+        let here = || ranged_syncs(f, block, ranged, failed);
+        let results = durable::sync_replicas(ctx, replicas, per_file, full, here)?;
         let mut changed = durable::drop_failed(ctx, f.ino, &mut rows, &results)?;
         if let Some(b) = self.block.as_mut() {
             let mut open = [b.row.clone()];
@@ -181,6 +205,9 @@ impl DataStreamer {
                 b.replicas.retain(|r| row.replicas.contains(&r.dn));
                 b.row.replicas = row.replicas.clone();
                 changed.push(row);
+            }
+            for r in b.replicas.iter_mut() {
+                r.w.synced();
             }
             b.synced = true;
         }
@@ -191,6 +218,33 @@ impl DataStreamer {
             lock(&ctx.synced_files).insert(f.ino);
         }
         Ok(())
+    }
+
+    /// After an fsync went through: a stream that syncs often (more than
+    /// once, a few hundred KiB apart at most) keeps its replicas
+    /// zero-filled ahead of it, so that its next syncs are ranged (see
+    /// `storage::writer`). Runs after the fsync's reply, before the next
+    /// job: its cost (zeros written and synced once per stretch) falls on
+    /// that job's wait, not on the sync just done.
+    pub fn after_sync(&mut self) {
+        self.syncs += 1;
+        let often = self.syncs >= 2 && self.sent / self.syncs <= SYNC_OFTEN_BELOW;
+        let Some(b) = self.block.as_mut().filter(|_| often) else {
+            return;
+        };
+        let dns = &self.file.ctx.dns;
+        for r in b.replicas.iter_mut() {
+            let len = r.w.len();
+            if r.w.zeroed() >= len + ZERO_LOW || !dns.get(r.dn).is_some_and(|n| n.ranged_sync()) {
+                continue;
+            }
+            let to = (len + ZERO_AHEAD).div_ceil(ZERO_STEP) * ZERO_STEP;
+            if let Err(e) = r.w.extend_zeroed(to.min(self.file.block_size)) {
+                // Its next syncs stay full ones; a failing disk shows in
+                // the next write or sync, where it is handled.
+                tracing::warn!(datanode = %r.dn, "cannot zero-fill a replica ahead: {e}");
+            }
+        }
     }
 
     /// Close, first half: finalises the last block (if one is open) and
@@ -319,26 +373,115 @@ impl DataStreamer {
     }
 }
 
-/// The per-file syncs that make one replica durable: through its writer
-/// (data, checksums, and the directory the first time) when it is a
-/// replica of the open block `open`, else of the closed replica at the
-/// stamp `rows` record.
+/// How the open block's replicas are synced (see [`plan_open`]).
+#[derive(Default)]
+struct OpenPlans {
+    /// Replicas synced ranged, by index in the block's pipeline, with the
+    /// filesystem each is on.
+    ranged: Vec<(usize, u64)>,
+    /// Full syncs to run in parallel.
+    full: Vec<SyncJob>,
+    /// The full syncs of replicas that go to their filesystem's `syncfs`,
+    /// in case it fails (then each replica is synced on its own).
+    stashed: Mutex<HashMap<Replica, Vec<SyncTask>>>,
+    /// Replicas whose sync could not even start.
+    failed: Vec<Synced>,
+}
+
+/// Plans the sync of each replica of the open block `b`: ranged where its
+/// files are zero-filled ahead and its filesystem allows it; else a full
+/// one, through its filesystem's `syncfs` (added to `by_fs`) where that
+/// is how replicas are synced, or through its own files.
+fn plan_open(f: &StreamFile, b: &mut OpenBlock, by_fs: &mut Vec<Replica>) -> OpenPlans {
+    let ctx = &f.ctx;
+    let mut p = OpenPlans::default();
+    for (k, r) in b.replicas.iter_mut().enumerate() {
+        let who = Replica {
+            block: b.row.block_id,
+            dn: r.dn,
+        };
+        let node = ctx.dns.get(r.dn);
+        let ranged = node.as_ref().is_some_and(|n| n.ranged_sync());
+        match r.w.begin_sync(ranged) {
+            Ok(SyncPlan::Clean) => {}
+            Ok(SyncPlan::Ranged) => p.ranged.push((k, node.map_or(0, |n| n.fs_id()))),
+            Ok(SyncPlan::Full(tasks)) => {
+                if node.is_some_and(|n| ctx.sync_by_fs && n.syncfs_is_barrier()) {
+                    by_fs.push(who);
+                    lock(&p.stashed).insert(who, tasks);
+                } else {
+                    p.full.extend(tasks.into_iter().map(|t| task_job(who, t)));
+                }
+            }
+            Err(e) => p.failed.push(Synced {
+                who: Some(who),
+                result: Err(e.into()),
+            }),
+        }
+    }
+    p
+}
+
+/// The ranged syncs of the open block `b` (by index, with their
+/// filesystems): every replica's writeback waited for, then one cache
+/// flush per filesystem, whose result is every replica's there. `failed`
+/// comes first.
+fn ranged_syncs(
+    f: &StreamFile,
+    b: Option<&OpenBlock>,
+    mut ranged: Vec<(usize, u64)>,
+    mut out: Vec<Synced>,
+) -> Vec<Synced> {
+    let Some(b) = b else { return out };
+    let who = |k: usize| {
+        Some(Replica {
+            block: b.row.block_id,
+            dn: b.replicas[k].dn,
+        })
+    };
+    ranged.sort_by_key(|&(_, fs)| fs);
+    for group in ranged.chunk_by(|a, b| a.1 == b.1) {
+        let mut waited = Vec::new();
+        for &(k, _) in group {
+            match b.replicas[k].w.end_ranged() {
+                Ok(()) => waited.push(k),
+                Err(e) => out.push(Synced {
+                    who: who(k),
+                    result: Err(e.into()),
+                }),
+            }
+        }
+        let Some(&first) = waited.first() else {
+            continue;
+        };
+        let flushed = b.replicas[first].w.flush().map_err(FsError::from);
+        if let Err(e) = &flushed {
+            tracing::warn!(ino = f.ino, "cache flush of a datanode's disk failed: {e}");
+        }
+        out.extend(waited.into_iter().map(|k| Synced {
+            who: who(k),
+            result: flushed.clone(),
+        }));
+    }
+    out
+}
+
+fn task_job(who: Replica, t: SyncTask) -> SyncJob {
+    durable::job(who, Box::new(move || t().map_err(FsError::from)))
+}
+
+/// The per-file syncs that make one replica durable: the full sync its
+/// writer planned (data, checksums, and the directory the first time)
+/// when it is a replica of the open block, else those of the closed
+/// replica at the stamp `rows` record.
 fn file_syncs(
     f: &StreamFile,
-    open: Option<&OpenBlock>,
+    stashed: &Mutex<HashMap<Replica, Vec<SyncTask>>>,
     rows: &[BlockRow],
     who: Replica,
 ) -> FsResult<Vec<SyncJob>> {
-    if let Some(b) = open.filter(|b| b.row.block_id == who.block) {
-        let Some(r) = b.replicas.iter().find(|r| r.dn == who.dn) else {
-            return Ok(Vec::new());
-        };
-        return Ok(r
-            .w
-            .sync_tasks()?
-            .into_iter()
-            .map(|t| durable::job(who, Box::new(move || t().map_err(FsError::from))))
-            .collect());
+    if let Some(tasks) = lock(stashed).remove(&who) {
+        return Ok(tasks.into_iter().map(|t| task_job(who, t)).collect());
     }
     Ok(rows
         .iter()

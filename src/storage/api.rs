@@ -18,9 +18,27 @@ use super::reader::ReplicaReader;
 use crate::metrics::IoCounters;
 use crate::sync::Arc;
 
-/// One independent piece of a replica's sync (see
-/// [`ReplicaWrite::sync_tasks`]).
+/// One independent piece of a replica's sync (see [`SyncPlan::Full`]).
 pub type SyncTask = Box<dyn FnOnce() -> Result<(), StorageError> + Send>;
+
+/// How a replica being written becomes durable at an fsync (see
+/// [`ReplicaWrite::begin_sync`]).
+pub enum SyncPlan {
+    /// Nothing was written since its last sync.
+    Clean,
+    /// Its files' sizes and blocks are durable already (they were
+    /// zero-filled ahead of the writer, see [`ReplicaWrite::extend_zeroed`]),
+    /// so only the pages written since the last sync must reach the disk:
+    /// their writeback has started. [`ReplicaWrite::end_ranged`] waits for
+    /// it, and one cache flush of the device (a [`ReplicaWrite::flush`] of
+    /// any replica there, after every wait) makes them durable: one flush
+    /// for every replica on a disk, and no inode, bitmap or directory write.
+    Ranged,
+    /// Data and metadata must be synced (and the directory, the first
+    /// time): these tasks, which the caller may run in parallel with each
+    /// other and with other replicas' syncs.
+    Full(Vec<SyncTask>),
+}
 
 /// A replica being written (rbw), open for appends.
 pub trait ReplicaWrite: Send + fmt::Debug {
@@ -38,15 +56,49 @@ pub trait ReplicaWrite: Send + fmt::Debug {
     /// length is unchanged.
     fn write_packet(&mut self, offset: u64, data: &[u8], crcs: &[u32]) -> Result<(), StorageError>;
 
-    /// The work that makes everything written durable, as independent
-    /// tasks a caller may run in parallel with each other and with other
-    /// replicas' syncs.
-    fn sync_tasks(&self) -> Result<Vec<SyncTask>, StorageError>;
+    /// Starts making everything written so far durable (see [`SyncPlan`]);
+    /// [`Self::synced`] once it succeeded. `ranged`: the datanode's
+    /// filesystem overwrites allocated blocks in place (ext4, xfs), so a
+    /// ranged sync suffices where the files are zero-filled ahead.
+    fn begin_sync(&mut self, ranged: bool) -> Result<SyncPlan, StorageError>;
 
-    /// [`Self::sync_tasks`], run one after the other.
-    fn sync(&self) -> Result<(), StorageError> {
-        self.sync_tasks()?.into_iter().try_for_each(|t| t())
+    /// Waits for the writeback a [`SyncPlan::Ranged`] started.
+    fn end_ranged(&self) -> Result<(), StorageError>;
+
+    /// A cache flush of the replica's device: an `fdatasync` of its data
+    /// file, which after [`Self::end_ranged`] has nothing else to write.
+    fn flush(&self) -> Result<(), StorageError>;
+
+    /// The sync [`Self::begin_sync`] planned succeeded.
+    fn synced(&mut self);
+
+    /// Makes everything written durable, one task after the other.
+    fn sync(&mut self) -> Result<(), StorageError> {
+        match self.begin_sync(false)? {
+            SyncPlan::Clean => {}
+            SyncPlan::Ranged => {
+                self.end_ranged()?;
+                self.flush()?;
+            }
+            SyncPlan::Full(tasks) => tasks.into_iter().try_for_each(|t| t())?,
+        }
+        self.synced();
+        Ok(())
     }
+
+    /// Bytes of data the files are durably allocated for (written with
+    /// data or zeros, and sized, on stable storage): syncs of appends
+    /// that stay below it can be ranged.
+    fn zeroed(&self) -> u64;
+
+    /// Zero-fills both files ahead of the writer, for `to` bytes of data
+    /// and their checksums, and makes that durable (their size and blocks
+    /// included), so that later syncs of appends below `to` are ranged.
+    fn extend_zeroed(&mut self, to: u64) -> Result<(), StorageError>;
+
+    /// Closes the writer, cutting the files back to the data written if
+    /// they were zero-filled past it; returns its length.
+    fn finish(self: Box<Self>) -> Result<u64, StorageError>;
 
     /// The bytes after the last 512-byte boundary when the replica was
     /// reopened for append (empty for a new replica), for
@@ -206,6 +258,14 @@ pub trait Storage: Send + Sync + fmt::Debug {
     /// Whether [`Self::sync_fs`] makes this datanode's replicas durable
     /// (else each replica needs its own syncs).
     fn syncfs_is_barrier(&self) -> bool;
+    /// Whether the datanode's filesystem overwrites a file's allocated
+    /// blocks in place, without changing its metadata (ext2/3/4, xfs, and
+    /// tmpfs, which keeps nothing anyway): then the writeback of pages
+    /// written over zero-filled ones and a cache flush of the device make
+    /// them durable ([`SyncPlan::Ranged`]). Not on copy-on-write
+    /// filesystems (btrfs, zfs) nor on FUSE, where neither reaches a disk
+    /// the way it must.
+    fn ranged_sync(&self) -> bool;
     /// The heartbeat probe: still this datanode, and writable; returns the
     /// bytes free. A full disk gives [`StorageError::NoSpace`].
     fn heartbeat(&self) -> Result<u64, StorageError>;

@@ -41,6 +41,8 @@ pub struct Datanode {
     /// any other FUSE mount syncfs returns at once having asked the
     /// daemon nothing.
     syncfs_barrier: bool,
+    /// See [`Storage::ranged_sync`].
+    ranged: bool,
 }
 
 impl Datanode {
@@ -61,6 +63,12 @@ impl Datanode {
             .map_err(|e| StorageError::io(root, io::Error::from(e)))?
             .filesystem_type();
         let syncfs_barrier = fs_type != nix::sys::statfs::FUSE_SUPER_MAGIC;
+        let ranged = [
+            nix::sys::statfs::EXT4_SUPER_MAGIC,
+            nix::sys::statfs::XFS_SUPER_MAGIC,
+            nix::sys::statfs::TMPFS_MAGIC,
+        ]
+        .contains(&fs_type);
         if !syncfs_barrier {
             tracing::info!(
                 datanode = %id,
@@ -75,6 +83,7 @@ impl Datanode {
             dev,
             io: Arc::default(),
             syncfs_barrier,
+            ranged,
         })
     }
 
@@ -145,8 +154,7 @@ impl Storage for Datanode {
         gs: u64,
         len: u64,
     ) -> Result<(), StorageError> {
-        let written = w.len();
-        drop(w);
+        let written = w.finish()?;
         replica::finalize_written(&self.layout, written, block, gs, len)
     }
 
@@ -242,6 +250,10 @@ impl Storage for Datanode {
 
     fn syncfs_is_barrier(&self) -> bool {
         self.syncfs_barrier
+    }
+
+    fn ranged_sync(&self) -> bool {
+        self.ranged
     }
 
     fn heartbeat(&self) -> Result<u64, StorageError> {

@@ -13,7 +13,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::api::{ReplicaWrite, Storage, SyncTask};
+use super::api::{ReplicaWrite, Storage, SyncPlan, SyncTask};
 use super::datanode::Datanode;
 use super::error::StorageError;
 use super::layout::{DnId, ReplicaInfo, ReplicaStat, ReplicaState};
@@ -187,13 +187,38 @@ impl ReplicaWrite for FaultyWriter {
         self.inner.write_packet(offset, data, crcs)
     }
 
-    /// A struck sync fails in its task, as an `fsync` of the file would.
-    fn sync_tasks(&self) -> Result<Vec<SyncTask>, StorageError> {
+    /// A struck sync fails in its task, as an `fsync` of the file would
+    /// (a struck sync is always a full one).
+    fn begin_sync(&mut self, ranged: bool) -> Result<SyncPlan, StorageError> {
         if let Err(e) = self.faults.check(Op::Sync, &self.path) {
             let failed: SyncTask = Box::new(move || Err(e));
-            return Ok(vec![failed]);
+            return Ok(SyncPlan::Full(vec![failed]));
         }
-        self.inner.sync_tasks()
+        self.inner.begin_sync(ranged)
+    }
+
+    fn end_ranged(&self) -> Result<(), StorageError> {
+        self.inner.end_ranged()
+    }
+
+    fn flush(&self) -> Result<(), StorageError> {
+        self.inner.flush()
+    }
+
+    fn synced(&mut self) {
+        self.inner.synced()
+    }
+
+    fn zeroed(&self) -> u64 {
+        self.inner.zeroed()
+    }
+
+    fn extend_zeroed(&mut self, to: u64) -> Result<(), StorageError> {
+        self.inner.extend_zeroed(to)
+    }
+
+    fn finish(self: Box<Self>) -> Result<u64, StorageError> {
+        self.inner.finish()
     }
 
     fn take_resume_tail(&mut self) -> Vec<u8> {
@@ -331,6 +356,10 @@ impl Storage for Faulty {
 
     fn syncfs_is_barrier(&self) -> bool {
         self.inner.syncfs_is_barrier()
+    }
+
+    fn ranged_sync(&self) -> bool {
+        self.inner.ranged_sync()
     }
 
     fn heartbeat(&self) -> Result<u64, StorageError> {

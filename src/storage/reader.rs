@@ -111,11 +111,39 @@ impl ReplicaReader {
     }
 
     /// How many bytes the replica holds with a checksum each could cover:
-    /// the data, cut to what the checksum file has room for.
+    /// the data, cut to what the checksum file has room for, less the
+    /// zeros a writer that synced often filled its files with ahead of
+    /// itself (chunks of zeros whose checksum slot is zero too: a written
+    /// chunk of zeros has a checksum that is not).
     pub fn present_len(&self) -> Result<u64, StorageError> {
         let meta_len = file_len(&self.meta, &self.meta_path)?;
         let ncrc = meta_len.saturating_sub(META_HEADER_LEN) / CRC_LEN;
-        Ok(self.data_len()?.min(ncrc * CS))
+        let mut end = chunk_count(self.data_len()?.min(ncrc * CS));
+        const BATCH: u64 = 256;
+        let mut data = vec![0u8; (BATCH * CS) as usize];
+        let mut slots = vec![0u8; (BATCH * CRC_LEN) as usize];
+        while end > 0 {
+            let n = BATCH.min(end);
+            let first = end - n;
+            let mgot = read_full_at(
+                &self.meta,
+                &mut slots[..(n * CRC_LEN) as usize],
+                crc_offset(first),
+            )
+            .map_err(|e| StorageError::io(&self.meta_path, e))?;
+            let dgot = read_full_at(&self.data, &mut data[..(n * CS) as usize], first * CS)
+                .map_err(|e| StorageError::io(&self.data_path, e))?;
+            for j in (0..n as usize).rev() {
+                let slot = slots.get(j * 4..j * 4 + 4).filter(|_| j * 4 + 4 <= mgot);
+                let chunk = &data[(j * CHUNK_SIZE).min(dgot)..((j + 1) * CHUNK_SIZE).min(dgot)];
+                let zero = slot.is_some_and(|c| c == [0; 4]) && chunk.iter().all(|&b| b == 0);
+                if !zero {
+                    return Ok(self.data_len()?.min((first + j as u64 + 1) * CS));
+                }
+            }
+            end = first;
+        }
+        Ok(0)
     }
 
     /// Reads up to `buf.len()` bytes at `offset`, verifying the CRC of every
@@ -212,12 +240,18 @@ impl ReplicaReader {
             if crc(bytes) == stored {
                 continue;
             }
-            if i + 1 == nchunks
-                && self.being_written()
-                && let Some(k) = longest_matching_prefix(bytes, 0, stored)
-            {
-                avail = a + k;
-                continue;
+            // Where a replica being written ends: in its last checksummed
+            // chunk, or where the zeros it was filled with ahead begin
+            // (their checksum slots are zero too).
+            if self.being_written() {
+                if let Some(k) = longest_matching_prefix(bytes, 0, stored) {
+                    avail = a + k;
+                    break;
+                }
+                if stored == 0 && bytes.iter().all(|&b| b == 0) {
+                    avail = a;
+                    break;
+                }
             }
             return Err(self.corrupt(chunk_start + a as u64));
         }
@@ -261,12 +295,13 @@ impl ReplicaReader {
                 let m = &meta[j * 4..j * 4 + 4];
                 let stored = u32::from_be_bytes([m[0], m[1], m[2], m[3]]);
                 let last = c + j as u64 + 1 == ncrc || b - a < CHUNK_SIZE;
-                if !last {
-                    if crc(bytes) != stored {
-                        return Ok(start);
-                    }
+                if !last && crc(bytes) == stored {
                     continue;
                 }
+                // The last chunk, or the first that does not match: the
+                // data may end inside it (followed by more data that no
+                // checksum covers yet, or by the zeros a writer filled its
+                // files with ahead of itself).
                 let k = longest_matching_prefix(bytes, 0, stored).unwrap_or(0);
                 return Ok(start + k as u64);
             }

@@ -87,12 +87,7 @@ pub(crate) fn write_finalized(
     crcs: &[u32],
 ) -> Result<(), StorageError> {
     let data_path = l.data_path(ReplicaState::Finalized, block);
-    let create = |p: &Path| {
-        OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(p)
-    };
+    let create = |p: &Path| OpenOptions::new().write(true).create_new(true).open(p);
     let file = match create(&data_path) {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {

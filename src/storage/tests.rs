@@ -633,3 +633,112 @@ mod maintenance {
         ));
     }
 }
+
+mod zero_fill {
+    use std::fs;
+
+    use crate::storage::checksum::{ChunkAccumulator, meta_len_for};
+    use crate::storage::testkit::{dn, read_all, stream};
+    use crate::storage::{ReplicaState, ReplicaWrite, Storage, SyncPlan};
+
+    /// Appends `data` to `w` in one packet, without syncing.
+    fn put(w: &mut dyn ReplicaWrite, acc: &mut ChunkAccumulator, data: &[u8]) {
+        let mut crcs = Vec::new();
+        let off = w.len();
+        acc.crcs_for(off, data, &mut crcs);
+        w.write_packet(off, data, &crcs).unwrap();
+    }
+
+    fn plan(w: &mut dyn ReplicaWrite) -> &'static str {
+        match w.begin_sync(true).unwrap() {
+            SyncPlan::Clean => "clean",
+            SyncPlan::Ranged => "ranged",
+            SyncPlan::Full(tasks) => {
+                for t in tasks {
+                    t().unwrap();
+                }
+                "full"
+            }
+        }
+    }
+
+    #[test]
+    fn syncs_inside_the_zero_filled_stretch_are_ranged_and_the_rest_full() {
+        let dir = tempfile::tempdir().unwrap();
+        let dn = dn(&dir, 0);
+        assert!(
+            dn.ranged_sync(),
+            "the test directory is on ext4, xfs or tmpfs"
+        );
+        let mut w = dn.create_rbw(1, 1).unwrap();
+        let mut acc = ChunkAccumulator::new();
+        let data = stream(12_000, 3);
+        // Before its files' names are durable a replica's sync is full.
+        put(&mut *w, &mut acc, &data[..1000]);
+        assert_eq!(plan(&mut *w), "full");
+        w.synced();
+        assert_eq!(plan(&mut *w), "clean");
+        w.extend_zeroed(8192).unwrap();
+        assert_eq!(w.zeroed(), 8192);
+        let l = dn.layout();
+        let (data_path, meta_path) = (
+            l.data_path(ReplicaState::Rbw, 1),
+            l.meta_path(ReplicaState::Rbw, 1, 1),
+        );
+        assert_eq!(fs::metadata(&data_path).unwrap().len(), 8192);
+        assert_eq!(fs::metadata(&meta_path).unwrap().len(), meta_len_for(8192));
+        // Appends inside the stretch: ranged, one cache flush.
+        put(&mut *w, &mut acc, &data[1000..5000]);
+        assert_eq!(plan(&mut *w), "ranged");
+        w.end_ranged().unwrap();
+        w.flush().unwrap();
+        w.synced();
+        // The files keep their size; the checksums say where the data ends,
+        // for readers and for recovery.
+        assert_eq!(fs::metadata(&data_path).unwrap().len(), 8192);
+        assert_eq!(read_all(&dn, 1, 1, 5000), &data[..5000]);
+        assert_eq!(dn.valid_prefix(1, 1).unwrap(), 5000);
+        // Past it: a full sync again (the files grow).
+        put(&mut *w, &mut acc, &data[5000..12_000]);
+        assert_eq!(plan(&mut *w), "full");
+        w.synced();
+        assert_eq!(w.zeroed(), 12_000);
+        // Finishing cuts the zeros: a finalized replica is as long as its data.
+        let len = w.finish().unwrap();
+        assert_eq!(len, 12_000);
+        assert_eq!(fs::metadata(&data_path).unwrap().len(), 12_000);
+        assert_eq!(
+            fs::metadata(&meta_path).unwrap().len(),
+            meta_len_for(12_000)
+        );
+    }
+
+    #[test]
+    fn a_zero_filled_replica_left_by_a_crash_is_recovered_to_its_data() {
+        let dir = tempfile::tempdir().unwrap();
+        let dn = dn(&dir, 0);
+        let mut w = dn.create_rbw(2, 5).unwrap();
+        let mut acc = ChunkAccumulator::new();
+        // Ends inside a chunk, so the chunk holds data then zeros.
+        let data = stream(3000, 4);
+        put(&mut *w, &mut acc, &data[..100]);
+        w.sync().unwrap();
+        w.extend_zeroed(1 << 20).unwrap();
+        put(&mut *w, &mut acc, &data[100..]);
+        w.sync().unwrap();
+        drop(w); // the daemon dies: nothing cuts the zeros
+        assert_eq!(dn.valid_prefix(2, 5).unwrap(), 3000);
+        // A lost tail is told from damage by what is present: zeros whose
+        // checksum slots are zero too are not.
+        assert_eq!(dn.clean_prefix(2, 5).unwrap(), Some(3000));
+        assert_eq!(read_all(&dn, 2, 5, 3000), data);
+        // Recovery cuts it to the agreed length, and the zeros go with it.
+        dn.truncate(2, 5, 6, 2500).unwrap();
+        assert_eq!(dn.stat_replica(2, 6).unwrap().data_len, 2500);
+        assert_eq!(dn.valid_prefix(2, 6).unwrap(), 2500);
+        // So does reopening it for append.
+        let w = dn.reopen_rbw(2, 6, 2000).unwrap();
+        assert_eq!(w.len(), 2000);
+        assert_eq!(dn.stat_replica(2, 6).unwrap().data_len, 2000);
+    }
+}

@@ -1,5 +1,18 @@
 //! [`ReplicaWriter`]: the open data and meta files of one replica being
-//! written (rbw), appended to packet by packet.
+//! written (rbw), appended to packet by packet, and made durable at each
+//! fsync.
+//!
+//! A sync of appends writes the new data and its checksums, and, for files
+//! that grew, their new size and blocks: on a local filesystem that is an
+//! inode, a bitmap and the data of two files, written one after the other
+//! (`fdatasync` writes the data, waits, then the metadata). A writer that
+//! syncs often zero-fills its files ahead of itself instead
+//! ([`ReplicaWrite::extend_zeroed`]: size and blocks made durable once per
+//! stretch), and its later syncs only write back the pages that changed
+//! (`sync_file_range`) and leave the cache flush to one `fdatasync` per
+//! device ([`SyncPlan::Ranged`]). Such files are longer than the data
+//! they hold until the writer finishes; the checksums say where the data
+//! ends (see [`super::reader`]).
 //!
 //! Ordering contract with [`super::reader`]: the writer writes a packet's
 //! data before its checksums, and the reader reads checksums before data.
@@ -10,8 +23,8 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use super::api::{ReplicaWrite, SyncTask};
-use super::checksum::{CHUNK_SIZE, chunk_count, crc_offset};
+use super::api::{ReplicaWrite, SyncPlan, SyncTask};
+use super::checksum::{CHUNK_SIZE, chunk_count, crc_offset, meta_len_for};
 use super::error::StorageError;
 use super::fsops::fsync_dir;
 use crate::metrics::IoCounters;
@@ -41,6 +54,15 @@ pub struct ReplicaWriter {
     /// Reused buffer for the big-endian CRCs of a packet.
     meta_buf: Vec<u8>,
     synced_once: AtomicBool,
+    /// Data bytes known durable, and the length the sync under way will
+    /// make durable.
+    synced_len: u64,
+    pending: Option<u64>,
+    /// Data bytes the files are durably allocated for (see
+    /// [`ReplicaWrite::zeroed`]).
+    zeroed: u64,
+    /// The files were zero-filled past the data at some point.
+    filled: bool,
     /// The partial last chunk found when the replica was reopened.
     resume_tail: Vec<u8>,
     /// Its datanode's counters.
@@ -85,6 +107,10 @@ impl ReplicaWriter {
             len,
             meta_buf: Vec::new(),
             synced_once: AtomicBool::new(false),
+            synced_len: 0,
+            pending: None,
+            zeroed: 0,
+            filled: false,
             resume_tail,
             io: io.clone(),
         }
@@ -138,11 +164,42 @@ impl ReplicaWriter {
         Ok(())
     }
 
+    /// `sync_file_range` with `flags` over what was written since the last
+    /// sync: the data, and the checksums from the chunk it ended in.
+    fn writeback(&self, flags: libc::c_uint) -> Result<(), StorageError> {
+        const PAGE: u64 = 4096;
+        let from = self.synced_len / PAGE * PAGE;
+        let meta_from = crc_offset(self.synced_len / CS) / PAGE * PAGE;
+        let meta_to = crc_offset(chunk_count(self.len));
+        for (file, path, a, b) in [
+            (&self.data, &self.data_path, from, self.len),
+            (&self.meta, &self.meta_path, meta_from, meta_to),
+        ] {
+            if b > a {
+                sync_file_range(file, a, b - a, flags).map_err(|e| StorageError::io(path, e))?;
+            }
+        }
+        Ok(())
+    }
+
     fn bad_packet(&self, reason: String) -> StorageError {
         StorageError::BadPacket {
             path: self.data_path.clone(),
             reason,
         }
+    }
+}
+
+/// `sync_file_range(2)` of `len` bytes at `off`.
+fn sync_file_range(f: &File, off: u64, len: u64, flags: libc::c_uint) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a plain system call on a descriptor `f` keeps open; it
+    // touches no memory of ours.
+    let r = unsafe { libc::sync_file_range(f.as_raw_fd(), off as i64, len as i64, flags) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
     }
 }
 
@@ -162,10 +219,22 @@ impl ReplicaWrite for ReplicaWriter {
         r
     }
 
-    /// `fdatasync` of data and checksums; the first time a full `fsync`
-    /// of both and of the directory, so that the new directory entries
-    /// survive a crash too.
-    fn sync_tasks(&self) -> Result<Vec<SyncTask>, StorageError> {
+    /// Ranged when the datanode allows it and everything written since
+    /// the last sync lies in the zero-filled stretch (and the files' names
+    /// are durable: not before the first full sync); else `fdatasync` of
+    /// data and checksums, the first time a full `fsync` of both and of
+    /// the directory, so that the new directory entries survive a crash
+    /// too.
+    fn begin_sync(&mut self, ranged: bool) -> Result<SyncPlan, StorageError> {
+        let once = self.synced_once.load(Ordering::Acquire);
+        if once && self.len == self.synced_len {
+            return Ok(SyncPlan::Clean);
+        }
+        self.pending = Some(self.len);
+        if ranged && once && self.len <= self.zeroed {
+            self.writeback(libc::SYNC_FILE_RANGE_WRITE)?;
+            return Ok(SyncPlan::Ranged);
+        }
         let first = !self.synced_once.swap(true, Ordering::AcqRel);
         let mut v: Vec<SyncTask> = Vec::new();
         for (file, path) in [(&self.data, &self.data_path), (&self.meta, &self.meta_path)] {
@@ -180,7 +249,70 @@ impl ReplicaWrite for ReplicaWriter {
             let dir = self.dir.clone();
             v.push(Box::new(move || fsync_dir(&dir)));
         }
-        Ok(v)
+        Ok(SyncPlan::Full(v))
+    }
+
+    fn end_ranged(&self) -> Result<(), StorageError> {
+        self.writeback(
+            libc::SYNC_FILE_RANGE_WAIT_BEFORE
+                | libc::SYNC_FILE_RANGE_WRITE
+                | libc::SYNC_FILE_RANGE_WAIT_AFTER,
+        )
+    }
+
+    fn flush(&self) -> Result<(), StorageError> {
+        self.data
+            .sync_data()
+            .map_err(|e| StorageError::io(&self.data_path, e))
+    }
+
+    fn synced(&mut self) {
+        if let Some(len) = self.pending.take() {
+            self.synced_len = len;
+            // A full sync made the blocks up to here durable too.
+            self.zeroed = self.zeroed.max(len);
+        }
+    }
+
+    fn zeroed(&self) -> u64 {
+        self.zeroed
+    }
+
+    /// Zeros go after whatever the files hold (data, or earlier zeros), in
+    /// pieces of 1 MiB from one buffer; then both files are synced.
+    fn extend_zeroed(&mut self, to: u64) -> Result<(), StorageError> {
+        if to <= self.zeroed {
+            return Ok(());
+        }
+        let zeros = vec![0u8; 1 << 20];
+        for (file, path, want) in [
+            (&self.data, &self.data_path, to),
+            (&self.meta, &self.meta_path, meta_len_for(to)),
+        ] {
+            let mut at = super::fsops::file_len(file, path)?;
+            while at < want {
+                let n = (want - at).min(zeros.len() as u64) as usize;
+                file.write_all_at(&zeros[..n], at)
+                    .map_err(|e| StorageError::io(path, e))?;
+                at += n as u64;
+            }
+            file.sync_data().map_err(|e| StorageError::io(path, e))?;
+        }
+        self.filled = true;
+        self.zeroed = to;
+        Ok(())
+    }
+
+    fn finish(self: Box<Self>) -> Result<u64, StorageError> {
+        if self.filled {
+            self.data
+                .set_len(self.len)
+                .map_err(|e| StorageError::io(&self.data_path, e))?;
+            self.meta
+                .set_len(meta_len_for(self.len))
+                .map_err(|e| StorageError::io(&self.meta_path, e))?;
+        }
+        Ok(self.len)
     }
 
     fn take_resume_tail(&mut self) -> Vec<u8> {

@@ -127,6 +127,10 @@ impl BlockMap for EtcdMeta {
         Ok(())
     }
 
+    fn sync_pending(&self) -> bool {
+        false
+    }
+
     fn blocks(&self, ino: u64) -> FsResult<Vec<BlockRow>> {
         self.scan_blocks(&blocks_of(ino))
     }

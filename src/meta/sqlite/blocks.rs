@@ -149,6 +149,10 @@ impl BlockMap for MetaStore {
         Ok(())
     }
 
+    fn sync_pending(&self) -> bool {
+        self.synced.load(Ordering::Acquire) < self.commits.load(Ordering::Acquire)
+    }
+
     fn blocks(&self, ino: u64) -> FsResult<Vec<BlockRow>> {
         blocks_in(&lock(&self.conn), ino)
     }
