@@ -45,6 +45,10 @@ pub(super) struct Opener {
     pub who: proc_info::Ident,
     pub uid: u32,
     pub fence: Option<u32>,
+    /// The inode as the request that created it just made it (no
+    /// capability xattr, nobody else's change yet): the grant then reads
+    /// nothing. Only on a lone daemon.
+    pub created: Option<Inode>,
 }
 
 /// The cluster side of a daemon that shares its namespace (etcd): claims
@@ -275,6 +279,19 @@ impl Core {
     /// first, which may complete later (lease_wait, a pending release, or
     /// recovery of an expired holder).
     pub fn open(self: &Arc<Self>, ino: u64, flags: i32, caller: Caller, reply: Reply<Opened>) {
+        self.open_as(ino, None, flags, caller, reply)
+    }
+
+    /// [`Self::open`], of the inode `created` when the same request just
+    /// created it (see [`Opener::created`]).
+    pub(super) fn open_as(
+        self: &Arc<Self>,
+        ino: u64,
+        created: Option<Inode>,
+        flags: i32,
+        caller: Caller,
+        reply: Reply<Opened>,
+    ) {
         let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
         let fh = self.handles.next_fh();
         if !write {
@@ -296,6 +313,7 @@ impl Core {
             who,
             uid: caller.uid,
             fence,
+            created: created.filter(|_| self.cluster.is_none()),
         };
         if let Some(cl) = self.cluster.clone() {
             // Claiming waits on the network: not on a request thread.
@@ -445,8 +463,17 @@ impl Core {
         grant: Grant,
         reply: Reply<Opened>,
     ) {
-        let Opener { who, uid, fence } = opener;
-        let (inode, has_caps) = match self.meta().get_with_xattr(ino, privs::CAPABILITY) {
+        let Opener {
+            who,
+            uid,
+            fence,
+            created,
+        } = opener;
+        let found = match created {
+            Some(i) => Ok((i, false)),
+            None => self.meta().get_with_xattr(ino, privs::CAPABILITY),
+        };
+        let (inode, has_caps) = match found {
             Ok((i, caps)) if i.kind == Kind::File => (i, caps),
             r => {
                 self.leases.release(ino, fh);
@@ -844,8 +871,11 @@ impl Core {
     }
 
     /// One open fewer; an unlinked file goes away with its last open.
+    /// Over etcd another daemon may have removed its last name: the store
+    /// says; on a lone daemon the unlink told its handles.
     fn drop_open(&self, ino: u64) {
-        if self.handles.drop_open(ino)
+        if let Some(unlinked) = self.handles.drop_open(ino)
+            && (unlinked || self.cluster.is_some())
             && let Ok(i) = self.meta().get(ino)
             && i.nlink == 0
         {
@@ -861,10 +891,6 @@ impl Core {
             Ok(blocks) => self.deletions.delete(blocks),
             Err(e) => tracing::error!(ino, "cannot delete inode: {e}"),
         }
-    }
-
-    pub(crate) fn is_open(&self, ino: u64) -> bool {
-        self.handles.is_open(ino)
     }
 
     // ---- truncate -------------------------------------------------------

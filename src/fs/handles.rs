@@ -46,6 +46,9 @@ pub struct OpenFile {
     /// known since a writer opened the file; kept current by this daemon's
     /// chmod and setxattr.
     pub privs: AtomicU8,
+    /// Its last name was removed while it was open (set under `opens`):
+    /// the last release deletes it.
+    unlinked: AtomicBool,
 }
 
 /// The handle table of a mount.
@@ -119,24 +122,35 @@ impl Handles {
             .collect()
     }
 
-    /// One open of `ino` fewer; true when it was the last.
-    pub fn drop_open(&self, ino: u64) -> bool {
+    /// One open of `ino` fewer. When it was the last: `Some`, with whether
+    /// its last name was removed meanwhile ([`Handles::unlinked_while_open`]).
+    pub fn drop_open(&self, ino: u64) -> Option<bool> {
         let last = {
-            let Some(of) = self.file(ino) else {
-                return false;
-            };
+            let of = self.file(ino)?;
             let mut n = lock(&of.opens);
             *n = n.saturating_sub(1);
-            *n == 0
+            (*n == 0).then(|| of.unlinked.load(Ordering::Relaxed))
         };
-        if last {
+        if last.is_some() {
             self.files.remove_if(&ino, |_, f| *lock(&f.opens) == 0);
         }
         last
     }
 
-    pub fn is_open(&self, ino: u64) -> bool {
-        self.files.get(&ino).is_some_and(|f| *lock(&f.opens) > 0)
+    /// The last name of `ino` is gone: true when it is open (its last
+    /// release is told, see [`Handles::drop_open`]), false when the caller
+    /// deletes it now. Decided under the same lock as the last release,
+    /// so exactly one of the two deletes it.
+    pub fn unlinked_while_open(&self, ino: u64) -> bool {
+        let Some(of) = self.file(ino) else {
+            return false;
+        };
+        let n = lock(&of.opens);
+        if *n == 0 {
+            return false;
+        }
+        of.unlinked.store(true, Ordering::Relaxed);
+        true
     }
 
     /// The first handle for which `pred` holds.

@@ -60,6 +60,11 @@ impl Core {
     /// Its permissions come from the directory's default ACL, or else from
     /// the mode and umask (see `new_node_acls`).
     pub fn mknode(&self, parent: u64, name: &[u8], node: Node, caller: Caller) -> FsResult<Attr> {
+        self.make_node(parent, name, node, caller)
+            .map(|i| Attr::from_inode(&i))
+    }
+
+    fn make_node(&self, parent: u64, name: &[u8], node: Node, caller: Caller) -> FsResult<Inode> {
         let Node {
             kind,
             mode,
@@ -80,7 +85,7 @@ impl Core {
         } else {
             caller.gid
         };
-        let i = self.meta().create(
+        self.meta().create(
             parent,
             name,
             NewNode {
@@ -93,13 +98,14 @@ impl Core {
                 block_size: self.opts.block_size,
                 xattrs,
             },
-        )?;
-        Ok(Attr::from_inode(&i))
+        )
     }
 
     /// open(O_CREAT): creates the file unless the name exists (with
     /// `O_EXCL` it must not), then opens it; the reply carries the
-    /// attributes as of the open.
+    /// attributes as of the open. The store says whether the name exists
+    /// (the kernel looked it up just before): a file this request created
+    /// is opened as it was made, without reading it again.
     pub fn create(
         self: &Arc<Self>,
         parent: u64,
@@ -110,26 +116,34 @@ impl Core {
         reply: Reply<(Attr, Opened)>,
     ) {
         let excl = flags & libc::O_EXCL != 0;
-        let attr = match self.lookup(parent, name) {
-            Ok(_) if excl => Err(FsError::Exists),
-            Err(FsError::NotFound) => match self.mknode(parent, name, node, caller) {
-                // Another daemon sharing the namespace created the name
-                // since the lookup: without O_EXCL, open(O_CREAT) opens it.
-                Err(FsError::Exists) if !excl => self.lookup(parent, name),
-                r => r,
+        let (attr, created) = match self.make_node(parent, name, node, caller) {
+            Ok(i) => (Attr::from_inode(&i), Some(i)),
+            Err(FsError::Exists) if !excl => match self.lookup(parent, name) {
+                Ok(a) => (a, None),
+                Err(e) => return reply(Err(e)),
             },
-            r => r,
-        };
-        let attr = match attr {
-            Ok(a) => a,
             Err(e) => return reply(Err(e)),
         };
         let me = self.clone();
-        self.open(
+        let fresh = created.is_some();
+        self.open_as(
             attr.ino,
+            created,
             flags,
             caller,
-            Box::new(move |r| reply(r.map(|o| (me.getattr(attr.ino).unwrap_or(attr), o)))),
+            Box::new(move |r| {
+                reply(r.map(|o| {
+                    let a = if fresh {
+                        Attr {
+                            under_construction: me.stream_of(attr.ino).is_some(),
+                            ..attr
+                        }
+                    } else {
+                        me.getattr(attr.ino).unwrap_or(attr)
+                    };
+                    (a, o)
+                }))
+            }),
         )
     }
 
@@ -183,7 +197,7 @@ impl Core {
     }
 
     fn forget_if_unlinked(&self, i: &Inode) {
-        if i.nlink == 0 && !self.is_open(i.ino) {
+        if i.nlink == 0 && !self.handles.unlinked_while_open(i.ino) {
             self.delete_inode(i.ino);
         }
     }
