@@ -739,10 +739,14 @@ run_target() { # RUN TARGET
 
 # --- main ------------------------------------------------------------------------
 fstype=$(findmnt -rn -T "$work" -o FSTYPE | tail -n1)
+# leasefs as setup.sh leaves it: FUSE over io_uring enabled where the
+# kernel has it (the other targets never ask for it).
+uring=$("$root/mount-scripts/fuse-uring.sh" 2>&1)
 {
     echo "leasefs benchmark $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo "host: $(uname -srm), $(nproc) CPUs, scratch $work ($fstype)"
     echo "leasefs: $bin${before_bin:+ (before: $before_bin)}"
+    echo "transport: $uring"
     echo "mode: $([[ $quick -eq 1 ]] && echo quick || echo full), runs $runs, seq ${seq_mib} MiB, $nfiles files, $nfsync fsyncs, $nopen opens, tree $tree_dirs x $tree_per_dir files, ls $nentries entries, $writer_files writers of 1 MiB $many_writers vs $few_writers at a time$([[ $extra -eq 1 ]] && echo ", lease manager, $nwriters writers' memory")"
     echo "rows: $rows_arg"
 } | tee "$out/header.txt" >&2

@@ -17,7 +17,11 @@
 #  4. With --install: /usr/local/bin/leasefs, /sbin/mount.fuse.leasefs (the
 #     helper mount(8) runs for `-t fuse.leasefs` and fstab), and the systemd
 #     unit /etc/systemd/system/leasefs@.service. Nothing is installed otherwise.
-#  5. With --mount DIR: mounts leasefs on DIR with its embedded defaults (data
+#  5. Enables FUSE over io_uring in the kernel where it has it and we are
+#     root (mount-scripts/fuse-uring.sh: the fuse module parameter
+#     enable_uring; other FUSE filesystems are unaffected unless they ask
+#     for it); --no-fuse-uring leaves the kernel as it is.
+#  6. With --mount DIR: mounts leasefs on DIR with its embedded defaults (data
 #     under $XDG_DATA_HOME/leasefs or ~/.local/share/leasefs, three datanodes).
 #     Already mounted: says so and succeeds. A dead mount left by a crashed
 #     daemon is cleared first.
@@ -38,6 +42,7 @@ usage: mount-scripts/setup.sh [--install] [--mount MOUNTPOINT] [--data DIR]
   --no-packages  do not check/install Debian packages
   --no-build     do not run cargo build (use the existing target/release/leasefs)
   --rustup       install Rust with rustup without asking if cargo is missing
+  --no-fuse-uring  do not enable FUSE over io_uring in the kernel
 EOF
 }
 
@@ -49,6 +54,7 @@ do_install=0
 do_packages=1
 do_build=1
 do_rustup=0
+do_uring=1
 
 while [[ $# -gt 0 ]]; do
     case $1 in
@@ -61,6 +67,7 @@ while [[ $# -gt 0 ]]; do
         --no-packages) do_packages=0; shift ;;
         --no-build) do_build=0; shift ;;
         --rustup) do_rustup=1; shift ;;
+        --no-fuse-uring) do_uring=0; shift ;;
         -h | --help) usage; exit 0 ;;
         *)
             # A bare directory is taken as the mount point.
@@ -175,7 +182,18 @@ if [[ $do_install -eq 1 ]]; then
     bin=/usr/local/bin/leasefs
 fi
 
-# --- 5. Mount (only with --mount) ---------------------------------------------
+# --- 5. FUSE over io_uring ------------------------------------------------------
+if [[ $do_uring -eq 1 ]]; then
+    if [[ $EUID -eq 0 ]]; then
+        say "$("$root/mount-scripts/fuse-uring.sh")"
+    elif command -v sudo >/dev/null 2>&1; then
+        say "$(sudo "$root/mount-scripts/fuse-uring.sh")"
+    else
+        say "$("$root/mount-scripts/fuse-uring.sh")"
+    fi
+fi
+
+# --- 6. Mount (only with --mount) ---------------------------------------------
 if [[ -n $mountpoint_arg ]]; then
     mnt=$mountpoint_arg
     # type and source of whatever is mounted exactly at $mnt (empty when nothing is)

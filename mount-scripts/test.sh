@@ -4,7 +4,9 @@
 #   mount-scripts/test.sh [--no-pjdfstest] [--no-etcd] [--no-bench] [-- CARGO_TEST_ARGS...]
 #
 # 0. tools/modcycles.py           fails on a dependency cycle between modules
-#                                  of the crate (`use` items and inline paths)
+#                                  of the crate (`use` items and inline paths);
+#    mount-scripts/fuse-uring.sh   FUSE over io_uring enabled where the kernel
+#                                  has it (as root), so the suites run on it
 # 1. cargo build --release (once), and the test tools
 #    (`cargo build --release -p powercut -p testkit`: tools/powercut, the
 #    power-cut filesystem; tools/testkit, the processes the tests drive)
@@ -14,6 +16,8 @@
 #     mount keeps its namespace and leases in an etcd the tests start on
 #     loopback); the multi-daemon, etcd conformance and cluster lease tests
 #     already ran in step 2
+# 2c. where step 2 ran over FUSE io_uring rings, the request-path suites again
+#     through /dev/fuse (LEASEFS_TEST_FUSE_URING=off)
 # 3. tests/pjdfstest.sh            POSIX suite against a real mount; passes when
 #                                  every failure is in tests/pjdfstest-expected-failures.txt
 # 4. benches/run.sh --quick        report only: never fails the run
@@ -60,6 +64,11 @@ else
     status[modcycles]=FAILED
 fi
 
+section "FUSE over io_uring"
+"$root/mount-scripts/fuse-uring.sh" || echo "test.sh: warning: FUSE over io_uring could not be enabled" >&2
+uring_on=0
+[[ $(cat /sys/module/fuse/parameters/enable_uring 2>/dev/null) == Y ]] && uring_on=1
+
 section "cargo build --release"
 if ! cargo build --release || ! cargo build --release -p powercut -p testkit; then
     echo "test.sh: build failed" >&2
@@ -100,6 +109,22 @@ if [[ $run_etcd -eq 1 && ${#cargo_test_args[@]} -eq 0 ]]; then
     fi
 fi
 
+# The suites that exercise every kind of request and reply, through
+# /dev/fuse as well when step 2 used the rings.
+dev_suites=(foundation lease_open lease_wait page_cache requests permissions replica_sync
+    faults_pipeline stats dir_listing)
+if [[ $uring_on -eq 1 && ${#cargo_test_args[@]} -eq 0 ]]; then
+    section "request-path suites through /dev/fuse"
+    args=()
+    for t in "${dev_suites[@]}"; do args+=(--test "$t"); done
+    if LEASEFS_TEST_FUSE_URING=off timeout --kill-after=30 "${CARGO_TEST_TIMEOUT:-1200}" \
+        cargo test --release --no-fail-fast "${args[@]}"; then
+        status[cargo-test-dev-fuse]=ok
+    else
+        status[cargo-test-dev-fuse]=FAILED
+    fi
+fi
+
 if [[ $run_pjdfstest -eq 1 ]]; then
     section "pjdfstest"
     if "$root/tests/pjdfstest.sh"; then
@@ -120,7 +145,7 @@ fi
 
 section "summary ($((SECONDS - started)) s)"
 rc=0
-for step in modcycles cargo-test cargo-test-etcd pjdfstest bench; do
+for step in modcycles cargo-test cargo-test-etcd cargo-test-dev-fuse pjdfstest bench; do
     [[ -n ${status[$step]:-} ]] || continue
     printf '%-12s %s\n' "$step" "${status[$step]}"
     [[ ${status[$step]} != FAILED ]] || rc=1

@@ -26,6 +26,11 @@ pub struct MountOptions {
     /// `HOST:PORT` where Prometheus text is served (`metrics=`); off
     /// when `None`.
     pub metrics: Option<String>,
+    /// `fuse_uring=auto` (the default): requests come through FUSE over
+    /// io_uring, one ring per CPU, when the kernel offers it (Linux 6.14+
+    /// with the `fuse` module's `enable_uring` set); `off`: through
+    /// `/dev/fuse` always.
+    pub fuse_uring: bool,
     /// Generic mount flags (`ro`, `noexec`, ...) passed to the kernel.
     pub kernel_flags: Vec<fuser::MountOption>,
 }
@@ -44,6 +49,7 @@ impl Default for MountOptions {
             housekeeping_interval: Duration::from_secs(30),
             sync_by_fs: true,
             metrics: None,
+            fuse_uring: true,
             kernel_flags: Vec::new(),
         }
     }
@@ -52,7 +58,7 @@ impl Default for MountOptions {
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum OptionError {
     #[error(
-        "unknown mount option '{0}' (known: soft_limit, hard_limit, monitor_interval, lease_wait, block_size, packet_size, max_packets_in_flight, write_buffer, housekeeping_interval, replica_sync, metrics)"
+        "unknown mount option '{0}' (known: soft_limit, hard_limit, monitor_interval, lease_wait, block_size, packet_size, max_packets_in_flight, write_buffer, housekeeping_interval, replica_sync, fuse_uring, metrics)"
     )]
     Unknown(String),
     #[error("mount option '{key}' has a bad value '{value}': {why}")]
@@ -148,6 +154,13 @@ impl MountOptions {
                     }
                 }
                 "metrics" => self.metrics = Some(parse_listen(value).map_err(bad)?),
+                "fuse_uring" => {
+                    self.fuse_uring = match value {
+                        "auto" => true,
+                        "off" => false,
+                        _ => return Err(bad("expected auto or off".into())),
+                    }
+                }
                 // Generic mount(8) options: kernel flags are passed on (so
                 // `ro` and `noexec` are enforced), the rest mean nothing to
                 // a FUSE daemon. nosuid and nodev are always in force.

@@ -349,6 +349,7 @@ impl Daemon {
                 .push(fuser::MountOption::CUSTOM("allow_other".into()));
         }
         cfg.n_threads = Some(4);
+        cfg.io_uring = spec.opts.fuse_uring;
         cfg.acl = if nix::unistd::geteuid().is_root() {
             fuser::SessionACL::All
         } else {

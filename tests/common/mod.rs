@@ -45,6 +45,15 @@ pub struct Mount {
     _etcd: Option<std::sync::Arc<etcd::EtcdServer>>,
 }
 
+/// The mount option every fixture adds for `LEASEFS_TEST_FUSE_URING=off`:
+/// the suites then run with requests through `/dev/fuse` even where the
+/// kernel offers FUSE over io_uring (which leasefs otherwise uses).
+pub fn transport_option() -> Option<&'static str> {
+    std::env::var("LEASEFS_TEST_FUSE_URING")
+        .is_ok_and(|v| v == "off")
+        .then_some("fuse_uring=off")
+}
+
 /// Whether the suites run on the etcd backend: `LEASEFS_TEST_META=etcd`
 /// mounts every fixture over a loopback etcd (one per test process), under
 /// a prefix of its own.
@@ -167,9 +176,9 @@ impl Mount {
             args.push("--replication".into());
             args.push(r.to_string());
         }
-        for x in &o.o {
+        for x in o.o.iter().map(String::as_str).chain(transport_option()) {
             args.push("-o".into());
-            args.push(x.clone());
+            args.push(x.to_string());
         }
         args.extend(o.args.iter().cloned());
         let etcd = (etcd_backend() && !o.args.iter().any(|a| a == "--meta")).then(|| {

@@ -1,0 +1,651 @@
+//! FUSE over io_uring (Linux 6.14 and later, with the `fuse` module's
+//! `enable_uring` parameter set): requests reach the daemon through one
+//! io_uring per CPU instead of `read(2)` on `/dev/fuse`.
+//!
+//! Why: with `/dev/fuse` every request wakes a daemon thread wherever it
+//! last ran, and every reply wakes the caller wherever it waits; on a
+//! virtual machine each of those is a cross-CPU interrupt and the wake-up
+//! of a halted vCPU, which costs more than the filesystem's own work for a
+//! metadata request. Over io_uring the kernel queues a request on the ring
+//! of the CPU the caller runs on, and that ring's thread runs pinned to
+//! that CPU: request and reply are local wake-ups.
+//!
+//! The protocol (`fs/fuse/dev_uring.c`): each ring entry registers a
+//! header buffer ([`ReqHeader`]) and a payload buffer with the kernel
+//! (`FUSE_IO_URING_CMD_REGISTER`); the kernel completes the command when a
+//! request is in the buffers (the `fuse_in_header` and the operation's
+//! first argument in the header, the rest in the payload); the daemon
+//! writes the reply into the same buffers and hands the entry back with
+//! `FUSE_IO_URING_CMD_COMMIT_AND_FETCH`, which also waits for the next
+//! request. Every queue of every possible CPU must register an entry
+//! before the kernel switches to the rings; until then, and for `FORGET`,
+//! `INTERRUPT` and notifications always, `/dev/fuse` is used as before.
+//!
+//! A request is rebuilt in the classic layout in front of its payload (the
+//! header and first argument copied, the payload where the kernel put it)
+//! and dispatched as any other; its reply, from whichever thread sends it,
+//! goes into the entry's buffers, and the ring's own thread commits it
+//! (io_uring commands are run in the context of the thread that submits
+//! them, so only the ring's thread submits). Entries are added while most
+//! are busy (requests that wait: lease queues, fsyncs), so a waiting
+//! request never holds up the others of its CPU.
+
+use std::cell::{RefCell, UnsafeCell};
+use std::io;
+use std::io::IoSlice;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::thread::JoinHandle;
+
+use io_uring::{IoUring, cqueue, opcode, squeue, types};
+use log::{debug, error, warn};
+use parking_lot::Mutex;
+
+use crate::Filesystem;
+use crate::channel::{Channel, ChannelSender};
+use crate::ll;
+use crate::reply::ReplySender;
+use crate::request::RequestWithSender;
+use crate::session::SessionEventLoop;
+
+const CMD_REGISTER: u32 = 1;
+const CMD_COMMIT_AND_FETCH: u32 = 2;
+/// `sizeof(struct fuse_in_header)`.
+const IN_HEADER: usize = 40;
+/// `sizeof(struct fuse_out_header)`.
+const OUT_HEADER: usize = 16;
+/// Room in front of the payload for the header and first argument of the
+/// classic layout (at most 40 + 128 bytes), kept 8-byte aligned.
+const SLACK: usize = 256;
+/// Entries each queue starts with and keeps free at least (or as many as
+/// are busy, whichever is more), added `GROW_BY` at a time, up to
+/// `MAX_ENTRIES`. A request that finds no free entry waits in the kernel
+/// until some entry is committed (registering a new one does not fetch
+/// it), so a queue never lets its busy entries use up the free ones:
+/// requests that wait long (an open queued for a lease) must not hold up
+/// the one that would end their wait.
+const START: usize = 16;
+const GROW_BY: usize = 16;
+const MAX_ENTRIES: usize = 1024;
+/// `user_data` of the eventfd read; entries use their index.
+const WAKE: u64 = u64::MAX;
+
+/// A reply waiting to be committed: its entry, and the reply itself when
+/// it was copied aside rather than written into the entry.
+type Pending = (usize, Option<Vec<u8>>);
+
+thread_local! {
+    /// On a ring's thread: which queue it serves, and the replies sent
+    /// from this thread while it dispatched (committed once dispatch
+    /// returns, without waking anybody).
+    static ON_RING: RefCell<(usize, Vec<Pending>)> = const { RefCell::new((0, Vec::new())) };
+}
+
+/// `struct fuse_uring_ent_in_out`.
+#[repr(C)]
+#[derive(Default)]
+struct EntInOut {
+    flags: u64,
+    commit_id: u64,
+    payload_sz: u32,
+    padding: u32,
+    reserved: u64,
+}
+
+/// `struct fuse_uring_req_header`: in_out holds the `fuse_in_header` of a
+/// request, then the `fuse_out_header` of its reply; op_in the request's
+/// first argument.
+#[repr(C, align(8))]
+struct ReqHeader {
+    in_out: [u8; 128],
+    op_in: [u8; 128],
+    ent: EntInOut,
+}
+
+/// `struct fuse_uring_cmd_req`, at the start of the SQE's command area.
+fn cmd_req(qid: u16, commit_id: u64) -> [u8; 80] {
+    let mut c = [0u8; 80];
+    c[8..16].copy_from_slice(&commit_id.to_ne_bytes());
+    c[16..18].copy_from_slice(&qid.to_ne_bytes());
+    c
+}
+
+/// The buffers of one ring entry, shared by the ring's thread and the
+/// thread that replies. The kernel reads and writes them between a
+/// register or commit and the completion that hands them back; the ring's
+/// thread while it dispatches a request; a replying thread once dispatch
+/// is over (see [`Entry::dispatching`]). Never two at once.
+struct Entry {
+    header: UnsafeCell<ReqHeader>,
+    /// `SLACK` bytes, then the payload buffer the kernel knows.
+    buf: UnsafeCell<Vec<u8>>,
+    /// The iovecs given to the kernel at registration.
+    iov: UnsafeCell<[libc::iovec; 2]>,
+    /// The ring's thread is dispatching this entry's request: a reply now
+    /// may not touch the buffers (the request's arguments are borrowed
+    /// from them) and is copied instead.
+    dispatching: AtomicBool,
+    /// The `unique` of the request the entry holds.
+    unique: AtomicU32Pair,
+}
+
+// SAFETY: the buffers behind the `UnsafeCell`s are handed between threads
+// by the protocol above (completion, dispatch flag, mailbox); no two ever
+// use them at once.
+unsafe impl Sync for Entry {}
+unsafe impl Send for Entry {}
+
+/// A u64 stored as two atomics (no 64-bit atomics needed).
+#[derive(Default)]
+struct AtomicU32Pair(AtomicU32, AtomicU32);
+
+impl AtomicU32Pair {
+    fn set(&self, v: u64) {
+        self.0.store(v as u32, Ordering::Relaxed);
+        self.1.store((v >> 32) as u32, Ordering::Release);
+    }
+    fn get(&self) -> u64 {
+        let hi = self.1.load(Ordering::Acquire) as u64;
+        (hi << 32) | self.0.load(Ordering::Relaxed) as u64
+    }
+}
+
+impl Entry {
+    fn new(max_payload: usize) -> Arc<Entry> {
+        let e = Arc::new(Entry {
+            header: UnsafeCell::new(ReqHeader {
+                in_out: [0; 128],
+                op_in: [0; 128],
+                ent: EntInOut::default(),
+            }),
+            // Zeroed large allocations are fresh pages, touched only as
+            // payloads use them.
+            buf: UnsafeCell::new(vec![0u8; SLACK + max_payload]),
+            iov: UnsafeCell::new(
+                [libc::iovec {
+                    iov_base: std::ptr::null_mut(),
+                    iov_len: 0,
+                }; 2],
+            ),
+            dispatching: AtomicBool::new(false),
+            unique: AtomicU32Pair::default(),
+        });
+        // SAFETY: nobody else has the entry yet.
+        unsafe {
+            let iov = &mut *e.iov.get();
+            iov[0].iov_base = e.header.get().cast();
+            iov[0].iov_len = std::mem::size_of::<ReqHeader>();
+            let buf = &mut *e.buf.get();
+            iov[1].iov_base = buf.as_mut_ptr().add(SLACK).cast();
+            iov[1].iov_len = max_payload;
+        }
+        e
+    }
+
+    /// Writes a reply (`fuse_out_header`, then its payload) into the
+    /// buffers. Only while the entry is the caller's (see [`Entry`]).
+    unsafe fn put_reply(&self, reply: &[IoSlice<'_>]) {
+        // SAFETY: the caller owns the buffers now.
+        let (h, buf) = unsafe { (&mut *self.header.get(), &mut *self.buf.get()) };
+        let payload = &mut buf[SLACK..];
+        let mut head = 0;
+        let mut at = 0;
+        for s in reply {
+            let mut s: &[u8] = s;
+            if head < OUT_HEADER {
+                let n = (OUT_HEADER - head).min(s.len());
+                h.in_out[head..head + n].copy_from_slice(&s[..n]);
+                head += n;
+                s = &s[n..];
+            }
+            let n = s.len().min(payload.len() - at);
+            payload[at..at + n].copy_from_slice(&s[..n]);
+            at += n;
+        }
+        h.ent.payload_sz = at as u32;
+    }
+}
+
+/// What the threads replying to requests share with a ring's thread.
+struct Shared {
+    /// Entries whose reply is in their buffers, to be committed; and
+    /// replies copied aside because they came during dispatch.
+    mailbox: Mutex<Vec<Pending>>,
+    /// Wakes the ring's thread for its mailbox.
+    wake: OwnedFd,
+    /// The ring's thread has stopped: replies go nowhere.
+    stopped: AtomicBool,
+    /// Every entry of the queue, by index (grows, never shrinks).
+    entries: Mutex<Vec<Arc<Entry>>>,
+}
+
+impl Shared {
+    fn post(&self, idx: usize, copy: Option<Vec<u8>>) {
+        let first = {
+            let mut m = self.mailbox.lock();
+            m.push((idx, copy));
+            m.len() == 1
+        };
+        if first {
+            let one: u64 = 1;
+            // SAFETY: writes 8 bytes from a local to an eventfd we own.
+            let r = unsafe { libc::write(self.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
+            if r != 8 {
+                warn!(
+                    "fuse ring: cannot wake its thread: {}",
+                    io::Error::last_os_error()
+                );
+            }
+        }
+    }
+}
+
+/// Where a reply to a request that came through a ring goes.
+#[derive(Clone, Debug)]
+pub(crate) struct RingSender {
+    shared: Arc<SharedHandle>,
+    entry: Arc<EntryHandle>,
+    idx: usize,
+    /// `/dev/fuse`, for what only it takes (passthrough backing files).
+    pub(crate) ch: ChannelSender,
+}
+
+/// `Debug` wrappers (the shared state has raw buffers in it).
+struct SharedHandle(Shared);
+struct EntryHandle(Arc<Entry>);
+
+impl std::fmt::Debug for SharedHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ring queue")
+    }
+}
+impl std::fmt::Debug for EntryHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ring entry")
+    }
+}
+
+impl RingSender {
+    pub(crate) fn send(&self, reply: &[IoSlice<'_>]) -> io::Result<()> {
+        let shared = &self.shared.0;
+        if shared.stopped.load(Ordering::Acquire) {
+            return Err(io::Error::from_raw_os_error(libc::ENOTCONN));
+        }
+        let e = &self.entry.0;
+        if e.dispatching.load(Ordering::Acquire) {
+            // Dispatch of this very request is still on the stack, its
+            // arguments borrowed from the buffers: copy the reply aside.
+            let copy: Vec<u8> = reply.iter().flat_map(|s| s.iter().copied()).collect();
+            let me = Arc::as_ptr(&self.shared) as usize;
+            let copy = ON_RING.with(|r| {
+                let mut r = r.borrow_mut();
+                if r.0 == me {
+                    r.1.push((self.idx, Some(copy)));
+                    None
+                } else {
+                    Some(copy)
+                }
+            });
+            if let Some(copy) = copy {
+                shared.post(self.idx, Some(copy));
+            }
+        } else {
+            // SAFETY: dispatch is over and the kernel waits for this
+            // reply: the buffers are ours until the commit.
+            unsafe { e.put_reply(reply) };
+            shared.post(self.idx, None);
+        }
+        Ok(())
+    }
+}
+
+/// The rings of a session, one per possible CPU.
+pub(crate) struct Rings {
+    threads: Vec<JoinHandle<()>>,
+    shared: Vec<Arc<SharedHandle>>,
+}
+
+impl Rings {
+    /// Stops every ring's thread and waits for them.
+    pub(crate) fn stop(self) {
+        for s in &self.shared {
+            s.0.stopped.store(true, Ordering::Release);
+            let one: u64 = 1;
+            // SAFETY: as in `Shared::post`.
+            unsafe { libc::write(s.0.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        }
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The CPUs the kernel may have: it keeps one queue for each.
+fn possible_cpus() -> io::Result<usize> {
+    let s = std::fs::read_to_string("/sys/devices/system/cpu/possible")?;
+    let mut n = 0;
+    for part in s.trim().split(',') {
+        let last = part.rsplit('-').next().unwrap_or(part);
+        let last: usize = last
+            .parse()
+            .map_err(|_| io::Error::other(format!("cannot read possible CPUs from {s:?}")))?;
+        n = n.max(last + 1);
+    }
+    Ok(n)
+}
+
+/// Starts a ring for each possible CPU. `max_payload` is what the kernel
+/// wants of a payload buffer (`max(8 KiB, max_write, max_pages pages)`).
+pub(crate) fn start<FS: Filesystem + 'static>(
+    se: Arc<SessionEventLoop<FS>>,
+    ch: &Channel,
+    max_payload: usize,
+) -> io::Result<Rings> {
+    let cpus = possible_cpus()?;
+    let mut threads = Vec::new();
+    let mut shareds = Vec::new();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<io::Result<()>>();
+    for qid in 0..cpus {
+        // SAFETY: eventfd(2) with valid flags; the result is checked.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a fresh descriptor we own.
+        let wake = unsafe { OwnedFd::from_raw_fd(fd) };
+        let shared = Arc::new(SharedHandle(Shared {
+            mailbox: Mutex::new(Vec::new()),
+            wake,
+            stopped: AtomicBool::new(false),
+            entries: Mutex::new(Vec::new()),
+        }));
+        let q = Queue {
+            qid: qid as u16,
+            se: se.clone(),
+            dev: ch.as_fd().as_raw_fd(),
+            sender: ch.sender(),
+            shared: shared.clone(),
+            max_payload,
+            busy: 0,
+            wake_buf: Box::new(0),
+            early: Vec::new(),
+        };
+        let ready = ready_tx.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name(format!("fuse-ring-{qid}"))
+                .spawn(move || q.run(ready))?,
+        );
+        shareds.push(shared);
+    }
+    drop(ready_tx);
+    let rings = Rings {
+        threads,
+        shared: shareds,
+    };
+    // Every queue registered its first entries, or one could not.
+    for _ in 0..cpus {
+        match ready_rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                rings.stop();
+                return Err(e);
+            }
+            Err(_) => {
+                rings.stop();
+                return Err(io::Error::other("a fuse ring thread ended at its start"));
+            }
+        }
+    }
+    Ok(rings)
+}
+
+/// One CPU's ring and its thread's state.
+struct Queue<FS: Filesystem> {
+    qid: u16,
+    se: Arc<SessionEventLoop<FS>>,
+    dev: RawFd,
+    sender: ChannelSender,
+    shared: Arc<SharedHandle>,
+    max_payload: usize,
+    /// Entries handed to userspace and not committed yet.
+    busy: usize,
+    /// Where the eventfd read lands.
+    wake_buf: Box<u64>,
+    /// Completions found while starting, served first.
+    early: Vec<(u64, i32)>,
+}
+
+type Ring = IoUring<squeue::Entry128, cqueue::Entry>;
+
+impl<FS: Filesystem + 'static> Queue<FS> {
+    fn run(mut self, ready: std::sync::mpsc::Sender<io::Result<()>>) {
+        let cpu = self.qid as usize;
+        let mut set = nix::sched::CpuSet::new();
+        // A CPU that is possible but not online cannot be pinned to; its
+        // queue still has to exist for the kernel to use the rings.
+        if set.set(cpu).is_ok()
+            && let Err(e) = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)
+        {
+            debug!("fuse ring {cpu}: not pinned: {e}");
+        }
+        let mut ring = match Ring::builder().build(2 * MAX_ENTRIES as u32) {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = ready.send(Err(e));
+                return;
+            }
+        };
+        // A registration the kernel refuses completes at once, in the
+        // submit: its error is the ring's. (Anything else already there
+        // is served first.)
+        let mut early = Vec::new();
+        let started = self
+            .grow(&mut ring, START)
+            .and_then(|()| self.arm_wake(&mut ring))
+            .and_then(|()| ring.submit().map(drop))
+            .and_then(|()| {
+                early = ring
+                    .completion()
+                    .map(|c| (c.user_data(), c.result()))
+                    .collect();
+                match early.iter().find(|(_, r)| *r < 0) {
+                    Some((_, r)) => Err(io::Error::from_raw_os_error(-r)),
+                    None => Ok(()),
+                }
+            });
+        let failed = started.is_err();
+        let _ = ready.send(started);
+        if failed {
+            return;
+        }
+        self.early = early;
+        if let Err(e) = self.serve(&mut ring) {
+            error!("fuse ring {cpu}: {e}");
+        }
+        self.shared.0.stopped.store(true, Ordering::Release);
+    }
+
+    /// Registers `n` more entries.
+    fn grow(&mut self, ring: &mut Ring, n: usize) -> io::Result<()> {
+        let mut entries = self.shared.0.entries.lock();
+        let n = n.min(MAX_ENTRIES - entries.len());
+        for _ in 0..n {
+            let idx = entries.len();
+            let e = Entry::new(self.max_payload);
+            let sqe = opcode::UringCmd80::new(types::Fd(self.dev), CMD_REGISTER)
+                .cmd(cmd_req(self.qid, 0))
+                .addr(Some(e.iov.get() as u64))
+                .build()
+                .user_data(idx as u64);
+            let sqe = with_len(sqe, 2);
+            push(ring, &sqe)?;
+            entries.push(e);
+        }
+        Ok(())
+    }
+
+    /// Queues the read that wakes the thread for its mailbox.
+    fn arm_wake(&mut self, ring: &mut Ring) -> io::Result<()> {
+        let sqe = opcode::Read::new(
+            types::Fd(self.shared.0.wake.as_raw_fd()),
+            (&mut *self.wake_buf as *mut u64).cast(),
+            8,
+        )
+        .build()
+        .user_data(WAKE);
+        push(ring, &squeue::Entry128::from(sqe))
+    }
+
+    fn serve(&mut self, ring: &mut Ring) -> io::Result<()> {
+        let mut local: Vec<Pending> = Vec::new();
+        ON_RING.with(|r| r.borrow_mut().0 = Arc::as_ptr(&self.shared) as usize);
+        loop {
+            // Completions found at the start are served before waiting.
+            let want = if self.early.is_empty() { 1 } else { 0 };
+            match ring.submit_and_wait(want) {
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+                Err(e) => return Err(e),
+            }
+            if self.shared.0.stopped.load(Ordering::Acquire) {
+                return Ok(());
+            }
+            let mut cqes = std::mem::take(&mut self.early);
+            cqes.extend(ring.completion().map(|c| (c.user_data(), c.result())));
+            for (ud, res) in cqes {
+                if ud == WAKE {
+                    local.append(&mut self.shared.0.mailbox.lock());
+                    self.arm_wake(ring)?;
+                    continue;
+                }
+                let idx = ud as usize;
+                if res < 0 {
+                    let err = io::Error::from_raw_os_error(-res);
+                    match -res {
+                        // The connection is gone (unmounted, aborted).
+                        libc::ENOTCONN | libc::ECONNABORTED | libc::ECANCELED | libc::ENODEV => {
+                            debug!("fuse ring {}: {err}", self.qid);
+                            return Ok(());
+                        }
+                        _ => return Err(err),
+                    }
+                }
+                self.busy += 1;
+                self.dispatch(idx);
+                ON_RING.with(|r| local.append(&mut r.borrow_mut().1));
+            }
+            for (idx, copy) in local.drain(..) {
+                self.commit(ring, idx, copy)?;
+            }
+            let free = self.shared.0.entries.lock().len() - self.busy;
+            let want = START.max(self.busy);
+            if free < want {
+                let n = (want - free).div_ceil(GROW_BY) * GROW_BY;
+                self.grow(ring, n)?;
+            }
+        }
+    }
+
+    /// Rebuilds the request in entry `idx` in the classic layout, in front
+    /// of its payload, and dispatches it. A reply sent during dispatch is
+    /// copied into `local`.
+    fn dispatch(&mut self, idx: usize) {
+        let e = self.shared.0.entries.lock()[idx].clone();
+        e.dispatching.store(true, Ordering::Release);
+        // SAFETY: the kernel handed the entry back with a request in it;
+        // until its reply, only this thread touches the buffers.
+        let (h, buf) = unsafe { (&*e.header.get(), &mut *e.buf.get()) };
+        let len = u32::from_ne_bytes([h.in_out[0], h.in_out[1], h.in_out[2], h.in_out[3]]) as usize;
+        let unique = u64::from_ne_bytes(h.in_out[8..16].try_into().expect("8 bytes"));
+        e.unique.set(unique);
+        let payload = h.ent.payload_sz as usize;
+        let first = len
+            .checked_sub(IN_HEADER + payload)
+            .filter(|&n| n <= h.op_in.len());
+        let sender = ReplySender::Ring(RingSender {
+            shared: self.shared.clone(),
+            entry: Arc::new(EntryHandle(e.clone())),
+            idx,
+            ch: self.sender.clone(),
+        });
+        match first {
+            Some(first) if payload <= self.max_payload => {
+                let start = SLACK - IN_HEADER - first;
+                buf[start..start + IN_HEADER].copy_from_slice(&h.in_out[..IN_HEADER]);
+                buf[start + IN_HEADER..SLACK].copy_from_slice(&h.op_in[..first]);
+                let data = &buf[start..SLACK + payload];
+                match RequestWithSender::with_sender(sender.to_same(), data) {
+                    Some(req) => req.dispatch(&self.se),
+                    None => {
+                        error!("fuse ring {}: a request it cannot parse", self.qid);
+                        answer_errno(sender, unique);
+                    }
+                }
+            }
+            _ => {
+                error!(
+                    "fuse ring {}: a request of {len} bytes with a payload of {payload}",
+                    self.qid
+                );
+                answer_errno(sender, unique);
+            }
+        }
+        e.dispatching.store(false, Ordering::Release);
+    }
+
+    /// Hands entry `idx` back with its reply (`copy`, or already in its
+    /// buffers), and has it wait for the next request.
+    fn commit(&mut self, ring: &mut Ring, idx: usize, copy: Option<Vec<u8>>) -> io::Result<()> {
+        let e = self.shared.0.entries.lock()[idx].clone();
+        if let Some(c) = copy {
+            // SAFETY: dispatch is over; the reply is the only user now.
+            unsafe { e.put_reply(&[IoSlice::new(&c)]) };
+        }
+        // SAFETY: the reply is written; the kernel reads the header next.
+        let h = unsafe { &mut *e.header.get() };
+        let commit_id = e.unique.get();
+        h.ent.commit_id = commit_id;
+        let sqe = opcode::UringCmd80::new(types::Fd(self.dev), CMD_COMMIT_AND_FETCH)
+            .cmd(cmd_req(self.qid, commit_id))
+            .build()
+            .user_data(idx as u64);
+        push(ring, &sqe)?;
+        self.busy -= 1;
+        Ok(())
+    }
+}
+
+/// Replies `EIO` to a request that could not be dispatched.
+fn answer_errno(sender: ReplySender, unique: u64) {
+    use crate::reply::{Reply, ReplyRaw};
+    <ReplyRaw as Reply>::new(ll::RequestId(unique), sender)
+        .send_ll(&ll::ResponseErrno(ll::Errno::EIO));
+}
+
+/// Queues `sqe`, submitting what is queued first if the ring is full.
+fn push(ring: &mut Ring, sqe: &squeue::Entry128) -> io::Result<()> {
+    loop {
+        // SAFETY: every buffer an SQE points to (entry buffers, iovecs,
+        // the eventfd word) lives as long as the queue, beyond the ring.
+        if unsafe { ring.submission().push(sqe) }.is_ok() {
+            return Ok(());
+        }
+        ring.submit()?;
+    }
+}
+
+/// Sets the SQE's `len` field, which the io_uring crate's `UringCmd80`
+/// leaves at 0 (FUSE's registration wants the iovec count there).
+fn with_len(sqe: squeue::Entry128, len: u32) -> squeue::Entry128 {
+    let mut sqe = sqe;
+    // SAFETY: `Entry128` is `#[repr(C)]`, an `io_uring_sqe` followed by its
+    // extra 64 bytes; `len` is the u32 at byte 24 of `io_uring_sqe`
+    // (`linux/io_uring.h`: opcode, flags, ioprio, fd, off, addr, len).
+    unsafe {
+        let p = (&mut sqe as *mut squeue::Entry128).cast::<u8>().add(24);
+        std::ptr::write_unaligned(p.cast::<u32>(), len);
+    }
+    sqe
+}
