@@ -24,6 +24,11 @@ use crate::sync::Arc;
 
 const CS: u64 = CHUNK_SIZE as u64;
 
+/// Reads of at least this much start reading ahead (see
+/// [`ReplicaReader::read_ahead`]): sequential readers read in large
+/// requests.
+const READ_AHEAD_FROM: usize = 128 << 10;
+
 /// Opens replica `block`@`gs` of the datanode laid out as `l` for verified
 /// reads, counting them in `io`.
 pub(crate) fn open(
@@ -156,6 +161,11 @@ impl ReplicaReader {
     /// [`StorageError::Corrupt`] with the offset of the bad chunk.
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<usize, StorageError> {
         let r = self.read_verified(offset, buf);
+        if let Ok(n) = r
+            && n >= READ_AHEAD_FROM
+        {
+            self.read_ahead(offset + n as u64, 2 * n as u64);
+        }
         match &r {
             Ok(n) => self.io.read(*n as u64),
             // The last chunk of a replica being written may be read between
@@ -164,6 +174,25 @@ impl ReplicaReader {
             Err(_) => self.io.error(),
         }
         r
+    }
+
+    /// Asks the kernel to start reading `len` bytes at `offset` (and their
+    /// checksums) into the page cache. A reader is opened for each request,
+    /// so the kernel's own readahead, which follows one open file, never
+    /// sees a sequential reader: without this each request of a sequential
+    /// read waits for the disk with nothing read ahead.
+    fn read_ahead(&self, offset: u64, len: u64) {
+        let advise = |f: &File, off: u64, len: u64| {
+            let _ = nix::fcntl::posix_fadvise(
+                f,
+                off as i64,
+                len as i64,
+                nix::fcntl::PosixFadviseAdvice::POSIX_FADV_WILLNEED,
+            );
+        };
+        advise(&self.data, offset, len);
+        let first = offset / CS;
+        advise(&self.meta, crc_offset(first), chunk_count(len) * CRC_LEN);
     }
 
     fn read_verified(&self, offset: u64, buf: &mut [u8]) -> Result<usize, StorageError> {
