@@ -358,6 +358,98 @@ fn a_data_directory_of_the_previous_release_is_upgraded_in_place() {
     assert_eq!(again, sids, "the upgrade ran twice");
 }
 
+/// Extracts a fixture of tests/fixtures (see its README) into a new test
+/// directory.
+fn fixture(name: &str) -> tempfile::TempDir {
+    let dir = tempfile::Builder::new()
+        .prefix("leasefs-test")
+        .tempdir()
+        .unwrap();
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name);
+    let o = std::process::Command::new("tar")
+        .arg("-xzf")
+        .arg(&fixture)
+        .arg("-C")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    dir
+}
+
+/// Layout 1 (the release before zero-filled replicas and small files
+/// written straight into `finalized/`), from tests/fixtures: upgraded in
+/// place at the first mount (only the identity files change, each keeping
+/// its IDs), its file left open by a crashed daemon recovered with every
+/// fsynced byte, and written to the new way afterwards.
+#[test]
+fn a_data_directory_of_layout_1_is_upgraded_in_place() {
+    let dir = fixture("layout1-release.tar.gz");
+    let dns = dirs(&dir, &["dn1", "dn2", "dn3"]);
+    let ids: Vec<String> = dns.iter().map(|d| identity(d, "storageID")).collect();
+    let fsid = identity(&dns[0], "filesystemID");
+    assert!(dns.iter().all(|d| identity(d, "layoutVersion") == "1"));
+    let before: Vec<BTreeSet<PathBuf>> = dns.iter().map(|d| replica_files(d)).collect();
+    let sums = dir.path().join("SHA256SUMS");
+    let mut m = Mount::in_dir(
+        Opts {
+            datanodes: 3,
+            replication: Some(2),
+            o: Vec::new(),
+            args: vec!["--meta".into(), "sqlite".into()],
+        },
+        dir,
+        vec![dns[1].clone(), dns[2].clone(), dns[0].clone()],
+    );
+    for (d, id) in dns.iter().zip(&ids) {
+        assert_eq!(identity(d, "layoutVersion"), "2", "{}", d.display());
+        assert_eq!(&identity(d, "storageID"), id);
+        assert_eq!(identity(d, "filesystemID"), fsid);
+    }
+    assert!(m.log().contains("upgraded in place to 2"), "{}", m.log());
+    // Every file, the one the crashed daemon left open with its fsynced
+    // 20,000 bytes included; the closed files' replicas untouched.
+    wait_closed(&m, "open.bin");
+    drop_caches();
+    m.sh_ok(&format!("sha256sum --quiet -c {}", sums.display()));
+    assert_eq!(m.sh_ok("readlink link").trim(), "hello.txt");
+    assert_healthy(&m, "upgraded");
+    for (d, want) in dns.iter().zip(&before) {
+        let now = replica_files(d);
+        let kept: BTreeSet<PathBuf> = want
+            .iter()
+            .filter(|p| p.parent().is_some_and(|p| p.ends_with("finalized")))
+            .cloned()
+            .collect();
+        assert!(now.is_superset(&kept), "{}: {now:?}", d.display());
+    }
+    // Written the new way: a writer that fsyncs often, and a small file.
+    let mut w = Agent::spawn(&m.mnt);
+    w.ok("open synced.log wc");
+    for i in 0..12 {
+        w.ok(&format!("fill 4096 {}", (b'a' + i as u8) as char));
+        w.ok("fsync");
+    }
+    w.ok("close");
+    let want: Vec<u8> = (0..12).flat_map(|i| vec![b'a' + i as u8; 4096]).collect();
+    m.put("small.new", b"a small file");
+    wait_closed(&m, "synced.log");
+    assert_reads(
+        &m,
+        &[
+            ("synced.log", want),
+            ("small.new", b"a small file".to_vec()),
+        ],
+        "written after the upgrade",
+    );
+    m.unmount();
+    m.mount();
+    m.sh_ok(&format!("sha256sum --quiet -c {}", sums.display()));
+    assert_healthy(&m, "mounted again");
+}
+
 /// A file left open by a crashed daemon whose last block lives only on
 /// datanodes the next mount leaves out: recovery cannot read the block,
 /// and must not take that for an empty block (it would drop the block and

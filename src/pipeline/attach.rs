@@ -194,6 +194,7 @@ pub fn attach(
     }
     let mut attached: Vec<Identified> = Vec::new();
     for WithIdentity { dir, identity: id } in identified {
+        let id = upgrade_layout(&dir, id)?;
         // Known: its id (an interrupted upgrade is finished here). Unknown:
         // its file was written but the mount stopped before registering it.
         let dn = meta.register_datanode(&id.storage_id, &dir)?;
@@ -321,6 +322,7 @@ pub fn attach_one(meta: &dyn Meta, dns: &Datanodes, dir: &Path) -> Result<DnId, 
             id: other.id(),
         });
     }
+    let id = upgrade_layout(dir, id)?;
     let dn = meta.register_datanode(&id.storage_id, dir)?;
     let node = Datanode::open(dn, dir, Some(id.clone())).map_err(storage(dir))?;
     // Added back: in service again (a decommission is cancelled).
@@ -449,6 +451,23 @@ struct Score {
 /// storage ID is recorded first (durably), then its identity file is
 /// written, then it is registered as normal. Interrupted anywhere, the
 /// next mount finds the same storage ID and finishes; no replica moves.
+/// A datanode of an older layout version is brought to this release's in
+/// place (see `storage::identity`): only its identity file changes.
+fn upgrade_layout(dir: &Path, id: Identity) -> Result<Identity, AttachError> {
+    if id.layout_version >= identity::LAYOUT_VERSION {
+        return Ok(id);
+    }
+    let new = identity::upgrade(dir, &id).map_err(storage(dir))?;
+    tracing::info!(
+        path = %dir.display(),
+        storage = %new.storage_id,
+        "datanode layout {} upgraded in place to {}",
+        id.layout_version,
+        new.layout_version
+    );
+    Ok(new)
+}
+
 fn upgrade(
     meta: &dyn Meta,
     fsid: &str,

@@ -8,7 +8,16 @@
 //! The file is a few `key=value` lines and is only ever created whole: it
 //! is written to a temporary name, synced, linked into place (which fails
 //! if another daemon created it first: then its file wins), and the
-//! directory is synced.
+//! directory is synced. A layout upgrade replaces it whole the same way,
+//! keeping both IDs (renamed into place rather than linked).
+//!
+//! Layout versions: 0 the positional layout (no identity file; replicas
+//! recorded by place in the `--datanode` list); 1 identity files; 2 a
+//! replica being written may be longer than its data (zero-filled ahead of
+//! a writer that syncs often, its checksums saying where the data ends),
+//! and a small file's replicas may be written straight into `finalized/`.
+//! Each is upgraded in place at mount; a release refuses a directory of a
+//! layout newer than its own, whose replicas it could misread.
 
 use std::fs::{self, OpenOptions};
 use std::io::{self, Write};
@@ -22,10 +31,8 @@ pub use super::layout::DnId;
 /// The identity file's name in a datanode directory.
 pub const FILE_NAME: &str = "VERSION";
 
-/// Layout version written by this release. 0 is the positional layout
-/// (no identity file; replicas recorded by place in the `--datanode`
-/// list), which is upgraded in place at mount.
-pub const LAYOUT_VERSION: u32 = 1;
+/// Layout version written by this release (see the module doc).
+pub const LAYOUT_VERSION: u32 = 2;
 
 /// The contents of an identity file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -130,13 +137,51 @@ pub fn read(root: &Path) -> Result<Option<Identity>, StorageError> {
 /// (temp file, fsync, link into place, fsync of the directory); returns the
 /// identity the directory has afterwards, which is another one when a
 /// concurrent daemon wrote its file first.
-pub fn create(root: &Path, id: &Identity) -> Result<Identity, StorageError> {
+/// Brings the identity file of `root` (`id`, as read from it) to this
+/// release's layout version, keeping its storage and filesystem IDs.
+/// Nothing else in the directory changes: every replica of an older
+/// layout is valid in this one. The new file is written to a temporary
+/// name, synced, renamed over the old one and the directory synced, so a
+/// crash leaves one file or the other, of this same datanode.
+pub fn upgrade(root: &Path, id: &Identity) -> Result<Identity, StorageError> {
+    if id.layout_version >= LAYOUT_VERSION {
+        return Ok(id.clone());
+    }
+    let new = Identity {
+        layout_version: LAYOUT_VERSION,
+        ..id.clone()
+    };
     let path = root.join(FILE_NAME);
-    let tmp = root.join(format!(
+    let tmp = temp_name(root);
+    let written = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&tmp)
+        .and_then(|mut f| {
+            f.write_all(new.encode().as_bytes())?;
+            f.sync_all()
+        })
+        .and_then(|()| fs::rename(&tmp, &path));
+    if let Err(e) = written {
+        let _ = fs::remove_file(&tmp);
+        return Err(StorageError::io(&path, e));
+    }
+    fsync_dir(root)?;
+    Ok(new)
+}
+
+/// A temporary name in `root` for an identity file being written.
+fn temp_name(root: &Path) -> std::path::PathBuf {
+    root.join(format!(
         ".{FILE_NAME}.{}.{}",
         std::process::id(),
         uuid::Uuid::new_v4().simple()
-    ));
+    ))
+}
+
+pub fn create(root: &Path, id: &Identity) -> Result<Identity, StorageError> {
+    let path = root.join(FILE_NAME);
+    let tmp = temp_name(root);
     let written = OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -168,6 +213,32 @@ pub fn create(root: &Path, id: &Identity) -> Result<Identity, StorageError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_older_layout_is_upgraded_in_place_keeping_both_ids() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = Identity {
+            layout_version: 1,
+            ..Identity::new("FS-1")
+        };
+        create(dir.path(), &old).unwrap();
+        assert_eq!(read(dir.path()).unwrap().unwrap().layout_version, 1);
+        let new = upgrade(dir.path(), &old).unwrap();
+        assert_eq!(new.layout_version, LAYOUT_VERSION);
+        assert_eq!(
+            (&new.storage_id, &new.filesystem_id),
+            (&old.storage_id, &old.filesystem_id)
+        );
+        assert_eq!(read(dir.path()).unwrap(), Some(new.clone()));
+        // Nothing else is left in the directory; upgrading again is a no-op.
+        let names: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(names, [FILE_NAME]);
+        assert_eq!(upgrade(dir.path(), &new).unwrap(), new);
+    }
 
     #[test]
     fn an_identity_survives_a_round_trip_and_is_never_replaced() {
@@ -214,7 +285,10 @@ mod tests {
         .unwrap();
         assert_eq!(
             read(dir.path()).unwrap(),
-            Some(Identity::of("DS-1".into(), "FS-1"))
+            Some(Identity {
+                layout_version: 1,
+                ..Identity::of("DS-1".into(), "FS-1")
+            })
         );
     }
 }
