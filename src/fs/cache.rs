@@ -98,6 +98,15 @@ impl PageCaches {
         let _ = self.invalidator.set(f);
     }
 
+    /// Has the kernel forget `ino`'s cached attributes (not its pages),
+    /// now, on this thread: without pages to drop the notification waits
+    /// for no lock a request may hold, so a request thread may send it.
+    pub fn forget_attrs(&self, ino: u64) {
+        if let Some(f) = self.invalidator.get() {
+            f(ino, -1, 0);
+        }
+    }
+
     /// The page-cache state of `ino` (a copy).
     pub fn state(&self, ino: u64) -> PageCache {
         self.map.get(&ino).map(|p| *p).unwrap_or_default()

@@ -26,7 +26,7 @@ use crate::lease::{
 use crate::meta::{Inode, Kind, Meta, UnderConstruction};
 use crate::pipeline::reader::{self, BadReplicas};
 use crate::pipeline::{Datanodes, OutputStream, StreamCtx};
-use crate::sync::{Arc, Mutex, Ordering, lock};
+use crate::sync::{Arc, AtomicBool, Mutex, Ordering, lock};
 
 /// ioctl: the caller takes over renewal of its lease (client renewal).
 pub const IOC_CLIENT_RENEWAL: u32 = 0x4C01; // _IO('L', 1)
@@ -49,6 +49,8 @@ pub(super) struct Opener {
     /// capability xattr, nobody else's change yet): the grant then reads
     /// nothing. Only on a lone daemon.
     pub created: Option<Inode>,
+    /// Opened by a create (see [`Handle::fresh`]).
+    pub fresh: bool,
 }
 
 /// The cluster side of a daemon that shares its namespace (etcd): claims
@@ -313,6 +315,7 @@ impl Core {
             who,
             uid: caller.uid,
             fence,
+            fresh: created.is_some(),
             created: created.filter(|_| self.cluster.is_none()),
         };
         if let Some(cl) = self.cluster.clone() {
@@ -353,6 +356,7 @@ impl Core {
             fence: None,
             uid,
             flushed: Default::default(),
+            fresh: Default::default(),
             stream: None,
         };
         self.handles.register(h);
@@ -468,6 +472,7 @@ impl Core {
             uid,
             fence,
             created,
+            fresh,
         } = opener;
         let found = match created {
             Some(i) => Ok((i, false)),
@@ -517,6 +522,7 @@ impl Core {
             fence,
             uid,
             flushed: Default::default(),
+            fresh: AtomicBool::new(fresh),
             stream: Some(stream.clone()),
         };
         let of = self.handles.open_file(ino);
@@ -725,6 +731,14 @@ impl Core {
         };
         if h.flushed.swap(false, Ordering::Relaxed) {
             self.leases.note_write(h.ino, fh);
+        }
+        // The kernel grows its size of the file when this write returns,
+        // by bytes not yet acknowledged; while it may still hold the
+        // attributes of the create's reply, a stat would show that size
+        // without asking (docs/SEMANTICS.md "Visible length"). Forgetting
+        // them first sends the next stat here, for the visible length.
+        if h.fresh.swap(false, Ordering::Relaxed) {
+            self.cache.forget_attrs(h.ino);
         }
         let reply: Reply<u32> = if h.sync_writes {
             let s = stream.clone();

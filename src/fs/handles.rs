@@ -34,6 +34,11 @@ pub struct Handle {
     /// Flushed (close()) with no write since: a conflicting open may wait
     /// for this handle's pending RELEASE instead of failing.
     pub flushed: AtomicBool,
+    /// Opened by a create whose reply let the kernel keep the new file's
+    /// attributes for a tick (see the adapter's `CREATED_TTL`), and not
+    /// written through yet: its first write has the kernel forget them
+    /// first (see `Core::write_checked`).
+    pub fresh: AtomicBool,
     pub stream: Option<Arc<OutputStream>>,
 }
 

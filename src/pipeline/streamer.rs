@@ -7,6 +7,8 @@
 //! to the stream's [`super::outcome::FileLog`]; it never records anything
 //! itself.
 
+use std::collections::HashMap;
+
 use super::block;
 use super::ctx::StreamFile;
 use super::durable::{self, Replica, SyncJob, Synced};
@@ -16,8 +18,6 @@ use super::state::Packet;
 use crate::error::{FsError, FsResult};
 use crate::meta::{BlockRow, Counter};
 use crate::storage::{SyncPlan, SyncTask};
-use std::collections::HashMap;
-
 use crate::sync::{Mutex, lock};
 
 /// A stream syncs often when it writes at most this much per fsync on

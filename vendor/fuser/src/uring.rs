@@ -113,26 +113,36 @@ fn cmd_req(qid: u16, commit_id: u64) -> [u8; 80] {
 
 /// The buffers of one ring entry, shared by the ring's thread and the
 /// thread that replies. The kernel reads and writes them between a
-/// register or commit and the completion that hands them back; the ring's
-/// thread while it dispatches a request; a replying thread once dispatch
-/// is over (see [`Entry::dispatching`]). Never two at once.
+/// register or commit and the completion that hands them back. Then the
+/// ring's thread copies the request's header and first argument in front
+/// of the payload (`[start, SLACK)`) and dispatches it, the request
+/// borrowing `[start, SLACK + its payload)`; a reply goes into the header
+/// area (the `fuse_out_header`) and the payload area (`[SLACK, ...)`). A
+/// reply may be written while the request is still being dispatched only
+/// when the two do not meet: the request had no payload (see
+/// [`Entry::req_payload`]); otherwise it is copied aside until dispatch is
+/// over. All access goes through raw pointers to exactly those ranges.
 struct Entry {
     header: UnsafeCell<ReqHeader>,
-    /// `SLACK` bytes, then the payload buffer the kernel knows.
-    buf: UnsafeCell<Vec<u8>>,
+    /// `SLACK` bytes, then the payload buffer the kernel knows; never
+    /// resized, so `base` stays valid.
+    _buf: Vec<u8>,
+    base: *mut u8,
+    max_payload: usize,
     /// The iovecs given to the kernel at registration.
     iov: UnsafeCell<[libc::iovec; 2]>,
-    /// The ring's thread is dispatching this entry's request: a reply now
-    /// may not touch the buffers (the request's arguments are borrowed
-    /// from them) and is copied instead.
+    /// The ring's thread is dispatching this entry's request.
     dispatching: AtomicBool,
+    /// The payload bytes of the request being dispatched (what it borrows
+    /// past `SLACK`).
+    req_payload: AtomicU32,
     /// The `unique` of the request the entry holds.
     unique: AtomicU32Pair,
 }
 
-// SAFETY: the buffers behind the `UnsafeCell`s are handed between threads
-// by the protocol above (completion, dispatch flag, mailbox); no two ever
-// use them at once.
+// SAFETY: the buffers behind the `UnsafeCell`s and `base` are handed
+// between threads by the protocol above (completion, dispatch flag,
+// mailbox); no two ever use the same bytes at once.
 unsafe impl Sync for Entry {}
 unsafe impl Send for Entry {}
 
@@ -153,15 +163,19 @@ impl AtomicU32Pair {
 
 impl Entry {
     fn new(max_payload: usize) -> Arc<Entry> {
+        // Zeroed large allocations are fresh pages, touched only as
+        // payloads use them.
+        let mut buf = vec![0u8; SLACK + max_payload];
+        let base = buf.as_mut_ptr();
         let e = Arc::new(Entry {
             header: UnsafeCell::new(ReqHeader {
                 in_out: [0; 128],
                 op_in: [0; 128],
                 ent: EntInOut::default(),
             }),
-            // Zeroed large allocations are fresh pages, touched only as
-            // payloads use them.
-            buf: UnsafeCell::new(vec![0u8; SLACK + max_payload]),
+            _buf: buf,
+            base,
+            max_payload,
             iov: UnsafeCell::new(
                 [libc::iovec {
                     iov_base: std::ptr::null_mut(),
@@ -169,41 +183,56 @@ impl Entry {
                 }; 2],
             ),
             dispatching: AtomicBool::new(false),
+            req_payload: AtomicU32::new(0),
             unique: AtomicU32Pair::default(),
         });
-        // SAFETY: nobody else has the entry yet.
+        // SAFETY: nobody else has the entry yet; `base` points into a
+        // buffer of SLACK + max_payload bytes.
         unsafe {
             let iov = &mut *e.iov.get();
             iov[0].iov_base = e.header.get().cast();
             iov[0].iov_len = std::mem::size_of::<ReqHeader>();
-            let buf = &mut *e.buf.get();
-            iov[1].iov_base = buf.as_mut_ptr().add(SLACK).cast();
+            iov[1].iov_base = base.add(SLACK).cast();
             iov[1].iov_len = max_payload;
         }
         e
     }
 
+    /// Whether a reply may be written into the buffers now (see [`Entry`]).
+    fn reply_fits(&self) -> bool {
+        !self.dispatching.load(Ordering::Acquire) || self.req_payload.load(Ordering::Acquire) == 0
+    }
+
     /// Writes a reply (`fuse_out_header`, then its payload) into the
-    /// buffers. Only while the entry is the caller's (see [`Entry`]).
+    /// buffers. Only while [`Entry::reply_fits`], or after dispatch.
     unsafe fn put_reply(&self, reply: &[IoSlice<'_>]) {
-        // SAFETY: the caller owns the buffers now.
-        let (h, buf) = unsafe { (&mut *self.header.get(), &mut *self.buf.get()) };
-        let payload = &mut buf[SLACK..];
+        let h = self.header.get();
         let mut head = 0;
         let mut at = 0;
         for s in reply {
             let mut s: &[u8] = s;
             if head < OUT_HEADER {
                 let n = (OUT_HEADER - head).min(s.len());
-                h.in_out[head..head + n].copy_from_slice(&s[..n]);
+                // SAFETY: within `in_out` (128 bytes); the request's copy
+                // of its header lives in the buffer, not here.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        s.as_ptr(),
+                        (&raw mut (*h).in_out).cast::<u8>().add(head),
+                        n,
+                    )
+                };
                 head += n;
                 s = &s[n..];
             }
-            let n = s.len().min(payload.len() - at);
-            payload[at..at + n].copy_from_slice(&s[..n]);
+            let n = s.len().min(self.max_payload - at);
+            // SAFETY: within the payload area, which the request does not
+            // borrow (see `reply_fits`).
+            unsafe { std::ptr::copy_nonoverlapping(s.as_ptr(), self.base.add(SLACK + at), n) };
             at += n;
         }
-        h.ent.payload_sz = at as u32;
+        // SAFETY: a field of the header the request does not borrow.
+        unsafe { (*h).ent.payload_sz = at as u32 };
     }
 }
 
@@ -273,28 +302,34 @@ impl RingSender {
             return Err(io::Error::from_raw_os_error(libc::ENOTCONN));
         }
         let e = &self.entry.0;
-        if e.dispatching.load(Ordering::Acquire) {
-            // Dispatch of this very request is still on the stack, its
-            // arguments borrowed from the buffers: copy the reply aside.
-            let copy: Vec<u8> = reply.iter().flat_map(|s| s.iter().copied()).collect();
-            let me = Arc::as_ptr(&self.shared) as usize;
-            let copy = ON_RING.with(|r| {
-                let mut r = r.borrow_mut();
-                if r.0 == me {
-                    r.1.push((self.idx, Some(copy)));
-                    None
-                } else {
-                    Some(copy)
-                }
-            });
-            if let Some(copy) = copy {
-                shared.post(self.idx, Some(copy));
-            }
-        } else {
-            // SAFETY: dispatch is over and the kernel waits for this
-            // reply: the buffers are ours until the commit.
+        let pending = if e.reply_fits() {
+            // SAFETY: the kernel waits for this reply and the request, if
+            // still being dispatched, borrows nothing it writes.
             unsafe { e.put_reply(reply) };
-            shared.post(self.idx, None);
+            None
+        } else {
+            // Dispatch of this very request is still on the stack, its
+            // payload borrowed from the buffer: copy the reply aside.
+            let mut copy = Vec::with_capacity(reply.iter().map(|s| s.len()).sum());
+            for s in reply {
+                copy.extend_from_slice(s);
+            }
+            Some(copy)
+        };
+        // From the ring's own thread it is committed once dispatch
+        // returns; from any other, the ring's thread is woken for it.
+        let me = Arc::as_ptr(&self.shared) as usize;
+        let pending = ON_RING.with(|r| {
+            let mut r = r.borrow_mut();
+            if r.0 == me {
+                r.1.push((self.idx, pending));
+                None
+            } else {
+                Some(pending)
+            }
+        });
+        if let Some(p) = pending {
+            shared.post(self.idx, p);
         }
         Ok(())
     }
@@ -553,17 +588,25 @@ impl<FS: Filesystem + 'static> Queue<FS> {
     /// copied into `local`.
     fn dispatch(&mut self, idx: usize) {
         let e = self.shared.0.entries.lock()[idx].clone();
-        e.dispatching.store(true, Ordering::Release);
         // SAFETY: the kernel handed the entry back with a request in it;
-        // until its reply, only this thread touches the buffers.
-        let (h, buf) = unsafe { (&*e.header.get(), &mut *e.buf.get()) };
-        let len = u32::from_ne_bytes([h.in_out[0], h.in_out[1], h.in_out[2], h.in_out[3]]) as usize;
-        let unique = u64::from_ne_bytes(h.in_out[8..16].try_into().expect("8 bytes"));
+        // until its reply, only this thread touches the buffers. What the
+        // request needs of the header is copied out before any reply.
+        let (len, unique, payload, in_out, op_in) = unsafe {
+            let h = &*e.header.get();
+            (
+                u32::from_ne_bytes([h.in_out[0], h.in_out[1], h.in_out[2], h.in_out[3]]) as usize,
+                u64::from_ne_bytes(h.in_out[8..16].try_into().expect("8 bytes")),
+                h.ent.payload_sz as usize,
+                h.in_out,
+                h.op_in,
+            )
+        };
         e.unique.set(unique);
-        let payload = h.ent.payload_sz as usize;
+        e.req_payload.store(payload as u32, Ordering::Release);
+        e.dispatching.store(true, Ordering::Release);
         let first = len
             .checked_sub(IN_HEADER + payload)
-            .filter(|&n| n <= h.op_in.len());
+            .filter(|&n| n <= op_in.len());
         let sender = ReplySender::Ring(RingSender {
             shared: self.shared.clone(),
             entry: Arc::new(EntryHandle(e.clone())),
@@ -573,9 +616,15 @@ impl<FS: Filesystem + 'static> Queue<FS> {
         match first {
             Some(first) if payload <= self.max_payload => {
                 let start = SLACK - IN_HEADER - first;
-                buf[start..start + IN_HEADER].copy_from_slice(&h.in_out[..IN_HEADER]);
-                buf[start + IN_HEADER..SLACK].copy_from_slice(&h.op_in[..first]);
-                let data = &buf[start..SLACK + payload];
+                // SAFETY: `[start, SLACK + payload)` lies in the buffer,
+                // whose payload the kernel just wrote; no reply touches
+                // `[start, SLACK)`, nor the payload while this borrows it.
+                let data = unsafe {
+                    let p = e.base.add(start);
+                    std::ptr::copy_nonoverlapping(in_out.as_ptr(), p, IN_HEADER);
+                    std::ptr::copy_nonoverlapping(op_in.as_ptr(), p.add(IN_HEADER), first);
+                    std::slice::from_raw_parts(p, SLACK - start + payload)
+                };
                 match RequestWithSender::with_sender(sender.to_same(), data) {
                     Some(req) => req.dispatch(&self.se),
                     None => {
@@ -603,10 +652,9 @@ impl<FS: Filesystem + 'static> Queue<FS> {
             // SAFETY: dispatch is over; the reply is the only user now.
             unsafe { e.put_reply(&[IoSlice::new(&c)]) };
         }
-        // SAFETY: the reply is written; the kernel reads the header next.
-        let h = unsafe { &mut *e.header.get() };
         let commit_id = e.unique.get();
-        h.ent.commit_id = commit_id;
+        // SAFETY: the reply is written; the kernel reads the header next.
+        unsafe { (*e.header.get()).ent.commit_id = commit_id };
         let sqe = opcode::UringCmd80::new(types::Fd(self.dev), CMD_COMMIT_AND_FETCH)
             .cmd(cmd_req(self.qid, commit_id))
             .build()
