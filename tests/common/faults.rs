@@ -154,9 +154,11 @@ pub struct Block {
 
 /// Every block of the data directory (read-only; the daemon may run).
 /// On the etcd backend, from etcd: the fixture names the filesystem after
-/// the test's directory, the data directory's parent.
+/// the test's directory, the data directory's parent. A mount that chose
+/// `--meta sqlite` itself (a fixture of SQLite data) has a `meta.db` even
+/// in the etcd pass, and is read from it.
 pub fn all_blocks(data: &Path) -> Vec<Block> {
-    if super::etcd_backend() {
+    if super::etcd_backend() && !data.join("meta.db").exists() {
         use leasefs::meta::BlockMap;
         let name = data
             .parent()
