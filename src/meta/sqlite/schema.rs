@@ -117,9 +117,15 @@ DROP TABLE datanodes_positional;
 COMMIT;
 ";
 
-/// Indexes on columns an upgrade may have to add first.
+/// Indexes on columns an upgrade may have to add first, and indexes
+/// older databases lack (made at the next open). `dentries_by_ino`: a
+/// file's path is found from its inode (`first_name`, `first_parent`);
+/// without it each look-up scanned every entry, and the orphan sweep at
+/// mount, which names the file of every block, took minutes with 200,000
+/// entries on a cold cache.
 const INDEXES: &str = "
 CREATE INDEX IF NOT EXISTS dentries_by_cookie ON dentries(parent, cookie);
+CREATE INDEX IF NOT EXISTS dentries_by_ino ON dentries(ino);
 ";
 
 /// Adds what older databases lack, in one transaction: directory entries
@@ -147,4 +153,38 @@ pub fn upgrade(c: &Connection) -> FsResult<()> {
     }
     c.execute_batch(INDEXES)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::meta::MetaStore;
+
+    fn plan(db: &std::path::Path) -> String {
+        let c = rusqlite::Connection::open(db).unwrap();
+        let mut st = c
+            .prepare("EXPLAIN QUERY PLAN SELECT parent, name FROM dentries WHERE ino = 7 LIMIT 1")
+            .unwrap();
+        st.query_map([], |r| r.get::<_, String>(3))
+            .unwrap()
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap()
+            .join("; ")
+    }
+
+    /// The path of an inode is an index look-up, in a new database and in
+    /// one made before the index existed (added at its next open).
+    #[test]
+    fn an_inode_s_entry_is_found_through_an_index_in_new_and_older_databases() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("meta.db");
+        drop(MetaStore::open(&db, 0, 0).unwrap());
+        assert!(plan(&db).contains("INDEX dentries_by_ino"), "{}", plan(&db));
+        rusqlite::Connection::open(&db)
+            .unwrap()
+            .execute_batch("DROP INDEX dentries_by_ino")
+            .unwrap();
+        assert!(plan(&db).starts_with("SCAN"), "{}", plan(&db));
+        drop(MetaStore::open(&db, 0, 0).unwrap());
+        assert!(plan(&db).contains("INDEX dentries_by_ino"), "{}", plan(&db));
+    }
 }
