@@ -278,20 +278,7 @@ fn a_missing_datanode_is_reported_dead_and_housekeeping_restores_replication() {
 /// the next, and nothing lost or moved.
 #[test]
 fn a_data_directory_of_the_previous_release_is_upgraded_in_place() {
-    let dir = tempfile::Builder::new()
-        .prefix("leasefs-test")
-        .tempdir()
-        .unwrap();
-    let fixture =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/prev-release-layout.tar.gz");
-    let o = std::process::Command::new("tar")
-        .arg("-xzf")
-        .arg(&fixture)
-        .arg("-C")
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{o:?}");
+    let dir = fixture("prev-release-layout.tar.gz");
     let old = dirs(&dir, &["dn1", "dn2", "dn3"]);
     let before: Vec<BTreeSet<PathBuf>> = old.iter().map(|d| replica_files(d)).collect();
     let sums = dir.path().join("SHA256SUMS");
@@ -311,16 +298,7 @@ fn a_data_directory_of_the_previous_release_is_upgraded_in_place() {
         }
     };
     // The database recorded dn1 dn2 dn3 at paths that no longer exist.
-    let mut m = Mount::in_dir(
-        Opts {
-            datanodes: 3,
-            replication: Some(2),
-            o: Vec::new(),
-            args: vec!["--meta".into(), "sqlite".into()],
-        },
-        dir,
-        vec![old[2].clone(), old[0].clone(), old[1].clone()],
-    );
+    let mut m = mount_fixture(dir, vec![old[2].clone(), old[0].clone(), old[1].clone()]);
     check(&m, "first mount");
     m.unmount();
     let fsid = identity(&old[0], "filesystemID");
@@ -358,6 +336,21 @@ fn a_data_directory_of_the_previous_release_is_upgraded_in_place() {
     assert_eq!(again, sids, "the upgrade ran twice");
 }
 
+/// Mounts an extracted fixture (SQLite metadata, R=2) with its datanode
+/// directories in the order given.
+fn mount_fixture(dir: tempfile::TempDir, datanodes: Vec<PathBuf>) -> Mount {
+    Mount::in_dir(
+        Opts {
+            datanodes: 3,
+            replication: Some(2),
+            o: Vec::new(),
+            args: vec!["--meta".into(), "sqlite".into()],
+        },
+        dir,
+        datanodes,
+    )
+}
+
 /// Extracts a fixture of tests/fixtures (see its README) into a new test
 /// directory.
 fn fixture(name: &str) -> tempfile::TempDir {
@@ -393,16 +386,7 @@ fn a_data_directory_of_layout_1_is_upgraded_in_place() {
     assert!(dns.iter().all(|d| identity(d, "layoutVersion") == "1"));
     let before: Vec<BTreeSet<PathBuf>> = dns.iter().map(|d| replica_files(d)).collect();
     let sums = dir.path().join("SHA256SUMS");
-    let mut m = Mount::in_dir(
-        Opts {
-            datanodes: 3,
-            replication: Some(2),
-            o: Vec::new(),
-            args: vec!["--meta".into(), "sqlite".into()],
-        },
-        dir,
-        vec![dns[1].clone(), dns[2].clone(), dns[0].clone()],
-    );
+    let mut m = mount_fixture(dir, vec![dns[1].clone(), dns[2].clone(), dns[0].clone()]);
     for (d, id) in dns.iter().zip(&ids) {
         assert_eq!(identity(d, "layoutVersion"), "2", "{}", d.display());
         assert_eq!(&identity(d, "storageID"), id);

@@ -133,10 +133,6 @@ pub fn read(root: &Path) -> Result<Option<Identity>, StorageError> {
     }
 }
 
-/// Gives `root` the identity `id` unless it already has one, crash-safely
-/// (temp file, fsync, link into place, fsync of the directory); returns the
-/// identity the directory has afterwards, which is another one when a
-/// concurrent daemon wrote its file first.
 /// Brings the identity file of `root` (`id`, as read from it) to this
 /// release's layout version, keeping its storage and filesystem IDs.
 /// Nothing else in the directory changes: every replica of an older
@@ -152,17 +148,8 @@ pub fn upgrade(root: &Path, id: &Identity) -> Result<Identity, StorageError> {
         ..id.clone()
     };
     let path = root.join(FILE_NAME);
-    let tmp = temp_name(root);
-    let written = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&tmp)
-        .and_then(|mut f| {
-            f.write_all(new.encode().as_bytes())?;
-            f.sync_all()
-        })
-        .and_then(|()| fs::rename(&tmp, &path));
-    if let Err(e) = written {
+    let tmp = write_synced_temp(root, &new)?;
+    if let Err(e) = fs::rename(&tmp, &path) {
         let _ = fs::remove_file(&tmp);
         return Err(StorageError::io(&path, e));
     }
@@ -170,18 +157,14 @@ pub fn upgrade(root: &Path, id: &Identity) -> Result<Identity, StorageError> {
     Ok(new)
 }
 
-/// A temporary name in `root` for an identity file being written.
-fn temp_name(root: &Path) -> std::path::PathBuf {
-    root.join(format!(
+/// Writes `id` to a new temporary file in `root` and syncs it; the caller
+/// puts it in place. Nothing is left behind on failure.
+fn write_synced_temp(root: &Path, id: &Identity) -> Result<std::path::PathBuf, StorageError> {
+    let tmp = root.join(format!(
         ".{FILE_NAME}.{}.{}",
         std::process::id(),
         uuid::Uuid::new_v4().simple()
-    ))
-}
-
-pub fn create(root: &Path, id: &Identity) -> Result<Identity, StorageError> {
-    let path = root.join(FILE_NAME);
-    let tmp = temp_name(root);
+    ));
     let written = OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -194,6 +177,16 @@ pub fn create(root: &Path, id: &Identity) -> Result<Identity, StorageError> {
         let _ = fs::remove_file(&tmp);
         return Err(StorageError::io(&tmp, e));
     }
+    Ok(tmp)
+}
+
+/// Gives `root` the identity `id` unless it already has one, crash-safely
+/// (temp file, fsync, link into place, fsync of the directory); returns the
+/// identity the directory has afterwards, which is another one when a
+/// concurrent daemon wrote its file first.
+pub fn create(root: &Path, id: &Identity) -> Result<Identity, StorageError> {
+    let path = root.join(FILE_NAME);
+    let tmp = write_synced_temp(root, id)?;
     // A link, not a rename: it never replaces an identity file that
     // appeared meanwhile.
     let linked = fs::hard_link(&tmp, &path);
