@@ -92,6 +92,21 @@ else
     status[cargo-test]=FAILED
 fi
 
+# Runs the named suites once more with VAR=VALUE in their environment and
+# records the outcome under STATUS.
+run_suites() { # STATUS VAR=VALUE SUITE...
+    local key=$1 setting=$2 t
+    shift 2
+    local args=()
+    for t in "$@"; do args+=(--test "$t"); done
+    if env "$setting" timeout --kill-after=30 "${CARGO_TEST_TIMEOUT:-1200}" \
+        cargo test --release --no-fail-fast "${args[@]}"; then
+        status[$key]=ok
+    else
+        status[$key]=FAILED
+    fi
+}
+
 # The suites that mount through the common fixture, minus the 50 crash
 # rounds (SQLite recovery at mount; too long to run twice).
 etcd_suites=(foundation tools mount_cli smoke lease_open lease_wait lease_expiry lease_state
@@ -99,14 +114,7 @@ etcd_suites=(foundation tools mount_cli smoke lease_open lease_wait lease_expiry
     faults_fsck datanode_identity datanode_admin)
 if [[ $run_etcd -eq 1 && ${#cargo_test_args[@]} -eq 0 ]]; then
     section "the same suites on the etcd backend"
-    args=()
-    for t in "${etcd_suites[@]}"; do args+=(--test "$t"); done
-    if LEASEFS_TEST_META=etcd timeout --kill-after=30 "${CARGO_TEST_TIMEOUT:-1200}" \
-        cargo test --release --no-fail-fast "${args[@]}"; then
-        status[cargo-test-etcd]=ok
-    else
-        status[cargo-test-etcd]=FAILED
-    fi
+    run_suites cargo-test-etcd LEASEFS_TEST_META=etcd "${etcd_suites[@]}"
 fi
 
 # The suites that exercise every kind of request and reply, through
@@ -115,14 +123,7 @@ dev_suites=(foundation lease_open lease_wait page_cache requests permissions rep
     faults_pipeline stats dir_listing)
 if [[ $uring_on -eq 1 && ${#cargo_test_args[@]} -eq 0 ]]; then
     section "request-path suites through /dev/fuse"
-    args=()
-    for t in "${dev_suites[@]}"; do args+=(--test "$t"); done
-    if LEASEFS_TEST_FUSE_URING=off timeout --kill-after=30 "${CARGO_TEST_TIMEOUT:-1200}" \
-        cargo test --release --no-fail-fast "${args[@]}"; then
-        status[cargo-test-dev-fuse]=ok
-    else
-        status[cargo-test-dev-fuse]=FAILED
-    fi
+    run_suites cargo-test-dev-fuse LEASEFS_TEST_FUSE_URING=off "${dev_suites[@]}"
 fi
 
 if [[ $run_pjdfstest -eq 1 ]]; then
