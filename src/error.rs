@@ -13,6 +13,11 @@ pub enum FsError {
     NotFound,
     #[error("file exists")]
     Exists,
+    /// CREATE (without `O_EXCL`) found the name made since the kernel
+    /// looked it up: `ESTALE` makes the kernel look again and open what
+    /// it finds with its own permission checks (see `Core::create`).
+    #[error("the name was made since the kernel looked it up")]
+    Appeared,
     #[error("not a directory")]
     NotDir,
     #[error("is a directory")]
@@ -116,6 +121,7 @@ impl FsError {
         match self {
             FsError::NotFound => ENOENT,
             FsError::Exists => EEXIST,
+            FsError::Appeared => ESTALE,
             FsError::NotDir => ENOTDIR,
             FsError::IsDir => EISDIR,
             FsError::NotEmpty => ENOTEMPTY,

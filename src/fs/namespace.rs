@@ -101,11 +101,17 @@ impl Core {
         )
     }
 
-    /// open(O_CREAT): creates the file unless the name exists (with
-    /// `O_EXCL` it must not), then opens it; the reply carries the
-    /// attributes as of the open. The store says whether the name exists
-    /// (the kernel looked it up just before): a file this request created
-    /// is opened as it was made, without reading it again.
+    /// open(O_CREAT): creates the file and opens it; the reply carries
+    /// the attributes as of the open.
+    ///
+    /// The kernel sends CREATE only after its lookup found no such name,
+    /// and counts a successful CREATE as a new file: it skips its own
+    /// open-permission check (and the truncation of `O_TRUNC`). So a name
+    /// that exists by now (made through another daemon since that lookup)
+    /// is never opened here: without `O_EXCL` the answer is `ESTALE`
+    /// ([`FsError::Appeared`]), on which the kernel walks the path once
+    /// more, finds the file and opens it as any open, checking mode,
+    /// owner, groups and ACLs itself; with `O_EXCL`, `EEXIST`.
     pub fn create(
         self: &Arc<Self>,
         parent: u64,
@@ -116,30 +122,23 @@ impl Core {
         reply: Reply<(Attr, Opened)>,
     ) {
         let excl = flags & libc::O_EXCL != 0;
-        let (attr, created) = match self.make_node(parent, name, node, caller) {
-            Ok(i) => (Attr::from_inode(&i), Some(i)),
-            Err(FsError::Exists) if !excl => match self.lookup(parent, name) {
-                Ok(a) => (a, None),
-                Err(e) => return reply(Err(e)),
-            },
+        let made = match self.make_node(parent, name, node, caller) {
+            Ok(i) => i,
+            Err(FsError::Exists) if !excl => return reply(Err(FsError::Appeared)),
             Err(e) => return reply(Err(e)),
         };
+        let attr = Attr::from_inode(&made);
         let me = self.clone();
-        let fresh = created.is_some();
         self.open_as(
             attr.ino,
-            created,
+            Some(made),
             flags,
             caller,
             Box::new(move |r| {
                 reply(r.map(|o| {
-                    let a = if fresh {
-                        Attr {
-                            under_construction: me.stream_of(attr.ino).is_some(),
-                            ..attr
-                        }
-                    } else {
-                        me.getattr(attr.ino).unwrap_or(attr)
+                    let a = Attr {
+                        under_construction: me.stream_of(attr.ino).is_some(),
+                        ..attr
                     };
                     (a, o)
                 }))

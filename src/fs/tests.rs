@@ -160,3 +160,42 @@ fn epochs_rise_with_every_grant_and_across_a_restart() {
         *seen.last().expect("some")
     );
 }
+
+/// The kernel sends CREATE only after its lookup found no such name, and
+/// skips its own permission check of the open when CREATE succeeds: a
+/// name made since (through another daemon) is never opened by CREATE.
+/// Without `O_EXCL` the answer is `ESTALE`, on which the kernel looks the
+/// name up again and opens the file with its own checks; with `O_EXCL`,
+/// `EEXIST`. The file is left as it was, and no lease is taken.
+#[test]
+fn create_never_opens_a_name_that_exists() {
+    use super::testing::{node, wait};
+    use crate::meta::{Kind, ROOT_INO};
+    let t = TestFs::new(opts(), 1);
+    let ino = t.create("secret");
+    let a = t.open(ino, APPEND, me()).expect("writer");
+    t.write(a, 0, b"root's").expect("write");
+    t.close(a).expect("close");
+    let nobody = super::core::Caller {
+        pid: std::process::id(),
+        uid: 65534,
+        gid: 65534,
+    };
+    for (flags, want) in [
+        (libc::O_RDWR | libc::O_APPEND | libc::O_CREAT, libc::ESTALE),
+        (libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC, libc::ESTALE),
+        (libc::O_RDWR | libc::O_CREAT | libc::O_EXCL, libc::EEXIST),
+    ] {
+        let r = wait(|reply| {
+            t.core
+                .create(ROOT_INO, b"secret", node(Kind::File), flags, nobody, reply)
+        });
+        assert_eq!(errno(r), want, "create with flags {flags:o}");
+    }
+    assert_eq!(t.size(ino), 6, "the file changed");
+    assert_eq!(
+        t.core.leases.state(ino),
+        LeaseState::Free,
+        "a lease was taken"
+    );
+}

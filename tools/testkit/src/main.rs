@@ -16,12 +16,15 @@
 //! testkit term JOURNAL [...]              a leader's command for the election tests
 //! testkit control SOCK REQUEST            one raw request to the control socket
 //! testkit control-idle SOCK N             idle connections to the control socket
+//! testkit swap A B SECS                   renames back and forth (see hostile.rs)
+//! testkit create-race PATH SECS           O_CREAT opens looking for another's file
 //! ```
 
 mod agent;
 mod append;
 mod control;
 mod follow;
+mod hostile;
 mod load;
 mod race;
 mod sys;
@@ -112,6 +115,10 @@ enum Cmd {
     Control { sock: PathBuf, request: String },
     /// Hold N idle connections to SOCK, then try one more.
     ControlIdle { sock: PathBuf, n: usize },
+    /// Rename A to B and back for SECS seconds.
+    Swap { a: PathBuf, b: PathBuf, secs: u64 },
+    /// Open PATH with O_CREAT (no O_EXCL) for SECS seconds, looking for another user's file.
+    CreateRace { path: PathBuf, secs: u64 },
 }
 
 fn main() -> ExitCode {
@@ -161,5 +168,7 @@ fn main() -> ExitCode {
         }),
         Cmd::Control { sock, request } => control::request(&sock, &request),
         Cmd::ControlIdle { sock, n } => control::idle(&sock, n),
+        Cmd::Swap { a, b, secs } => hostile::swap(&a, &b, secs),
+        Cmd::CreateRace { path, secs } => hostile::create_race(&path, secs),
     }
 }
