@@ -12,7 +12,10 @@
 //!
 //! Process numbers are reused: a session id names the command's tree only
 //! while some process of it lives. [`Tree::is_ours`] is the rule that
-//! tells a tree from a later one that reuses the number.
+//! tells a tree from a later one that reuses the number, and every signal
+//! goes through a pidfd of the process found (see `Tree::signal_members`),
+//! so that the daemon, which runs as root, never signals a process that
+//! took a member's number after `/proc` was read.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -167,6 +170,47 @@ fn session_members(sid: u32) -> Vec<u32> {
         .collect()
 }
 
+/// A process held by a pidfd: a signal sent through it reaches that very
+/// process, or nobody once it has exited, never a later process that took
+/// its number. (nix has no pidfd calls: the system calls themselves.)
+struct Pinned(std::os::fd::OwnedFd);
+
+impl Pinned {
+    fn open(pid: u32) -> nix::Result<Pinned> {
+        use std::os::fd::FromRawFd;
+        // SAFETY: pidfd_open(2) takes a pid and flags (none) and returns a
+        // new descriptor or -1 with errno set; nothing is borrowed.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+        if fd < 0 {
+            return Err(nix::errno::Errno::last());
+        }
+        // SAFETY: a descriptor the kernel just made, owned by nobody else.
+        Ok(Pinned(unsafe {
+            std::os::fd::OwnedFd::from_raw_fd(fd as i32)
+        }))
+    }
+
+    fn signal(&self, sig: nix::sys::signal::Signal) -> nix::Result<()> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: pidfd_send_signal(2) on a pidfd this value owns, with a
+        // valid signal number, no siginfo (null, as kill(2) would send)
+        // and no flags.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                self.0.as_raw_fd(),
+                sig as libc::c_int,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        };
+        if r < 0 {
+            return Err(nix::errno::Errno::last());
+        }
+        Ok(())
+    }
+}
+
 /// One term's command and everything it started.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tree {
@@ -221,9 +265,59 @@ impl Tree {
 
     /// Sends `sig` to every process of the tree.
     pub fn signal(&self, sig: nix::sys::signal::Signal) {
-        for pid in self.members() {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig);
-        }
+        self.signal_members(sig, &|| ());
+    }
+
+    /// Sends `sig` to every member found, through a pidfd of each:
+    /// `between` runs after the members are found and pinned and before
+    /// they are signalled (where a test makes a member's number pass to
+    /// another process). Returns how many were signalled.
+    ///
+    /// A number read from `/proc` names a process only until that process
+    /// is reaped; `kill(pid)` sent later may reach whatever process took
+    /// the number since, and the daemon runs as root. So each member is
+    /// pinned first (`pidfd_open`), then checked to be a member still (a
+    /// number reused before the pinning pins the newcomer, which must be a
+    /// member to stay), and signalled through the pidfd, which reaches
+    /// that process or, once it has exited, nobody.
+    fn signal_members(&self, sig: nix::sys::signal::Signal, between: &dyn Fn()) -> usize {
+        let pinned: Vec<(u32, Option<Pinned>)> = self
+            .members()
+            .into_iter()
+            .filter_map(|pid| match Pinned::open(pid) {
+                Ok(p) => self.is_member(pid).then_some((pid, Some(p))),
+                Err(nix::errno::Errno::ENOSYS) => Some((pid, None)),
+                Err(_) => None,
+            })
+            .collect();
+        between();
+        pinned
+            .into_iter()
+            .filter(|(pid, p)| match p {
+                Some(p) => p.signal(sig).is_ok(),
+                // A kernel without pidfds (before 5.3): the member is
+                // checked again right before the signal, which leaves a
+                // window where the number may change hands.
+                None => {
+                    self.is_member(*pid)
+                        && nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid as i32), sig)
+                            .is_ok()
+                }
+            })
+            .count()
+    }
+
+    /// Whether `pid` is a live process of the tree: of its session (while
+    /// the session is this tree's) or of its cgroup.
+    fn is_member(&self, pid: u32) -> bool {
+        let Some(st) = stat(pid).filter(|s| !s.zombie) else {
+            return false;
+        };
+        (st.sid == self.leader && self.is_ours())
+            || self
+                .cgroup
+                .as_deref()
+                .is_some_and(|cg| cgroup_of(pid).as_deref() == Some(cg))
     }
 
     /// Kills the whole tree: `cgroup.kill` where there is a cgroup (the
@@ -235,15 +329,8 @@ impl Tree {
             let _ = std::fs::write(dir.join("cgroup.kill"), "1");
         }
         for _ in 0..20 {
-            let members = self.members();
-            if members.is_empty() {
+            if self.signal_members(nix::sys::signal::Signal::SIGKILL, &|| ()) == 0 && self.gone() {
                 return true;
-            }
-            for pid in members {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid as i32),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
             }
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
@@ -350,5 +437,78 @@ mod tests {
         assert!(!other.is_ours() && other.members().is_empty());
         assert!(tree.kill(), "the orphan survived");
         assert!(tree.gone());
+    }
+
+    /// The daemon signals the processes of a term's tree that it found in
+    /// `/proc`; one of them may exit, and its number go to an unrelated
+    /// process, before the signal is sent. The signal must reach the
+    /// process that was found, or nobody: never the one that took its
+    /// number. (The number is handed on through `ns_last_pid`, so this
+    /// needs root.)
+    #[test]
+    fn a_signal_never_reaches_a_process_that_took_a_members_number() {
+        use std::process::{Child, Command};
+        use std::sync::Mutex;
+        use std::time::{Duration, Instant};
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("needs root (ns_last_pid): nothing checked");
+            return;
+        }
+        // A session of one process: `setsid` (not a group leader here)
+        // makes the session and becomes `sleep`.
+        let member = Command::new("setsid")
+            .args(["sleep", "30"])
+            .spawn()
+            .expect("setsid");
+        let pid = member.id();
+        let t0 = Instant::now();
+        while stat(pid).is_none_or(|s| s.sid != pid) {
+            assert!(
+                t0.elapsed() < Duration::from_secs(5),
+                "the member never led its session"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let tree = Tree {
+            leader: pid,
+            start_ticks: stat(pid).expect("stat").start_ticks,
+            cgroup: None,
+        };
+        let member = Mutex::new(Some(member));
+        let decoy: Mutex<Option<Child>> = Mutex::new(None);
+        tree.signal_members(nix::sys::signal::Signal::SIGKILL, &|| {
+            // The member exits and is reaped; a new process takes its number.
+            if let Some(mut m) = member.lock().expect("lock").take() {
+                let _ = m.kill();
+                let _ = m.wait();
+            }
+            for _ in 0..2000 {
+                let _ = std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string());
+                let mut d = Command::new("sleep").arg("30").spawn().expect("sleep");
+                if d.id() == pid {
+                    *decoy.lock().expect("lock") = Some(d);
+                    return;
+                }
+                let _ = d.kill();
+                let _ = d.wait();
+            }
+        });
+        let mut decoy = decoy
+            .lock()
+            .expect("lock")
+            .take()
+            .expect("no process took the member's number");
+        let t0 = Instant::now();
+        let mut killed = None;
+        while t0.elapsed() < Duration::from_millis(500) && killed.is_none() {
+            killed = decoy.try_wait().expect("wait");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = decoy.kill();
+        let _ = decoy.wait();
+        assert_eq!(
+            killed, None,
+            "the process that took the member's number was killed"
+        );
     }
 }

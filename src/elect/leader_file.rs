@@ -22,6 +22,11 @@ const IOC_RENEW: u64 = 0x4C02;
 /// `_IOR('L', 3, u64)`: the epoch of this descriptor's grant.
 const IOC_EPOCH: u64 = 0x8008_4C03;
 
+/// How much of the election file's end a follower reads to find the last
+/// record: a record is one short JSON line (a few hundred bytes), and any
+/// leader may append what it likes, so the file's size says nothing.
+const RECORD_TAIL: usize = 64 * 1024;
+
 /// How an attempt to become leader ended without an error worth stopping for.
 #[derive(Debug)]
 pub enum OpenError {
@@ -154,18 +159,31 @@ pub struct LeaderRecord {
 /// The last well-formed record of the election file (`None` for a new
 /// election). Reading never touches the lease.
 pub fn last_record(path: &Path) -> io::Result<Option<LeaderRecord>> {
-    let mut text = String::new();
     match File::open(path) {
-        Ok(mut f) => {
-            f.read_to_string(&mut text)?;
-        }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e),
+        Ok(mut f) => last_record_in(&mut f),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
     }
-    Ok(text
-        .lines()
+}
+
+/// [`last_record`] of an open election file: only its last
+/// [`RECORD_TAIL`] bytes are read, lines that are not a record (torn,
+/// not text, cut at the start of the tail) are passed over.
+fn last_record_in(f: &mut (impl Read + io::Seek)) -> io::Result<Option<LeaderRecord>> {
+    let len = f.seek(io::SeekFrom::End(0))?;
+    let start = len.saturating_sub(RECORD_TAIL as u64);
+    f.seek(io::SeekFrom::Start(start))?;
+    let mut tail = Vec::with_capacity((len - start) as usize);
+    f.take(RECORD_TAIL as u64).read_to_end(&mut tail)?;
+    let mut lines: Vec<&[u8]> = tail.split(|b| *b == b'\n').collect();
+    if start > 0 && !lines.is_empty() {
+        // The tail starts inside a line.
+        lines.remove(0);
+    }
+    Ok(lines
+        .into_iter()
         .rev()
-        .find_map(|l| serde_json::from_str::<LeaderRecord>(l).ok()))
+        .find_map(|l| serde_json::from_slice::<LeaderRecord>(l).ok()))
 }
 
 /// The election file's lease as `user.leasefs.lease` shows it.
@@ -261,6 +279,51 @@ mod tests {
         );
         std::fs::write(&p, text).expect("write");
         assert_eq!(last_record(&p).expect("read"), Some(b));
+    }
+
+    /// A reader that counts the bytes it hands out.
+    struct Counted<R>(R, u64);
+
+    impl<R: Read> Read for Counted<R> {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            let n = self.0.read(buf)?;
+            self.1 += n as u64;
+            Ok(n)
+        }
+    }
+
+    impl<R: io::Seek> io::Seek for Counted<R> {
+        fn seek(&mut self, pos: io::SeekFrom) -> io::Result<u64> {
+            self.0.seek(pos)
+        }
+    }
+
+    /// Any leader may write what it likes into the election file: a
+    /// follower, which looks at its last record at every retry, reads
+    /// only its tail, whatever the file holds before it (bytes that are
+    /// not text included), and finds the last record there.
+    #[test]
+    fn a_bloated_election_file_costs_a_follower_only_its_tail() {
+        let rec = LeaderRecord {
+            id: "late".into(),
+            host: "h".into(),
+            pid: 9,
+            epoch: 40,
+            time_ms: 1,
+            pgid: None,
+            cgroup: None,
+        };
+        let mut bytes = vec![0xffu8; 8 << 20];
+        bytes.extend_from_slice(b"\n");
+        bytes.extend_from_slice(&serde_json::to_vec(&rec).expect("json"));
+        bytes.extend_from_slice(b"\n");
+        let mut f = Counted(io::Cursor::new(bytes), 0);
+        assert_eq!(last_record_in(&mut f).expect("read"), Some(rec));
+        assert!(
+            f.1 <= RECORD_TAIL as u64,
+            "read {} bytes of an election file to find its last record",
+            f.1
+        );
     }
 
     #[test]
