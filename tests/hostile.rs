@@ -54,9 +54,9 @@ fn create_never_opens_an_existing_file_without_a_permission_check() {
     );
     let swapper = {
         let (from, to) = (a.path("n/secret"), a.path("n/x"));
-        std::thread::spawn(move || testkit_as_nobody(&["swap", p(&from), p(&to), "15"]))
+        std::thread::spawn(move || testkit_as_nobody(&["swap", p(&from), p(&to), "8"]))
     };
-    let race = testkit_as_nobody(&["create-race", p(&b.path("n/x")), "15"]);
+    let race = testkit_as_nobody(&["create-race", p(&b.path("n/x")), "8"]);
     let swaps = swapper.join().expect("swapper");
     let (race, swaps) = (stdout(&race), stdout(&swaps));
     assert!(
