@@ -184,7 +184,7 @@ impl Core {
             max_in_flight: opts.max_packets_in_flight,
             publish_lengths: cluster.is_some(),
             sync_by_fs: opts.sync_by_fs,
-            synced_files: Default::default(),
+            ledger: Default::default(),
             budget,
             metrics: Arc::default(),
         });
@@ -900,7 +900,7 @@ impl Core {
     /// Deletes an inode with no names and no opens, and its replicas.
     pub(crate) fn delete_inode(&self, ino: u64) {
         self.cache.drop_state(ino);
-        lock(&self.ctx.synced_files).remove(&ino);
+        self.ctx.ledger.forget(ino);
         match self.meta().delete_inode(ino) {
             Ok(blocks) => self.deletions.delete(blocks),
             Err(e) => tracing::error!(ino, "cannot delete inode: {e}"),

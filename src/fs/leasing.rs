@@ -84,8 +84,8 @@ impl Core {
     /// lease can move on to another writer).
     pub fn recover(&self, ino: u64, reason: RecoveryReason) -> FsResult<u64> {
         self.cache.busy(ino);
-        // Recovery cuts and restamps the last block: not synced any more.
-        lock(&self.ctx.synced_files).remove(&ino);
+        // Recovery cuts and restamps the last block (under new names).
+        self.ctx.ledger.forget(ino);
         let r = self.recover_file(ino, reason);
         self.cache.invalidate_all_now(ino);
         self.cache.idle(ino);

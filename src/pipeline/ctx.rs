@@ -4,16 +4,15 @@
 //! ([`StreamFile`]), and the completion callback type of deferred stream
 //! operations.
 
-use std::collections::HashSet;
-
 use super::budget::Budget;
 use super::datanodes::Datanodes;
+use super::ledger::SyncLedger;
 use super::outcome::FileLog;
 use super::reader::BadReplicas;
 use crate::error::FsResult;
 use crate::meta::Meta;
 use crate::metrics::Metrics;
-use crate::sync::{Arc, Mutex};
+use crate::sync::Arc;
 
 /// Completion of a deferred operation.
 pub type Done = Box<dyn FnOnce(FsResult<()>) + Send>;
@@ -32,10 +31,8 @@ pub struct StreamCtx {
     pub sync_by_fs: bool,
     /// Replicas found bad (reads, syncs), for housekeeping to repair.
     pub bad: Arc<BadReplicas>,
-    /// Files whose every block was synced by an fsync since the daemon
-    /// started, with nothing changed since but through a live stream (which
-    /// tracks its own changes): their fsync syncs only the stream's part.
-    pub synced_files: Mutex<HashSet<u64>>,
+    /// What fsyncs made durable, and which replicas failed their sync.
+    pub ledger: SyncLedger,
     /// The mount's write buffer, shared by every stream.
     pub budget: Arc<Budget>,
     /// The mount's statistics (`leasefs stats`).

@@ -20,14 +20,9 @@ use super::ctx::StreamCtx;
 use crate::error::{FsError, FsResult};
 use crate::meta::{BlockRow, Change, DnId};
 use crate::storage::Storage;
-use crate::sync::{Arc, lock};
+use crate::sync::Arc;
 
-/// One replica of one block.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) struct Replica {
-    pub block: u64,
-    pub dn: DnId,
-}
+pub(crate) use super::ledger::Replica;
 
 /// One file's (or one replica's) part of an fsync.
 pub(crate) type SyncTask = Box<dyn FnOnce() -> FsResult<()> + Send>;
@@ -37,6 +32,21 @@ pub(crate) type SyncTask = Box<dyn FnOnce() -> FsResult<()> + Send>;
 pub(crate) struct Synced {
     pub who: Option<Replica>,
     pub result: FsResult<()>,
+    /// The result is a `syncfs`'s, whose error may be anybody's on that
+    /// filesystem: the replica's own syncs tell. Every other error is the
+    /// replica's.
+    pub shared: bool,
+}
+
+impl Synced {
+    /// The outcome of the replica's own sync.
+    pub fn own(who: Replica, result: FsResult<()>) -> Synced {
+        Synced {
+            who: Some(who),
+            result,
+            shared: false,
+        }
+    }
 }
 
 /// Independent work of an fsync, run in parallel with the others.
@@ -62,12 +72,7 @@ struct FsGroup {
 
 /// Wraps one replica's task as a job.
 pub(crate) fn job(who: Replica, t: SyncTask) -> SyncJob {
-    Box::new(move || {
-        vec![Synced {
-            who: Some(who),
-            result: t(),
-        }]
-    })
+    Box::new(move || vec![Synced::own(who, t())])
 }
 
 /// The per-file syncs of a closed replica (data, checksums, directories).
@@ -96,6 +101,19 @@ pub(crate) fn sync_replicas(
 ) -> FsResult<Vec<ReplicaResult>> {
     let mut seen = HashSet::new();
     replicas.retain(|r| seen.insert(*r));
+    let mut results: Vec<ReplicaResult> = Vec::new();
+    // A replica whose sync failed before is not synced again: a second
+    // sync would find its pages clean and succeed.
+    replicas.retain(|r| {
+        let failed = ctx.ledger.has_failed(r);
+        if failed {
+            results.push(ReplicaResult {
+                replica: *r,
+                result: Err(FsError::Io("an earlier sync of this replica failed".into())),
+            });
+        }
+        !failed
+    });
     let mut jobs: Vec<SyncJob> = Vec::new();
     if ctx.meta.sync_pending() {
         let meta = ctx.meta.clone();
@@ -103,6 +121,7 @@ pub(crate) fn sync_replicas(
             vec![Synced {
                 who: None,
                 result: meta.sync_if_needed(),
+                shared: false,
             }]
         }));
     }
@@ -138,11 +157,11 @@ pub(crate) fn sync_replicas(
                 .map(|w| Synced {
                     who: Some(w),
                     result: r.clone(),
+                    shared: true,
                 })
                 .collect()
         }));
     }
-    let mut results: Vec<ReplicaResult> = Vec::new();
     let mut again: Vec<SyncJob> = Vec::new();
     // Several jobs of one replica (data, checksums, directory): it fails if
     // any fails.
@@ -160,19 +179,31 @@ pub(crate) fn sync_replicas(
             result: r,
         }),
     };
-    for Synced { who, result } in run_parallel(&ctx.rt, jobs, here) {
+    for Synced {
+        who,
+        result,
+        shared,
+    } in run_parallel(&ctx.rt, jobs, here)
+    {
         match (who, result) {
             (None, r) => r?,
             // A syncfs error may be anyone's on that filesystem: the
-            // replica's own syncs tell.
-            (Some(w), Err(_)) if ctx.sync_by_fs && ctx.dns.get(w.dn).is_some() => {
-                again.extend(per_file(w)?)
+            // replica's own syncs tell. (Any other error is the replica's,
+            // and final: a ranged sync, a cache flush or the start of a
+            // sync that failed is never retried into a success.)
+            (Some(w), Err(e)) if shared => {
+                let own = per_file(w)?;
+                if own.is_empty() {
+                    merge(&mut results, w, Err(e));
+                } else {
+                    again.extend(own);
+                }
             }
             (Some(w), r) => merge(&mut results, w, r),
         }
     }
     if !again.is_empty() {
-        for Synced { who, result } in run_parallel(&ctx.rt, again, Vec::new) {
+        for Synced { who, result, .. } in run_parallel(&ctx.rt, again, Vec::new) {
             if let Some(w) = who {
                 merge(&mut results, w, result);
             }
@@ -182,8 +213,10 @@ pub(crate) fn sync_replicas(
 }
 
 /// Takes replicas whose sync failed out of their blocks' lists; returns
-/// the changed rows (to be recorded durably) or fails when a block keeps
-/// no replica that synced.
+/// the changed rows (to be recorded durably) or fails, with the first
+/// failure's errno, when a block keeps no replica that synced (then its
+/// list stays as it was, and the ledger remembers that those replicas
+/// failed).
 pub(crate) fn drop_failed(
     ctx: &StreamCtx,
     ino: u64,
@@ -195,10 +228,14 @@ pub(crate) fn drop_failed(
         let failed: Vec<Failed<'_>> = results
             .iter()
             .filter_map(|x| match &x.result {
-                Err(error) if x.replica.block == row.block_id => Some(Failed {
-                    dn: x.replica.dn,
-                    error,
-                }),
+                Err(error)
+                    if x.replica.block == row.block_id && row.replicas.contains(&x.replica.dn) =>
+                {
+                    Some(Failed {
+                        dn: x.replica.dn,
+                        error,
+                    })
+                }
                 _ => None,
             })
             .collect();
@@ -218,12 +255,30 @@ pub(crate) fn drop_failed(
             }
             ctx.dns.mark_dead(*dn);
         }
+        if row
+            .replicas
+            .iter()
+            .all(|d| failed.iter().any(|f| f.dn == *d))
+        {
+            ctx.ledger.failed(failed.iter().map(|f| Replica {
+                block: row.block_id,
+                dn: f.dn,
+            }));
+            let first = failed[0].error;
+            return Err(FsError::Storage(
+                format!(
+                    "no replica of block {} could be synced: {first}",
+                    row.block_id
+                ),
+                first.errno(),
+            ));
+        }
         row.replicas.retain(|d| !failed.iter().any(|f| f.dn == *d));
-        if row.replicas.is_empty() {
-            return Err(FsError::Io(format!(
-                "no replica of block {} could be synced: {}",
-                row.block_id, failed[0].error
-            )));
+        for f in &failed {
+            ctx.ledger.left(&Replica {
+                block: row.block_id,
+                dn: f.dn,
+            });
         }
         changed.push(row.clone());
     }
@@ -241,14 +296,14 @@ pub(crate) fn replicas_of(rows: &[BlockRow]) -> impl Iterator<Item = Replica> + 
 }
 
 /// fsync of a file that no stream of this daemon is writing: every
-/// replica of its blocks (unless all were synced since the daemon started
-/// and nothing changed since) and the metadata store.
+/// replica of its blocks not known durable (see [`super::ledger`]), and
+/// the metadata store.
 pub fn sync_file(ctx: &StreamCtx, ino: u64) -> FsResult<()> {
-    if lock(&ctx.synced_files).contains(&ino) {
+    let mut rows = ctx.meta.blocks(ino)?;
+    let replicas = ctx.ledger.to_sync(ino, &rows);
+    if replicas.is_empty() {
         return ctx.meta.sync_if_needed();
     }
-    let mut rows = ctx.meta.blocks(ino)?;
-    let replicas: Vec<Replica> = replicas_of(&rows).collect();
     let gs_of = |block: u64| rows.iter().find(|r| r.block_id == block).map(|r| r.gs);
     let per_file = |who: Replica| {
         Ok(gs_of(who.block)
@@ -261,7 +316,7 @@ pub fn sync_file(ctx: &StreamCtx, ino: u64) -> FsResult<()> {
         let ch: Vec<Change> = changed.into_iter().map(Change::PutBlock).collect();
         ctx.meta.commit(&ch, true)?;
     }
-    lock(&ctx.synced_files).insert(ino);
+    ctx.ledger.synced(ino, &rows);
     Ok(())
 }
 
@@ -294,6 +349,7 @@ fn run_parallel(
             Err(_) => out.push(Synced {
                 who: None,
                 result: Err(FsError::Io("sync task lost".into())),
+                shared: false,
             }),
         }
     }

@@ -11,7 +11,7 @@
 //! | [`streamer`] | the worker's I/O: packets, block boundaries, fsync, close, truncate |
 //! | [`block`], [`pipe`] | opening and finalising a block; its replicas and pipeline recovery |
 //! | [`outcome`] | what the worker reports about the file ([`FileLog`], implemented by the filesystem) |
-//! | [`durable`] | making a file durable |
+//! | [`durable`], [`ledger`] | making a file durable; what is known durable |
 //! | [`budget`] | the mount's write buffer |
 //! | [`ctx`] | what every stream shares |
 //! | [`datanodes`], [`placement`], [`attach`] | the mount's datanodes, where replicas go, which directory is which |
@@ -23,6 +23,7 @@ pub mod budget;
 pub mod ctx;
 pub mod datanodes;
 pub mod durable;
+pub mod ledger;
 pub mod outcome;
 pub mod pipe;
 pub mod placement;

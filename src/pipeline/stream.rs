@@ -203,10 +203,20 @@ impl OutputStream {
                 Job::Packet(p) => self.send(&mut streamer, p),
                 Job::Flush(d) => d(self.contained(|| self.publish_length(&streamer))),
                 Job::Sync(d) => {
-                    let r = self.contained(|| {
-                        self.publish_length(&streamer)?;
-                        streamer.sync()
-                    });
+                    // A failed sync is final: the stream is done (its
+                    // replicas may have lost what the failed sync was to
+                    // make durable, and a later sync would find nothing
+                    // left to write and succeed).
+                    let r = self
+                        .contained(|| self.publish_length(&streamer))
+                        .and_then(|()| {
+                            let r = self.contained(|| streamer.sync());
+                            if let Err(e) = &r {
+                                tracing::error!(ino = self.ino, "fsync failed: {e}");
+                                lock(&self.st).fail_first(e.clone());
+                            }
+                            r
+                        });
                     let ok = r.is_ok();
                     d(r);
                     if ok {

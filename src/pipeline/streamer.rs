@@ -49,6 +49,9 @@ pub(crate) struct DataStreamer {
     /// that syncs often.
     sent: u64,
     syncs: u64,
+    /// An fsync of this stream went through: every block it did not write
+    /// itself since (`unsynced` has those) is durable.
+    synced_once: bool,
 }
 
 /// The block holding the new end of a file being shrunk: its row as it
@@ -70,6 +73,7 @@ impl DataStreamer {
             new_from,
             sent: 0,
             syncs: 0,
+            synced_once: false,
         }
     }
 
@@ -123,7 +127,6 @@ impl DataStreamer {
         let row = block::write_whole(&self.file, idx, &p.data, &mut self.crcs)?;
         // Closing promises no durability: a later fsync syncs it.
         self.unsynced.push(row.block_id);
-        lock(&self.file.ctx.synced_files).remove(&self.file.ino);
         Ok(row)
     }
 
@@ -152,9 +155,11 @@ impl DataStreamer {
 
     /// fsync: the replicas being written (through their writers), every
     /// other block of the file not known durable (those this stream
-    /// finished since its last sync; all of them the first time, unless a
-    /// sync since the daemon started covered them), and the metadata
-    /// store, all in parallel (see `durable`). Nothing new is recorded
+    /// finished since its last sync; the first time, every replica the
+    /// ledger does not know durable), and the metadata store, all in
+    /// parallel (see `durable`). A replica whose sync fails leaves its
+    /// block; when a block keeps none, the fsync fails (and the stream
+    /// with it: see `OutputStream`). Nothing new is recorded
     /// unless a replica failed: what must be kept (the file, its blocks
     /// and replicas, its under-construction record) was recorded when it
     /// changed, and the length of a file under construction is settled
@@ -171,7 +176,7 @@ impl DataStreamer {
     fn sync_with(&mut self, ids: &[u64]) -> FsResult<()> {
         let f = &self.file;
         let ctx = &f.ctx;
-        let whole = !lock(&ctx.synced_files).contains(&f.ino);
+        let whole = !self.synced_once;
         let open_id = self.block.as_ref().map(|b| b.row.block_id);
         let mut rows: Vec<BlockRow> = if whole || !ids.is_empty() {
             ctx.meta
@@ -182,7 +187,11 @@ impl DataStreamer {
         } else {
             Vec::new()
         };
-        let mut replicas: Vec<Replica> = durable::replicas_of(&rows).collect();
+        let mut replicas: Vec<Replica> = if whole {
+            ctx.ledger.to_sync(f.ino, &rows)
+        } else {
+            durable::replicas_of(&rows).collect()
+        };
         let plans = match self.block.as_mut() {
             Some(b) => plan_open(f, b, &mut replicas),
             None => OpenPlans::default(),
@@ -214,9 +223,8 @@ impl DataStreamer {
         if !changed.is_empty() {
             f.log.record(FileOutcome::Changed(&changed), true)?;
         }
-        if whole {
-            lock(&ctx.synced_files).insert(f.ino);
-        }
+        ctx.ledger.synced(f.ino, &rows);
+        self.synced_once = true;
         Ok(())
     }
 
@@ -254,10 +262,6 @@ impl DataStreamer {
             Some(b) => Some(block::finalize(&self.file, b, &mut self.unsynced)?.row),
             None => None,
         };
-        if !self.unsynced.is_empty() {
-            // What this stream leaves unsynced: a later fsync looks again.
-            lock(&self.file.ctx.synced_files).remove(&self.file.ino);
-        }
         Ok(last)
     }
 
@@ -413,10 +417,7 @@ fn plan_open(f: &StreamFile, b: &mut OpenBlock, by_fs: &mut Vec<Replica>) -> Ope
                     p.full.extend(tasks.into_iter().map(|t| task_job(who, t)));
                 }
             }
-            Err(e) => p.failed.push(Synced {
-                who: Some(who),
-                result: Err(e.into()),
-            }),
+            Err(e) => p.failed.push(Synced::own(who, Err(e.into()))),
         }
     }
     p
@@ -433,11 +434,9 @@ fn ranged_syncs(
     mut out: Vec<Synced>,
 ) -> Vec<Synced> {
     let Some(b) = b else { return out };
-    let who = |k: usize| {
-        Some(Replica {
-            block: b.row.block_id,
-            dn: b.replicas[k].dn,
-        })
+    let who = |k: usize| Replica {
+        block: b.row.block_id,
+        dn: b.replicas[k].dn,
     };
     ranged.sort_by_key(|&(_, fs)| fs);
     for group in ranged.chunk_by(|a, b| a.1 == b.1) {
@@ -445,10 +444,7 @@ fn ranged_syncs(
         for &(k, _) in group {
             match b.replicas[k].w.end_ranged() {
                 Ok(()) => waited.push(k),
-                Err(e) => out.push(Synced {
-                    who: who(k),
-                    result: Err(e.into()),
-                }),
+                Err(e) => out.push(Synced::own(who(k), Err(e.into()))),
             }
         }
         let Some(&first) = waited.first() else {
@@ -458,16 +454,17 @@ fn ranged_syncs(
         if let Err(e) = &flushed {
             tracing::warn!(ino = f.ino, "cache flush of a datanode's disk failed: {e}");
         }
-        out.extend(waited.into_iter().map(|k| Synced {
-            who: who(k),
-            result: flushed.clone(),
-        }));
+        out.extend(
+            waited
+                .into_iter()
+                .map(|k| Synced::own(who(k), flushed.clone())),
+        );
     }
     out
 }
 
 fn task_job(who: Replica, t: SyncTask) -> SyncJob {
-    durable::job(who, Box::new(move || t().map_err(FsError::from)))
+    durable::job(who, Box::new(move || t.run().map_err(FsError::from)))
 }
 
 /// The per-file syncs that make one replica durable: the full sync its

@@ -18,8 +18,39 @@ use super::reader::ReplicaReader;
 use crate::metrics::IoCounters;
 use crate::sync::Arc;
 
-/// One independent piece of a replica's sync (see [`SyncPlan::Full`]).
-pub type SyncTask = Box<dyn FnOnce() -> Result<(), StorageError> + Send>;
+/// One independent piece of a replica's sync (see [`SyncPlan::Full`]),
+/// and which step of it it is (so that fault injection can strike each
+/// step on its own).
+pub struct SyncTask {
+    pub step: SyncStep,
+    pub run: Box<dyn FnOnce() -> Result<(), StorageError> + Send>,
+}
+
+impl SyncTask {
+    pub fn new(
+        step: SyncStep,
+        run: impl FnOnce() -> Result<(), StorageError> + Send + 'static,
+    ) -> SyncTask {
+        SyncTask {
+            step,
+            run: Box::new(run),
+        }
+    }
+
+    /// Runs it.
+    pub fn run(self) -> Result<(), StorageError> {
+        (self.run)()
+    }
+}
+
+/// The steps of a full sync of a replica.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyncStep {
+    /// `fdatasync` (or `fsync`) of a data or checksum file.
+    File,
+    /// `fsync` of the directory holding the replica (its names).
+    Dir,
+}
 
 /// How a replica being written becomes durable at an fsync (see
 /// [`ReplicaWrite::begin_sync`]).
@@ -80,7 +111,7 @@ pub trait ReplicaWrite: Send + fmt::Debug {
                 self.end_ranged()?;
                 self.flush()?;
             }
-            SyncPlan::Full(tasks) => tasks.into_iter().try_for_each(|t| t())?,
+            SyncPlan::Full(tasks) => tasks.into_iter().try_for_each(SyncTask::run)?,
         }
         self.synced();
         Ok(())

@@ -13,13 +13,13 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::api::{ReplicaWrite, Storage, SyncPlan, SyncTask};
+use super::api::{ReplicaWrite, Storage, SyncPlan, SyncStep, SyncTask};
 use super::datanode::Datanode;
 use super::error::StorageError;
 use super::layout::{DnId, ReplicaInfo, ReplicaStat, ReplicaState};
 use super::reader::ReplicaReader;
 use crate::metrics::IoCounters;
-use crate::sync::{Arc, Condvar, Mutex, lock};
+use crate::sync::{Arc, AtomicU64, Condvar, Mutex, Ordering, lock};
 
 /// The kinds of operations a fault can hit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -30,8 +30,29 @@ pub enum Op {
     Reopen,
     /// A packet written through a replica writer.
     Write,
-    /// Any sync: a writer's sync tasks, `sync_replica`, `sync_fs`.
+    /// Any sync step below (counted and struck beside the step's own
+    /// kind): a writer's sync, `sync_replica`, `sync_fs`. A struck writer's
+    /// sync fails in its task, as an `fsync` of the file would.
     Sync,
+    /// The start of a writer's sync ([`ReplicaWrite::begin_sync`], which
+    /// starts the writeback of a ranged one): it returns the error.
+    SyncBegin,
+    /// The wait for a ranged sync's writeback (`sync_file_range`,
+    /// [`ReplicaWrite::end_ranged`]).
+    Writeback,
+    /// The cache flush of a datanode's disk after ranged syncs
+    /// ([`ReplicaWrite::flush`]).
+    Flush,
+    /// `fdatasync`/`fsync` of a replica's data or checksum file (a full
+    /// sync's file tasks, and `sync_replica`).
+    FileSync,
+    /// `fsync` of a replica's directory (the first full sync of a writer,
+    /// and `sync_replica`).
+    DirSync,
+    /// `syncfs(2)` of the datanode's filesystem.
+    SyncFs,
+    /// Zero-filling a writer's files ahead ([`ReplicaWrite::extend_zeroed`]).
+    ZeroFill,
     BumpGs,
     /// `finalize` and `finalize_written`.
     Finalize,
@@ -120,6 +141,8 @@ impl Faults {
 pub struct Faulty {
     inner: Datanode,
     faults: Arc<Faults>,
+    /// The filesystem it says it is on (0: the real one's).
+    fs_id: AtomicU64,
 }
 
 impl Faulty {
@@ -127,7 +150,16 @@ impl Faulty {
         Faulty {
             inner,
             faults: Arc::default(),
+            fs_id: AtomicU64::new(0),
         }
+    }
+
+    /// Makes it say it is on a filesystem of its own, so that it gets a
+    /// `syncfs` and a cache flush of its own (test directories all share
+    /// one filesystem).
+    pub fn own_filesystem(&self) {
+        let own = u64::MAX - u64::from(self.inner.id().0);
+        self.fs_id.store(own, Ordering::Relaxed);
     }
 
     /// Arms `fault` for calls of `op`, striking once `pass` more of them
@@ -187,21 +219,46 @@ impl ReplicaWrite for FaultyWriter {
         self.inner.write_packet(offset, data, crcs)
     }
 
-    /// A struck sync fails in its task, as an `fsync` of the file would
-    /// (a struck sync is always a full one).
+    /// A sync struck by [`Op::Sync`] fails in its task, as an `fsync` of
+    /// the file would (it is then always a full one); [`Op::SyncBegin`]
+    /// fails the call itself; the tasks of a full sync meet
+    /// [`Op::FileSync`] and [`Op::DirSync`] when they run.
     fn begin_sync(&mut self, ranged: bool) -> Result<SyncPlan, StorageError> {
         if let Err(e) = self.faults.check(Op::Sync, &self.path) {
-            let failed: SyncTask = Box::new(move || Err(e));
+            let failed = SyncTask::new(SyncStep::File, move || Err(e));
             return Ok(SyncPlan::Full(vec![failed]));
         }
-        self.inner.begin_sync(ranged)
+        self.faults.check(Op::SyncBegin, &self.path)?;
+        Ok(match self.inner.begin_sync(ranged)? {
+            SyncPlan::Full(tasks) => SyncPlan::Full(
+                tasks
+                    .into_iter()
+                    .map(|t| {
+                        let (faults, path) = (self.faults.clone(), self.path.clone());
+                        let op = match t.step {
+                            SyncStep::File => Op::FileSync,
+                            SyncStep::Dir => Op::DirSync,
+                        };
+                        SyncTask::new(t.step, move || {
+                            faults.check(op, &path)?;
+                            t.run()
+                        })
+                    })
+                    .collect(),
+            ),
+            plan => plan,
+        })
     }
 
     fn end_ranged(&self) -> Result<(), StorageError> {
+        self.faults.check(Op::Sync, &self.path)?;
+        self.faults.check(Op::Writeback, &self.path)?;
         self.inner.end_ranged()
     }
 
     fn flush(&self) -> Result<(), StorageError> {
+        self.faults.check(Op::Sync, &self.path)?;
+        self.faults.check(Op::Flush, &self.path)?;
         self.inner.flush()
     }
 
@@ -214,6 +271,7 @@ impl ReplicaWrite for FaultyWriter {
     }
 
     fn extend_zeroed(&mut self, to: u64) -> Result<(), StorageError> {
+        self.faults.check(Op::ZeroFill, &self.path)?;
         self.inner.extend_zeroed(to)
     }
 
@@ -342,16 +400,22 @@ impl Storage for Faulty {
 
     fn sync_replica(&self, block: u64, gs: u64) -> Result<(), StorageError> {
         self.check(Op::Sync)?;
+        self.check(Op::FileSync)?;
+        self.check(Op::DirSync)?;
         self.inner.sync_replica(block, gs)
     }
 
     fn sync_fs(&self) -> Result<(), StorageError> {
         self.check(Op::Sync)?;
+        self.check(Op::SyncFs)?;
         self.inner.sync_fs()
     }
 
     fn fs_id(&self) -> u64 {
-        self.inner.fs_id()
+        match self.fs_id.load(Ordering::Relaxed) {
+            0 => self.inner.fs_id(),
+            own => own,
+        }
     }
 
     fn syncfs_is_barrier(&self) -> bool {

@@ -38,7 +38,7 @@ pub(crate) mod testkit;
 mod tests;
 pub mod writer;
 
-pub use api::{ReplicaWrite, Storage, SyncPlan, SyncTask};
+pub use api::{ReplicaWrite, Storage, SyncPlan, SyncStep, SyncTask};
 pub use checksum::ChunkAccumulator;
 pub use datanode::Datanode;
 pub use error::StorageError;

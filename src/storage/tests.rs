@@ -655,7 +655,7 @@ mod zero_fill {
             SyncPlan::Ranged => "ranged",
             SyncPlan::Full(tasks) => {
                 for t in tasks {
-                    t().unwrap();
+                    t.run().unwrap();
                 }
                 "full"
             }

@@ -23,7 +23,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use super::api::{ReplicaWrite, SyncPlan, SyncTask};
+use super::api::{ReplicaWrite, SyncPlan, SyncStep, SyncTask};
 use super::checksum::{CHUNK_SIZE, chunk_count, crc_offset, meta_len_for};
 use super::error::StorageError;
 use super::fsops::fsync_dir;
@@ -240,14 +240,14 @@ impl ReplicaWrite for ReplicaWriter {
         for (file, path) in [(&self.data, &self.data_path), (&self.meta, &self.meta_path)] {
             let f = file.try_clone().map_err(|e| StorageError::io(path, e))?;
             let p = path.clone();
-            v.push(Box::new(move || {
+            v.push(SyncTask::new(SyncStep::File, move || {
                 let r = if first { f.sync_all() } else { f.sync_data() };
                 r.map_err(|e| StorageError::io(&p, e))
             }));
         }
         if first {
             let dir = self.dir.clone();
-            v.push(Box::new(move || fsync_dir(&dir)));
+            v.push(SyncTask::new(SyncStep::Dir, move || fsync_dir(&dir)));
         }
         Ok(SyncPlan::Full(v))
     }

@@ -144,7 +144,7 @@ impl BlockMap for MetaStore {
         if self.synced.load(Ordering::Acquire) >= seen {
             return Ok(());
         }
-        self.sync_wal()?;
+        self.sync_wal_once()?;
         self.synced.fetch_max(seen, Ordering::AcqRel);
         Ok(())
     }

@@ -56,6 +56,13 @@ pub struct MetaStore {
     /// Ranges of ids reserved in the database, handed out without a
     /// commit each.
     pool: Mutex<IdPool>,
+    /// The first failed sync of the WAL, given to every later one: the
+    /// kernel reports a writeback error once, and a second `fdatasync`
+    /// finds the pages it failed to write clean.
+    sync_failed: Mutex<Option<FsError>>,
+    /// Unit tests: the errno every sync of the WAL fails with.
+    #[cfg(test)]
+    sync_fault: Mutex<Option<i32>>,
 }
 
 const INODE_COLS: &str = inode_cols!();
@@ -173,7 +180,17 @@ impl MetaStore {
             commits: AtomicU64::new(1),
             synced: AtomicU64::new(0),
             pool: Mutex::new(IdPool::default()),
+            sync_failed: Mutex::new(None),
+            #[cfg(test)]
+            sync_fault: Mutex::new(None),
         })
+    }
+
+    /// Unit tests: every sync of the WAL fails with `errno` (`None`: none
+    /// does).
+    #[cfg(test)]
+    pub(crate) fn fail_syncs(&self, errno: Option<i32>) {
+        *lock(&self.sync_fault) = errno;
     }
 
     fn with_tx<T>(&self, f: impl FnOnce(&Connection) -> FsResult<T>) -> FsResult<T> {
@@ -191,21 +208,51 @@ impl MetaStore {
         Ok(v)
     }
 
+    /// [`Self::sync_wal`], unless one failed before: then its error, for
+    /// good (until the daemon restarts and SQLite reads what the disk
+    /// holds).
+    fn sync_wal_once(&self) -> FsResult<()> {
+        if let Some(e) = &*lock(&self.sync_failed) {
+            return Err(e.clone());
+        }
+        let r = self.sync_wal();
+        if let Err(e) = &r {
+            tracing::error!("the metadata store cannot be made durable, from now on: {e}");
+            lock(&self.sync_failed).get_or_insert_with(|| e.clone());
+        }
+        r
+    }
+
     /// Makes every commit written so far durable: `fdatasync` of the WAL.
     /// Without a WAL file (none written yet, or removed after a complete
     /// checkpoint) everything is in the database file, which SQLite synced
     /// at that checkpoint.
     fn sync_wal(&self) -> FsResult<()> {
+        #[cfg(test)]
+        if let Some(errno) = *lock(&self.sync_fault) {
+            return Err(wal_sync_error(
+                &self.wal,
+                std::io::Error::from_raw_os_error(errno),
+            ));
+        }
         match std::fs::File::open(&self.wal) {
-            Ok(f) => f
-                .sync_data()
-                .map_err(|e| FsError::Io(format!("cannot sync {}: {e}", self.wal.display()))),
+            Ok(f) => f.sync_data().map_err(|e| wal_sync_error(&self.wal, e)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(FsError::Io(format!(
                 "cannot open {}: {e}",
                 self.wal.display()
             ))),
         }
+    }
+}
+
+/// A failed sync of the WAL: `ENOSPC` (and `EDQUOT`) is a full store, as
+/// for a commit; anything else an I/O error.
+fn wal_sync_error(wal: &Path, e: std::io::Error) -> FsError {
+    let msg = format!("cannot sync {}: {e}", wal.display());
+    match e.raw_os_error() {
+        Some(libc::ENOSPC | libc::EDQUOT) => FsError::Full(msg),
+        _ => FsError::Io(msg),
     }
 }
 

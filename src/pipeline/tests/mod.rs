@@ -204,6 +204,8 @@ impl FileLog for TestLog {
 struct Rig {
     ctx: Arc<StreamCtx>,
     meta: Arc<dyn Meta>,
+    /// The same store, for its fault injection.
+    store: Arc<MetaStore>,
     nodes: Vec<Arc<Faulty>>,
     dns: Arc<Datanodes>,
     ino: u64,
@@ -225,8 +227,8 @@ impl Rig {
             .worker_threads(1)
             .build()
             .unwrap();
-        let meta: Arc<dyn Meta> =
-            Arc::new(MetaStore::open(&dir.path().join("meta.db"), 0, 0).unwrap());
+        let store = Arc::new(MetaStore::open(&dir.path().join("meta.db"), 0, 0).unwrap());
+        let meta: Arc<dyn Meta> = store.clone();
         let nodes: Vec<Arc<Faulty>> = (0..n)
             .map(|i| {
                 let root = dir.path().join(format!("dn{i}"));
@@ -267,7 +269,7 @@ impl Rig {
             publish_lengths: false,
             sync_by_fs,
             bad: Arc::new(BadReplicas::default()),
-            synced_files: Default::default(),
+            ledger: Default::default(),
             budget: Budget::new(1024, rt.handle().clone()),
             metrics: Arc::default(),
         });
@@ -275,11 +277,32 @@ impl Rig {
             _dir: dir,
             _rt: rt,
             meta,
+            store,
             nodes,
             dns,
             ctx,
             ino: inode.ino,
         }
+    }
+
+    /// What another daemon sharing the namespace and the datanodes has of
+    /// its own: its streams' context (its own ledger, write buffer and
+    /// statistics).
+    fn other_daemon(&self) -> Arc<StreamCtx> {
+        let c = &self.ctx;
+        Arc::new(StreamCtx {
+            meta: c.meta.clone(),
+            dns: c.dns.clone(),
+            rt: c.rt.clone(),
+            packet_size: c.packet_size,
+            max_in_flight: c.max_in_flight,
+            publish_lengths: c.publish_lengths,
+            sync_by_fs: c.sync_by_fs,
+            bad: Arc::new(BadReplicas::default()),
+            ledger: Default::default(),
+            budget: Budget::new(1024, c.rt.clone()),
+            metrics: Arc::default(),
+        })
     }
 
     fn log(&self) -> Arc<TestLog> {
@@ -689,3 +712,6 @@ fn a_truncation_is_recorded_durably_before_any_replica_is_cut() {
     want.resize(5000, 0);
     assert_eq!(rig.read(5000), want);
 }
+
+mod sync_faults;
+mod synced_cache;

@@ -1,0 +1,246 @@
+//! Sync faults, step by step (docs/SEMANTICS.md, "Durability"): for every
+//! step an fsync takes (the start of a replica's sync, a ranged sync's
+//! writeback, the per-filesystem cache flush, `fdatasync` of a replica's
+//! files, the fsync of its directory, `syncfs`, the metadata store's WAL
+//! sync), `EIO` and `ENOSPC` injected on one replica take that replica out
+//! of its block durably while the fsync succeeds; injected on every
+//! replica, the fsync reports the error, and the stream is done. Either
+//! way every byte acknowledged reads back, then and after recovery.
+
+use super::*;
+use crate::pipeline::durable;
+use crate::pipeline::recovery;
+
+/// Where a step is reached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Path {
+    /// A stream's replicas zero-filled ahead: its syncs are ranged.
+    Ranged,
+    /// A stream's first sync, file by file (`replica_sync=file`).
+    FileByFile,
+    /// A stream's first sync through `syncfs` (`replica_sync=fs`).
+    ByFs,
+    /// fsync of a closed file (no stream), file by file.
+    Closed,
+    /// fsync of a closed file through `syncfs`.
+    ClosedByFs,
+}
+
+impl Path {
+    fn closed(self) -> bool {
+        matches!(self, Path::Closed | Path::ClosedByFs)
+    }
+
+    /// `replica_sync=fs` (the default) unless the path is file by file.
+    fn by_fs(self) -> bool {
+        !matches!(self, Path::FileByFile | Path::Closed)
+    }
+}
+
+/// A stream on `rig` that has written `data` and synced it on `path`,
+/// ready for the next sync to take that path again. `Closed`: no stream
+/// (the file was closed without fsync).
+fn prepare(rig: &Rig, log: &Arc<TestLog>, path: Path, data: &mut Vec<u8>) -> Arc<OutputStream> {
+    // Each datanode on a filesystem of its own: one `syncfs` and one cache
+    // flush each, so that a fault can strike one replica's.
+    for n in &rig.nodes {
+        n.own_filesystem();
+    }
+    let s = rig.stream(log);
+    let more = |data: &mut Vec<u8>, s: &Arc<OutputStream>| {
+        let chunk = bytes(PACKET, data.len() as u8);
+        write(s, &chunk).unwrap();
+        data.extend(chunk);
+    };
+    match path {
+        Path::Ranged => {
+            // Two small syncs make a stream that syncs often: its replicas
+            // are zero-filled ahead, and its next syncs are ranged.
+            for _ in 0..3 {
+                more(data, &s);
+                wait(|d| s.sync(d)).unwrap();
+            }
+            assert!(
+                rig.nodes.iter().all(|n| n.calls(Op::Writeback) > 0),
+                "the syncs never went ranged"
+            );
+        }
+        Path::FileByFile | Path::ByFs => more(data, &s),
+        Path::Closed | Path::ClosedByFs => {
+            more(data, &s);
+            more(data, &s);
+            wait(|d| s.close(d)).unwrap();
+        }
+    }
+    if !path.closed() {
+        more(data, &s);
+        wait(|d| s.flush(d)).unwrap();
+    }
+    s
+}
+
+/// The faults that strike `step` on `path`: the step itself, and for a
+/// `syncfs` the file-by-file syncs that follow its failure too (a failed
+/// `syncfs` alone is anybody's error on that filesystem).
+fn arm(node: &Faulty, step: Op, errno: i32) {
+    node.arm(step, Fault::Fail(errno), 0);
+    if step == Op::SyncFs {
+        node.arm(Op::FileSync, Fault::Fail(errno), 0);
+    }
+}
+
+/// One fsync of the file: through the stream, or (`Closed`) as a
+/// descriptor without one does it.
+fn fsync(rig: &Rig, s: &Arc<OutputStream>, path: Path) -> FsResult<()> {
+    if path.closed() {
+        durable::sync_file(&rig.ctx, rig.ino)
+    } else {
+        wait(|d| s.sync(d))
+    }
+}
+
+fn step_fault(step: Op, path: Path, errno: i32) {
+    one_replica_fails(step, path, errno);
+    every_replica_fails(step, path, errno);
+}
+
+/// One replica failing `step`: it leaves its block, durably, and the
+/// fsync succeeds.
+fn one_replica_fails(step: Op, path: Path, errno: i32) {
+    let what = format!("{step:?} on the {path:?} path, errno {errno}, one replica");
+    let rig = Rig::with(3, 3, 16, path.by_fs());
+    let log = rig.log();
+    let mut data = Vec::new();
+    let s = prepare(&rig, &log, path, &mut data);
+    let victim = rig.blocks()[0].replicas[1];
+    arm(&rig.nodes[victim.0 as usize], step, errno);
+    fsync(&rig, &s, path).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let row = rig.blocks().remove(0);
+    assert_eq!(row.replicas.len(), 2, "{what}: {row:?}");
+    assert!(!row.replicas.contains(&victim), "{what}: {row:?}");
+    if !path.closed() {
+        assert!(
+            seen(&log).contains(&Seen::Changed {
+                gs: row.gs,
+                replicas: sorted(&row.replicas),
+                durable: true
+            }),
+            "{what}: {:?}",
+            seen(&log)
+        );
+    }
+    assert_eq!(rig.dns.health(victim), Health::Dead, "{what}");
+    assert_eq!(rig.read(data.len() as u64), data, "{what}");
+    // The stream goes on without it.
+    if !path.closed() {
+        let chunk = bytes(PACKET, 77);
+        write(&s, &chunk).unwrap();
+        data.extend(chunk);
+        wait(|d| s.sync(d)).unwrap_or_else(|e| panic!("{what}: the next fsync: {e}"));
+        wait(|d| s.close(d)).unwrap();
+    }
+    assert_eq!(rig.read(data.len() as u64), data, "{what}");
+}
+
+/// Every replica failing `step`: the fsync reports the error, a later
+/// one does too, the stream is done, and what was acknowledged stays.
+fn every_replica_fails(step: Op, path: Path, errno: i32) {
+    let what = format!("{step:?} on the {path:?} path, errno {errno}, every replica");
+    let rig = Rig::with(3, 3, 16, path.by_fs());
+    let log = rig.log();
+    let mut data = Vec::new();
+    let s = prepare(&rig, &log, path, &mut data);
+    let synced = match path {
+        Path::Ranged => data.len() - PACKET,
+        _ => 0,
+    } as u64;
+    for n in &rig.nodes {
+        arm(n, step, errno);
+    }
+    let e = fsync(&rig, &s, path).expect_err(&what);
+    assert_eq!(e.errno(), errno, "{what}: {e}");
+    // Nothing says otherwise later: a sync error is never forgotten.
+    for n in &rig.nodes {
+        n.heal();
+    }
+    assert!(
+        fsync(&rig, &s, path).is_err(),
+        "{what}: a later fsync succeeded"
+    );
+    if !path.closed() {
+        assert!(write(&s, b"more").is_err(), "{what}: the stream went on");
+    }
+    // Every acknowledged byte reads back, now and once the file is
+    // recovered (as when its descriptor is released).
+    assert_eq!(rig.read(data.len() as u64), data, "{what}");
+    drop(s);
+    let size = if path.closed() {
+        rig.meta.get(rig.ino).unwrap().size
+    } else {
+        recovery::recover_file(&*rig.meta, &rig.dns, rig.ino).unwrap()
+    };
+    assert!(size >= synced, "{what}: {size} < {synced}");
+    assert_eq!(rig.read(size), data[..size as usize], "{what}");
+}
+
+#[test]
+fn a_failed_ranged_sync_is_never_reported_as_success() {
+    for errno in [libc::EIO, libc::ENOSPC] {
+        for step in [Op::SyncBegin, Op::Writeback, Op::Flush] {
+            step_fault(step, Path::Ranged, errno);
+        }
+    }
+}
+
+#[test]
+fn a_failed_full_sync_of_a_replica_is_never_reported_as_success() {
+    for errno in [libc::EIO, libc::ENOSPC] {
+        for step in [Op::SyncBegin, Op::FileSync, Op::DirSync] {
+            step_fault(step, Path::FileByFile, errno);
+        }
+        step_fault(Op::SyncFs, Path::ByFs, errno);
+    }
+}
+
+#[test]
+fn a_failed_sync_of_a_closed_file_is_never_reported_as_success() {
+    for errno in [libc::EIO, libc::ENOSPC] {
+        for step in [Op::FileSync, Op::DirSync] {
+            step_fault(step, Path::Closed, errno);
+        }
+        step_fault(Op::SyncFs, Path::ClosedByFs, errno);
+    }
+}
+
+#[test]
+fn a_syncfs_error_of_another_file_costs_no_replica() {
+    let rig = Rig::with(3, 3, 16, true);
+    let log = rig.log();
+    let mut data = Vec::new();
+    let s = prepare(&rig, &log, Path::ByFs, &mut data);
+    rig.nodes[0].arm(Op::SyncFs, Fault::Fail(libc::EIO), 0);
+    wait(|d| s.sync(d)).unwrap();
+    // The replica's own syncs said it is durable.
+    assert_eq!(rig.blocks()[0].replicas.len(), 3);
+    assert!(rig.nodes[0].calls(Op::FileSync) > 0);
+}
+
+#[test]
+fn a_failed_wal_sync_fails_the_fsync_and_every_later_one() {
+    for errno in [libc::EIO, libc::ENOSPC] {
+        let rig = Rig::with(2, 2, 16, true);
+        let log = rig.log();
+        let mut data = Vec::new();
+        let s = prepare(&rig, &log, Path::FileByFile, &mut data);
+        rig.store.fail_syncs(Some(errno));
+        let e = wait(|d| s.sync(d)).unwrap_err();
+        assert_eq!(e.errno(), errno, "{e}");
+        rig.store.fail_syncs(None);
+        assert!(wait(|d| s.sync(d)).is_err(), "a later fsync succeeded");
+        assert!(
+            durable::sync_file(&rig.ctx, rig.ino).is_err(),
+            "a later fsync through another descriptor succeeded"
+        );
+        assert_eq!(rig.read(data.len() as u64), data);
+    }
+}
