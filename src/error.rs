@@ -73,6 +73,10 @@ pub enum FsError {
     Datanode(String),
     #[error("i/o error: {0}")]
     Io(String),
+    /// A renewal the cluster did not confirm in time: it may succeed if
+    /// tried again (the lease is not lost yet).
+    #[error("not confirmed in time: {0}")]
+    Unconfirmed(String),
     /// A read found replicas under another generation stamp than its block
     /// list said: the block changed under it; read again with a fresh list.
     #[error("block changed while reading: {0}")]
@@ -145,6 +149,7 @@ impl FsError {
             FsError::Full(_) => ENOSPC,
             FsError::Datanode(_) => EIO,
             FsError::Io(_) => EIO,
+            FsError::Unconfirmed(_) => ETIMEDOUT,
             FsError::Moved(_) => EIO,
         }
     }

@@ -174,3 +174,43 @@ fn a_successor_ends_a_crashed_daemons_claims_at_once() {
     mine(b.claim(5, 1, &who("B")).expect("claim"));
     mine(a2.claim(6, 1, &who("A2")).expect("claim"));
 }
+
+/// A commit made under a claim ([`Change::Claimed`]) applies only while
+/// that very claim is held: not after it was given up, nor under another
+/// daemon's later claim of the file, and the refusal says `Fenced` (the
+/// writer gets EIO) rather than being retried.
+#[test]
+fn commits_under_a_claim_apply_only_while_that_claim_is_held() {
+    use leasefs::error::FsError;
+    use leasefs::lease::LeaseError;
+    use leasefs::meta::{BlockMap, Change, EtcdMeta, ROOT_INO};
+
+    let etcd = EtcdServer::start();
+    let (c1, name) = etcd.connect("fenced-commit");
+    let meta = EtcdMeta::open(c1.clone(), 0, 0).expect("metadata");
+    let a = EtcdLeases::new(c1, "A".into(), TTL).expect("daemon A");
+    let b = EtcdLeases::new(etcd.connect_to(&name), "B".into(), TTL).expect("daemon B");
+    let file = ROOT_INO;
+    let under = |epoch: u64| {
+        meta.commit(
+            &[
+                Change::SetLastEpoch { ino: file, epoch },
+                Change::Claimed { ino: file, epoch },
+            ],
+            true,
+        )
+    };
+    let fenced =
+        |r: Result<_, FsError>| matches!(r, Err(FsError::Lease(LeaseError::Fenced { .. })));
+    let ea = (mine(a.claim(file, 1, &who("A")).expect("claim")) << EPOCH_SEQ_BITS) | 1;
+    under(ea).expect("a commit under A's claim");
+    a.unclaim(file, 1);
+    assert!(fenced(under(ea)), "a commit under a claim given up applied");
+    let eb = (mine(b.claim(file, 1, &who("B")).expect("claim")) << EPOCH_SEQ_BITS) | 1;
+    assert!(eb > ea);
+    assert!(
+        fenced(under(ea)),
+        "a commit under A's old claim applied under B's"
+    );
+    under(eb).expect("a commit under B's claim");
+}

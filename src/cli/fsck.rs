@@ -100,7 +100,8 @@ fn offline(data: &Path, repair: bool) -> Result<Report, String> {
     }
     dns.replication = replication.unwrap_or(dns.len().min(3));
     dns.heartbeat();
-    let recover = |ino| crate::pipeline::recovery::recover_file(&meta, &dns, ino);
+    let recover =
+        |ino| crate::pipeline::recovery::recover_file(&meta, &dns, ino, Default::default());
     fsck::run(&Check {
         meta: &meta,
         dns: &dns,

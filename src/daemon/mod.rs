@@ -140,7 +140,6 @@ impl Daemon {
                     spec.opts.soft_limit,
                 )
                 .map_err(FsError::Meta)?;
-                reap_predecessor(&spec.data, &leases, &instance.mount_id)?;
                 tracing::info!(etcd = %eps.join(","), prefix = %spec.prefix, "namespace and leases in etcd");
                 (meta as Arc<dyn Meta>, Some(Shared { etcd, leases }))
             }
@@ -180,9 +179,15 @@ impl Daemon {
             serve_metrics(&core, &rt, listener);
         }
         // Before anything is served: the commands of terms that ended with
-        // the previous daemon are refused from the first request on.
+        // the previous daemon are refused from the first request on, and
+        // stopped. Only then are that daemon's claims ended in etcd: a
+        // claim ended first would let another daemon grant an election's
+        // lease while the old term's command still runs.
         if core.fences().load()? > 0 {
             core.fences().sweep();
+        }
+        if let Some(s) = &shared {
+            reap_predecessor(&spec.data, &s.leases, &core.mount_id)?;
         }
         let n = core.startup_recovery()?;
         if n > 0 {

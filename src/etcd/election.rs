@@ -10,7 +10,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::Etcd;
+use super::{Etcd, KeepAlive};
 use crate::sync::{Arc, AtomicBool, Ordering};
 
 /// The leadership lease: short, since a dead leader's tasks wait this long.
@@ -31,6 +31,9 @@ pub fn run(
     let limit = Duration::from_secs(TTL_SECS as u64) * 2 / 3;
     let name = etcd.key("hk/leader");
     while !stop.load(Ordering::Relaxed) {
+        // The lease's TTL counts from etcd's grant (or latest renewal),
+        // which comes after this.
+        let mut last_ok = Instant::now();
         let lease = match etcd.grant(TTL_SECS) {
             Ok(l) => l,
             Err(e) => {
@@ -43,14 +46,13 @@ pub fn run(
         let (n, v) = (name.clone(), mount_id.clone());
         let campaign = etcd.spawn(async move { c.campaign(n, v, lease).await });
         // Keep the lease alive while the campaign waits for the leader.
-        let mut last_ok = Instant::now();
         while !campaign.is_finished() && !stop.load(Ordering::Relaxed) {
             std::thread::sleep(Duration::from_millis(100));
             if last_ok.elapsed() >= period {
-                if etcd.keep_alive_once(lease, period) {
-                    last_ok = Instant::now();
-                } else if last_ok.elapsed() >= limit {
-                    break;
+                match renew(&etcd, lease, last_ok, period, limit) {
+                    Renewal::Confirmed(sent) => last_ok = sent,
+                    Renewal::Pending => {}
+                    Renewal::Over(_) => break,
                 }
             }
         }
@@ -68,20 +70,58 @@ pub fn run(
                 continue;
             }
         }
+        // Leadership lasts from the last renewal the campaign had
+        // confirmed (or the grant), not from the election's answer.
+        if last_ok.elapsed() >= limit {
+            etcd.revoke(lease);
+            continue;
+        }
         take("elected through etcd");
-        let mut last_ok = Instant::now();
         let why = loop {
             if stop.load(Ordering::Relaxed) {
                 break "unmounted";
             }
             std::thread::sleep(period.min(Duration::from_millis(500)));
-            if etcd.keep_alive_once(lease, period) {
-                last_ok = Instant::now();
-            } else if last_ok.elapsed() >= limit {
-                break "etcd lease not renewed in time";
+            match renew(&etcd, lease, last_ok, period, limit) {
+                Renewal::Confirmed(sent) => last_ok = sent,
+                Renewal::Pending => {}
+                Renewal::Over(why) => break why,
             }
         };
         lose(why);
         etcd.revoke(lease);
+    }
+}
+
+/// What one keep-alive of the leadership lease said.
+enum Renewal {
+    /// etcd renewed it; the keep-alive was sent at this moment, from
+    /// which the new TTL counts at the earliest.
+    Confirmed(Instant),
+    /// No answer yet, and the lease may still be valid.
+    Pending,
+    /// Leadership is over: etcd does not know the lease any more, or it
+    /// has not been confirmed for `limit`.
+    Over(&'static str),
+}
+
+/// One keep-alive of `lease`, waiting no longer than what is left of
+/// `limit` since `last_ok` (so that leadership ends on time, not a
+/// keep-alive timeout later). Freshness counts from when the keep-alive
+/// was sent, not from its answer: etcd may have renewed it at any moment
+/// in between.
+fn renew(etcd: &Etcd, lease: i64, last_ok: Instant, period: Duration, limit: Duration) -> Renewal {
+    let left = limit.saturating_sub(last_ok.elapsed());
+    if left.is_zero() {
+        return Renewal::Over("etcd lease not renewed in time");
+    }
+    let sent = Instant::now();
+    match etcd.keep_alive_once(lease, left.min(period)) {
+        KeepAlive::Confirmed { .. } => Renewal::Confirmed(sent),
+        KeepAlive::Gone => Renewal::Over("etcd lease gone (revoked or run out)"),
+        KeepAlive::Unanswered if last_ok.elapsed() >= limit => {
+            Renewal::Over("etcd lease not renewed in time")
+        }
+        KeepAlive::Unanswered => Renewal::Pending,
     }
 }

@@ -23,9 +23,9 @@ use std::time::{Duration, Instant};
 
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
 
-use super::Etcd;
 use super::queue;
-use crate::lease::cluster::{Claim, ClaimInfo, Cluster, EPOCH_SEQ_BITS, Ticket, Turn};
+use super::{Etcd, KeepAlive, claim_key};
+use crate::lease::cluster::{Claim, ClaimInfo, Cluster, EPOCH_SEQ_BITS, Ticket, Turn, Unrenewed};
 use crate::lease::{EpochSource, FileId, HandleId};
 use std::sync::atomic::{AtomicI64, Ordering};
 
@@ -73,10 +73,6 @@ impl EpochSource for ClaimEpochs {
     }
 }
 
-fn claim_key(file: FileId) -> String {
-    format!("lease/{file:016x}")
-}
-
 fn want_key(file: FileId, mount_id: &str) -> String {
     format!("want/{file:016x}/{mount_id}")
 }
@@ -89,7 +85,7 @@ impl EtcdLeases {
     /// Registers this daemon instance as alive (`mounts/<mount_id>`, bound
     /// to an etcd lease of `ttl`, kept alive by [`EtcdLeases::keep_alive`]).
     pub fn new(etcd: Arc<Etcd>, mount_id: String, ttl: Duration) -> Result<Arc<Self>, String> {
-        let secs = ttl.as_secs().max(2) as i64;
+        let secs = ttl_secs(ttl);
         let id = register(&etcd, &mount_id, secs)?;
         Ok(Arc::new(EtcdLeases {
             etcd,
@@ -156,7 +152,10 @@ impl EtcdLeases {
         let mut next_deadline: Option<Instant> = None;
         let mut renewed = Vec::new();
         for (deadline, file, lease_id, task) in pending {
-            if task.and_then(|t| self.etcd.wait(t)).unwrap_or(false) {
+            let answer = task
+                .and_then(|t| self.etcd.wait(t))
+                .unwrap_or(KeepAlive::Unanswered);
+            if answer.confirmed() {
                 // etcd restarted the TTL after `sent`: counting from then
                 // errs on the safe side.
                 if let Some(h) = lock(&self.claims).get_mut(&file)
@@ -167,10 +166,14 @@ impl EtcdLeases {
                 renewed.push(file);
                 continue;
             }
+            // etcd says the claim is gone (revoked behind this daemon's
+            // back, or run out while it stalled): given up now, not at
+            // its deadline; unanswered: only once its deadline passed.
+            let gone = answer == KeepAlive::Gone;
             let lost = {
                 let mut claims = lock(&self.claims);
                 match claims.get(&file) {
-                    Some(h) if h.lease_id == lease_id && h.last_ok.elapsed() >= limit => {
+                    Some(h) if h.lease_id == lease_id && (gone || h.last_ok.elapsed() >= limit) => {
                         claims.remove(&file);
                         lock(&self.seqs).remove(&file);
                         true
@@ -179,20 +182,28 @@ impl EtcdLeases {
                 }
             };
             if lost {
-                tracing::warn!(
-                    file,
-                    "cluster claim not renewed in time; giving the file up"
-                );
+                if gone {
+                    tracing::warn!(
+                        file,
+                        "etcd says the cluster claim is gone; giving the file up"
+                    );
+                } else {
+                    tracing::warn!(
+                        file,
+                        "cluster claim not renewed in time; giving the file up"
+                    );
+                }
                 on_lost(file);
                 self.etcd.revoke_later(lease_id);
             } else {
                 next_deadline = Some(next_deadline.map_or(deadline, |d| d.min(deadline)));
             }
         }
-        let alive = self.etcd.wait(mount).unwrap_or(false);
+        let mount = self.etcd.wait(mount).unwrap_or(KeepAlive::Unanswered);
+        let alive = mount.confirmed();
         // Only once etcd answers again (every claim renewed): a register
         // that waits on an unreachable etcd must not delay any fencing.
-        if !alive && next_deadline.is_none() {
+        if mount == KeepAlive::Gone || (!alive && next_deadline.is_none()) {
             self.reregister();
         }
         // Fencing first; only then the (bounded) look at wanted files.
@@ -340,6 +351,8 @@ impl EtcdLeases {
             return Ok(Claim::Busy(other));
         }
         let secs = self.ttl.as_secs() as i64;
+        // The TTL runs from etcd's grant, which comes after this.
+        let granted = Instant::now();
         let lease_id = self.etcd.grant(secs).map_err(|e| e.to_string())?;
         let key = self.etcd.key(&claim_key(file));
         let who = ClaimInfo {
@@ -390,7 +403,7 @@ impl EtcdLeases {
                 lease_id,
                 base,
                 handles: HashSet::from([handle]),
-                last_ok: Instant::now(),
+                last_ok: granted,
             },
         );
         tracing::debug!(file, base, "cluster claim taken");
@@ -496,6 +509,69 @@ impl Cluster for EtcdLeases {
         self.moved.notify_all();
     }
 
+    fn lost(&self, file: FileId, epoch: u64) -> bool {
+        let base = epoch >> EPOCH_SEQ_BITS;
+        let gone = {
+            let mut claims = lock(&self.claims);
+            match claims.get(&file) {
+                Some(h) if h.base == base => {
+                    lock(&self.seqs).remove(&file);
+                    claims.remove(&file)
+                }
+                _ => None,
+            }
+        };
+        match gone {
+            Some(h) => {
+                self.etcd.revoke_later(h.lease_id);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn renew(&self, file: FileId, epoch: u64) -> Result<Duration, Unrenewed> {
+        let base = epoch >> EPOCH_SEQ_BITS;
+        let limit = self.ttl * 2 / 3;
+        let (lease_id, deadline) = match lock(&self.claims).get(&file) {
+            Some(h) if h.base == base => (h.lease_id, h.last_ok + limit),
+            _ => return Err(Unrenewed::Lost),
+        };
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .min(self.period());
+        if left.is_zero() {
+            return Err(Unrenewed::Unconfirmed);
+        }
+        let sent = Instant::now();
+        match self.etcd.keep_alive_once(lease_id, left) {
+            KeepAlive::Confirmed { .. } => {
+                if let Some(h) = lock(&self.claims).get_mut(&file)
+                    && h.lease_id == lease_id
+                {
+                    h.last_ok = h.last_ok.max(sent);
+                }
+                Ok((sent + self.ttl).saturating_duration_since(Instant::now()))
+            }
+            KeepAlive::Gone => {
+                if self.lost(file, epoch) {
+                    tracing::warn!(
+                        file,
+                        "etcd says the cluster claim is gone; giving the file up"
+                    );
+                }
+                Err(Unrenewed::Lost)
+            }
+            KeepAlive::Unanswered => Err(Unrenewed::Unconfirmed),
+        }
+    }
+
+    fn held(&self, file: FileId) -> Option<u64> {
+        lock(&self.claims)
+            .get(&file)
+            .map(|h| h.base << EPOCH_SEQ_BITS)
+    }
+
     fn remote_holder(&self, file: FileId) -> Option<ClaimInfo> {
         self.read_claim(file)
             .filter(|c| c.mount_id != self.mount_id)
@@ -580,5 +656,29 @@ pub fn keep_alive_loop(
             .next_deadline
             .map_or(started + period, |d| d.min(started + period));
         std::thread::sleep(next.saturating_duration_since(Instant::now()));
+    }
+}
+
+/// The TTL of the etcd leases behind claims and liveness keys for a soft
+/// limit of `soft`: whole seconds (etcd's unit), rounded up so that no
+/// other daemon can claim a file before `soft` has passed since its last
+/// confirmed renewal (a soft limit of 2.9 s is a TTL of 3 s, not 2), and
+/// at least 2 s (below that etcd grants its own minimum anyway).
+pub fn ttl_secs(soft: Duration) -> i64 {
+    (soft.as_nanos().div_ceil(1_000_000_000) as i64).max(2)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttls_are_whole_seconds_rounded_up_and_at_least_two() {
+        let ms = Duration::from_millis;
+        assert_eq!(ttl_secs(ms(2900)), 3);
+        assert_eq!(ttl_secs(ms(3000)), 3);
+        assert_eq!(ttl_secs(ms(3001)), 4);
+        assert_eq!(ttl_secs(ms(500)), 2);
+        assert_eq!(ttl_secs(Duration::from_secs(60)), 60);
     }
 }

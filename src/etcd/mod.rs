@@ -20,6 +20,13 @@ use crate::error::{FsError, FsResult};
 /// How long one etcd request may take before it counts as failed.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The key of file `file`'s cluster claim (relative to the prefix): the
+/// lease layer writes it, the metadata layer checks it (see
+/// [`crate::meta::Change::Claimed`]).
+pub fn claim_key(file: u64) -> String {
+    format!("lease/{file:016x}")
+}
+
 pub struct Etcd {
     rt: tokio::runtime::Runtime,
     client: Client,
@@ -117,23 +124,30 @@ impl Etcd {
         self.rt.block_on(h).ok()
     }
 
-    /// One keep-alive of etcd lease `id`; false when etcd did not confirm
-    /// it within `limit` (unreachable, or the lease already expired).
-    pub fn keep_alive_once(&self, id: i64, limit: Duration) -> bool {
-        self.wait(self.keep_alive_task(id, limit)).unwrap_or(false)
+    /// One keep-alive of etcd lease `id`, answered within `limit`.
+    pub fn keep_alive_once(&self, id: i64, limit: Duration) -> KeepAlive {
+        self.wait(self.keep_alive_task(id, limit))
+            .unwrap_or(KeepAlive::Unanswered)
     }
 
     /// [`Etcd::keep_alive_once`] started in the background, so that several
     /// keep-alives run at once; its answer is there within `limit`.
-    pub fn keep_alive_task(&self, id: i64, limit: Duration) -> tokio::task::JoinHandle<bool> {
+    pub fn keep_alive_task(&self, id: i64, limit: Duration) -> tokio::task::JoinHandle<KeepAlive> {
         let mut c = self.client.clone();
         self.spawn(async move {
             let once = async move {
                 let (mut k, mut s) = c.lease_keep_alive(id).await?;
                 k.keep_alive().await?;
-                Ok::<_, etcd_client::Error>(s.message().await?.map(|r| r.ttl() > 0))
+                Ok::<_, etcd_client::Error>(s.message().await?.map(|r| r.ttl()))
             };
-            matches!(tokio::time::timeout(limit, once).await, Ok(Ok(Some(true))))
+            match tokio::time::timeout(limit, once).await {
+                Ok(Ok(Some(ttl))) if ttl > 0 => KeepAlive::Confirmed { ttl },
+                // etcd answers a lease it does not know (revoked, or run
+                // out) with a TTL of 0.
+                Ok(Ok(Some(_))) => KeepAlive::Gone,
+                Ok(Err(e)) if lease_not_found(&e) => KeepAlive::Gone,
+                _ => KeepAlive::Unanswered,
+            }
         })
     }
 
@@ -180,4 +194,29 @@ impl Etcd {
     pub fn endpoints(&self) -> &[String] {
         &self.endpoints
     }
+}
+
+/// What etcd said to one keep-alive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeepAlive {
+    /// Renewed: the lease lives `ttl` seconds from when etcd got it.
+    Confirmed { ttl: i64 },
+    /// etcd does not know the lease (revoked, or run out): whatever it
+    /// stood for is over now, not at some later deadline.
+    Gone,
+    /// No answer in time, or an error that says nothing about the lease.
+    Unanswered,
+}
+
+impl KeepAlive {
+    pub fn confirmed(self) -> bool {
+        matches!(self, KeepAlive::Confirmed { .. })
+    }
+}
+
+/// etcd's answer for a lease it does not know: "requested lease not
+/// found" from the server, or etcd-client's "lease keep alive error: lease
+/// not found" for a keep-alive answered with a TTL of 0.
+fn lease_not_found(e: &etcd_client::Error) -> bool {
+    e.to_string().contains("lease not found")
 }

@@ -5,10 +5,12 @@
 use std::time::{Duration, Instant};
 
 use super::core::Core;
+use super::file_record::FileRecord;
 use super::proc_info;
 use crate::error::{FsError, FsResult};
 use crate::lease::cluster::{Claim, ClaimInfo, Cluster, Turn};
 use crate::lease::{LeaseError, RecoveryReason};
+use crate::meta::UnderConstruction;
 use crate::sync::Arc;
 
 /// How often the head of a file's queue across daemons (`lease_wait`)
@@ -174,6 +176,42 @@ impl Core {
         self.leases
             .revoke(ino, "another daemon (cluster claim lost)");
         self.fences.lease_left_term(ino);
+    }
+
+    /// The record of what a writer granted `uc.epoch` does to its file:
+    /// over a shared namespace every commit is conditional on the claim
+    /// that grant came from, and a commit that finds it gone fences the
+    /// file's writers here at once (off the stream's thread, which holds
+    /// the stream's lock while it records).
+    pub(super) fn file_record(self: &Arc<Self>, uc: UnderConstruction) -> FileRecord {
+        if self.cluster.is_none() {
+            return FileRecord::new(self.meta().clone(), uc);
+        }
+        let (me, epoch) = (Arc::downgrade(self), uc.epoch);
+        let fenced = Box::new(move |ino| {
+            if let Some(c) = me.upgrade() {
+                let c2 = c.clone();
+                c.ctx.rt.spawn_blocking(move || c2.claim_gone(ino, epoch));
+            }
+        });
+        FileRecord::claimed(self.meta().clone(), uc, fenced)
+    }
+
+    /// The store says the claim `epoch` was granted under is gone (revoked
+    /// behind this daemon's back, or expired while it stalled): if it is
+    /// still this daemon's claim of `ino`, it is dropped and the file's
+    /// writers fenced now, whatever the keep-alives say.
+    fn claim_gone(self: &Arc<Self>, ino: u64, epoch: u64) {
+        if let Some(cl) = &self.cluster
+            && cl.lost(ino, epoch)
+        {
+            tracing::warn!(
+                ino,
+                epoch,
+                "the cluster claim of a file is gone; giving the file up"
+            );
+            self.claim_lost(ino);
+        }
     }
 
     /// Who claims a file to recover it: the daemon itself.

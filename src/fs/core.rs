@@ -34,6 +34,9 @@ pub const IOC_CLIENT_RENEWAL: u32 = 0x4C01; // _IO('L', 1)
 pub const IOC_RENEW: u32 = 0x4C02; // _IO('L', 2)
 /// ioctl: the epoch of the caller's lease grant, as a u64.
 pub const IOC_EPOCH: u32 = 0x8008_4C03; // _IOR('L', 3, u64)
+/// ioctl: renew the caller's lease now, and say for how many milliseconds
+/// (a u64, counted from the call) no other writer can be granted it.
+pub const IOC_RENEW_VALID: u32 = 0x8008_4C04; // _IOR('L', 4, u64)
 
 pub use super::cache::Invalidator;
 pub use super::request::{Caller, Opened, Reply};
@@ -507,7 +510,7 @@ impl Core {
         // From here until this handle's release the file may change: read
         // opens go direct and no longer keep earlier pages.
         self.cache.busy(ino);
-        let log = Arc::new(super::file_record::FileRecord::new(self.meta().clone(), uc));
+        let log = Arc::new(self.file_record(uc));
         let stream = OutputStream::new(self.ctx.clone(), ino, inode.size, bs, log);
         let h = Handle {
             fh,

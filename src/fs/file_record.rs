@@ -3,7 +3,8 @@
 //! file under construction from its first block on, its blocks, its
 //! length, and its close.
 
-use crate::error::FsResult;
+use crate::error::{FsError, FsResult};
+use crate::lease::LeaseError;
 use crate::meta::{BlockRow, Change, Meta, UnderConstruction};
 use crate::pipeline::{FileLog, FileOutcome};
 use crate::sync::{Arc, AtomicBool, Ordering};
@@ -16,6 +17,10 @@ pub(super) struct FileRecord {
     uc: UnderConstruction,
     /// The entry is in the store (until the file is recorded closed).
     under_construction: AtomicBool,
+    /// Over a shared namespace: every commit is made under the cluster
+    /// claim the writer's grant (`uc.epoch`) came from, and `fenced` is
+    /// told when the store says that claim is gone.
+    claimed: Option<Box<dyn Fn(u64) + Send + Sync>>,
 }
 
 impl FileRecord {
@@ -24,6 +29,21 @@ impl FileRecord {
             meta,
             uc,
             under_construction: AtomicBool::new(false),
+            claimed: None,
+        }
+    }
+
+    /// As [`FileRecord::new`], each commit conditional on the writer's
+    /// cluster claim (see [`Change::Claimed`]); `fenced(ino)` runs when a
+    /// commit finds the claim gone.
+    pub(super) fn claimed(
+        meta: Arc<dyn Meta>,
+        uc: UnderConstruction,
+        fenced: Box<dyn Fn(u64) + Send + Sync>,
+    ) -> FileRecord {
+        FileRecord {
+            claimed: Some(fenced),
+            ..FileRecord::new(meta, uc)
         }
     }
 
@@ -82,11 +102,25 @@ fn changes(ino: u64, what: FileOutcome<'_>, uc: impl FnOnce() -> Option<Change>)
 
 impl FileLog for FileRecord {
     fn record(&self, what: FileOutcome<'_>, durable: bool) -> FsResult<Vec<BlockRow>> {
-        let ch = changes(self.uc.ino, what, || self.uc_unless_recorded());
+        let mut ch = changes(self.uc.ino, what, || self.uc_unless_recorded());
         if ch.is_empty() {
             return Ok(Vec::new());
         }
-        let gone = self.meta.commit(&ch, durable)?;
+        if self.claimed.is_some() {
+            ch.push(Change::Claimed {
+                ino: self.uc.ino,
+                epoch: self.uc.epoch,
+            });
+        }
+        let gone = match self.meta.commit(&ch, durable) {
+            Err(e @ FsError::Lease(LeaseError::Fenced { .. })) => {
+                if let Some(fenced) = &self.claimed {
+                    fenced(self.uc.ino);
+                }
+                return Err(e);
+            }
+            r => r?,
+        };
         match what {
             FileOutcome::Closed { .. } => self.under_construction.store(false, Ordering::Release),
             _ if ch.iter().any(|c| matches!(c, Change::PutUc(_))) => {

@@ -2,10 +2,11 @@
 //! grants, fencing of handles (by lease, and by election term through the
 //! process group), lease recovery, and the lease ioctls.
 
-use super::core::{Core, IOC_CLIENT_RENEWAL, IOC_EPOCH, IOC_RENEW, Invalidator};
+use super::core::{Core, IOC_CLIENT_RENEWAL, IOC_EPOCH, IOC_RENEW, IOC_RENEW_VALID, Invalidator};
 use super::handles::Handle;
 use super::proc_info;
 use crate::error::{FsError, FsResult};
+use crate::lease::cluster::Unrenewed;
 use crate::lease::{LeaseError, RecoveryReason, RecoveryTicket, RenewalMode};
 use crate::metrics::Recovery;
 use crate::pipeline::recovery;
@@ -107,7 +108,26 @@ impl Core {
             RecoveryReason::HolderGone => Recovery::HolderGone,
             RecoveryReason::Manual => Recovery::Manual,
         });
-        recovery::recover_file(&**self.meta(), self.dns(), ino)
+        let how = self.recovery_of(ino)?;
+        recovery::recover_file(&**self.meta(), self.dns(), ino, how)
+    }
+
+    /// How `ino` is recovered here: over a shared namespace, under this
+    /// daemon's claim of it, and into a new block when another daemon
+    /// instance had it under construction (its stream may still run: a
+    /// stopped or cut-off daemon learns it lost the claim only later).
+    fn recovery_of(&self, ino: u64) -> FsResult<recovery::Recovery> {
+        let Some(cl) = &self.cluster else {
+            return Ok(recovery::Recovery::default());
+        };
+        let foreign = self
+            .meta()
+            .uc(ino)?
+            .is_some_and(|u| u.mount_id != self.mount_id);
+        Ok(recovery::Recovery {
+            claim: cl.held(ino),
+            fresh_block: foreign,
+        })
     }
 
     pub fn set_invalidator(&self, f: Invalidator) {
@@ -145,7 +165,42 @@ impl Core {
         }
     }
 
-    pub fn ioctl(&self, fh: u64, cmd: u32) -> FsResult<Vec<u8>> {
+    /// A client renewal through handle `h`; returns how long from now no
+    /// other writer can be granted the file. Over etcd the file's claim is
+    /// renewed first, and the renewal succeeds only once etcd confirmed
+    /// it: a renewal that succeeded during a partition would promise the
+    /// lease for a soft limit that other daemons do not respect. A claim
+    /// etcd says is gone fences the holder at once (`EIO`); one not
+    /// confirmed in time fails with `ETIMEDOUT` (try again: the claim may
+    /// still be valid until the daemon gives it up).
+    fn renew_client(self: &Arc<Self>, h: &Handle) -> FsResult<std::time::Duration> {
+        self.leases.check(h.ino, h.fh, h.epoch)?;
+        let soft = self.opts.soft_limit;
+        let valid = match &self.cluster {
+            None => soft,
+            Some(cl) => match cl.renew(h.ino, h.epoch) {
+                Ok(v) => v.min(soft),
+                Err(Unrenewed::Lost) => {
+                    self.claim_lost(h.ino);
+                    return Err(LeaseError::Fenced {
+                        file: h.ino,
+                        epoch: h.epoch,
+                    }
+                    .into());
+                }
+                Err(Unrenewed::Unconfirmed) => {
+                    return Err(FsError::Unconfirmed(format!(
+                        "etcd did not confirm the renewal of file {}'s claim in time",
+                        h.ino
+                    )));
+                }
+            },
+        };
+        self.leases.renew(h.ino, h.fh)?;
+        Ok(valid)
+    }
+
+    pub fn ioctl(self: &Arc<Self>, fh: u64, cmd: u32) -> FsResult<Vec<u8>> {
         let h = self.handles.get(fh)?;
         if !h.write {
             return Err(FsError::BadHandle);
@@ -157,10 +212,10 @@ impl Core {
                 self.leases.set_mode(h.ino, fh, RenewalMode::Client)?;
                 Ok(Vec::new())
             }
-            IOC_RENEW => {
-                self.leases.renew(h.ino, fh)?;
-                Ok(Vec::new())
-            }
+            IOC_RENEW => self.renew_client(&h).map(|_| Vec::new()),
+            IOC_RENEW_VALID => self
+                .renew_client(&h)
+                .map(|v| (v.as_millis() as u64).to_le_bytes().to_vec()),
             IOC_EPOCH => {
                 self.leases.check(h.ino, fh, h.epoch)?;
                 Ok(h.epoch.to_le_bytes().to_vec())

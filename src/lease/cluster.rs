@@ -45,6 +45,17 @@ pub enum Claim {
     Busy(ClaimInfo),
 }
 
+/// Why [`Cluster::renew`] did not renew a claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unrenewed {
+    /// The claim is gone (etcd does not know it, or this daemon gave it
+    /// up): the holder is fenced.
+    Lost,
+    /// etcd did not confirm the renewal in time: the claim may still be
+    /// valid, until its deadline.
+    Unconfirmed,
+}
+
 /// A place in the queue of writers waiting for a file across daemons.
 pub type Ticket = u64;
 
@@ -82,6 +93,20 @@ pub trait Cluster: Send + Sync {
     /// `handle` no longer holds or waits for `file`'s lease; the last one
     /// gives the claim up at once, so another daemon need not wait.
     fn unclaim(&self, file: FileId, handle: HandleId);
+    /// The metadata store found the claim `epoch` was granted under gone
+    /// (its commit compared the claim and failed): if this daemon still
+    /// counts that claim as its own, it forgets it and returns true (the
+    /// caller fences the file's writers).
+    fn lost(&self, file: FileId, epoch: u64) -> bool;
+    /// A client renewal of the lease granted at `epoch`, made good across
+    /// daemons: the claim is renewed in etcd now, and `Ok(valid)` only
+    /// once etcd confirmed it; no other daemon can claim the file within
+    /// `valid` of the call.
+    fn renew(&self, file: FileId, epoch: u64) -> Result<std::time::Duration, Unrenewed>;
+    /// The epoch base of this daemon's claim of `file`, as an epoch
+    /// (`base << EPOCH_SEQ_BITS`), if it holds one: what its recoveries of
+    /// the file are recorded under.
+    fn held(&self, file: FileId) -> Option<u64>;
     /// The claim of `file` held by another daemon, if any.
     fn remote_holder(&self, file: FileId) -> Option<ClaimInfo>;
     /// Every file some daemon has claimed: housekeeping and fsck leave

@@ -40,6 +40,19 @@ pub enum Change {
         ino: u64,
         epoch: u64,
     },
+    /// Changes nothing; the whole commit applies only while the file's
+    /// cluster claim is still the one `epoch` was granted under (over
+    /// etcd: the claim key `lease/<ino>` exists and was created at the
+    /// revision `epoch >> EPOCH_SEQ_BITS`), else it fails with
+    /// [`crate::lease::LeaseError::Fenced`]. The check and the changes are
+    /// one etcd transaction, so a daemon that lost a claim records nothing
+    /// more of the file, however late it learns. A lone daemon's store has
+    /// no claims: its lease manager fences its writers, and it ignores
+    /// this.
+    Claimed {
+        ino: u64,
+        epoch: u64,
+    },
 }
 
 /// Block lists and files under construction. The write path's multi-row

@@ -15,7 +15,8 @@
 
 use super::datanodes::Datanodes;
 use crate::error::{FsError, FsResult};
-use crate::meta::{Change, Counter, DnId, Meta, now_ns};
+use crate::meta::{BlockRow, Change, Counter, DnId, Meta, now_ns};
+use crate::storage::ReplicaState;
 
 /// A replica recovery found usable: its datanode, the stamp it carries
 /// and the length of its valid prefix.
@@ -47,13 +48,40 @@ fn same_bytes(dns: &Datanodes, block: u64, a: (DnId, u64), b: (DnId, u64), len: 
     true
 }
 
+/// How a recovery records and where it leaves the recovered block.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Recovery {
+    /// Over a shared namespace: the epoch of the claim the recovering
+    /// daemon holds; every commit is made under it
+    /// ([`Change::Claimed`]).
+    pub claim: Option<u64>,
+    /// The last writer may still be running elsewhere (another daemon,
+    /// stopped or cut off, that has not yet learnt its claim is gone):
+    /// the recovered block gets a new id, its replicas copies of the
+    /// agreed prefix, so that the next writer shares no replica file with
+    /// the old one, whatever the old one still writes into the files it
+    /// has open or renames by name. The old replicas are deleted once the
+    /// new block is recorded.
+    pub fresh_block: bool,
+}
+
+impl Recovery {
+    /// `changes` made under the recovering daemon's claim, if any.
+    fn changes(&self, ino: u64, mut changes: Vec<Change>) -> Vec<Change> {
+        if let Some(epoch) = self.claim {
+            changes.push(Change::Claimed { ino, epoch });
+        }
+        changes
+    }
+}
+
 /// Recovers file `ino`; returns its final length.
-pub fn recover_file(meta: &dyn Meta, dns: &Datanodes, ino: u64) -> FsResult<u64> {
+pub fn recover_file(meta: &dyn Meta, dns: &Datanodes, ino: u64, how: Recovery) -> FsResult<u64> {
     let inode = meta.get(ino)?;
     let blocks = meta.blocks(ino)?;
     let bs = inode.block_size.max(1);
     let Some(last) = blocks.iter().rev().find(|b| !b.finalized).cloned() else {
-        meta.commit(&[Change::DelUc(ino)], false)?;
+        meta.commit(&how.changes(ino, vec![Change::DelUc(ino)]), false)?;
         return Ok(inode.size);
     };
     // The longest prefix every listed replica holds with valid checksums.
@@ -150,18 +178,21 @@ pub fn recover_file(meta: &dyn Meta, dns: &Datanodes, ino: u64) -> FsResult<u64>
         // file ends where the block began, and the block goes. (A stream
         // relies on this: no block lies past a closed file's end.)
         let gone = meta.commit(
-            &[
-                Change::DropBlocksFrom {
-                    ino,
-                    from: last.idx,
-                },
-                Change::SetSize {
-                    ino,
-                    size: start,
-                    touch: Some(now_ns()),
-                },
-                Change::DelUc(ino),
-            ],
+            &how.changes(
+                ino,
+                vec![
+                    Change::DropBlocksFrom {
+                        ino,
+                        from: last.idx,
+                    },
+                    Change::SetSize {
+                        ino,
+                        size: start,
+                        touch: Some(now_ns()),
+                    },
+                    Change::DelUc(ino),
+                ],
+            ),
             true,
         )?;
         dns.delete_blocks(&gone);
@@ -171,6 +202,9 @@ pub fn recover_file(meta: &dyn Meta, dns: &Datanodes, ino: u64) -> FsResult<u64>
         );
         return Ok(start);
     }
+    if how.fresh_block {
+        return recover_into_new_block(meta, dns, ino, how, last, survivors, len, start);
+    }
     let new_gs = meta.alloc(Counter::GenStamp)?;
     let mut row = last.clone();
     row.gs = new_gs;
@@ -178,22 +212,7 @@ pub fn recover_file(meta: &dyn Meta, dns: &Datanodes, ino: u64) -> FsResult<u64>
     row.finalized = true;
     row.replicas = survivors.iter().map(|r| r.dn).collect();
     let size = start + len;
-    let gone = meta.commit(
-        &[
-            Change::DropBlocksFrom {
-                ino,
-                from: last.idx + 1,
-            },
-            Change::PutBlock(row.clone()),
-            Change::SetSize {
-                ino,
-                size,
-                touch: None,
-            },
-            Change::DelUc(ino),
-        ],
-        true,
-    )?;
+    let gone = meta.commit(&how.changes(ino, closing(ino, &row, size)), true)?;
     dns.delete_blocks(&gone);
     let mut ok = Vec::new();
     for Survivor { dn, gs: found, .. } in survivors {
@@ -213,7 +232,10 @@ pub fn recover_file(meta: &dyn Meta, dns: &Datanodes, ino: u64) -> FsResult<u64>
     }
     if ok.len() < row.replicas.len() {
         row.replicas = ok;
-        meta.commit(&[Change::PutBlock(row.clone())], false)?;
+        meta.commit(
+            &how.changes(ino, vec![Change::PutBlock(row.clone())]),
+            false,
+        )?;
     }
     tracing::info!(
         ino,
@@ -221,6 +243,94 @@ pub fn recover_file(meta: &dyn Meta, dns: &Datanodes, ino: u64) -> FsResult<u64>
         gs = new_gs,
         len = size,
         "lease recovery closed file"
+    );
+    Ok(size)
+}
+
+/// The commit that closes file `ino` with `row` its recovered last block
+/// and `size` its length.
+fn closing(ino: u64, row: &BlockRow, size: u64) -> Vec<Change> {
+    vec![
+        Change::DropBlocksFrom {
+            ino,
+            from: row.idx + 1,
+        },
+        Change::PutBlock(row.clone()),
+        Change::SetSize {
+            ino,
+            size,
+            touch: None,
+        },
+        Change::DelUc(ino),
+    ]
+}
+
+/// Recovery for [`Recovery::fresh_block`]: the agreed `len` bytes of each
+/// survivor are copied, durably, into a finalized replica of a new block
+/// id on the same datanode; the block is recorded under that id and the
+/// file closed; only then are the old replicas deleted. A crash before
+/// the record leaves copies nothing refers to (the housekeeping sweep
+/// removes them); a crash after it leaves old replicas nothing refers to.
+#[allow(clippy::too_many_arguments)]
+fn recover_into_new_block(
+    meta: &dyn Meta,
+    dns: &Datanodes,
+    ino: u64,
+    how: Recovery,
+    last: BlockRow,
+    survivors: Vec<Survivor>,
+    len: u64,
+    start: u64,
+) -> FsResult<u64> {
+    let new_id = meta.alloc(Counter::Block)?;
+    let new_gs = meta.alloc(Counter::GenStamp)?;
+    let mut ok = Vec::new();
+    for Survivor { dn, gs: found, .. } in survivors {
+        let Some(node) = dns.get(dn) else { continue };
+        match node.copy_replica_as(
+            &*node,
+            (last.block_id, found),
+            (new_id, new_gs),
+            len,
+            ReplicaState::Finalized,
+        ) {
+            Ok(()) => ok.push(dn),
+            Err(e) => tracing::warn!(datanode = %dn, "replica not copied in recovery: {e}"),
+        }
+    }
+    if ok.is_empty() {
+        return Err(FsError::Io(format!(
+            "no replica of block {} could be copied in recovery",
+            last.block_id
+        )));
+    }
+    let row = BlockRow {
+        block_id: new_id,
+        gs: new_gs,
+        len,
+        finalized: true,
+        replicas: ok,
+        ..last.clone()
+    };
+    let size = start + len;
+    let gone = meta.commit(&how.changes(ino, closing(ino, &row, size)), true)?;
+    dns.delete_blocks(&gone);
+    // Every file of the old block, whatever its stamp: the old writer's
+    // (the rbw files it may still write) included.
+    for &dn in &last.replicas {
+        if let Some(node) = dns.get(dn).filter(|_| dns.is_alive(dn))
+            && let Err(e) = node.delete(last.block_id)
+        {
+            tracing::warn!(datanode = %dn, "old replica not deleted after recovery: {e}");
+        }
+    }
+    tracing::info!(
+        ino,
+        old = last.block_id,
+        block = new_id,
+        gs = new_gs,
+        len = size,
+        "lease recovery closed file (last block copied under a new id)"
     );
     Ok(size)
 }
@@ -331,7 +441,7 @@ mod tests {
         replica(&s, 2, &data, true);
         record(&s);
         assert_eq!(
-            recover_file(&*s.meta, &s.dns, s.ino).expect("recover"),
+            recover_file(&*s.meta, &s.dns, s.ino, Recovery::default()).expect("recover"),
             10_000
         );
         let row = recovered_row(&s);
@@ -361,10 +471,47 @@ mod tests {
             replica(&s, 2, &lagging, true);
             record(&s);
             assert_eq!(
-                recover_file(&*s.meta, &s.dns, s.ino).expect("recover"),
+                recover_file(&*s.meta, &s.dns, s.ino, Recovery::default()).expect("recover"),
                 10_000
             );
             assert_eq!(recovered_row(&s).replicas, vec![DnId(0), DnId(1)]);
+        }
+    }
+
+    /// Recovery for a writer that may still run elsewhere: the block gets
+    /// a new id, its replicas are copies of the agreed prefix, and every
+    /// file of the old block is gone, so nothing the old writer still
+    /// writes or renames by name can reach the next writer's replicas.
+    #[test]
+    fn a_fresh_block_recovery_copies_the_prefix_under_a_new_id() {
+        let s = setup();
+        let data = stream(10_000, 3);
+        replica(&s, 0, &data, false);
+        replica(&s, 1, &data, false);
+        replica(&s, 2, &stream(12_000, 3), false);
+        record(&s);
+        let how = Recovery {
+            claim: None,
+            fresh_block: true,
+        };
+        assert_eq!(
+            recover_file(&*s.meta, &s.dns, s.ino, how).expect("recover"),
+            10_000
+        );
+        let row = recovered_row(&s);
+        assert_ne!(row.block_id, BLOCK, "the block kept its id");
+        assert!(row.finalized && row.len == 10_000);
+        assert_eq!(row.replicas, vec![DnId(0), DnId(1), DnId(2)]);
+        assert!(s.meta.uc(s.ino).expect("uc").is_none(), "file left open");
+        for dn in 0..3 {
+            let node = s.dns.get(DnId(dn)).expect("datanode");
+            assert!(
+                node.find(BLOCK).is_none(),
+                "datanode {dn} kept the old block"
+            );
+            let mut buf = vec![0u8; 12_100];
+            let n = node.read(row.block_id, row.gs, 0, &mut buf).expect("read");
+            assert_eq!(&buf[..n], &data[..], "datanode {dn}");
         }
     }
 }

@@ -274,6 +274,17 @@ pub trait Storage: Send + Sync + fmt::Debug {
         len: u64,
         state: ReplicaState,
     ) -> Result<(), StorageError>;
+    /// Copies the first `len` bytes of replica `from` (block, stamp) of
+    /// `src` (verified while read), durably, into a replica `to` (another
+    /// block id and stamp) here, in `state`; `from` is left as it is.
+    fn copy_replica_as(
+        &self,
+        src: &dyn Storage,
+        from: (u64, u64),
+        to: (u64, u64),
+        len: u64,
+        state: ReplicaState,
+    ) -> Result<(), StorageError>;
     /// Removes what interrupted copies left; returns how many files.
     fn clean_tmp(&self) -> Result<usize, StorageError>;
 

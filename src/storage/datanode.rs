@@ -212,6 +212,17 @@ impl Storage for Datanode {
         maintenance::copy_replica_from(&self.layout, src, block, gs, len, state)
     }
 
+    fn copy_replica_as(
+        &self,
+        src: &dyn Storage,
+        from: (u64, u64),
+        to: (u64, u64),
+        len: u64,
+        state: ReplicaState,
+    ) -> Result<(), StorageError> {
+        maintenance::copy_replica_as(&self.layout, src, from, to, len, state)
+    }
+
     fn clean_tmp(&self) -> Result<usize, StorageError> {
         maintenance::clean_tmp(&self.layout)
     }

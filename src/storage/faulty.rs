@@ -394,6 +394,18 @@ impl Storage for Faulty {
         self.inner.copy_replica_from(src, block, gs, len, state)
     }
 
+    fn copy_replica_as(
+        &self,
+        src: &dyn Storage,
+        from: (u64, u64),
+        to: (u64, u64),
+        len: u64,
+        state: ReplicaState,
+    ) -> Result<(), StorageError> {
+        self.check(Op::Copy)?;
+        self.inner.copy_replica_as(src, from, to, len, state)
+    }
+
     fn clean_tmp(&self) -> Result<usize, StorageError> {
         self.inner.clean_tmp()
     }

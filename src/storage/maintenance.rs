@@ -87,16 +87,30 @@ pub(crate) fn copy_replica_from(
     len: u64,
     state: ReplicaState,
 ) -> Result<(), StorageError> {
+    copy_replica_as(l, src, (block, gs), (block, gs), len, state)
+}
+
+/// As [`copy_replica_from`], the copy made replica `to` (block, stamp)
+/// here: a block that lease recovery gives a new id, so that its next
+/// writer shares no file with the writer that lost it.
+pub(crate) fn copy_replica_as(
+    l: &Layout,
+    src: &dyn Storage,
+    (block, gs): (u64, u64),
+    (to, to_gs): (u64, u64),
+    len: u64,
+    state: ReplicaState,
+) -> Result<(), StorageError> {
     let reader = src.open_reader(block, gs)?;
     let seq = TMP_SEQ.fetch_add(1, Ordering::Relaxed);
     let pid = std::process::id();
-    let tmp_data = l.tmp().join(format!("blk_{block}.{pid}.{seq}.data"));
-    let tmp_meta = l.tmp().join(format!("blk_{block}.{pid}.{seq}.meta"));
+    let tmp_data = l.tmp().join(format!("blk_{to}.{pid}.{seq}.data"));
+    let tmp_meta = l.tmp().join(format!("blk_{to}.{pid}.{seq}.meta"));
     let result = copy_into_tmp(&reader, len, &tmp_data, &tmp_meta);
     let result = result.and_then(|()| {
-        replace_older(l, block, gs)?;
-        rename(&tmp_data, &l.data_path(state, block))?;
-        rename(&tmp_meta, &l.meta_path(state, block, gs))?;
+        replace_older(l, to, to_gs)?;
+        rename(&tmp_data, &l.data_path(state, to))?;
+        rename(&tmp_meta, &l.meta_path(state, to, to_gs))?;
         fsync_dir(l.dir(state))
     });
     if result.is_err() {

@@ -220,3 +220,30 @@ pub fn daemon(etcd: &EtcdServer, prefix: &str, dns: &[PathBuf], o: &[&str]) -> s
 pub fn shared_datanodes(dir: &tempfile::TempDir) -> Vec<PathBuf> {
     (1..=3).map(|i| dir.path().join(format!("dn{i}"))).collect()
 }
+
+impl EtcdServer {
+    /// The claim of file `ino` in the filesystem `prefix` (its JSON value),
+    /// as etcd holds it.
+    pub fn claim(&self, prefix: &str, ino: u64) -> Option<serde_json::Value> {
+        let etcd = self.connect_to(prefix);
+        let key = etcd.key(&format!("lease/{ino:016x}"));
+        let r = etcd
+            .run(|mut c| async move { c.get(key, None).await })
+            .expect("read a claim");
+        let kv = r.kvs().first()?;
+        Some(serde_json::from_slice(kv.value()).expect("a claim's JSON"))
+    }
+
+    /// Revokes the etcd lease of `ino`'s claim behind its daemon's back,
+    /// as `etcdctl lease revoke` would; returns the lease's id.
+    pub fn revoke_claim(&self, prefix: &str, ino: u64) -> i64 {
+        let claim = self
+            .claim(prefix, ino)
+            .unwrap_or_else(|| panic!("file {ino} is not claimed"));
+        let id = claim["lease_id"].as_i64().expect("the claim's lease id");
+        let etcd = self.connect_to(prefix);
+        etcd.run(|mut c| async move { c.lease_revoke(id).await })
+            .expect("revoke the claim's lease");
+        id
+    }
+}

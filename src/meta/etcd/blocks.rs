@@ -70,6 +70,7 @@ fn commit(s: &mut Stm<'_>, changes: &[Change]) -> FsResult<Vec<BlockRow>> {
             }
             Change::DelUc(ino) => s.delete(&uc_key(*ino)),
             Change::SetLastEpoch { ino, epoch } => raise_last_epoch(s, *ino, *epoch)?,
+            Change::Claimed { ino, epoch } => s.require_claim(*ino, *epoch)?,
         }
     }
     Ok(gone)

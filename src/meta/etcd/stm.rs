@@ -24,6 +24,8 @@ use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, Txn, TxnOp};
 
 use crate::error::{FsError, FsResult};
 use crate::etcd::Etcd;
+use crate::lease::LeaseError;
+use crate::lease::cluster::EPOCH_SEQ_BITS;
 
 /// Attempts before a step gives up under contention.
 const MAX_TRIES: u32 = 100;
@@ -94,6 +96,9 @@ pub(super) struct Stm<'a> {
     reads: BTreeMap<String, (i64, Option<Vec<u8>>)>,
     /// Ranges scanned, [start, end).
     ranges: Vec<(String, String)>,
+    /// Keys that must still have been created at these revisions (the
+    /// claims a commit is made under; see [`Stm::require_claim`]).
+    created: BTreeMap<String, i64>,
     /// Buffered writes: a value to put, or None to delete.
     writes: BTreeMap<String, Option<Vec<u8>>>,
     /// Buffered range deletions, [start, end). No buffered put lies inside
@@ -112,6 +117,7 @@ impl<'a> Stm<'a> {
             rev: 0,
             reads: BTreeMap::new(),
             ranges: Vec::new(),
+            created: BTreeMap::new(),
             writes: BTreeMap::new(),
             range_dels: Vec::new(),
             later: Vec::new(),
@@ -170,6 +176,30 @@ impl<'a> Stm<'a> {
         };
         self.reads.insert(key.to_string(), (mr, v.clone()));
         Ok(v)
+    }
+
+    /// Makes this attempt's commit conditional on file `ino`'s claim
+    /// being the one `epoch` was granted under: its key created at
+    /// revision `epoch >> EPOCH_SEQ_BITS` (a claim's key is created once
+    /// and deleted when it ends; a later claim is a new key). Decided on
+    /// the snapshot first, so a claim already gone fails the step at once
+    /// with `Fenced` instead of being retried; the commit compares it
+    /// again.
+    pub fn require_claim(&mut self, ino: u64, epoch: u64) -> FsResult<()> {
+        let key = crate::etcd::claim_key(ino);
+        let base = (epoch >> EPOCH_SEQ_BITS) as i64;
+        let created = match self.created.get(&key) {
+            Some(c) => *c,
+            None => {
+                let resp = self.fetch(GetOptions::new().with_keys_only(), self.full(&key))?;
+                resp.kvs().first().map_or(0, |kv| kv.create_revision())
+            }
+        };
+        if created != base || base == 0 {
+            return Err(FsError::Lease(LeaseError::Fenced { file: ino, epoch }));
+        }
+        self.created.insert(key, base);
+        Ok(())
     }
 
     /// The keys in [start, end) in order, with their values, as this
@@ -321,6 +351,11 @@ impl<'a> Stm<'a> {
             .iter()
             .map(|(k, (mr, _))| Compare::mod_revision(self.full(k), CompareOp::Equal, *mr))
             .collect();
+        cmps.extend(
+            self.created
+                .iter()
+                .map(|(k, rev)| Compare::create_revision(self.full(k), CompareOp::Equal, *rev)),
+        );
         cmps.extend(self.ranges.iter().map(|(s, e)| {
             Compare::mod_revision(self.full(s), CompareOp::Less, self.rev + 1)
                 .with_range(self.full(e))

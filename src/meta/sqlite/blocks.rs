@@ -126,6 +126,8 @@ impl BlockMap for MetaStore {
                     Change::PutUc(uc) => put_uc(tx, uc)?,
                     Change::DelUc(ino) => del_uc(tx, *ino)?,
                     Change::SetLastEpoch { ino, epoch } => set_last_epoch(tx, *ino, *epoch)?,
+                    // One daemon: its lease manager fences.
+                    Change::Claimed { .. } => {}
                 }
             }
             Ok(gone)

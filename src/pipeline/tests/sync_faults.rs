@@ -177,7 +177,7 @@ fn every_replica_fails(step: Op, path: Path, errno: i32) {
     let size = if path.closed() {
         rig.meta.get(rig.ino).unwrap().size
     } else {
-        recovery::recover_file(&*rig.meta, &rig.dns, rig.ino).unwrap()
+        recovery::recover_file(&*rig.meta, &rig.dns, rig.ino, Default::default()).unwrap()
     };
     assert!(size >= synced, "{what}: {size} < {synced}");
     assert_eq!(rig.read(size), data[..size as usize], "{what}");

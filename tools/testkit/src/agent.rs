@@ -21,6 +21,7 @@
 //! futimes SECS         futimens(2): both times SECS                 ok
 //! utime PATH SECS      utimensat(2) by path                         ok
 //! client-renewal | renew | epoch | ioctl REQUEST    the lease ioctls ok [EPOCH]
+//! renew-valid          renew; how long no one else can have it      ok MS
 //! setxattr PATH NAME HEX | removexattr PATH NAME                     ok
 //! copy SRC DST MODE    a new file DST (octal MODE) with SRC's bytes  ok BYTES
 //! spawn PATH ARG...    starts a program (no descriptor of ours)      ok PID
@@ -202,6 +203,10 @@ impl Agent {
                 .fd()
                 .and_then(|f| sys::ioctl_u64(f, sys::IOC_EPOCH))
                 .map(|e| e.to_string()),
+            "renew-valid" => self
+                .fd()
+                .and_then(|f| sys::ioctl_u64(f, sys::IOC_RENEW_VALID))
+                .map(|ms| ms.to_string()),
             "setxattr" => (|| -> Answer {
                 let (path, name): (String, String) = (field(&mut it)?, field(&mut it)?);
                 let value = hex(it.next().unwrap_or(""))?;

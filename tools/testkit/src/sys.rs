@@ -14,6 +14,7 @@ use std::path::Path;
 pub const IOC_CLIENT_RENEWAL: u64 = 0x4C01;
 pub const IOC_RENEW: u64 = 0x4C02;
 pub const IOC_EPOCH: u64 = 0x8008_4C03;
+pub const IOC_RENEW_VALID: u64 = 0x8008_4C04;
 
 /// `EBUSY`, `EINTR`, ...: the name of an error's errno, its number when
 /// the name is unknown, and the error kind for errors of no system call.
@@ -81,7 +82,7 @@ pub fn ioctl(f: &File, request: u64) -> io::Result<()> {
     check(unsafe { libc::ioctl(f.as_raw_fd(), request as libc::c_ulong, 0) }).map(drop)
 }
 
-/// An ioctl that reads a u64 (`IOC_EPOCH`).
+/// An ioctl that reads a u64 (`IOC_EPOCH`, `IOC_RENEW_VALID`).
 pub fn ioctl_u64(f: &File, request: u64) -> io::Result<u64> {
     let mut v: u64 = 0;
     // SAFETY: the request writes 8 bytes, the size of `v`, which outlives the call.
