@@ -42,6 +42,23 @@ impl Clock for SystemClock {
     }
 }
 
+/// The boot clock (`CLOCK_BOOTTIME`): monotonic, and unlike [`Instant`]
+/// it counts the time the machine was suspended, so a deadline kept on it
+/// is seen as passed as soon as the machine wakes up.
+#[derive(Debug, Default)]
+pub struct BootClock;
+
+impl Clock for BootClock {
+    fn now(&self) -> Duration {
+        nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)
+            .map(Duration::from)
+            .unwrap_or_default()
+    }
+    fn wall_ms(&self) -> u64 {
+        wall_ms()
+    }
+}
+
 /// Milliseconds since the Unix epoch from the system clock.
 pub fn wall_ms() -> u64 {
     SystemTime::now()

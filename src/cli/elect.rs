@@ -121,12 +121,15 @@ pub fn run(a: ElectArgs) -> ExitCode {
         timing.renew_deadline = ms(d);
         timing.kill_grace = timing
             .kill_grace
-            .min(timing.lease.saturating_sub(ms(d)) / 2);
+            .min(timing.lease.saturating_sub(ms(d) + timing.margin) / 2);
     }
     if let Err(e) = timing.validate() {
         return fail(2, format!("elect: {e}"));
     }
-    let ctl = move |req: Value| ask(&mountpoint, req);
+    // Every request is bounded: a stalled daemon must not hold the leader
+    // (the watchdog stops its command regardless; this keeps it moving).
+    let wait = timing.renew_interval.clamp(ms(1000), ms(5000));
+    let ctl = move |req: Value| ask_within(&mountpoint, req, wait);
     // Fail now, in one line, if the daemon cannot keep the audit table.
     if let Err(e) = control::history(&ctl, &dir_in_mount) {
         return fail(2, format!("elect: the leasefs daemon does not answer: {e}"));
@@ -144,6 +147,25 @@ pub fn run(a: ElectArgs) -> ExitCode {
         Ok(Outcome::Once(TermEnd::Lost(_))) => ExitCode::from(1),
         Err(e) => fail(2, format!("elect: {e}")),
     }
+}
+
+/// [`ask`] on a thread of its own, answered within `wait` or not at all
+/// (the thread stays blocked on the daemon until it answers, then ends).
+fn ask_within(mountpoint: &Path, req: Value, wait: Duration) -> Result<Value, String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mnt = mountpoint.to_path_buf();
+    std::thread::Builder::new()
+        .name("elect-control".into())
+        .spawn(move || {
+            let _ = tx.send(ask(&mnt, req));
+        })
+        .map_err(|e| format!("cannot start a thread for the control request: {e}"))?;
+    rx.recv_timeout(wait).unwrap_or_else(|_| {
+        Err(format!(
+            "the daemon did not answer within {} ms",
+            wait.as_millis()
+        ))
+    })
 }
 
 /// SIGINT and SIGTERM set [`STOP`]; the loops look at it every few tens of

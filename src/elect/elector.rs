@@ -33,11 +33,12 @@ use tracing::{info, warn};
 
 use super::command::{self, Exit, Running, SpawnError};
 use super::control::{self, Control, EventKind};
+use super::guard::{Renewer, Watchdog};
 use super::leader_file::{LeaderFile, LeaderRecord, LeaseView, OpenError, last_record};
 use super::timing::{RenewTracker, Timing};
 use super::verdict::judge_predecessor;
 use super::{ElectError, LEADER_FILE};
-use crate::clock::{Clock, SystemClock};
+use crate::clock::{BootClock, Clock};
 use crate::meta::AuditEvent;
 use crate::sync::{Arc, AtomicBool, Mutex, Ordering, lock};
 
@@ -103,7 +104,7 @@ impl Elector {
             timing,
             once: false,
             host,
-            clock: Arc::new(SystemClock::new()),
+            clock: Arc::new(BootClock),
             pending: Mutex::new(VecDeque::new()),
         }
     }
@@ -210,6 +211,17 @@ impl Elector {
             return Err(not_leasefs("client renewal ioctl", e));
         }
         let mut tracker = RenewTracker::new(self.timing, started);
+        // How long the daemon vouches for the lease now (over etcd: what
+        // etcd confirmed of the claim), before anything of the term runs.
+        let sent = self.clock.now();
+        match file.renew_for() {
+            Ok(assured) => tracker.renewed(sent, assured),
+            Err(e) if lease_gone(&e) => {
+                warn!("the lease was taken before the term could start");
+                return Ok(None);
+            }
+            Err(e) => return Err(not_leasefs("renewal ioctl", e)),
+        }
         let epoch = match file.epoch() {
             Ok(e) => e,
             Err(e) if is_eio(&e) => return Ok(None),
@@ -238,6 +250,7 @@ impl Elector {
         // election file (what a successor reads), `elected` in the audit
         // table, and only then the command.
         let mut running: Option<Running> = None;
+        let mut dog: Option<Watchdog> = None;
         if self.command.is_empty() {
             let term = self.term_info(&leader, epoch, None);
             if let Err(e) = control::fence(ctl, &term) {
@@ -258,6 +271,14 @@ impl Elector {
             let mut began: Result<(), std::io::Error> = Ok(());
             let fd = file.raw_fd();
             let start = |tree: &crate::proc_tree::Tree| {
+                // Armed before anything can block on the daemon: a term
+                // whose beginning outlasts its lease is discarded unrun.
+                dog = Some(Watchdog::start(
+                    tree.clone(),
+                    self.clock.clone(),
+                    tracker.stop_at(),
+                    tracker.kill_at(),
+                ));
                 let term =
                     self.term_info(&leader, epoch, Some((tree.leader, tree.cgroup.as_deref())));
                 control::fence(ctl, &term)?;
@@ -271,6 +292,9 @@ impl Elector {
                     ctl,
                     self.event(EventKind::Elected, epoch, elected_why.clone()),
                 );
+                if tracker.deadline_missed(self.clock.now()).is_some() {
+                    return Err("the lease may have run out while the term began".into());
+                }
                 Ok(())
             };
             match command::spawn(&self.command, &env, fd, start) {
@@ -331,13 +355,53 @@ impl Elector {
             }
         }
 
+        let mut renewer = Renewer::new(file.shared(), self.clock.clone());
         loop {
             let now = self.clock.now();
-            self.flush_audit(ctl);
-            if let Some(age) = tracker.deadline_missed(now) {
+            if let Some((sent, answer)) = renewer.poll() {
+                match answer {
+                    Ok(assured) => {
+                        tracker.renewed(sent, assured);
+                        if let Some(d) = &dog {
+                            d.extend(tracker.stop_at(), tracker.kill_at());
+                        }
+                    }
+                    Err(e) if lease_gone(&e) => {
+                        let why = if is_eio(&e) {
+                            format!("fenced: renewal refused, the lease was taken over ({e})")
+                        } else {
+                            format!(
+                                "fenced: the daemon that held the lease is gone ({e}); the lease ended with it"
+                            )
+                        };
+                        return Ok(Some(self.end_term(
+                            ctl,
+                            file,
+                            (running, dog),
+                            epoch,
+                            EventKind::Lost,
+                            why,
+                        )));
+                    }
+                    Err(e) => {
+                        warn!(epoch, "lease renewal failed: {e}; retrying");
+                        tracker.failed(now);
+                    }
+                }
+            }
+            if dog.as_ref().is_some_and(Watchdog::fired) || tracker.deadline_missed(now).is_some() {
+                let age = now.saturating_sub(tracker.last_ok());
+                let stalled = if renewer.pending() {
+                    "; the daemon has not answered the last renewal"
+                } else {
+                    ""
+                };
+                // Stop first: only then ask the daemon anything.
+                let mut both = (running, dog);
+                stop_tree(&mut both, self.clock.now(), self.timing.kill_grace);
                 let fenced = file.epoch().is_err_and(|e| lease_gone(&e));
                 let why = format!(
-                    "renew deadline missed: no renewal for {} ms (deadline {} ms, lease {} ms){}",
+                    "renew deadline missed: no renewal the daemon vouched for in {} ms (deadline {} ms, lease {} ms){stalled}{}",
                     age.as_millis(),
                     self.timing.renew_deadline.as_millis(),
                     self.timing.lease.as_millis(),
@@ -350,7 +414,7 @@ impl Elector {
                 return Ok(Some(self.end_term(
                     ctl,
                     file,
-                    running,
+                    both,
                     epoch,
                     EventKind::Lost,
                     why,
@@ -358,7 +422,7 @@ impl Elector {
             }
             if stop.load(Ordering::Relaxed) {
                 let why = "the elector was asked to stop".to_string();
-                self.end_term(ctl, file, running, epoch, EventKind::Resigned, why);
+                self.end_term(ctl, file, (running, dog), epoch, EventKind::Resigned, why);
                 return Ok(Some(TermEnd::Stopped));
             }
             if let Some(exit) = running.as_mut().and_then(Running::try_wait) {
@@ -369,42 +433,24 @@ impl Elector {
                     return Ok(Some(self.end_term(
                         ctl,
                         file,
-                        running,
+                        (running, dog),
                         epoch,
                         EventKind::Lost,
                         why,
                     )));
                 }
                 let why = format!("command ended with {exit}");
-                self.end_term(ctl, file, running, epoch, EventKind::Resigned, why);
+                self.end_term(ctl, file, (running, dog), epoch, EventKind::Resigned, why);
                 return Ok(Some(TermEnd::Resigned(Some(exit))));
             }
-            if tracker.due(now) {
-                let sent = self.clock.now();
-                match file.renew() {
-                    Ok(()) => tracker.renewed(sent),
-                    Err(e) if lease_gone(&e) => {
-                        let why = if is_eio(&e) {
-                            format!("fenced: renewal refused, the lease was taken over ({e})")
-                        } else {
-                            format!(
-                                "fenced: the daemon that held the lease is gone ({e}); the lease ended with it"
-                            )
-                        };
-                        return Ok(Some(self.end_term(
-                            ctl,
-                            file,
-                            running,
-                            epoch,
-                            EventKind::Lost,
-                            why,
-                        )));
-                    }
-                    Err(e) => {
-                        warn!(epoch, "lease renewal failed: {e}; retrying");
-                        tracker.failed(now);
-                    }
-                }
+            if tracker.due(now) && !renewer.pending() {
+                renewer.send();
+            }
+            // Events waiting for the daemon: only while no renewal waits
+            // for it either (a stalled daemon would stall this loop; the
+            // watchdog would still stop the command on time).
+            if !renewer.pending() && !lock(&self.pending).is_empty() {
+                self.flush_audit(ctl);
             }
             let nap = tracker.until_next(self.clock.now()).min(self.timing.poll());
             std::thread::sleep(nap.max(Duration::from_millis(1)));
@@ -513,18 +559,14 @@ impl Elector {
         &self,
         ctl: &dyn Control,
         file: LeaderFile,
-        running: Option<Running>,
+        mut command: (Option<Running>, Option<Watchdog>),
         epoch: u64,
         kind: EventKind,
         why: String,
     ) -> TermEnd {
-        let mut group_gone = true;
-        let mut pgid = None;
-        if let Some(mut r) = running {
-            let (_, gone) = r.stop(self.timing.kill_grace);
-            group_gone = gone;
-            pgid = Some(r.pgid());
-        }
+        let group_gone = stop_tree(&mut command, self.clock.now(), self.timing.kill_grace);
+        let pgid = command.0.as_ref().map(Running::pgid);
+        drop(command);
         self.record(ctl, self.event(kind, epoch, why.clone()));
         if let Some(pgid) = pgid {
             if group_gone {
@@ -614,6 +656,28 @@ impl Elector {
             std::thread::sleep(left.min(Duration::from_millis(25)));
         }
     }
+}
+
+/// Stops the command's tree (if any) within `grace`, and no later than
+/// the watchdog's kill deadline; then disarms the watchdog. Whether no
+/// process of the tree is left.
+fn stop_tree(
+    command: &mut (Option<Running>, Option<Watchdog>),
+    now: Duration,
+    grace: Duration,
+) -> bool {
+    let (running, dog) = command;
+    let Some(r) = running.as_mut() else {
+        *dog = None;
+        return true;
+    };
+    let grace = match dog.as_ref() {
+        Some(d) => grace.min(d.kill_at().saturating_sub(now)),
+        None => grace,
+    };
+    let (_, gone) = r.stop(grace);
+    *dog = None;
+    gone
 }
 
 /// What a follower remembers of the leader it watches, for its log.

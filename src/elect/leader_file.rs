@@ -12,6 +12,7 @@ use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -21,6 +22,8 @@ const IOC_CLIENT_RENEWAL: u64 = 0x4C01;
 const IOC_RENEW: u64 = 0x4C02;
 /// `_IOR('L', 3, u64)`: the epoch of this descriptor's grant.
 const IOC_EPOCH: u64 = 0x8008_4C03;
+/// `_IOR('L', 4, u64)`: renew now; for how many ms the lease is vouched for.
+const IOC_RENEW_FOR: u64 = 0x8008_4C04;
 
 /// How much of the election file's end a follower reads to find the last
 /// record: a record is one short JSON line (a few hundred bytes), and any
@@ -43,7 +46,9 @@ pub enum OpenError {
 /// holding leadership, closing it hands the lease on at once.
 #[derive(Debug)]
 pub struct LeaderFile {
-    file: File,
+    /// Shared with the renewal thread: the descriptor is closed (and the
+    /// lease handed on) when the last of them lets go.
+    file: Arc<File>,
     path: PathBuf,
 }
 
@@ -75,7 +80,7 @@ impl LeaderFile {
         // Writes and ioctls should simply block; non-blocking was for the open.
         set_blocking(&file);
         Ok(LeaderFile {
-            file,
+            file: Arc::new(file),
             path: path.to_path_buf(),
         })
     }
@@ -94,8 +99,14 @@ impl LeaderFile {
         ioctl(self.raw_fd(), IOC_CLIENT_RENEWAL, None)
     }
 
-    pub fn renew(&self) -> io::Result<()> {
-        ioctl(self.raw_fd(), IOC_RENEW, None)
+    /// The descriptor, for a thread that renews through it.
+    pub fn shared(&self) -> Arc<File> {
+        self.file.clone()
+    }
+
+    /// Renews, and says for how long the daemon vouches for the lease.
+    pub fn renew_for(&self) -> io::Result<Option<std::time::Duration>> {
+        renew_for(&self.file)
     }
 
     /// The epoch of this descriptor's grant: the term's fencing token.
@@ -111,8 +122,24 @@ impl LeaderFile {
     pub fn append_record(&mut self, rec: &LeaderRecord) -> io::Result<()> {
         let mut line = serde_json::to_vec(rec).map_err(io::Error::other)?;
         line.push(b'\n');
-        self.file.write_all(&line)?;
+        (&*self.file).write_all(&line)?;
         self.file.sync_all()
+    }
+}
+
+/// Renews the lease of `file` and answers for how long from the call the
+/// daemon vouches that no one else can be granted it (`None` from a daemon
+/// that does not say: then only `IOC_RENEW` is sent).
+pub fn renew_for(file: &File) -> io::Result<Option<std::time::Duration>> {
+    let mut buf = [0u8; 8];
+    match ioctl(file.as_raw_fd(), IOC_RENEW_FOR, Some(&mut buf)) {
+        Ok(()) => Ok(Some(std::time::Duration::from_millis(u64::from_le_bytes(
+            buf,
+        )))),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTTY) | Some(libc::ENOSYS)) => {
+            ioctl(file.as_raw_fd(), IOC_RENEW, None).map(|()| None)
+        }
+        Err(e) => Err(e),
     }
 }
 

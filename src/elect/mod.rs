@@ -21,12 +21,15 @@
 //! - [`control`]: the audit events and fencing requests sent to the daemon;
 //! - [`command`]: starting the leader's command fenced, in a session (and
 //!   cgroup) of its own, and stopping that whole tree;
+//! - `guard`: renewals that never make the leader wait on its daemon, and
+//!   the watchdog that stops the command's tree at its deadlines;
 //! - `verdict`: how a new leader accounts for its predecessor's term;
 //! - [`elector`]: the candidate / leader loop.
 
 pub mod command;
 pub mod control;
 pub mod elector;
+mod guard;
 pub mod leader_file;
 pub mod timing;
 mod verdict;
