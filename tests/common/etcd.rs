@@ -171,6 +171,75 @@ impl EtcdServer {
     }
 }
 
+impl EtcdServer {
+    /// One request to etcd's JSON gateway (`curl`, as an operator would).
+    fn gateway(&self, path: &str, body: &serde_json::Value) -> serde_json::Value {
+        let o = Command::new("curl")
+            .args(["-sS", "--max-time", "10", "-X", "POST", "-d"])
+            .arg(body.to_string())
+            .arg(format!("http://{}{path}", self.endpoint))
+            .output()
+            .expect("run curl (apt package curl)");
+        assert!(
+            o.status.success(),
+            "etcd {path}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        serde_json::from_slice(&o.stdout).expect("etcd's JSON answer")
+    }
+
+    /// The etcd lease ids of the file claims of filesystem `name` (the
+    /// `lease/<ino>` keys of its daemons).
+    pub fn claim_leases(&self, name: &str) -> Vec<i64> {
+        let prefix = format!("/leasefs/{name}/lease/");
+        let mut end = prefix.as_bytes().to_vec();
+        if let Some(last) = end.last_mut() {
+            *last += 1;
+        }
+        let v = self.gateway(
+            "/v3/kv/range",
+            &serde_json::json!({"key": base64(prefix.as_bytes()), "range_end": base64(&end)}),
+        );
+        v["kvs"]
+            .as_array()
+            .map(|kvs| {
+                kvs.iter()
+                    .filter_map(|kv| {
+                        let raw = decode64(kv["value"].as_str()?)?;
+                        let c: serde_json::Value = serde_json::from_slice(&raw).ok()?;
+                        c["lease_id"].as_i64()
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Revokes etcd lease `id` behind its daemon's back (`etcdctl lease
+    /// revoke`): every key bound to it goes at once.
+    pub fn revoke(&self, id: i64) {
+        self.gateway(
+            "/v3/lease/revoke",
+            &serde_json::json!({"ID": id.to_string()}),
+        );
+    }
+}
+
+/// Decodes standard base64 (etcd's gateway values).
+fn decode64(s: &str) -> Option<Vec<u8>> {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = Vec::new();
+    let (mut acc, mut bits) = (0u32, 0);
+    for c in s.bytes().filter(|c| *c != b'=') {
+        acc = acc << 6 | A.iter().position(|a| *a == c)? as u32;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+        }
+    }
+    Some(out)
+}
+
 /// Standard base64 with padding, as etcd's gateway takes keys.
 fn base64(b: &[u8]) -> String {
     const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -213,6 +282,31 @@ pub fn daemon(etcd: &EtcdServer, prefix: &str, dns: &[PathBuf], o: &[&str]) -> s
             ..super::Opts::default()
         },
         dns.to_vec(),
+    )
+}
+
+/// As [`daemon`], reaching etcd at `endpoint` (a proxy) and with `env`
+/// added to the daemon's environment.
+pub fn daemon_at(
+    endpoint: &str,
+    prefix: &str,
+    dns: &[PathBuf],
+    o: &[&str],
+    env: &[(&str, &str)],
+) -> super::Mount {
+    super::Mount::with_datanode_paths_env(
+        super::Opts {
+            o: o.iter().map(|s| s.to_string()).collect(),
+            args: vec![
+                "--meta".into(),
+                format!("etcd://{endpoint}"),
+                "--prefix".into(),
+                prefix.into(),
+            ],
+            ..super::Opts::default()
+        },
+        dns.to_vec(),
+        env,
     )
 }
 

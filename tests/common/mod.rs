@@ -132,6 +132,16 @@ impl Mount {
         Self::build_env(o, None, None, Self::temp_dir(), env)
     }
 
+    /// As [`Mount::with_datanode_paths`], with these variables in the
+    /// daemon's environment.
+    pub fn with_datanode_paths_env(o: Opts, paths: Vec<PathBuf>, env: &[(&str, &str)]) -> Mount {
+        let env = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Self::build_env(o, Some(paths), None, Self::temp_dir(), env)
+    }
+
     fn temp_dir() -> tempfile::TempDir {
         tempfile::Builder::new()
             .prefix("leasefs-test")

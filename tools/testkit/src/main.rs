@@ -18,14 +18,19 @@
 //! testkit control-idle SOCK N             idle connections to the control socket
 //! testkit swap A B SECS                   renames back and forth (see hostile.rs)
 //! testkit create-race PATH SECS           O_CREAT opens looking for another's file
+//! testkit tick EVENTS                     a leader's command acting outside the mount
+//! testkit lines PATH ID --side FILE       a writer of numbered, fsynced lines
+//! testkit proxy TARGET                    a TCP proxy that pauses and cuts on command
 //! ```
 
 mod agent;
 mod append;
+mod chaos;
 mod control;
 mod follow;
 mod hostile;
 mod load;
+mod proxy;
 mod race;
 mod sys;
 mod term;
@@ -119,6 +124,28 @@ enum Cmd {
     Swap { a: PathBuf, b: PathBuf, secs: u64 },
     /// Open PATH with O_CREAT (no O_EXCL) for SECS seconds, looking for another user's file.
     CreateRace { path: PathBuf, secs: u64 },
+    /// A leader's command that only writes timestamps outside the mount.
+    Tick {
+        events: PathBuf,
+        #[arg(long, default_value_t = 5)]
+        every_ms: u64,
+        /// Ignore SIGTERM: only SIGKILL stops it.
+        #[arg(long)]
+        ignore_term: bool,
+    },
+    /// Append numbered, fsynced lines to PATH, noting each acknowledged one.
+    Lines {
+        path: PathBuf,
+        id: String,
+        #[arg(long)]
+        side: PathBuf,
+        #[arg(long, default_value_t = 5000)]
+        for_ms: u64,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+    /// A TCP proxy to TARGET on loopback, paused and cut by stdin commands.
+    Proxy { target: String },
 }
 
 fn main() -> ExitCode {
@@ -170,5 +197,24 @@ fn main() -> ExitCode {
         Cmd::ControlIdle { sock, n } => control::idle(&sock, n),
         Cmd::Swap { a, b, secs } => hostile::swap(&a, &b, secs),
         Cmd::CreateRace { path, secs } => hostile::create_race(&path, secs),
+        Cmd::Tick {
+            events,
+            every_ms,
+            ignore_term,
+        } => chaos::tick(&events, Duration::from_millis(every_ms), ignore_term),
+        Cmd::Lines {
+            path,
+            id,
+            side,
+            for_ms,
+            seed,
+        } => chaos::lines(&chaos::Lines {
+            path: &path,
+            id: &id,
+            side: &side,
+            for_ms,
+            seed,
+        }),
+        Cmd::Proxy { target } => proxy::run(&target),
     }
 }
