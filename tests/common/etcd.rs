@@ -188,30 +188,16 @@ impl EtcdServer {
         serde_json::from_slice(&o.stdout).expect("etcd's JSON answer")
     }
 
-    /// The etcd lease ids of the file claims of filesystem `name` (the
-    /// `lease/<ino>` keys of its daemons).
-    pub fn claim_leases(&self, name: &str) -> Vec<i64> {
-        let prefix = format!("/leasefs/{name}/lease/");
-        let mut end = prefix.as_bytes().to_vec();
-        if let Some(last) = end.last_mut() {
-            *last += 1;
-        }
+    /// The etcd lease id of file `ino`'s claim in filesystem `name` (its
+    /// `lease/<ino>` key), if some daemon holds one.
+    pub fn claim_lease(&self, name: &str, ino: u64) -> Option<i64> {
+        let key = format!("/leasefs/{name}/lease/{ino:016x}");
         let v = self.gateway(
             "/v3/kv/range",
-            &serde_json::json!({"key": base64(prefix.as_bytes()), "range_end": base64(&end)}),
+            &serde_json::json!({"key": base64(key.as_bytes())}),
         );
-        v["kvs"]
-            .as_array()
-            .map(|kvs| {
-                kvs.iter()
-                    .filter_map(|kv| {
-                        let raw = decode64(kv["value"].as_str()?)?;
-                        let c: serde_json::Value = serde_json::from_slice(&raw).ok()?;
-                        c["lease_id"].as_i64()
-                    })
-                    .collect()
-            })
-            .unwrap_or_default()
+        let raw = decode64(v["kvs"].as_array()?.first()?["value"].as_str()?)?;
+        serde_json::from_slice::<serde_json::Value>(&raw).ok()?["lease_id"].as_i64()
     }
 
     /// Revokes etcd lease `id` behind its daemon's back (`etcdctl lease
