@@ -214,7 +214,7 @@ impl Elector {
         // How long the daemon vouches for the lease now (over etcd: what
         // etcd confirmed of the claim), before anything of the term runs.
         let sent = self.clock.now();
-        match file.renew_for() {
+        match file.renew_valid() {
             Ok(assured) => tracker.renewed(sent, assured),
             Err(e) if lease_gone(&e) => {
                 warn!("the lease was taken before the term could start");
@@ -269,6 +269,7 @@ impl Elector {
             );
         } else {
             let mut began: Result<(), std::io::Error> = Ok(());
+            let mut late = false;
             let fd = file.raw_fd();
             let start = |tree: &crate::proc_tree::Tree| {
                 // Armed before anything can block on the daemon: a term
@@ -293,6 +294,7 @@ impl Elector {
                     self.event(EventKind::Elected, epoch, elected_why.clone()),
                 );
                 if tracker.deadline_missed(self.clock.now()).is_some() {
+                    late = true;
                     return Err("the lease may have run out while the term began".into());
                 }
                 Ok(())
@@ -319,6 +321,22 @@ impl Elector {
                             "the term ended before it began: cannot write its record ({io})"
                         );
                         return Ok(None);
+                    }
+                    if late {
+                        // Begun (recorded) but its deadline passed before
+                        // the command could run: lost, and compete again.
+                        let why = format!(
+                            "renew deadline missed before the command could start: no renewal the daemon vouched for in {} ms (deadline {} ms, lease {} ms)",
+                            self.clock
+                                .now()
+                                .saturating_sub(tracker.last_ok())
+                                .as_millis(),
+                            self.timing.renew_deadline.as_millis(),
+                            self.timing.lease.as_millis()
+                        );
+                        self.record(ctl, self.event(EventKind::Lost, epoch, why.clone()));
+                        drop(file);
+                        return Ok(Some(TermEnd::Lost(why)));
                     }
                     if matches!(e, SpawnError::Fence(_))
                         && file.epoch().is_err_and(|e| lease_gone(&e))

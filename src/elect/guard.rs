@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
-use super::leader_file::renew_for;
+use super::leader_file::renew_valid;
 use crate::clock::Clock;
 use crate::proc_tree::Tree;
 use crate::sync::{Arc, Condvar, Mutex, lock};
@@ -63,7 +63,7 @@ impl Renewer {
         let spawned = std::thread::Builder::new()
             .name("elect-renew".into())
             .spawn(move || {
-                let _ = tx.send(renew_for(&file));
+                let _ = tx.send(renew_valid(&file));
             });
         if let Err(e) = spawned {
             let (tx, rx) = mpsc::channel();

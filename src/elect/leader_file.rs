@@ -23,7 +23,7 @@ const IOC_RENEW: u64 = 0x4C02;
 /// `_IOR('L', 3, u64)`: the epoch of this descriptor's grant.
 const IOC_EPOCH: u64 = 0x8008_4C03;
 /// `_IOR('L', 4, u64)`: renew now; for how many ms the lease is vouched for.
-const IOC_RENEW_FOR: u64 = 0x8008_4C04;
+const IOC_RENEW_VALID: u64 = 0x8008_4C04;
 
 /// How much of the election file's end a follower reads to find the last
 /// record: a record is one short JSON line (a few hundred bytes), and any
@@ -105,8 +105,8 @@ impl LeaderFile {
     }
 
     /// Renews, and says for how long the daemon vouches for the lease.
-    pub fn renew_for(&self) -> io::Result<Option<std::time::Duration>> {
-        renew_for(&self.file)
+    pub fn renew_valid(&self) -> io::Result<Option<std::time::Duration>> {
+        renew_valid(&self.file)
     }
 
     /// The epoch of this descriptor's grant: the term's fencing token.
@@ -130,13 +130,22 @@ impl LeaderFile {
 /// Renews the lease of `file` and answers for how long from the call the
 /// daemon vouches that no one else can be granted it (`None` from a daemon
 /// that does not say: then only `IOC_RENEW` is sent).
-pub fn renew_for(file: &File) -> io::Result<Option<std::time::Duration>> {
+pub fn renew_valid(file: &File) -> io::Result<Option<std::time::Duration>> {
     let mut buf = [0u8; 8];
-    match ioctl(file.as_raw_fd(), IOC_RENEW_FOR, Some(&mut buf)) {
+    match ioctl(file.as_raw_fd(), IOC_RENEW_VALID, Some(&mut buf)) {
         Ok(()) => Ok(Some(std::time::Duration::from_millis(u64::from_le_bytes(
             buf,
         )))),
-        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTTY) | Some(libc::ENOSYS)) => {
+        // A daemon that does not know it (an older release).
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::ENOTTY)
+                    | Some(libc::ENOSYS)
+                    | Some(libc::EOPNOTSUPP)
+                    | Some(libc::EINVAL)
+            ) =>
+        {
             ioctl(file.as_raw_fd(), IOC_RENEW, None).map(|()| None)
         }
         Err(e) => Err(e),

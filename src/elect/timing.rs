@@ -9,7 +9,7 @@
 //! renewed by then stops its command while its lease is still valid, so the
 //! command is gone before any follower can take the lease over. Each
 //! renewal also says how long the daemon can vouch for the lease (over
-//! etcd: what etcd last confirmed of its claim, in whole-second TTLs), and
+//! etcd: no more than what etcd confirmed of its claim), and
 //! the command is stopped before that runs out too, whichever comes first.
 //! Time is the boot clock: it keeps running while the process is stopped
 //! or the machine suspended, so a leader woken up sees at once that it
