@@ -171,61 +171,6 @@ impl EtcdServer {
     }
 }
 
-impl EtcdServer {
-    /// One request to etcd's JSON gateway (`curl`, as an operator would).
-    fn gateway(&self, path: &str, body: &serde_json::Value) -> serde_json::Value {
-        let o = Command::new("curl")
-            .args(["-sS", "--max-time", "10", "-X", "POST", "-d"])
-            .arg(body.to_string())
-            .arg(format!("http://{}{path}", self.endpoint))
-            .output()
-            .expect("run curl (apt package curl)");
-        assert!(
-            o.status.success(),
-            "etcd {path}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        serde_json::from_slice(&o.stdout).expect("etcd's JSON answer")
-    }
-
-    /// The etcd lease id of file `ino`'s claim in filesystem `name` (its
-    /// `lease/<ino>` key), if some daemon holds one.
-    pub fn claim_lease(&self, name: &str, ino: u64) -> Option<i64> {
-        let key = format!("/leasefs/{name}/lease/{ino:016x}");
-        let v = self.gateway(
-            "/v3/kv/range",
-            &serde_json::json!({"key": base64(key.as_bytes())}),
-        );
-        let raw = decode64(v["kvs"].as_array()?.first()?["value"].as_str()?)?;
-        serde_json::from_slice::<serde_json::Value>(&raw).ok()?["lease_id"].as_i64()
-    }
-
-    /// Revokes etcd lease `id` behind its daemon's back (`etcdctl lease
-    /// revoke`): every key bound to it goes at once.
-    pub fn revoke(&self, id: i64) {
-        self.gateway(
-            "/v3/lease/revoke",
-            &serde_json::json!({"ID": id.to_string()}),
-        );
-    }
-}
-
-/// Decodes standard base64 (etcd's gateway values).
-fn decode64(s: &str) -> Option<Vec<u8>> {
-    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = Vec::new();
-    let (mut acc, mut bits) = (0u32, 0);
-    for c in s.bytes().filter(|c| *c != b'=') {
-        acc = acc << 6 | A.iter().position(|a| *a == c)? as u32;
-        bits += 6;
-        if bits >= 8 {
-            bits -= 8;
-            out.push((acc >> bits) as u8);
-        }
-    }
-    Some(out)
-}
-
 /// Standard base64 with padding, as etcd's gateway takes keys.
 fn base64(b: &[u8]) -> String {
     const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
