@@ -307,6 +307,30 @@ fn setuid_cleared_by_another_users_write_or_truncate() {
     assert_eq!(format!("{:o}", mode(&m.path("prog"))), "2664");
 }
 
+/// The kernel's cached attributes follow: right after another user's
+/// write cleared setuid and setgid, `stat -c %a` (a statx of the mode
+/// alone, which the kernel answers from its cache) shows the mode
+/// without them, every time. Before, the kernel showed the old mode for
+/// up to its attribute lifetime (1 s) in most tries, and `cp -a` and
+/// backup tools copy what stat shows.
+#[test]
+fn stat_shows_setuid_cleared_at_once() {
+    let m = Mount::new();
+    m.open_to_all();
+    m.sh_ok("printf '#!/bin/sh\\n' > prog && chgrp nogroup prog");
+    let mut stale = Vec::new();
+    for i in 0..40 {
+        m.sh_ok("chmod 06777 prog && stat -c %a prog >/dev/null");
+        let w = m.sh_as_nobody("printf x >> prog");
+        assert!(w.status.success(), "{}", stderr(&w));
+        let shown = m.sh_ok("stat -c %a prog").trim().to_string();
+        if shown != "777" {
+            stale.push(format!("try {i}: {shown}"));
+        }
+    }
+    assert!(stale.is_empty(), "stat showed the old mode: {stale:?}");
+}
+
 /// File capabilities go with any change of the data, as on ext4.
 #[test]
 fn capabilities_cleared_by_a_write() {

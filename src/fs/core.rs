@@ -693,28 +693,46 @@ impl Core {
         } else {
             privs::Kill::No
         };
+        // A mode cleared here is not one the kernel knows: it would show
+        // the old one from its attribute cache (to a statx of the mode
+        // alone) for up to a second. So such a write is answered only once
+        // the kernel has forgotten the inode's attributes, which it is
+        // told from the blocking pool, never from a request thread.
         if self.cluster.is_some() {
             let (me, data) = (self.clone(), data.to_vec());
             self.ctx
                 .rt
                 .spawn_blocking(move || match me.drop_privs(h.ino, caller, kill) {
-                    Ok(()) => me.write_checked(&h, offset, &data, reply),
+                    Ok(changed) => {
+                        if changed {
+                            me.cache.forget_attrs(h.ino);
+                        }
+                        me.write_checked(&h, offset, &data, reply)
+                    }
                     Err(e) => reply(Err(e)),
                 });
             return;
         }
         match self.drop_privs(h.ino, caller, kill) {
-            Ok(()) => self.write_checked(&h, offset, data, reply),
+            Ok(false) => self.write_checked(&h, offset, data, reply),
+            Ok(true) => {
+                let (me, data) = (self.clone(), data.to_vec());
+                self.ctx.rt.spawn_blocking(move || {
+                    me.cache.forget_attrs(h.ino);
+                    me.write_checked(&h, offset, &data, reply)
+                });
+            }
             Err(e) => reply(Err(e)),
         }
     }
 
     /// Drops what a data change of `ino` by `caller` removes (see
-    /// `privs`), and remembers what is left for the next write.
-    pub(super) fn drop_privs(&self, ino: u64, caller: Caller, kill: privs::Kill) -> FsResult<()> {
-        let i = privs::drop(&**self.meta(), ino, caller, kill)?;
+    /// `privs`), and remembers what is left for the next write; whether
+    /// the mode changed.
+    pub(super) fn drop_privs(&self, ino: u64, caller: Caller, kill: privs::Kill) -> FsResult<bool> {
+        let (i, changed) = privs::drop(&**self.meta(), ino, caller, kill)?;
         self.handles.note_privs(ino, privs::mode_bits(&i), false);
-        Ok(())
+        Ok(changed)
     }
 
     /// Appends through the handle's stream; the reply may wait for acks
@@ -929,7 +947,11 @@ impl Core {
         // A truncation drops privileges as a write does, once it is done.
         let me = self.clone();
         let reply: Reply<()> = Box::new(move |r| match r {
-            Ok(()) => reply(me.drop_privs(ino, caller, privs::Kill::UnlessCapFsetid)),
+            // The reply carries the new mode to this kernel.
+            Ok(()) => reply(
+                me.drop_privs(ino, caller, privs::Kill::UnlessCapFsetid)
+                    .map(drop),
+            ),
             Err(e) => reply(Err(e)),
         });
         let own = fh

@@ -58,8 +58,10 @@ pub fn at_open(i: &Inode, has_caps: bool) -> u8 {
 }
 
 /// Drops what a data change of `ino` by `caller` removes, in one
-/// metadata step; returns the inode after it.
-pub fn drop(meta: &dyn Meta, ino: u64, caller: Caller, kill: Kill) -> FsResult<Inode> {
+/// metadata step; returns the inode after it, and whether its mode
+/// changed (setuid or setgid cleared).
+pub fn drop(meta: &dyn Meta, ino: u64, caller: Caller, kill: Kill) -> FsResult<(Inode, bool)> {
+    let mode_changed = std::cell::Cell::new(false);
     let creds = OnceCell::new();
     let creds = || creds.get_or_init(|| proc_info::creds(caller.pid)).clone();
     meta.update_xattrs(ino, &[CAPABILITY], XattrLimits::NONE, &mut |i, cur| {
@@ -74,6 +76,7 @@ pub fn drop(meta: &dyn Meta, ino: u64, caller: Caller, kill: Kill) -> FsResult<I
                 Kill::UnlessCapFsetid => !creds().cap_fsetid,
             };
             let m = killed_mode(i.mode, || creds().in_group(i.gid));
+            mode_changed.set(kill && m != i.mode);
             if kill && m != i.mode {
                 edit.attrs = Some(AttrChange {
                     mode: Some(m),
@@ -83,6 +86,7 @@ pub fn drop(meta: &dyn Meta, ino: u64, caller: Caller, kill: Kill) -> FsResult<I
         }
         Ok(edit)
     })
+    .map(|i| (i, mode_changed.get()))
 }
 
 #[cfg(test)]
