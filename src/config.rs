@@ -16,6 +16,9 @@ pub struct MountOptions {
     /// `write_buffer=`: bytes of packets in flight across all streams of
     /// the mount (beyond each stream's first); writers wait for room.
     pub write_buffer: u64,
+    /// `log_size=`: `DATA/leasefs.log` is rotated past this size (0:
+    /// never); see `daemon::logging`.
+    pub log_size: u64,
     /// Period of leader-only housekeeping (re-replication, orphan cleanup).
     pub housekeeping_interval: Duration,
     /// fsync makes replicas durable with one `syncfs` per filesystem
@@ -46,6 +49,7 @@ impl Default for MountOptions {
             packet_size: 64 << 10,
             max_packets_in_flight: 80,
             write_buffer: 256 << 20,
+            log_size: 16 << 20,
             housekeeping_interval: Duration::from_secs(30),
             sync_by_fs: true,
             metrics: None,
@@ -58,7 +62,7 @@ impl Default for MountOptions {
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum OptionError {
     #[error(
-        "unknown mount option '{0}' (known: soft_limit, hard_limit, monitor_interval, lease_wait, block_size, packet_size, max_packets_in_flight, write_buffer, housekeeping_interval, replica_sync, fuse_uring, metrics)"
+        "unknown mount option '{0}' (known: soft_limit, hard_limit, monitor_interval, lease_wait, block_size, packet_size, max_packets_in_flight, write_buffer, log_size, housekeeping_interval, replica_sync, fuse_uring, metrics)"
     )]
     Unknown(String),
     #[error("mount option '{key}' has a bad value '{value}': {why}")]
@@ -141,6 +145,7 @@ impl MountOptions {
                 "block_size" => self.block_size = parse_size(value).map_err(bad)?,
                 "packet_size" => self.packet_size = parse_size(value).map_err(bad)?,
                 "write_buffer" => self.write_buffer = parse_size(value).map_err(bad)?,
+                "log_size" => self.log_size = parse_size(value).map_err(bad)?,
                 "max_packets_in_flight" => {
                     self.max_packets_in_flight = value
                         .parse()

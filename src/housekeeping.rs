@@ -220,7 +220,8 @@ fn audit(log: &dyn AuditLog, event: &str, why: &str) {
         at_ms: crate::clock::wall_ms(),
         why: why.into(),
     };
-    if let Err(err) = log.audit(&e) {
+    // The daemon's own events count as root's.
+    if let Err(err) = log.audit(&e, 0) {
         tracing::warn!("cannot record housekeeping {event}: {err}");
     }
 }

@@ -86,6 +86,7 @@ conformance! {
         reserve_epochs_monotonic,
         audit_order,
         audit_leaves_out_redundant_events,
+        audit_bounded_per_user_and_paged,
         fences_per_owner,
         datanode_registry_and_replication,
         datanode_admin_states_and_removal,
@@ -977,7 +978,7 @@ fn audit_order(m: &dyn Meta) {
     ];
     let mut last = 0;
     for e in &es {
-        let seq = m.audit(e).unwrap().expect("recorded");
+        let seq = m.audit(e, 0).unwrap().expect("recorded");
         assert!(seq > last, "sequence numbers rise");
         last = seq;
     }
@@ -1004,24 +1005,24 @@ fn audit_leaves_out_redundant_events(m: &dyn Meta) {
         at_ms,
         why: String::new(),
     };
-    assert!(m.audit(&ev("elected", "a", 7, 1)).unwrap().is_some());
+    assert!(m.audit(&ev("elected", "a", 7, 1), 0).unwrap().is_some());
     assert_eq!(
-        m.audit(&ev("elected", "b", 7, 2)).unwrap(),
+        m.audit(&ev("elected", "b", 7, 2), 0).unwrap(),
         None,
         "second start"
     );
-    assert!(m.audit(&ev("preempted", "a", 7, 3)).unwrap().is_some());
+    assert!(m.audit(&ev("preempted", "a", 7, 3), 0).unwrap().is_some());
     assert_eq!(
-        m.audit(&ev("expired", "a", 7, 4)).unwrap(),
+        m.audit(&ev("expired", "a", 7, 4), 0).unwrap(),
         None,
         "second guess"
     );
-    assert!(m.audit(&ev("expired", "a", 8, 6)).unwrap().is_some());
+    assert!(m.audit(&ev("expired", "a", 8, 6), 0).unwrap().is_some());
     let other = AuditEvent {
         election: "/other".into(),
         ..ev("elected", "a", 7, 7)
     };
-    assert!(m.audit(&other).unwrap().is_some());
+    assert!(m.audit(&other, 0).unwrap().is_some());
     let kinds: Vec<String> = m
         .audit_history("/el")
         .unwrap()
@@ -1035,9 +1036,50 @@ fn audit_leaves_out_redundant_events(m: &dyn Meta) {
         ..ev(event, "daemon 1", 0, 9)
     };
     for e in ["elected", "lost", "elected"] {
-        assert!(m.audit(&hk(e)).unwrap().is_some(), "{e}");
+        assert!(m.audit(&hk(e), 0).unwrap().is_some(), "{e}");
     }
     assert_eq!(m.audit_history("housekeeping").unwrap().len(), 3);
+}
+
+/// The table keeps each user's newest events (recording one more drops
+/// that user's oldest, nobody else's); an election's events are read a
+/// page at a time, newest pages first.
+fn audit_bounded_per_user_and_paged(m: &dyn Meta) {
+    use leasefs::meta::MAX_EVENTS_PER_USER as MAX;
+    let ev = |election: &str, epoch: u64| AuditEvent {
+        election: election.into(),
+        event: "resigned".into(),
+        who: "w".into(),
+        host: "h".into(),
+        pid: 1,
+        epoch,
+        at_ms: epoch,
+        why: String::new(),
+    };
+    m.audit(&ev("/theirs", 1), 1000).unwrap().expect("recorded");
+    for epoch in 1..=(MAX as u64 + 20) {
+        let election = if epoch % 2 == 0 { "/a" } else { "/b" };
+        m.audit(&ev(election, epoch), 65534)
+            .unwrap()
+            .expect("recorded");
+    }
+    let a = m.audit_history("/a").unwrap();
+    let b = m.audit_history("/b").unwrap();
+    assert_eq!(a.len() + b.len(), MAX, "events of one user kept");
+    let oldest = a.iter().chain(&b).map(|e| e.epoch).min();
+    assert_eq!(oldest, Some(21), "the oldest go first");
+    assert_eq!(
+        m.audit_history("/theirs").unwrap().len(),
+        1,
+        "another user's event went"
+    );
+    let last = m.audit_page("/a", None, 10).unwrap();
+    let epochs: Vec<u64> = last.iter().map(|(_, e)| e.epoch).collect();
+    let want: Vec<u64> = (0..10).map(|i| MAX as u64 + 2 + 2 * i).collect();
+    assert_eq!(epochs, want, "the newest page, oldest first");
+    let before = m.audit_page("/a", Some(last[0].0), 3).unwrap();
+    let epochs: Vec<u64> = before.iter().map(|(_, e)| e.epoch).collect();
+    assert_eq!(epochs, [MAX as u64 - 4, MAX as u64 - 2, MAX as u64]);
 }
 
 /// Fences are kept per daemon lineage, replaced by process group, and

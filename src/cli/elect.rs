@@ -31,6 +31,12 @@ pub struct ElectArgs {
     /// With --history: a JSON array instead of a table.
     #[arg(long, requires = "history")]
     pub json: bool,
+    /// With --history: the last N events (default 100).
+    #[arg(long, value_name = "N", requires = "history", conflicts_with = "all")]
+    pub last: Option<usize>,
+    /// With --history: every event the audit table keeps.
+    #[arg(long, requires = "history")]
+    pub all: bool,
     /// How long a lease lives unrenewed, in milliseconds: the mount's soft
     /// limit (the default, read from the mount root). A smaller value only
     /// makes the leader give up earlier; a larger one is refused.
@@ -66,7 +72,12 @@ extern "C" fn on_stop_signal(_: libc::c_int) {
 pub fn run(a: ElectArgs) -> ExitCode {
     super::init_logging("info");
     if a.history {
-        return history(&a.dir, a.json);
+        let n = if a.all {
+            0
+        } else {
+            a.last.unwrap_or(100).max(1)
+        };
+        return history(&a.dir, a.json, n);
     }
     let Some(id) = a.id.clone().filter(|i| !i.is_empty()) else {
         return fail(2, "elect: --id NAME is required");
@@ -185,13 +196,14 @@ fn install_stop_handlers() -> nix::Result<()> {
     Ok(())
 }
 
-fn history(dir: &Path, as_json: bool) -> ExitCode {
+/// The last `n` events of the election (0: all of them).
+fn history(dir: &Path, as_json: bool, n: usize) -> ExitCode {
     let (mountpoint, dir_in_mount) = match find_mount(dir) {
         Ok(m) => m,
         Err(e) => return fail(2, format!("elect: {e}")),
     };
     let ctl = |req: Value| ask(&mountpoint, req);
-    let events = match control::history(&ctl, &dir_in_mount) {
+    let events = match control::history_last(&ctl, &dir_in_mount, Some(n)) {
         Ok(e) => e,
         Err(e) => return fail(2, format!("elect: {e}")),
     };

@@ -190,7 +190,7 @@ pub fn run(a: MountArgs) -> ExitCode {
 
 fn foreground(spec: &MountSpec) -> ExitCode {
     daemon::block_unmount_signals();
-    super::init_logging("info");
+    daemon::logging::init(&spec.data, spec.opts.log_size);
     let ready_fd: Option<OwnedFd> = std::env::var(READY_FD_ENV)
         .ok()
         .and_then(|v| v.parse::<i32>().ok())

@@ -64,7 +64,7 @@ pub fn answer(core: &Arc<Core>, admin: &Admin, mnt: &Path, peer: &Peer, req: &Va
         "stats" => Ok(json!({ "stats": core.stats() })),
         "recover" => str_field(req, "path").and_then(|p| recover(core, peer, p)),
         "audit" => audit(core, peer, &req["event"]),
-        "history" => str_field(req, "election").and_then(|e| history(core, e)),
+        "history" => str_field(req, "election").and_then(|e| history(core, e, req)),
         "fence" => fence(core, peer, req),
         "unfence" => u32_field(req, "pgid").and_then(|p| unfence(core, peer, p)),
         "fsck" => fsck(core, peer, req["repair"].as_bool().unwrap_or(false)),
@@ -123,11 +123,81 @@ fn may_recover(core: &Core, peer: &Peer, rel: &str) -> Result<u64, Refusal> {
 /// having held it (an elector whose term was taken records `lost` and
 /// drops its fence through its fenced descriptor).
 fn is_participant(core: &Core, peer: &Peer, leader: u64) -> bool {
-    peer.is_root()
-        || core
-            .handles()
-            .find(|h| h.write && h.ino == leader && h.tgid == peer.pid)
-            .is_some()
+    peer.is_root() || participation(core, peer, leader).is_some()
+}
+
+/// The peer's write descriptor of the election file `leader`: the epoch
+/// it was granted, and whether it holds the lease at that epoch still.
+fn participation(core: &Core, peer: &Peer, leader: u64) -> Option<(u64, bool)> {
+    let h = core
+        .handles()
+        .find(|h| h.write && h.ino == leader && h.tgid == peer.pid)?;
+    Some((h.epoch, core.leases.check(leader, h.fh, h.epoch).is_ok()))
+}
+
+/// The longest reason an audit event may give, and the longest event kind.
+const MAX_WHY: usize = 1024;
+
+/// What an election event may say, beyond who may record it: fields no
+/// longer than the daemon keeps, a known kind, and the recorder's real
+/// term. An event of the peer's own term (the epoch its descriptor was
+/// granted) names the peer itself on this host; an event of an earlier
+/// term is a successor's account of its predecessor (`elected` when the
+/// start was missing, `expired`, `preempted`), only while the peer holds
+/// the lease, and must match that term as its elector registered it
+/// here, when it did. Root's events are only checked for size.
+fn check_event(core: &Core, peer: &Peer, leader: u64, e: &AuditEvent) -> Result<(), Refusal> {
+    use crate::fs::{MAX_HOST, MAX_WHO};
+    let bad = |why: String| Err(Refusal::Bad(why));
+    if e.who.len() > MAX_WHO || e.host.len() > MAX_HOST || e.why.len() > MAX_WHY {
+        return bad(format!(
+            "an audit event's who, host and why are at most {MAX_WHO}, {MAX_HOST} and {MAX_WHY} bytes"
+        ));
+    }
+    const KINDS: [&str; 5] = ["elected", "lost", "resigned", "expired", "preempted"];
+    if !KINDS.contains(&e.event.as_str()) {
+        return bad(format!("unknown audit event '{}'", e.event));
+    }
+    if peer.is_root() {
+        return Ok(());
+    }
+    let Some((mine, holds)) = participation(core, peer, leader) else {
+        return Err(Refusal::Denied(format!(
+            "only a participant of the election {} may record its events",
+            e.election
+        )));
+    };
+    let denied = |why: String| Err(Refusal::Denied(why));
+    if e.epoch == mine {
+        if e.pid != peer.pid || *e.host != *core.host {
+            return denied(format!(
+                "an event of the caller's own term names the caller ({}:{})",
+                core.host, peer.pid
+            ));
+        }
+        return Ok(());
+    }
+    if e.epoch == 0 || e.epoch > mine {
+        return denied(format!(
+            "epoch {} is not the caller's ({mine}) nor an earlier one",
+            e.epoch
+        ));
+    }
+    if !holds || !matches!(e.event.as_str(), "elected" | "expired" | "preempted") {
+        return denied(format!(
+            "only the leader records a predecessor's {} (it is not)",
+            e.event
+        ));
+    }
+    if let Some(t) = core.fences().term_of(leader).filter(|t| t.epoch == e.epoch)
+        && (t.who != e.who || t.host != e.host || t.pid != e.pid)
+    {
+        return denied(format!(
+            "term {} was led by {} ({}:{}), not {} ({}:{})",
+            t.epoch, t.who, t.host, t.pid, e.who, e.host, e.pid
+        ));
+    }
+    Ok(())
 }
 
 /// Registering a term: the peer holds the election file's lease at that
@@ -255,23 +325,39 @@ fn audit(core: &Arc<Core>, peer: &Peer, event: &Value) -> Answer {
     let e: AuditEvent = serde_json::from_value(event.clone())
         .map_err(|e| Refusal::Bad(format!("bad audit event: {e}")))?;
     let leader = leader_of(core, peer, &e.election)?;
-    if !is_participant(core, peer, leader) {
-        return Err(Refusal::Denied(format!(
-            "only a participant of the election {} may record its events",
-            e.election
-        )));
-    }
-    match core.meta().audit(&e) {
+    check_event(core, peer, leader, &e)?;
+    match core.meta().audit(&e, peer.uid) {
         Ok(id) => Ok(json!({ "id": id })),
         Err(e) => Err(Refusal::Failed(e.to_string())),
     }
 }
 
-fn history(core: &Arc<Core>, election: &str) -> Answer {
-    match core.meta().audit_history(election) {
-        Ok(rows) => Ok(json!({ "events": rows })),
-        Err(e) => Err(Refusal::Failed(e.to_string())),
+/// Events of an election answered at once unless the request asks for
+/// fewer (`limit`), and at most.
+pub const HISTORY_PAGE: usize = 100;
+pub const HISTORY_MAX_PAGE: usize = 1000;
+
+/// The newest events of an election (`limit` of them, default
+/// [`HISTORY_PAGE`], at most [`HISTORY_MAX_PAGE`]), below the sequence
+/// number `before` if given, oldest first; `before` in the answer is what
+/// to ask for the page before this one (absent at the first event).
+fn history(core: &Arc<Core>, election: &str, req: &Value) -> Answer {
+    let limit = req["limit"]
+        .as_u64()
+        .map_or(HISTORY_PAGE, |l| l as usize)
+        .clamp(1, HISTORY_MAX_PAGE);
+    let before = req["before"].as_i64();
+    let rows = core
+        .meta()
+        .audit_page(election, before, limit + 1)
+        .map_err(|e| Refusal::Failed(e.to_string()))?;
+    let more = rows.len() > limit;
+    let rows = &rows[rows.len().saturating_sub(limit)..];
+    let mut answer = json!({ "events": rows.iter().map(|(_, e)| e).collect::<Vec<_>>() });
+    if more && let Some((first, _)) = rows.first() {
+        answer["before"] = json!(first);
     }
+    Ok(answer)
 }
 
 fn fence(core: &Arc<Core>, peer: &Peer, req: &Value) -> Answer {
@@ -280,7 +366,7 @@ fn fence(core: &Arc<Core>, peer: &Peer, req: &Value) -> Answer {
     let leader = resolve(core, peer, &reg.path)?;
     may_fence(core, peer, leader, &reg)?;
     core.fences()
-        .register(leader, &reg)
+        .register(leader, &reg, peer.uid)
         .map_err(Refusal::Failed)?;
     Ok(json!({ "ok": true }))
 }

@@ -101,7 +101,7 @@ fn every_change_by_an_ended_terms_tree_is_refused_and_the_tree_stopped() {
     let mut cmd = command();
     let pgid = cmd.id();
     c.fences()
-        .register(leader.ino, &term(pgid, epoch))
+        .register(leader.ino, &term(pgid, epoch), 0)
         .expect("fence");
     let it = caller(pgid);
 
@@ -213,7 +213,7 @@ fn a_restarted_daemon_inherits_the_fences_and_pid_reuse_is_not_fenced() {
         let _lfh = open(&c, leader.ino, libc::O_WRONLY, me).expect("lead");
         let epoch = c.last_epoch(leader.ino).expect("epoch");
         c.fences()
-            .register(leader.ino, &term(pgid, epoch))
+            .register(leader.ino, &term(pgid, epoch), 0)
             .expect("fence");
         c.mknode(ROOT_INO, b"during", file(Kind::Dir), caller(pgid))
             .expect("during the term");

@@ -20,6 +20,7 @@ use crate::sync::{Arc, AtomicBool, Ordering};
 pub use self::fatal::{FATAL_EXIT, Fatal};
 
 pub mod fatal;
+pub mod logging;
 
 /// Interval of datanode heartbeats (HDFS: 3 s).
 pub const HEARTBEAT: Duration = Duration::from_secs(3);
@@ -278,6 +279,7 @@ impl Daemon {
             }
             core.persist_epochs();
             core.fences().sweep();
+            logging::report_suppressed();
         });
         // Lease renewal for ordinary programs, which cannot renew anything.
         self.every("lease-renewer", "renewer", o.soft_limit / 2, |core| {

@@ -65,12 +65,47 @@ pub fn audit(ctl: &dyn Control, event: &AuditEvent) -> Result<(), String> {
         .map(|_| ())
 }
 
-/// The events of the election `election` (its directory inside the mount),
-/// oldest first.
+/// The latest events of the election `election` (its directory inside the
+/// mount), oldest first: one page, the daemon's default (100).
 pub fn history(ctl: &dyn Control, election: &str) -> Result<Vec<AuditEvent>, String> {
-    let v = ctl.request(json!({"op": "history", "election": election}))?;
-    serde_json::from_value(v["events"].clone())
-        .map_err(|e| format!("bad history from the daemon: {e}"))
+    history_last(ctl, election, None)
+}
+
+/// The last `n` events of the election (`Some(0)`: every event the table
+/// keeps; `None`: the daemon's default page), oldest first, read a page
+/// (at most 1,000 events) at a time.
+pub fn history_last(
+    ctl: &dyn Control,
+    election: &str,
+    n: Option<usize>,
+) -> Result<Vec<AuditEvent>, String> {
+    let mut out: Vec<AuditEvent> = Vec::new();
+    let mut before: Option<i64> = None;
+    loop {
+        let want = match n {
+            Some(0) => 1000,
+            Some(n) => (n - out.len()).min(1000),
+            None => 100,
+        };
+        let mut req = json!({"op": "history", "election": election, "limit": want});
+        if let Some(b) = before {
+            req["before"] = json!(b);
+        }
+        let v = ctl.request(req)?;
+        let mut page: Vec<AuditEvent> = serde_json::from_value(v["events"].clone())
+            .map_err(|e| format!("bad history from the daemon: {e}"))?;
+        page.append(&mut out);
+        out = page;
+        before = v["before"].as_i64();
+        let done = match n {
+            None => true,
+            Some(0) => false,
+            Some(n) => out.len() >= n,
+        };
+        if done || before.is_none() {
+            return Ok(out);
+        }
+    }
 }
 
 /// A term as the daemon registers it: the election file (a path inside

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::core::Core;
+use super::core::{Caller, Core};
 use super::file_record::FileRecord;
 use super::proc_info;
 use crate::error::{FsError, FsResult};
@@ -39,9 +39,10 @@ impl Core {
         ino: u64,
         fh: u64,
         flags: i32,
-        tid: u32,
+        caller: Caller,
         who: &proc_info::Ident,
     ) -> FsResult<Option<Duration>> {
+        let (tid, uid) = (caller.pid, caller.uid);
         let info = ClaimInfo {
             mount_id: self.mount_id.clone(),
             host: self.host.to_string(),
@@ -101,7 +102,7 @@ impl Core {
                 }
             };
             if wait.is_none() || Instant::now() >= until {
-                tracing::info!(ino, holder = %refused, "file busy across daemons");
+                tracing::info!(ino, uid, holder = %refused, "file busy across daemons");
                 break Err(LeaseError::Busy {
                     file: ino,
                     holder: refused,

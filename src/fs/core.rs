@@ -131,7 +131,7 @@ pub struct Core {
     pub(super) deletions: Arc<Deletions>,
     /// The thread of each open waiting for a lease (fh -> tid): its
     /// signals decide whether the wait is interrupted.
-    pub(super) waiter_tids: DashMap<u64, u32>,
+    pub(super) waiter_tids: DashMap<u64, (u32, u32)>,
     /// The abstract socket name of the daemon's control service, once it
     /// listens (`user.leasefs.control` on the mount root).
     pub(super) control_address: std::sync::OnceLock<String>,
@@ -311,7 +311,7 @@ impl Core {
         // read before the grant could be stale by then.
         let who = proc_info::identity(caller.pid);
         let fence = self.fences.of(caller.pid, Some(&who));
-        if let Err(e) = self.fences.check(fence) {
+        if let Err(e) = self.fences.check(fence, caller.uid) {
             return reply(Err(e));
         }
         let opener = Opener {
@@ -325,7 +325,7 @@ impl Core {
             // Claiming waits on the network: not on a request thread.
             let me = self.clone();
             self.ctx.rt.spawn_blocking(move || {
-                let left = match me.claim(&*cl, ino, fh, flags, caller.pid, &opener.who) {
+                let left = match me.claim(&*cl, ino, fh, flags, caller, &opener.who) {
                     Ok(left) => left,
                     Err(e) => return reply(Err(e)),
                 };
@@ -430,7 +430,14 @@ impl Core {
                 }
             }
             Ok(Acquire::Queued) => {
-                self.waiter_tids.insert(fh, caller.pid);
+                tracing::info!(
+                    ino,
+                    fh,
+                    pid = caller.pid,
+                    uid = caller.uid,
+                    "queued for the lease"
+                );
+                self.waiter_tids.insert(fh, (caller.pid, caller.uid));
                 // The grant may have come in between.
                 if lock(&slot).is_none() {
                     self.waiter_tids.remove(&fh);
@@ -511,7 +518,7 @@ impl Core {
         // opens go direct and no longer keep earlier pages.
         self.cache.busy(ino);
         let log = Arc::new(self.file_record(uc));
-        let stream = OutputStream::new(self.ctx.clone(), ino, inode.size, bs, log);
+        let stream = OutputStream::new(self.ctx.clone(), ino, inode.size, bs, log, uid);
         let h = Handle {
             fh,
             ino,
@@ -669,7 +676,7 @@ impl Core {
             return reply(Err(FsError::BadHandle));
         }
         if let Err(e) = self.writable(&h) {
-            tracing::warn!(ino = h.ino, fh, "write refused: {e}");
+            tracing::warn!(ino = h.ino, fh, uid = h.uid, "write refused: {e}");
             return reply(Err(e));
         }
         if self.handles.privs_to_drop(h.ino, kill_suidgid) {
@@ -1052,7 +1059,8 @@ impl Core {
     /// writing): refused with EIO when the caller belongs to the command
     /// of an election term that is over.
     pub fn may_change(&self, caller: Caller) -> FsResult<()> {
-        self.fences.check(self.fences.of(caller.pid, None))
+        self.fences
+            .check(self.fences.of(caller.pid, None), caller.uid)
     }
 
     pub fn stream_stats_json(&self, ino: u64) -> Option<String> {

@@ -21,6 +21,19 @@ use crate::meta::{AuditEvent, FenceRecord, Meta};
 use crate::proc_tree::{self, Tree};
 use crate::sync::{Arc, AtomicUsize, Mutex, Ordering, lock};
 
+/// The longest elector id (`who`) and host name a term may name: what the
+/// daemon keeps of a term, in memory and in its metadata, is bounded by
+/// these (an id is a name on a command line, a host name at most 64 bytes
+/// on Linux).
+pub const MAX_WHO: usize = 256;
+pub const MAX_HOST: usize = 255;
+/// The longest cgroup path and election file path a term may name.
+pub const MAX_PATH: usize = 4096;
+/// Election terms one user (root apart) may lead at once through this
+/// daemon, and command trees they may have fenced at once.
+pub const MAX_TERMS_PER_USER: usize = 64;
+pub const MAX_FENCES_PER_USER: usize = 64;
+
 /// How long the daemon leaves a live, running elector to stop the command
 /// of its ended term (with its own SIGTERM and grace) before it kills the
 /// tree itself. A gone or stopped elector gets no grace.
@@ -29,6 +42,9 @@ const ELECTOR_GRACE: Duration = Duration::from_secs(2);
 /// One fenced process tree.
 struct Fence {
     rec: FenceRecord,
+    /// The user who registered it (`None`: inherited from a previous
+    /// daemon, which did not record it).
+    uid: Option<u32>,
     /// Inherited from a previous daemon: its term ended with that daemon.
     inherited: bool,
     /// When this daemon first saw the term over.
@@ -45,14 +61,18 @@ impl Fence {
     }
 }
 
-/// The term an election file is led under, for the audit of a preemption.
+/// The term an election file is led under, for the audit of a preemption
+/// and to check what its elector records. Forgotten once the file's lease
+/// leaves the term.
 #[derive(Debug, Clone)]
-struct Term {
-    election: String,
-    epoch: u64,
-    who: String,
-    host: String,
-    pid: u32,
+pub struct Term {
+    pub election: String,
+    pub epoch: u64,
+    pub who: String,
+    pub host: String,
+    pub pid: u32,
+    /// The elector's user.
+    pub uid: u32,
 }
 
 /// The fence table of a daemon, with what deciding needs: the lease
@@ -146,7 +166,44 @@ pub struct TermRegistration {
     pub cgroup: Option<String>,
 }
 
+impl TermRegistration {
+    /// Refuses fields longer than what the daemon keeps of a term.
+    fn check_sizes(&self) -> Result<(), String> {
+        let long = |what: &str, len: usize, max: usize| {
+            Err(format!("{what} of {len} bytes is longer than {max}"))
+        };
+        if self.who.len() > MAX_WHO {
+            return long("an elector id", self.who.len(), MAX_WHO);
+        }
+        if self.host.len() > MAX_HOST {
+            return long("a host name", self.host.len(), MAX_HOST);
+        }
+        if self.path.len() > MAX_PATH {
+            return long("an election path", self.path.len(), MAX_PATH);
+        }
+        match &self.cgroup {
+            Some(c) if c.len() > MAX_PATH => long("a cgroup", c.len(), MAX_PATH),
+            _ => Ok(()),
+        }
+    }
+}
+
 impl Fences {
+    /// The term election file `ino` is led under, as its elector
+    /// registered it here (while its lease is in that term).
+    pub fn term_of(&self, ino: u64) -> Option<Term> {
+        self.terms.get(&ino).map(|t| t.clone())
+    }
+
+    /// Forgets the terms whose election file's lease is no longer held (or
+    /// being recovered) at their epoch.
+    fn prune_terms(&self) {
+        self.terms.retain(|ino, t| {
+            let i = self.leases.info(*ino);
+            i.epoch == t.epoch && matches!(i.state, LeaseState::Held | LeaseState::Recovering)
+        });
+    }
+
     /// The fence (its key) of the process behind thread `tid`, if any:
     /// its process group or session is a fenced command's, or it is in a
     /// fenced command's cgroup. `who`: its identity, when already read.
@@ -191,9 +248,10 @@ impl Fences {
         !(info.state == LeaseState::Held && info.epoch == f.rec.epoch)
     }
 
-    /// EIO when `fence` (a caller's, or a handle's) belongs to a term that
-    /// is over; what is left of that term's tree is then stopped.
-    pub fn check(&self, fence: Option<u32>) -> FsResult<()> {
+    /// EIO when `fence` (a caller's, or a handle's, of user `uid`) belongs
+    /// to a term that is over; what is left of that term's tree is then
+    /// stopped.
+    pub fn check(&self, fence: Option<u32>, uid: u32) -> FsResult<()> {
         let Some(key) = fence else {
             return Ok(());
         };
@@ -206,6 +264,7 @@ impl Fences {
         let epoch = f.rec.epoch;
         tracing::warn!(
             pgid = key,
+            uid,
             epoch,
             election = %f.rec.leader,
             "refused: the election term of this process is over"
@@ -216,7 +275,33 @@ impl Fences {
     /// Registers a term (`fence` on the control socket): the election
     /// file's current term, for the audit, and, when it has a command, the
     /// command's tree, durably, before the command runs.
-    pub fn register(&self, ino: u64, reg: &TermRegistration) -> Result<(), String> {
+    /// `uid` is the registering user's: each user's terms and fences are
+    /// bounded ([`MAX_TERMS_PER_USER`], [`MAX_FENCES_PER_USER`]; root's
+    /// are not), and so is every field kept.
+    pub fn register(&self, ino: u64, reg: &TermRegistration, uid: u32) -> Result<(), String> {
+        reg.check_sizes()?;
+        if uid != 0 {
+            let terms = self
+                .terms
+                .iter()
+                .filter(|t| *t.key() != ino && t.uid == uid)
+                .count();
+            if terms >= MAX_TERMS_PER_USER {
+                return Err(format!(
+                    "too many election terms of uid {uid} at once (at most {MAX_TERMS_PER_USER})"
+                ));
+            }
+            let fences = self
+                .table
+                .iter()
+                .filter(|f| *f.key() != reg.pgid && f.uid == Some(uid))
+                .count();
+            if reg.pgid != 0 && fences >= MAX_FENCES_PER_USER {
+                return Err(format!(
+                    "too many fenced commands of uid {uid} at once (at most {MAX_FENCES_PER_USER})"
+                ));
+            }
+        }
         let election = reg
             .path
             .rsplit_once('/')
@@ -231,6 +316,7 @@ impl Fences {
                 who: reg.who.clone(),
                 host: reg.host.clone(),
                 pid: reg.pid,
+                uid,
             },
         );
         if reg.pgid == 0 {
@@ -269,6 +355,7 @@ impl Fences {
         tracing::info!(pgid = reg.pgid, ino, epoch = reg.epoch, cgroup = ?reg.cgroup, "command of an election term fenced");
         self.insert(Fence {
             rec,
+            uid: Some(uid),
             inherited: false,
             over_since: Mutex::new(None),
         });
@@ -301,6 +388,7 @@ impl Fences {
         for rec in self.meta.fences(&self.owner)? {
             let f = Fence {
                 rec,
+                uid: None,
                 inherited: true,
                 over_since: Mutex::new(None),
             };
@@ -326,6 +414,9 @@ impl Fences {
     /// their elector is gone or stopped, else after [`ELECTOR_GRACE`]), and
     /// forgets the fences of trees that are gone.
     pub fn sweep(&self) {
+        if !self.terms.is_empty() {
+            self.prune_terms();
+        }
         if self.table.is_empty() {
             return;
         }
@@ -421,7 +512,7 @@ impl Fences {
                 mount_id
             ),
         };
-        if let Err(err) = self.meta.audit(&e) {
+        if let Err(err) = self.meta.audit(&e, term.uid) {
             tracing::warn!(
                 epoch = e.epoch,
                 "cannot record the preemption of a term: {err}"

@@ -17,11 +17,11 @@ impl Core {
     /// with EINTR.
     pub fn interrupt_waiters(&self) {
         for (file, handle, _) in self.leases.waiting() {
-            let Some(tid) = self.waiter_tids.get(&handle).map(|t| *t) else {
+            let Some((tid, uid)) = self.waiter_tids.get(&handle).map(|t| *t) else {
                 continue;
             };
             if proc_info::signal_pending(tid) && self.leases.cancel_waiter(file, handle) {
-                tracing::info!(file, tid, "waiting open interrupted");
+                tracing::info!(file, tid, uid, "waiting open interrupted");
             }
         }
     }
@@ -49,7 +49,7 @@ impl Core {
     /// flushed: its stream is aborted, so a frozen old leader adds nothing.
     pub(super) fn writable(&self, h: &Handle) -> FsResult<()> {
         self.leases.check(h.ino, h.fh, h.epoch)?;
-        if let Err(e) = self.fences.check(h.fence) {
+        if let Err(e) = self.fences.check(h.fence, h.uid) {
             if let Some(s) = &h.stream {
                 s.abort(e.clone());
             }
@@ -205,16 +205,31 @@ impl Core {
         if !h.write {
             return Err(FsError::BadHandle);
         }
+        let r = self.lease_ioctl(&h, cmd);
+        if let Err(e) = &r {
+            tracing::warn!(
+                ino = h.ino,
+                fh,
+                uid = h.uid,
+                cmd,
+                "lease ioctl refused: {e}"
+            );
+        }
+        r
+    }
+
+    fn lease_ioctl(self: &Arc<Self>, h: &Handle, cmd: u32) -> FsResult<Vec<u8>> {
+        let fh = h.fh;
         // A fenced command's own descriptors renew nothing either.
-        self.fences.check(h.fence)?;
+        self.fences.check(h.fence, h.uid)?;
         match cmd {
             IOC_CLIENT_RENEWAL => {
                 self.leases.set_mode(h.ino, fh, RenewalMode::Client)?;
                 Ok(Vec::new())
             }
-            IOC_RENEW => self.renew_client(&h).map(|_| Vec::new()),
+            IOC_RENEW => self.renew_client(h).map(|_| Vec::new()),
             IOC_RENEW_VALID => self
-                .renew_client(&h)
+                .renew_client(h)
                 .map(|v| (v.as_millis() as u64).to_le_bytes().to_vec()),
             IOC_EPOCH => {
                 self.leases.check(h.ino, fh, h.epoch)?;

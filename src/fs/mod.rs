@@ -27,4 +27,4 @@ mod tests;
 pub mod xattrs;
 
 pub use self::core::Core;
-pub use self::fencing::TermRegistration;
+pub use self::fencing::{MAX_HOST, MAX_WHO, TermRegistration};

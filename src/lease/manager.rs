@@ -161,8 +161,9 @@ impl LeaseManager {
     ) -> Result<(), LeaseError> {
         let res = self.locked(|inner, now, _| inner.renew(file, handle, Some(mode), now));
         match &res {
-            Ok(()) => info!(file, handle, ?mode, "lease renewal mode set"),
-            Err(err) => warn!(file, handle, error = %err, "cannot set lease renewal mode"),
+            Ok(()) => debug!(file, handle, ?mode, "lease renewal mode set"),
+            // The core logs refusals with the user (rate-limited per user).
+            Err(err) => debug!(file, handle, error = %err, "cannot set lease renewal mode"),
         }
         res
     }
@@ -172,7 +173,8 @@ impl LeaseManager {
     pub fn renew(&self, file: FileId, handle: HandleId) -> Result<(), LeaseError> {
         let res = self.locked(|inner, now, _| inner.renew(file, handle, None, now));
         if let Err(err) = &res {
-            warn!(file, handle, error = %err, "lease renewal refused");
+            // The core logs refusals with the user (rate-limited per user).
+            debug!(file, handle, error = %err, "lease renewal refused");
         }
         res
     }
@@ -344,7 +346,8 @@ impl LeaseManager {
             else {
                 return false;
             };
-            info!(file, handle, pid = w.holder.pid, "lease wait interrupted");
+            // The core logs it with the user (rate-limited per user).
+            debug!(file, handle, pid = w.holder.pid, "lease wait interrupted");
             later.call(w.cb, Err(LeaseError::Interrupted { file }));
             inner.reindex(file);
             true
@@ -558,7 +561,8 @@ impl Inner {
                 holder: lease.holder_label(),
             });
         };
-        info!(
+        // The caller logs it with the user (rate-limited per user).
+        debug!(
             file,
             handle = holder.handle,
             pid = holder.pid,

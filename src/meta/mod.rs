@@ -24,7 +24,7 @@ mod rules;
 pub mod sqlite;
 mod types;
 
-pub use audit::AuditLog;
+pub use audit::{AuditLog, MAX_EVENTS_PER_USER};
 pub use backend::Meta;
 pub use blockmap::{BlockMap, Change};
 pub use counters::{Counter, Counters};

@@ -22,6 +22,8 @@ use crate::sync::{Arc, Condvar, Mutex, lock};
 
 pub struct OutputStream {
     pub ino: u64,
+    /// The writer's user, for the log (its lines are rate-limited per user).
+    uid: u32,
     pub block_size: u64,
     ctx: Arc<StreamCtx>,
     st: Mutex<StreamState>,
@@ -53,6 +55,7 @@ impl OutputStream {
         size: u64,
         block_size: u64,
         log: Arc<dyn FileLog>,
+        uid: u32,
     ) -> Arc<OutputStream> {
         let limits = Limits {
             packet_size: ctx.packet_size,
@@ -68,6 +71,7 @@ impl OutputStream {
         Arc::new_cyclic(|me: &Weak<OutputStream>| OutputStream {
             me: me.clone(),
             ino,
+            uid,
             block_size,
             st: Mutex::new(StreamState::new(limits, size)),
             idle: Condvar::new(),
@@ -113,7 +117,7 @@ impl OutputStream {
         let mut s = lock(&self.st);
         if let Err(e) = s.check_write(offset) {
             if matches!(e, FsError::OutOfOrderWrite { .. }) {
-                tracing::warn!(ino = self.ino, "refused write: {e}");
+                tracing::warn!(ino = self.ino, uid = self.uid, "refused write: {e}");
             }
             drop(s);
             return done(Err(e));

@@ -145,8 +145,8 @@ pub fn group_alive(pgid: u32) -> bool {
         })
 }
 
-/// The election's audit table, through `leasefs elect DIR --history --json`
-/// (over etcd the same through every daemon).
+/// The election's audit table (every event kept), through `leasefs elect
+/// DIR --history --all --json` (over etcd the same through every daemon).
 pub fn history(m: &Mount, dir: &str) -> Vec<serde_json::Value> {
     let dir = m.path(dir);
     if !dir.exists() {
@@ -156,6 +156,7 @@ pub fn history(m: &Mount, dir: &str) -> Vec<serde_json::Value> {
         "elect",
         dir.to_str().expect("utf-8 path"),
         "--history",
+        "--all",
         "--json",
     ]);
     assert!(

@@ -126,6 +126,13 @@ pub(super) fn audit_of(election: &str) -> String {
 pub(super) fn audit_key(election: &str, seq: u64) -> String {
     format!("{}{seq:016x}", audit_of(election))
 }
+/// The events user `uid` recorded, by sequence (each names its event's key).
+pub(super) fn audit_by_user(uid: u32) -> String {
+    format!("au/{uid:08x}/")
+}
+pub(super) fn audit_user_key(uid: u32, seq: u64) -> String {
+    format!("{}{seq:016x}", audit_by_user(uid))
+}
 
 /// The last component of `key`, decoded from hex.
 pub(super) fn name_in(key: &str) -> FsResult<Vec<u8>> {

@@ -65,7 +65,8 @@ CREATE TABLE IF NOT EXISTS election_audit(
   pid INTEGER NOT NULL,
   epoch INTEGER NOT NULL,
   at_ms INTEGER NOT NULL,
-  why TEXT NOT NULL
+  why TEXT NOT NULL,
+  uid INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS election_audit_by_election ON election_audit(election, id);
 CREATE TABLE IF NOT EXISTS election_fences(
@@ -126,6 +127,7 @@ COMMIT;
 const INDEXES: &str = "
 CREATE INDEX IF NOT EXISTS dentries_by_cookie ON dentries(parent, cookie);
 CREATE INDEX IF NOT EXISTS dentries_by_ino ON dentries(ino);
+CREATE INDEX IF NOT EXISTS election_audit_by_uid ON election_audit(uid, id);
 ";
 
 /// Adds what older databases lack, in one transaction: directory entries
@@ -150,6 +152,14 @@ pub fn upgrade(c: &Connection) -> FsResult<()> {
              DROP TABLE numbered;
              COMMIT;",
         )?;
+    }
+    // The user who recorded each election event (their events are
+    // bounded); older events count as root's.
+    let has_uid = c
+        .prepare("SELECT 1 FROM pragma_table_info('election_audit') WHERE name = 'uid'")?
+        .exists([])?;
+    if !has_uid {
+        c.execute_batch("ALTER TABLE election_audit ADD COLUMN uid INTEGER NOT NULL DEFAULT 0;")?;
     }
     c.execute_batch(INDEXES)?;
     Ok(())

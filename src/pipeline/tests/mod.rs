@@ -328,7 +328,7 @@ impl Rig {
     /// A stream at the file's end, reporting to `log`.
     fn stream(&self, log: &Arc<TestLog>) -> Arc<OutputStream> {
         let size = self.meta.get(self.ino).unwrap().size;
-        OutputStream::new(self.ctx.clone(), self.ino, size, BLOCK, log.clone())
+        OutputStream::new(self.ctx.clone(), self.ino, size, BLOCK, log.clone(), 0)
     }
 
     fn blocks(&self) -> Vec<BlockRow> {

@@ -66,6 +66,7 @@ fn an_append_through_another_daemon_is_synced_by_the_next_fsync_here() {
             rig.meta.get(rig.ino).unwrap().size,
             BLOCK,
             log.clone(),
+            0,
         )
     };
     let s = rig.stream(&log);

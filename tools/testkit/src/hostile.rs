@@ -58,3 +58,97 @@ pub fn create_race(path: &Path, secs: u64) -> ExitCode {
     println!("opened {opened} {}", counts.join(" "));
     ExitCode::SUCCESS
 }
+
+/// `testkit hold-and-ask LEADER SOCK N TEMPLATE`: takes LEADER's write
+/// lease (as an elector does: `O_WRONLY|O_APPEND|O_CREAT|O_NONBLOCK`),
+/// then sends the control request TEMPLATE to SOCK N times, each on a
+/// connection of its own, with `{epoch}` (the lease's epoch), `{pid}`
+/// (this process), `{i}` (the request's number), `{child}` (a new child
+/// process leading a session of its own, killed at the end) and `{pad:K}`
+/// (K bytes of `x`) filled in. Prints how many answers began alike
+/// (`COUNT ANSWER` per kind, the answer cut at 100 bytes), then `done`.
+pub fn hold_and_ask(leader: &Path, sock: &Path, n: usize, template: &str) -> ExitCode {
+    use std::io::{BufRead, BufReader};
+    use std::os::unix::net::UnixStream;
+    use std::process::{Command, Stdio};
+    let flags = libc::O_WRONLY | libc::O_APPEND | libc::O_CREAT | libc::O_NONBLOCK;
+    let f = match sys::open_mode(leader, flags, 0o644) {
+        Ok(f) => f,
+        Err(e) => {
+            println!("open {}", sys::errno_name(&e));
+            return ExitCode::FAILURE;
+        }
+    };
+    let epoch = match sys::ioctl_u64(&f, sys::IOC_EPOCH) {
+        Ok(e) => e,
+        Err(e) => {
+            println!("epoch {}", sys::errno_name(&e));
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut children = Vec::new();
+    let mut answers: BTreeMap<String, u64> = BTreeMap::new();
+    for i in 0..n {
+        let mut req = template
+            .replace("{epoch}", &epoch.to_string())
+            .replace("{pid}", &std::process::id().to_string())
+            .replace("{i}", &i.to_string());
+        while let Some(at) = req.find("{pad:") {
+            let end = req[at..].find('}').map_or(req.len(), |e| at + e);
+            let k: usize = req[at + 5..end].parse().unwrap_or(0);
+            req.replace_range(at..=end.min(req.len() - 1), &"x".repeat(k));
+        }
+        if req.contains("{child}") {
+            match Command::new("setsid")
+                .args(["sleep", "120"])
+                .stdin(Stdio::null())
+                .spawn()
+            {
+                Ok(c) => {
+                    // `setsid` makes the session before it becomes sleep.
+                    let pid = c.id();
+                    let t0 = Instant::now();
+                    while !leads_session(pid) && t0.elapsed() < Duration::from_secs(2) {
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    req = req.replace("{child}", &pid.to_string());
+                    children.push(c);
+                }
+                Err(e) => {
+                    println!("spawn {e}");
+                    break;
+                }
+            }
+        }
+        let answer = UnixStream::connect(sock).and_then(|mut c| {
+            c.write_all(format!("{req}\n").as_bytes())?;
+            let mut line = String::new();
+            BufReader::new(c).read_line(&mut line)?;
+            Ok(line)
+        });
+        let a = match answer {
+            Ok(l) => l.trim().chars().take(100).collect(),
+            Err(e) => format!("io {e}"),
+        };
+        *answers.entry(a).or_default() += 1;
+    }
+    for (a, count) in &answers {
+        println!("{count} {a}");
+    }
+    for mut c in children {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    drop(f);
+    println!("done");
+    ExitCode::SUCCESS
+}
+
+/// Whether process `pid` leads its own session (field 6 of its stat).
+fn leads_session(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(3).map(str::to_string))
+            .is_some_and(|sid| sid == pid.to_string())
+    })
+}

@@ -21,6 +21,7 @@
 //! testkit tick EVENTS                     a leader's command acting outside the mount
 //! testkit lines PATH ID --side FILE       a writer of numbered, fsynced lines
 //! testkit proxy TARGET                    a TCP proxy that pauses and cuts on command
+//! testkit hold-and-ask LEADER SOCK N REQ  control requests from an election's leader
 //! ```
 
 mod agent;
@@ -146,6 +147,13 @@ enum Cmd {
     },
     /// A TCP proxy to TARGET on loopback, paused and cut by stdin commands.
     Proxy { target: String },
+    /// Hold LEADER's lease and send the control request REQ to SOCK N times.
+    HoldAndAsk {
+        leader: PathBuf,
+        sock: PathBuf,
+        n: usize,
+        request: String,
+    },
 }
 
 fn main() -> ExitCode {
@@ -216,5 +224,11 @@ fn main() -> ExitCode {
             seed,
         }),
         Cmd::Proxy { target } => proxy::run(&target),
+        Cmd::HoldAndAsk {
+            leader,
+            sock,
+            n,
+            request,
+        } => hostile::hold_and_ask(&leader, &sock, n, &request),
     }
 }
