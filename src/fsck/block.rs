@@ -500,10 +500,19 @@ fn cut_lost_tail(c: &Check<'_>, b: &BlockRow, path: &str) -> Option<String> {
             .filter(|g| g.block_id != b.block_id)
             .collect::<Vec<_>>(),
     );
-    let msg = format!(
-        "no replica held the block's {} bytes (data never made durable, lost to a crash); the file now ends at byte {end} (was {})",
-        b.len, inode.size
-    );
+    let msg = if keep == b.len {
+        // Nothing lost: the replicas were longer than the block (zeros
+        // filled ahead of a writer, whose cut a crash kept from the disk).
+        format!(
+            "the replicas held the block's {} bytes and more (zeros filled ahead of a writer, not yet cut when the daemon or the power went); cut back to the block",
+            b.len
+        )
+    } else {
+        format!(
+            "no replica held the block's {} bytes (data never made durable, lost to a crash); the file now ends at byte {end} (was {})",
+            b.len, inode.size
+        )
+    };
     tracing::warn!(path, block = b.block_id, "{msg}");
     Some(msg)
 }

@@ -150,6 +150,31 @@ pub fn recover_file(meta: &dyn Meta, dns: &Datanodes, ino: u64, how: Recovery) -
             same
         });
     }
+    // The length recorded below must be durable on the replicas that keep
+    // it: after a daemon crash their bytes may be in the page cache only
+    // (a power cut would then leave a record longer than the replicas,
+    // or, over a zero-filled stretch, zeros inside it). A replica that
+    // cannot be synced is left out; none left, nothing is recorded.
+    let found = survivors.len();
+    survivors.retain(|r| {
+        let synced = dns
+            .get(r.dn)
+            .map(|node| node.sync_replica(last.block_id, r.gs));
+        match synced {
+            Some(Ok(())) => true,
+            Some(Err(e)) => {
+                tracing::warn!(datanode = %r.dn, "replica left out of recovery: cannot sync it: {e}");
+                false
+            }
+            None => false,
+        }
+    });
+    if found > 0 && survivors.is_empty() {
+        return Err(FsError::Io(format!(
+            "no replica of block {} could be synced for recovery",
+            last.block_id
+        )));
+    }
     let start = last.idx * bs;
     // No replica could be read, but some sit on datanodes that are not
     // attached or failing: their bytes may be there. Dropping the block

@@ -229,14 +229,17 @@ pub trait Storage: Send + Sync + fmt::Debug {
 
     /// How much of replica `block`@`gs` survives as a clean prefix: its
     /// valid length when every chunk it holds checks out but perhaps the
-    /// last (what a power cut leaves of data that was never synced), `None`
-    /// when a chunk before the last one is corrupt (damage, not a lost
-    /// tail).
+    /// last, or the first one past its last sync inside a chunk (what a
+    /// power cut leaves of data that was never synced), `None` when a
+    /// chunk before that is corrupt (damage, not a lost tail).
     fn clean_prefix(&self, block: u64, gs: u64) -> Result<Option<u64>, StorageError> {
         let r = self.open_reader(block, gs)?;
         let valid = r.valid_prefix()?;
         let present = r.present_len()?;
-        Ok((valid + CHUNK_SIZE as u64 >= present).then_some(valid))
+        // Or the chunk that fails is the one a sync ended in (its note
+        // says so): what follows it was never synced.
+        let torn = r.note().is_some_and(|n| n.len == valid);
+        Ok((valid + CHUNK_SIZE as u64 >= present || torn).then_some(valid))
     }
 
     /// The replica of `block` here, whatever its stamp, if both of its

@@ -8,6 +8,10 @@
 //! checksum file `blk_<id>_<gs>.meta` (see [`super::checksum`]), both in
 //! `rbw/` or both in `finalized/`.
 //!
+//! A replica whose sync once ended inside a checksum chunk also has a
+//! note, `rbw/blk_<id>.last`, whichever directory its files are in (see
+//! [`super::note`]).
+//!
 //! Moving a replica between directories renames the data file, then the
 //! meta file. A crash in between leaves them in different directories;
 //! lookups find each file on its own (rbw first), and such a replica counts
@@ -171,6 +175,12 @@ impl Layout {
 
     pub fn meta_path(&self, state: ReplicaState, block: u64, gs: u64) -> PathBuf {
         self.dir(state).join(meta_name(block, gs))
+    }
+
+    /// The sync note of `block`'s replica (see [`super::note`]).
+    pub fn note_path(&self, block: u64) -> PathBuf {
+        self.dir(ReplicaState::Rbw)
+            .join(format!("blk_{block}.last"))
     }
 }
 

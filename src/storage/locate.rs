@@ -130,7 +130,8 @@ pub(crate) fn delete(l: &Layout, block: u64) -> Result<(), StorageError> {
     remove_files(l, block, &metas_of(l, block)?)
 }
 
-/// Removes the data files of `block` and the meta files `metas` listed.
+/// Removes the data files of `block`, the meta files `metas` listed and
+/// the block's sync note.
 pub(crate) fn remove_files(l: &Layout, block: u64, metas: &[MetaFile]) -> Result<(), StorageError> {
     for s in ReplicaState::ALL {
         remove_if_exists(&l.data_path(s, block))?;
@@ -138,5 +139,5 @@ pub(crate) fn remove_files(l: &Layout, block: u64, metas: &[MetaFile]) -> Result
     for m in metas {
         remove_if_exists(&l.meta_path(m.dir, block, m.gs))?;
     }
-    Ok(())
+    remove_if_exists(&l.note_path(block))
 }

@@ -72,7 +72,7 @@ pub(crate) fn delete_recorded(l: &Layout, block: u64, gs: u64) -> Result<(), Sto
     for s in ReplicaState::ALL {
         remove_if_exists(&l.data_path(s, block))?;
     }
-    Ok(())
+    remove_if_exists(&l.note_path(block))
 }
 
 /// Copies the first `len` bytes of replica `block`@`gs` from `src`

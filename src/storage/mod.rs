@@ -30,6 +30,7 @@ pub mod identity;
 pub mod layout;
 pub mod locate;
 pub mod maintenance;
+mod note;
 pub mod reader;
 pub mod replica;
 #[cfg(test)]

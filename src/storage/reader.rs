@@ -19,6 +19,7 @@ use super::error::StorageError;
 use super::fsops::{file_len, preadv_full, read_full_at};
 use super::layout::{Layout, Located, ReplicaState, data_name, meta_name};
 use super::locate::{Opened, missing_or_stale, open_first};
+use super::note::Note;
 use crate::metrics::IoCounters;
 use crate::sync::Arc;
 
@@ -61,6 +62,7 @@ pub(crate) fn open(
                 meta,
                 data_path,
                 meta_path,
+                note_path: l.note_path(block),
                 io: io.clone(),
             });
         }
@@ -80,6 +82,8 @@ pub struct ReplicaReader {
     meta: File,
     data_path: PathBuf,
     meta_path: PathBuf,
+    /// Its sync note (read only where a chunk fails its checksum).
+    note_path: PathBuf,
     /// Its datanode's counters.
     io: Arc<IoCounters>,
 }
@@ -330,9 +334,15 @@ impl ReplicaReader {
                 // The last chunk, or the first that does not match: the
                 // data may end inside it (followed by more data that no
                 // checksum covers yet, or by the zeros a writer filled its
-                // files with ahead of itself).
+                // files with ahead of itself); or an append's new checksum
+                // of it reached the disk and its bytes did not, and the
+                // sync note still vouches for what was synced of it.
                 let k = longest_matching_prefix(bytes, 0, stored).unwrap_or(0);
-                return Ok(start + k as u64);
+                let noted = self
+                    .note()
+                    .and_then(|n| n.covers(start, bytes))
+                    .unwrap_or(0);
+                return Ok(start + k.max(noted) as u64);
             }
             if mgot / 4 < n {
                 return Ok((c + (mgot / 4) as u64) * CS);
@@ -340,6 +350,11 @@ impl ReplicaReader {
             c += n as u64;
         }
         Ok(c * CS)
+    }
+
+    /// The replica's sync note, if it has a whole one.
+    pub(crate) fn note(&self) -> Option<Note> {
+        Note::read(&self.note_path)
     }
 
     /// Whether the replica may be growing under this reader: it was opened

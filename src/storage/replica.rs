@@ -14,9 +14,12 @@ use super::checksum::{
     meta_len_for,
 };
 use super::error::StorageError;
-use super::fsops::{exists, file_len, fsync_dir, open_rw, read_full_at, rename, stat_len};
+use super::fsops::{
+    exists, file_len, fsync_dir, open_rw, read_full_at, remove_if_exists, rename, stat_len,
+};
 use super::layout::{Layout, ReplicaState};
 use super::locate::{self, locate};
+use super::note::Note;
 use super::writer::{ReplicaFiles, ReplicaWriter};
 use crate::metrics::IoCounters;
 use crate::sync::Arc;
@@ -64,11 +67,14 @@ pub(crate) fn create_rbw(
             let _ = fs::remove_file(&meta_path);
             StorageError::io(&meta_path, e)
         })?;
+    // A note of an earlier attempt at the block says nothing of this one.
+    remove_if_exists(&l.note_path(block))?;
     let files = ReplicaFiles {
         data,
         meta,
         data_path,
         meta_path,
+        note_path: l.note_path(block),
     };
     Ok(ReplicaWriter::new(block, files, 0, Vec::new(), io))
 }
@@ -142,7 +148,7 @@ pub(crate) fn reopen_rbw(
     // renames below.
     let data = open_rw(&cur_data)?;
     let meta = open_rw(&cur_meta)?;
-    let tail = shrink(block, &data, &cur_data, &meta, &cur_meta, len)?;
+    let tail = shrink(l, block, (&data, &cur_data), (&meta, &cur_meta), len)?;
     let data_path = l.data_path(ReplicaState::Rbw, block);
     let meta_path = l.meta_path(ReplicaState::Rbw, block, gs);
     if loc.data_in == ReplicaState::Finalized {
@@ -160,6 +166,7 @@ pub(crate) fn reopen_rbw(
         meta,
         data_path,
         meta_path,
+        note_path: l.note_path(block),
     };
     Ok(ReplicaWriter::new(block, files, len, tail, io))
 }
@@ -178,7 +185,7 @@ pub(crate) fn finalize(l: &Layout, block: u64, gs: u64, len: u64) -> Result<(), 
     if data_len != len || meta_len != meta_len_for(len) {
         let data = open_rw(&data_path)?;
         let meta = open_rw(&meta_path)?;
-        shrink(block, &data, &data_path, &meta, &meta_path, len)?;
+        shrink(l, block, (&data, &data_path), (&meta, &meta_path), len)?;
     }
     if loc.data_in == ReplicaState::Rbw {
         rename(&data_path, &l.data_path(ReplicaState::Finalized, block))?;
@@ -265,7 +272,7 @@ pub(crate) fn truncate(
     let meta_path = l.meta_path(loc.meta_in, block, cur_gs);
     let data = open_rw(&data_path)?;
     let meta = open_rw(&meta_path)?;
-    shrink(block, &data, &data_path, &meta, &meta_path, len)?;
+    shrink(l, block, (&data, &data_path), (&meta, &meta_path), len)?;
     data.sync_data()
         .map_err(|e| StorageError::io(&data_path, e))?;
     meta.sync_data()
@@ -282,11 +289,10 @@ pub(crate) fn truncate(
 /// then shrinks the data and the meta file. Returns the bytes of the partial
 /// last chunk. Both files must be open for reading and writing.
 fn shrink(
+    l: &Layout,
     block: u64,
-    data: &File,
-    data_path: &Path,
-    meta: &File,
-    meta_path: &Path,
+    (data, data_path): (&File, &Path),
+    (meta, meta_path): (&File, &Path),
     len: u64,
 ) -> Result<Vec<u8>, StorageError> {
     let data_len = file_len(data, data_path)?;
@@ -319,7 +325,15 @@ fn shrink(
         meta.read_exact_at(&mut c, at)
             .map_err(|e| StorageError::io(meta_path, e))?;
         let stored = u32::from_be_bytes(c);
-        if longest_matching_prefix(&chunk[..n], part, stored).is_none() {
+        // The bytes kept must check out: against the chunk's checksum, or
+        // against the sync note when an append's new checksum of the chunk
+        // reached the disk and its bytes did not.
+        let noted = || {
+            Note::read(&l.note_path(block))
+                .and_then(|note| note.covers(cs, &chunk[..n]))
+                .is_some_and(|p| p >= part)
+        };
+        if longest_matching_prefix(&chunk[..n], part, stored).is_none() && !noted() {
             return Err(StorageError::Corrupt {
                 block,
                 replica: data_path.to_path_buf(),
@@ -334,6 +348,17 @@ fn shrink(
                 .map_err(|e| StorageError::io(meta_path, e))?;
         }
         tail.extend_from_slice(&chunk[..part]);
+    }
+    if data_len > len || meta_len > target {
+        // What lies below the cut may have been written over zeros a writer
+        // filled its files with, and not synced: those are overwrites of
+        // blocks the files have, which the filesystem may write back after
+        // the smaller size reached the disk (a journal commits a truncation
+        // on its own schedule). A power cut in between would leave a
+        // replica of the new length with zeros inside: synced first.
+        for (file, path) in [(data, data_path), (meta, meta_path)] {
+            file.sync_data().map_err(|e| StorageError::io(path, e))?;
+        }
     }
     if data_len > len {
         data.set_len(len)

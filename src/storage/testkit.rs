@@ -68,3 +68,40 @@ pub fn flip_byte(path: &Path, at: u64) {
     f.read_exact_at(&mut b, at).unwrap();
     f.write_all_at(&[b[0] ^ 0x40], at).unwrap();
 }
+
+/// The environment variable that tells a test binary run by [`in_child`]
+/// that it is the child.
+const CHILD: &str = "LEASEFS_TEST_CHILD";
+
+/// Runs the test `name` (its path below the crate, as `--exact` takes it)
+/// again in a child process and returns that process's output, when
+/// called from the test itself; in the child, returns `None` so that the
+/// test goes on with its body. For what belongs to a whole process (a
+/// resource limit) or is watched from outside (strace): `wrap` is the
+/// command the child runs under (empty: none).
+pub fn in_child(name: &str, wrap: &[&str]) -> Option<std::process::Output> {
+    if std::env::var_os(CHILD).is_some() {
+        return None;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let mut cmd = match wrap.split_first() {
+        Some((prog, args)) => {
+            let mut c = std::process::Command::new(prog);
+            c.args(args).arg(&exe);
+            c
+        }
+        None => std::process::Command::new(&exe),
+    };
+    let out = cmd
+        .args([name, "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD, "1")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "the child test failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Some(out)
+}

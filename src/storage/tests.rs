@@ -713,6 +713,165 @@ mod zero_fill {
         );
     }
 
+    /// Writes the zero fill cannot finish still leave the files longer
+    /// than the data, and finishing the replica cuts them (a finalized
+    /// replica is exactly as long as its data). In a child process: the
+    /// limit on file size (which makes the fill fail part way) is the
+    /// whole process's.
+    #[test]
+    fn a_zero_fill_that_fails_part_way_is_cut_when_the_replica_is_finished() {
+        const NAME: &str = "storage::tests::zero_fill::a_zero_fill_that_fails_part_way_is_cut_when_the_replica_is_finished";
+        if crate::storage::testkit::in_child(NAME, &[]).is_some() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let dn = dn(&dir, 0);
+        let mut w = dn.create_rbw(3, 1).unwrap();
+        let mut acc = ChunkAccumulator::new();
+        let data = stream(100_000, 7);
+        put(&mut *w, &mut acc, &data);
+        w.sync().unwrap();
+        // Files may not grow past 300,000 bytes: the data file's zeros stop
+        // there (EFBIG), its checksums get none.
+        // SAFETY: setting the handler of a signal to SIG_IGN runs no code
+        // of ours.
+        unsafe {
+            nix::sys::signal::signal(
+                nix::sys::signal::Signal::SIGXFSZ,
+                nix::sys::signal::SigHandler::SigIgn,
+            )
+            .unwrap();
+        }
+        let limit = libc::rlimit {
+            rlim_cur: 300_000,
+            rlim_max: 300_000,
+        };
+        // SAFETY: a plain system call reading a struct that lives across it.
+        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_FSIZE, &limit) }, 0);
+        assert!(w.extend_zeroed(1 << 20).is_err());
+        let data_path = dn.layout().data_path(ReplicaState::Rbw, 3);
+        assert!(fs::metadata(&data_path).unwrap().len() > 100_000);
+        assert_eq!(w.zeroed(), 100_000, "no stretch is taken for zero-filled");
+        let len = w.finish().unwrap();
+        assert_eq!(len, 100_000);
+        assert_eq!(fs::metadata(&data_path).unwrap().len(), 100_000);
+        dn.finalize(3, 1, 100_000).unwrap();
+        assert_eq!(dn.stat_replica(3, 1).unwrap().data_len, 100_000);
+        assert_eq!(read_all(&dn, 3, 1, 100_000), data);
+    }
+
+    /// Bytes written over a zero-filled stretch are overwrites of blocks
+    /// the files already have: a filesystem may write them back after a
+    /// later change of the files' size (a journaled truncation reaches the
+    /// disk on its own schedule). So a zero-filled replica is synced before
+    /// it is cut, wherever it is cut: at its close, when it is reopened
+    /// (pipeline recovery) and when it is truncated (lease recovery);
+    /// otherwise a power cut could keep the cut and lose the bytes below
+    /// it, a replica of the right length with zeros inside. Watched with
+    /// strace, in a child process.
+    #[test]
+    fn a_zero_filled_replica_is_synced_before_it_is_cut() {
+        const NAME: &str =
+            "storage::tests::zero_fill::a_zero_filled_replica_is_synced_before_it_is_cut";
+        let wrap = [
+            "strace",
+            "-f",
+            "-y",
+            "-qq",
+            "-e",
+            "trace=pwrite64,fdatasync,fsync,ftruncate",
+        ];
+        if let Some(out) = crate::storage::testkit::in_child(NAME, &wrap) {
+            let trace = String::from_utf8_lossy(&out.stderr);
+            for file in [
+                "rbw/blk_4>",
+                "rbw/blk_4_1.meta>",
+                "rbw/blk_5>",
+                "rbw/blk_5_1.meta>",
+            ] {
+                synced_before_each_cut(&trace, file);
+            }
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let dn = dn(&dir, 0);
+        let data = stream(9000, 8);
+        // Closed: finishing the writer cuts the zeros.
+        let mut w = dn.create_rbw(4, 1).unwrap();
+        let mut acc = ChunkAccumulator::new();
+        put(&mut *w, &mut acc, &data[..1000]);
+        w.sync().unwrap();
+        w.extend_zeroed(1 << 20).unwrap();
+        put(&mut *w, &mut acc, &data[1000..]);
+        assert_eq!(w.finish().unwrap(), 9000);
+        // Reopened by pipeline recovery, and truncated by lease recovery,
+        // after the daemon died with appends not synced.
+        let mut w = dn.create_rbw(5, 1).unwrap();
+        let mut acc = ChunkAccumulator::new();
+        put(&mut *w, &mut acc, &data[..1000]);
+        w.sync().unwrap();
+        w.extend_zeroed(1 << 20).unwrap();
+        put(&mut *w, &mut acc, &data[1000..]);
+        drop(w);
+        drop(dn.reopen_rbw(5, 1, 8000).unwrap());
+        dn.truncate(5, 1, 1, 7000).unwrap();
+    }
+
+    /// In `trace` (strace -y), every `ftruncate` of `file` that follows
+    /// writes to it has an `fdatasync` or `fsync` of it in between.
+    fn synced_before_each_cut(trace: &str, file: &str) {
+        let mut dirty = false;
+        let mut cuts = 0;
+        for line in trace.lines().filter(|l| l.contains(file)) {
+            if line.contains("pwrite64(") {
+                dirty = true;
+            } else if line.contains("fdatasync(") || line.contains("fsync(") {
+                dirty = false;
+            } else if line.contains("ftruncate(") {
+                cuts += 1;
+                assert!(!dirty, "{file} cut with writes not synced:\n{trace}");
+            }
+        }
+        assert!(cuts > 0, "{file} never cut:\n{trace}");
+    }
+
+    /// After a sync that ended inside a chunk, an append rewrites that
+    /// chunk's checksum in place. A power cut that kept the new checksum
+    /// and lost the appended bytes leaves a chunk that matches neither;
+    /// the sync note vouches for the synced part of it, so the replica's
+    /// valid prefix (what recovery keeps) is never below the sync, and the
+    /// cut to it goes through.
+    #[test]
+    fn a_checksum_that_reached_the_disk_before_its_bytes_costs_no_synced_byte() {
+        for zero_filled in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let dn = dn(&dir, 0);
+            let mut w = dn.create_rbw(6, 1).unwrap();
+            let mut acc = ChunkAccumulator::new();
+            let data = stream(1100, 9);
+            put(&mut *w, &mut acc, &data[..1000]);
+            w.sync().unwrap();
+            if zero_filled {
+                w.extend_zeroed(1 << 20).unwrap();
+            }
+            put(&mut *w, &mut acc, &data[1000..]);
+            drop(w);
+            // The cut: the appended bytes never reached the disk.
+            let path = dn.layout().data_path(ReplicaState::Rbw, 6);
+            let f = fs::OpenOptions::new().write(true).open(&path).unwrap();
+            std::os::unix::fs::FileExt::write_all_at(&f, &[0u8; 100], 1000).unwrap();
+            assert_eq!(
+                dn.valid_prefix(6, 1).unwrap(),
+                1000,
+                "zero-filled: {zero_filled}"
+            );
+            assert_eq!(dn.clean_prefix(6, 1).unwrap(), Some(1000));
+            dn.truncate(6, 1, 2, 1000).unwrap();
+            assert_eq!(read_all(&dn, 6, 2, 1000), &data[..1000]);
+            assert_eq!(dn.valid_prefix(6, 2).unwrap(), 1000);
+        }
+    }
+
     #[test]
     fn a_zero_filled_replica_left_by_a_crash_is_recovered_to_its_data() {
         let dir = tempfile::tempdir().unwrap();

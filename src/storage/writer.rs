@@ -24,9 +24,10 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use super::api::{ReplicaWrite, SyncPlan, SyncStep, SyncTask};
-use super::checksum::{CHUNK_SIZE, chunk_count, crc_offset, meta_len_for};
+use super::checksum::{CHUNK_SIZE, chunk_count, crc, crc_offset, meta_len_for};
 use super::error::StorageError;
 use super::fsops::fsync_dir;
+use super::note::{NOTE_LEN, Note};
 use crate::metrics::IoCounters;
 use crate::sync::{Arc, AtomicBool, Ordering};
 
@@ -65,6 +66,16 @@ pub struct ReplicaWriter {
     filled: bool,
     /// The partial last chunk found when the replica was reopened.
     resume_tail: Vec<u8>,
+    /// The CRC of the partial last chunk (when `len` ends inside one).
+    last_crc: u32,
+    /// The sync note (see [`super::note`]): its path, the file once
+    /// written, what it says, whether its name and size are durable, and
+    /// whether the sync under way wrote it.
+    note_path: PathBuf,
+    note: Option<File>,
+    noted: Option<Note>,
+    note_durable: bool,
+    note_pending: bool,
     /// Its datanode's counters.
     io: Arc<IoCounters>,
 }
@@ -75,6 +86,8 @@ pub(crate) struct ReplicaFiles {
     pub meta: File,
     pub data_path: PathBuf,
     pub meta_path: PathBuf,
+    /// Where its sync note goes.
+    pub note_path: PathBuf,
 }
 
 impl ReplicaWriter {
@@ -92,7 +105,9 @@ impl ReplicaWriter {
             meta,
             data_path,
             meta_path,
+            note_path,
         } = files;
+        let last_crc = crc(&resume_tail);
         let dir = data_path
             .parent()
             .map(Path::to_path_buf)
@@ -112,6 +127,12 @@ impl ReplicaWriter {
             zeroed: 0,
             filled: false,
             resume_tail,
+            last_crc,
+            note_path,
+            note: None,
+            noted: None,
+            note_durable: false,
+            note_pending: false,
             io: io.clone(),
         }
     }
@@ -161,7 +182,37 @@ impl ReplicaWriter {
             .write_all_at(&self.meta_buf, crc_offset(first))
             .map_err(|e| StorageError::io(&self.meta_path, e))?;
         self.len = end;
+        if let Some(&last) = crcs.last() {
+            self.last_crc = last;
+        }
         Ok(())
+    }
+
+    /// Before a sync that ends inside a chunk: the note says where, with
+    /// the chunk's CRC (in place once the file exists). Returns whether the
+    /// note was written now.
+    fn write_note(&mut self) -> Result<bool, StorageError> {
+        let note = Note {
+            len: self.len,
+            crc: self.last_crc,
+        };
+        if self.len.is_multiple_of(CS) || self.noted == Some(note) {
+            return Ok(false);
+        }
+        if self.note.is_none() {
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&self.note_path)
+                .map_err(|e| StorageError::io(&self.note_path, e))?;
+            self.note = Some(f);
+        }
+        let f = self.note.as_ref().expect("opened above");
+        f.write_all_at(&note.encode(), 0)
+            .map_err(|e| StorageError::io(&self.note_path, e))?;
+        self.noted = Some(note);
+        Ok(true)
     }
 
     /// `sync_file_range` with `flags` over what was written since the last
@@ -178,6 +229,10 @@ impl ReplicaWriter {
             if b > a {
                 sync_file_range(file, a, b - a, flags).map_err(|e| StorageError::io(path, e))?;
             }
+        }
+        if let Some(note) = self.note.as_ref().filter(|_| self.note_pending) {
+            sync_file_range(note, 0, NOTE_LEN as u64, flags)
+                .map_err(|e| StorageError::io(&self.note_path, e))?;
         }
         Ok(())
     }
@@ -221,31 +276,38 @@ impl ReplicaWrite for ReplicaWriter {
 
     /// Ranged when the datanode allows it and everything written since
     /// the last sync lies in the zero-filled stretch (and the files' names
-    /// are durable: not before the first full sync); else `fdatasync` of
-    /// data and checksums, the first time a full `fsync` of both and of
-    /// the directory, so that the new directory entries survive a crash
-    /// too.
+    /// are durable: not before the first full sync, nor the sync that
+    /// first writes the note); else `fdatasync` of data and checksums (and
+    /// the note), the first time a full `fsync` of both and of the
+    /// directory, so that the new directory entries survive a crash too.
     fn begin_sync(&mut self, ranged: bool) -> Result<SyncPlan, StorageError> {
         let once = self.synced_once.load(Ordering::Acquire);
         if once && self.len == self.synced_len {
             return Ok(SyncPlan::Clean);
         }
         self.pending = Some(self.len);
-        if ranged && once && self.len <= self.zeroed {
+        self.note_pending = self.write_note()?;
+        let new_note = self.note_pending && !self.note_durable;
+        if ranged && once && self.len <= self.zeroed && !new_note {
             self.writeback(libc::SYNC_FILE_RANGE_WRITE)?;
             return Ok(SyncPlan::Ranged);
         }
         let first = !self.synced_once.swap(true, Ordering::AcqRel);
         let mut v: Vec<SyncTask> = Vec::new();
-        for (file, path) in [(&self.data, &self.data_path), (&self.meta, &self.meta_path)] {
+        let note = self.note.as_ref().filter(|_| self.note_pending);
+        let files = [(&self.data, &self.data_path), (&self.meta, &self.meta_path)]
+            .into_iter()
+            .chain(note.map(|n| (n, &self.note_path)));
+        for (file, path) in files {
             let f = file.try_clone().map_err(|e| StorageError::io(path, e))?;
             let p = path.clone();
+            let all = first || (new_note && *path == self.note_path);
             v.push(SyncTask::new(SyncStep::File, move || {
-                let r = if first { f.sync_all() } else { f.sync_data() };
+                let r = if all { f.sync_all() } else { f.sync_data() };
                 r.map_err(|e| StorageError::io(&p, e))
             }));
         }
-        if first {
+        if first || new_note {
             let dir = self.dir.clone();
             v.push(SyncTask::new(SyncStep::Dir, move || fsync_dir(&dir)));
         }
@@ -267,6 +329,9 @@ impl ReplicaWrite for ReplicaWriter {
     }
 
     fn synced(&mut self) {
+        if std::mem::take(&mut self.note_pending) {
+            self.note_durable = true;
+        }
         if let Some(len) = self.pending.take() {
             self.synced_len = len;
             // A full sync made the blocks up to here durable too.
@@ -284,6 +349,9 @@ impl ReplicaWrite for ReplicaWriter {
         if to <= self.zeroed {
             return Ok(());
         }
+        // Before the first zero: a fill that fails part way leaves the
+        // files longer than the data too, and finishing must cut them.
+        self.filled = true;
         let zeros = vec![0u8; 1 << 20];
         for (file, path, want) in [
             (&self.data, &self.data_path, to),
@@ -298,13 +366,21 @@ impl ReplicaWrite for ReplicaWriter {
             }
             file.sync_data().map_err(|e| StorageError::io(path, e))?;
         }
-        self.filled = true;
         self.zeroed = to;
         Ok(())
     }
 
+    /// Bytes written over the zero-filled stretch since the last sync are
+    /// synced before the cut: they overwrite blocks the files already
+    /// have, which the filesystem may write back after the cut reached the
+    /// disk (see [`super::replica`]'s `shrink`).
     fn finish(self: Box<Self>) -> Result<u64, StorageError> {
         if self.filled {
+            if self.len > self.synced_len {
+                for (file, path) in [(&self.data, &self.data_path), (&self.meta, &self.meta_path)] {
+                    file.sync_data().map_err(|e| StorageError::io(path, e))?;
+                }
+            }
             self.data
                 .set_len(self.len)
                 .map_err(|e| StorageError::io(&self.data_path, e))?;
