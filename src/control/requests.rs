@@ -288,11 +288,17 @@ fn leader_of(core: &Core, peer: &Peer, election: &str) -> Result<u64, Refusal> {
 // ---- the requests ---------------------------------------------------------
 
 fn leases(core: &Arc<Core>, mnt: &Path, peer: &Peer) -> Answer {
-    let list: Vec<Value> = core
-        .leases
-        .list()
+    let local = core.leases.list();
+    let remote = remote_leases(core, mnt, peer, &local);
+    let mut list: Vec<Value> = local
         .into_iter()
-        .map(|l| {
+        .map(|mut l| {
+            // Over etcd the store's epoch, as every daemon reads it.
+            if core.cluster.is_some()
+                && let Ok(e) = core.last_epoch(l.file)
+            {
+                l.epoch = e;
+            }
             let holder_uid = l
                 .handle
                 .and_then(|fh| core.handles().get(fh).ok().map(|h| h.uid));
@@ -309,7 +315,51 @@ fn leases(core: &Arc<Core>, mnt: &Path, peer: &Peer) -> Answer {
             v
         })
         .collect();
+    list.extend(remote);
     Ok(json!({ "leases": list }))
+}
+
+/// Over etcd: the files other daemons hold (their claims), as their own
+/// listing shows them, so that `leasefs leases` reads the same on every
+/// daemon. A remote holder's user is not known here: only root sees who.
+fn remote_leases(
+    core: &Arc<Core>,
+    mnt: &Path,
+    peer: &Peer,
+    local: &[crate::lease::LeaseInfo],
+) -> Vec<Value> {
+    let Some(cl) = &core.cluster else {
+        return Vec::new();
+    };
+    let claims = match cl.claims() {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!("cannot list the claims of other daemons: {e}");
+            return Vec::new();
+        }
+    };
+    let shown = may_see_holder(peer, None);
+    claims
+        .into_iter()
+        .filter(|(file, c)| c.mount_id != core.mount_id && !local.iter().any(|l| l.file == *file))
+        .map(|(file, c)| {
+            let rel = core.meta().path_of(file);
+            json!({
+                "file": file,
+                "path": format!("{}{}", mnt.display(), rel),
+                "state": "held",
+                "holder": shown.then(|| format!("{}:{}", c.host, c.pid)),
+                "comm": shown.then_some(c.comm),
+                "handle": null,
+                "epoch": core.last_epoch(file).unwrap_or(0),
+                "mode": null,
+                "renewed_ms_ago": null,
+                "opened_wall_ms": c.since_ms,
+                "waiters": 0,
+                "daemon": c.mount_id,
+            })
+        })
+        .collect()
 }
 
 fn recover(core: &Arc<Core>, peer: &Peer, rel: &str) -> Answer {

@@ -393,6 +393,11 @@ impl Daemon {
             // ENOENT: the kernel holds nothing of this inode; fine.
             let _ = notifier.inval_inode(fuser::INodeNo(ino), offset, len);
         }));
+        let notifier = session.notifier();
+        self.core.set_storer(Arc::new(move |ino, offset, data| {
+            // ENOENT as above.
+            let _ = notifier.store(fuser::INodeNo(ino), offset, data);
+        }));
         raise_readahead(&mountpoint, READAHEAD_KB);
         install_signal_unmount(session.unmount_callable());
         *crate::sync::lock(&self.fatal.unmounter) = Some(session.unmount_callable());

@@ -572,9 +572,32 @@ impl Cluster for EtcdLeases {
             .map(|h| h.base << EPOCH_SEQ_BITS)
     }
 
+    fn end_remote(&self, file: FileId, claim: &ClaimInfo) {
+        if claim.mount_id != self.mount_id && claim.lease_id != 0 {
+            tracing::warn!(file, daemon = %claim.mount_id, "ending another daemon's claim (recover-lease)");
+            self.revoke(claim.lease_id);
+        }
+    }
+
     fn remote_holder(&self, file: FileId) -> Option<ClaimInfo> {
         self.read_claim(file)
             .filter(|c| c.mount_id != self.mount_id)
+    }
+
+    fn claims(&self) -> Result<Vec<(FileId, ClaimInfo)>, String> {
+        let prefix = self.etcd.key("lease/");
+        let r = self
+            .etcd
+            .run(|mut c| async move { c.get(prefix, Some(GetOptions::new().with_prefix())).await })
+            .map_err(|e| e.to_string())?;
+        Ok(r.kvs()
+            .iter()
+            .filter_map(|kv| {
+                let k = std::str::from_utf8(kv.key()).ok()?;
+                let file = u64::from_str_radix(k.rsplit('/').next()?, 16).ok()?;
+                Some((file, serde_json::from_slice(kv.value()).ok()?))
+            })
+            .collect())
     }
 
     fn claimed_files(&self) -> Result<Vec<FileId>, String> {

@@ -33,6 +33,12 @@ use crate::sync::Arc;
 /// from a request thread.
 pub type Invalidator = Arc<dyn Fn(u64, i64, i64) + Send + Sync>;
 
+/// Stores `data` at `offset` of an inode in the kernel's cache
+/// (`FUSE_NOTIFY_STORE`), growing the kernel's size of the file to
+/// `offset + data.len()` if it was smaller. Blocks on the inode's pages:
+/// never call it from a request thread.
+pub type Storer = Arc<dyn Fn(u64, u64, &[u8]) + Send + Sync>;
+
 /// What the kernel may cache of one inode's data.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct PageCache {
@@ -81,6 +87,7 @@ fn page_range(from: u64, to: u64) -> (i64, i64) {
 pub struct PageCaches {
     map: DashMap<u64, PageCache>,
     invalidator: OnceLock<Invalidator>,
+    storer: OnceLock<Storer>,
     /// Where notifications are sent from: never a request thread.
     rt: tokio::runtime::Handle,
 }
@@ -90,12 +97,39 @@ impl PageCaches {
         PageCaches {
             map: DashMap::new(),
             invalidator: OnceLock::new(),
+            storer: OnceLock::new(),
             rt,
         }
     }
 
     pub fn set_invalidator(&self, f: Invalidator) {
         let _ = self.invalidator.set(f);
+    }
+
+    pub fn set_storer(&self, f: Storer) {
+        let _ = self.storer.set(f);
+    }
+
+    /// Tells the kernel that `ino` is `size` bytes long, its last byte
+    /// `last`, before a writer's grant is answered: with its descriptors
+    /// in direct I/O the kernel places an `O_APPEND` write, and the file
+    /// position after it, at its own size of the file, which it refreshes
+    /// only when it asks for the attributes; another daemon's appends
+    /// leave it short. Storing the last byte is the one notification that
+    /// sets the size (it only grows it); the page it touched is dropped
+    /// again and the attributes forgotten, so that a stat asks. From the
+    /// blocking pool only.
+    pub fn tell_size(&self, ino: u64, size: u64, last: u8) {
+        if size == 0 {
+            return self.forget_attrs(ino);
+        }
+        if let Some(f) = self.storer.get() {
+            f(ino, size - 1, &[last]);
+        }
+        if let Some(f) = self.invalidator.get() {
+            let (from, len) = page_range(size - 1, size - 1);
+            f(ino, from, len);
+        }
     }
 
     /// Has the kernel forget `ino`'s cached attributes (not its pages),

@@ -54,6 +54,9 @@ pub(super) struct Opener {
     pub created: Option<Inode>,
     /// Opened by a create (see [`Handle::fresh`]).
     pub fresh: bool,
+    /// A new grant of an open description whose grant ended at a close
+    /// (`Core::regrant`): its gate; the handle replaces the old one.
+    pub again: Option<Arc<super::handles::Gate>>,
 }
 
 /// The cluster side of a daemon that shares its namespace (etcd): claims
@@ -320,6 +323,7 @@ impl Core {
             fence,
             fresh: created.is_some(),
             created: created.filter(|_| self.cluster.is_none()),
+            again: None,
         };
         if let Some(cl) = self.cluster.clone() {
             // Claiming waits on the network: not on a request thread.
@@ -361,6 +365,7 @@ impl Core {
             flushed: Default::default(),
             fresh: Default::default(),
             stream: None,
+            gate: Default::default(),
         };
         self.handles.register(h);
         reply(Ok(match mode {
@@ -382,7 +387,7 @@ impl Core {
     /// `wait`: what is left of a wait begun in the queue across daemons
     /// (`None`: `lease_wait`).
     #[allow(clippy::too_many_arguments)]
-    fn acquire_local(
+    pub(super) fn acquire_local(
         self: &Arc<Self>,
         ino: u64,
         fh: u64,
@@ -483,6 +488,7 @@ impl Core {
             fence,
             created,
             fresh,
+            again,
         } = opener;
         let found = match created {
             Some(i) => Ok((i, false)),
@@ -534,12 +540,19 @@ impl Core {
             flushed: Default::default(),
             fresh: AtomicBool::new(fresh),
             stream: Some(stream.clone()),
+            gate: again
+                .clone()
+                .unwrap_or_else(|| super::handles::Gate::new(grant.epoch)),
         };
         let of = self.handles.open_file(ino);
         *lock(&of.stream) = Some(stream.clone());
         of.privs
             .store(privs::at_open(&inode, has_caps), Ordering::Relaxed);
-        self.handles.register(h);
+        if again.is_some() {
+            self.handles.replace(h);
+        } else {
+            self.handles.register(h);
+        }
         self.epochs.granted(ino, grant.epoch);
         tracing::debug!(ino, fh, epoch = grant.epoch, "write lease granted");
         // Writers never use the page cache (see `open`).
@@ -549,6 +562,17 @@ impl Core {
             keep_cache: false,
         };
         // O_TRUNC follows as a SETATTR through this descriptor (`set_size`).
+        if self.cluster.is_some() {
+            // Other daemons change the file: the kernel's size of it may
+            // be theirs of before (see `PageCaches::tell_size`).
+            let (me, size, epoch) = (self.clone(), inode.size, grant.epoch);
+            self.ctx.rt.spawn_blocking(move || {
+                me.record_grant(ino, epoch);
+                me.tell_kernel_size(ino, size);
+                reply(Ok(opened))
+            });
+            return;
+        }
         reply(Ok(opened))
     }
 
@@ -612,7 +636,7 @@ impl Core {
         }
     }
 
-    fn read_once(&self, ino: u64, offset: u64, size: u32) -> FsResult<Vec<u8>> {
+    pub(super) fn read_once(&self, ino: u64, offset: u64, size: u32) -> FsResult<Vec<u8>> {
         // The stream before the store, as in `getattr`.
         let stream = self.stream_of(ino);
         let inode = self.meta().get(ino)?;
@@ -674,6 +698,17 @@ impl Core {
         };
         if h.stream.is_none() {
             return reply(Err(FsError::BadHandle));
+        }
+        if !h.live() {
+            // A close ended this description's grant: a new one first.
+            let (me, data) = (self.clone(), data.to_vec());
+            self.ctx
+                .rt
+                .spawn_blocking(move || match me.regrant(fh, caller) {
+                    Ok(_) => me.write(fh, offset, &data, (caller, kill_suidgid), reply),
+                    Err(e) => reply(Err(e)),
+                });
+            return;
         }
         if let Err(e) = self.writable(&h) {
             tracing::warn!(ino = h.ino, fh, uid = h.uid, "write refused: {e}");
@@ -757,6 +792,23 @@ impl Core {
         let Some(stream) = h.stream.as_ref() else {
             return reply(Err(FsError::BadHandle));
         };
+        // Held until the write is in the stream: a close that ends the
+        // grant (`closing`) waits for it, and closes it with the rest.
+        let Some(_entered) = h.gate.enter(h.epoch) else {
+            let (me, data) = (self.clone(), data.to_vec());
+            let caller = Caller {
+                pid: h.tgid,
+                uid: h.uid,
+                gid: 0,
+            };
+            self.ctx
+                .rt
+                .spawn_blocking(move || match me.regrant(fh, caller) {
+                    Ok(h) => me.write_checked(&h, offset, &data, reply),
+                    Err(e) => reply(Err(e)),
+                });
+            return;
+        };
         if h.flushed.swap(false, Ordering::Relaxed) {
             self.leases.note_write(h.ino, fh);
         }
@@ -779,6 +831,7 @@ impl Core {
         };
         let n = data.len() as u32;
         let off = if h.append { None } else { Some(offset) };
+        let reply = self.kernel_size_after(h, stream, offset, data, reply);
         if !self.cache.has_cached_readers(h.ino) {
             return stream.write(off, data, Box::new(move |r| reply(r.map(|_| n))));
         }
@@ -821,8 +874,13 @@ impl Core {
         // The holder's main thread needs no /proc read to be recognised.
         let by_holder = caller.pid == h.tgid || proc_info::identity(caller.pid).tgid == h.tgid;
         let me = self.clone();
+        let s = stream.clone();
         stream.close(Box::new(move |r| {
             if r.is_ok() && by_holder {
+                // Over etcd the close ends the grant (`closing`).
+                if me.cluster.is_some() {
+                    return me.end_grant_at_close(h, s, reply);
+                }
                 h.flushed.store(true, Ordering::Relaxed);
                 me.leases.note_flush(h.ino, h.fh);
             }
@@ -837,6 +895,10 @@ impl Core {
         let Some(stream) = h.stream.clone() else {
             return Ok(None);
         };
+        // A grant a close ended has nothing left to close.
+        if !h.live() {
+            return Ok(None);
+        }
         self.writable(&h)?;
         Ok(Some((h, stream)))
     }
@@ -847,8 +909,16 @@ impl Core {
         let Some(h) = self.handles.remove(fh) else {
             return reply(Ok(()));
         };
-        let stream_to_close = h.stream.clone();
         let ino = h.ino;
+        if h.write && !h.live() {
+            // Its grant ended at a close (`closing`): nothing left to end.
+            if h.cached {
+                self.cache.cached_closed(ino);
+            }
+            self.drop_open(ino);
+            return reply(Ok(()));
+        }
+        let stream_to_close = h.stream.clone();
         if h.write {
             // A handle of an ended election term closes nothing: its
             // unflushed bytes are dropped and the file is recovered.
@@ -857,18 +927,7 @@ impl Core {
         let me = self.clone();
         let finish = move |r: FsResult<()>| {
             if h.write {
-                let of = me.handles.open_file(h.ino);
-                let mut s = lock(&of.stream);
-                if s.as_ref()
-                    .is_some_and(|s| h.stream.as_ref().is_some_and(|m| Arc::ptr_eq(s, m)))
-                {
-                    *s = None;
-                }
-                drop(s);
-                me.cache.idle(h.ino);
-                me.leases.release(h.ino, h.fh);
-                me.unclaim(h.ino, h.fh);
-                me.fences.lease_left_term(h.ino);
+                me.end_grant(&h, false);
             }
             if h.cached {
                 me.cache.cached_closed(h.ino);
@@ -963,11 +1022,11 @@ impl Core {
         });
         let own = fh
             .and_then(|f| self.handles.get(f).ok())
-            .filter(|h| h.write)
+            .filter(|h| h.write && h.live())
             .or_else(|| {
                 let tgid = proc_info::identity(caller.pid).tgid;
                 self.handles
-                    .find(|h| h.ino == ino && h.write && h.tgid == tgid)
+                    .find(|h| h.ino == ino && h.write && h.tgid == tgid && h.live())
             });
         if let Some(h) = own
             && let Some(stream) = h.stream.clone()

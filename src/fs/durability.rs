@@ -10,7 +10,8 @@ impl Core {
     /// metadata durable on every replica and in the metadata store. Through
     /// any descriptor, as POSIX asks: one that never wrote (read-only, or
     /// opened for writing and idle) makes durable what the file's writer
-    /// has written so far and every block earlier writers finished.
+    /// has written so far and every block earlier writers finished; so
+    /// does a write descriptor whose grant ended at a close.
     /// Its latency, request to reply, goes to the statistics.
     pub fn fsync(self: &Arc<Self>, fh: u64, reply: Reply<()>) {
         let (start, metrics) = (std::time::Instant::now(), self.ctx.metrics.clone());
@@ -22,7 +23,10 @@ impl Core {
             Ok(h) => h,
             Err(e) => return reply(Err(e)),
         };
-        if let Some(stream) = h.stream.clone() {
+        // A write descriptor whose grant a close ended (over etcd, see
+        // `closing`) syncs as one that never wrote: what the file's
+        // writers wrote is made durable, whoever has the file now.
+        if let Some(stream) = h.stream.clone().filter(|_| h.live()) {
             if let Err(e) = self.writable(&h) {
                 return reply(Err(e));
             }

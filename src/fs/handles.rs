@@ -10,7 +10,9 @@ use dashmap::DashMap;
 use super::privs;
 use crate::error::{FsError, FsResult};
 use crate::pipeline::OutputStream;
-use crate::sync::{Arc, AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Mutex, Ordering, lock};
+use crate::sync::{
+    Arc, AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering, lock,
+};
 
 /// One open file description.
 pub struct Handle {
@@ -40,6 +42,106 @@ pub struct Handle {
     /// first (see `Core::write_checked`).
     pub fresh: AtomicBool,
     pub stream: Option<Arc<OutputStream>>,
+    /// Which grant of this description may write now (see [`Gate`]);
+    /// shared by the handles that stand for the description's later
+    /// grants.
+    pub gate: Arc<Gate>,
+}
+
+impl Handle {
+    /// Whether this handle's grant is the description's live one.
+    pub fn live(&self) -> bool {
+        self.gate.live(self.epoch)
+    }
+}
+
+/// The grant an open file description writes under. Over etcd a close
+/// (FLUSH by the holder) ends the grant before it returns, so that a
+/// writer on any daemon is granted the file at once; copies of the
+/// descriptor (dup, fork) that write afterwards take the file again, as a
+/// new grant with its own epoch and stream (`Core::regrant`). Writes
+/// enter under the gate's lock, so none reaches a grant's stream once the
+/// close that ends it has begun.
+#[derive(Default)]
+pub struct Gate {
+    st: Mutex<GateState>,
+    cv: Condvar,
+}
+
+/// See [`Gate`].
+#[derive(Default)]
+pub struct GateState {
+    /// The epoch of the live grant; 0: none (ended at a close).
+    live: u64,
+    /// A close is ending the grant, or a new grant is being taken.
+    busy: bool,
+}
+
+impl Gate {
+    pub fn new(epoch: u64) -> Arc<Gate> {
+        Arc::new(Gate {
+            st: Mutex::new(GateState {
+                live: epoch,
+                busy: false,
+            }),
+            cv: Condvar::new(),
+        })
+    }
+
+    pub fn live(&self, epoch: u64) -> bool {
+        let s = lock(&self.st);
+        !s.busy && s.live == epoch
+    }
+
+    /// Held while a write of grant `epoch` enters its stream; `None` when
+    /// that grant is not the live one.
+    pub fn enter(&self, epoch: u64) -> Option<MutexGuard<'_, GateState>> {
+        let s = lock(&self.st);
+        (!s.busy && s.live == epoch).then_some(s)
+    }
+
+    /// A close starts ending grant `epoch`: false if it is not live.
+    pub fn end_begin(&self, epoch: u64) -> bool {
+        let mut s = lock(&self.st);
+        if s.busy || s.live != epoch {
+            return false;
+        }
+        s.busy = true;
+        true
+    }
+
+    /// The close is done: the grant ended (`ended`) or stays live.
+    pub fn end_done(&self, ended: bool) {
+        let mut s = lock(&self.st);
+        s.busy = false;
+        if ended {
+            s.live = 0;
+        }
+        self.cv.notify_all();
+    }
+
+    /// Waits for a close or grant under way; `Some(epoch)` if a grant is
+    /// live, else `None` and the caller takes a new one (it must call
+    /// [`Gate::grant_done`]).
+    pub fn grant_begin(&self) -> Option<u64> {
+        let mut s = lock(&self.st);
+        while s.busy {
+            s = self.cv.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+        if s.live != 0 {
+            return Some(s.live);
+        }
+        s.busy = true;
+        None
+    }
+
+    /// The new grant's epoch, if it was granted.
+    pub fn grant_done(&self, epoch: Option<u64>) {
+        let mut s = lock(&self.st);
+        s.busy = false;
+        s.live = epoch.unwrap_or(0);
+        self.cv.notify_all();
+    }
 }
 
 /// Per-inode state while any handle is open.
@@ -94,6 +196,14 @@ impl Handles {
         let h = Arc::new(h);
         let of = self.open_file(h.ino);
         *lock(&of.opens) += 1;
+        self.by_fh.insert(h.fh, h.clone());
+        h
+    }
+
+    /// Puts a new grant's handle in place of its description's handle
+    /// (same number, no new open).
+    pub fn replace(&self, h: Handle) -> Arc<Handle> {
+        let h = Arc::new(h);
         self.by_fh.insert(h.fh, h.clone());
         h
     }

@@ -26,8 +26,13 @@ impl Core {
         }
     }
 
-    /// The epoch of the current or last grant of `ino`.
+    /// The epoch of the current or last grant of `ino`. Over etcd the
+    /// store's, whichever daemon granted it: every grant is recorded there
+    /// before its open returns (`Core::record_grant`).
     pub fn last_epoch(&self, ino: u64) -> FsResult<u64> {
+        if self.cluster.is_some() {
+            return Ok(self.meta().get(ino)?.last_epoch);
+        }
         let e = self.leases.info(ino).epoch;
         if e != 0 {
             return Ok(e);
@@ -134,6 +139,10 @@ impl Core {
         self.cache.set_invalidator(f);
     }
 
+    pub fn set_storer(&self, f: super::cache::Storer) {
+        self.cache.set_storer(f);
+    }
+
     /// The control service listens on the abstract socket `name`.
     pub fn set_control_address(&self, name: String) {
         let _ = self.control_address.set(name);
@@ -141,6 +150,11 @@ impl Core {
 
     /// `leasefs recover-lease`: recovers now; Ok(true) when the file is closed.
     pub fn recover_now(self: &Arc<Self>, ino: u64) -> FsResult<bool> {
+        if let Some(cl) = self.cluster.clone()
+            && self.leases.state(ino) == crate::lease::LeaseState::Free
+        {
+            return self.recover_claimed(&*cl, ino);
+        }
         match self.leases.recover_now(ino) {
             Some(t) => {
                 let r = self.recover(ino, RecoveryReason::Manual);
@@ -162,6 +176,35 @@ impl Core {
                 }
                 Ok(true)
             }
+        }
+    }
+
+    /// `recover-lease` over etcd of a file no handle here holds: the claim
+    /// of the daemon that holds it, if any, is ended in etcd (that daemon
+    /// fences its writer at its next commit or keep-alive, and records
+    /// nothing of the file from then on), then the file is claimed here,
+    /// recovered if it is under construction, and released. So the answer
+    /// is the same whichever daemon is asked: HDFS's recoverLease, which
+    /// any client asks of the one NameNode. `Ok(false)` when a writer
+    /// claimed the file in between.
+    fn recover_claimed(&self, cl: &dyn crate::lease::cluster::Cluster, ino: u64) -> FsResult<bool> {
+        if let Some(c) = cl.remote_holder(ino) {
+            cl.end_remote(ino, &c);
+        }
+        // A handle number no open can have.
+        let pseudo = u64::MAX - ino;
+        match cl.claim(ino, pseudo, &self.recovery_claimant()) {
+            Ok(crate::lease::cluster::Claim::Mine { .. }) => {
+                let r = match self.meta().uc(ino) {
+                    Ok(Some(_)) => self.recover(ino, RecoveryReason::Manual).map(|_| true),
+                    Ok(None) => Ok(true),
+                    Err(e) => Err(e),
+                };
+                cl.unclaim(ino, pseudo);
+                r
+            }
+            Ok(crate::lease::cluster::Claim::Busy(_)) => Ok(false),
+            Err(e) => Err(FsError::Meta(e)),
         }
     }
 

@@ -5,6 +5,7 @@ pub mod acl;
 pub mod adapter;
 pub mod attr;
 pub mod cache;
+mod closing;
 mod clustered;
 pub mod core;
 mod deletions;

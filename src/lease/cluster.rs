@@ -107,8 +107,15 @@ pub trait Cluster: Send + Sync {
     /// (`base << EPOCH_SEQ_BITS`), if it holds one: what its recoveries of
     /// the file are recorded under.
     fn held(&self, file: FileId) -> Option<u64>;
+    /// Ends another daemon's claim of `file` in etcd (as `etcdctl lease
+    /// revoke` would): that daemon fences its writers at its next commit
+    /// or keep-alive. For `recover-lease` asked of this daemon.
+    fn end_remote(&self, file: FileId, claim: &ClaimInfo);
     /// The claim of `file` held by another daemon, if any.
     fn remote_holder(&self, file: FileId) -> Option<ClaimInfo>;
+    /// Every claim, with who holds it (`leasefs leases` shows the files
+    /// other daemons hold).
+    fn claims(&self) -> Result<Vec<(FileId, ClaimInfo)>, String>;
     /// Every file some daemon has claimed: housekeeping and fsck leave
     /// their last blocks alone (they are being written).
     fn claimed_files(&self) -> Result<Vec<FileId>, String>;
