@@ -395,6 +395,9 @@ fn spout_chaos_every_line_reaches_a_consumer() {
         cmd.as_str(),
         "--lock-timeout",
         "1",
+        // Its consumers sleep before reading: not stalled ones.
+        "--progress-timeout",
+        "10",
         "--commit-count",
         "20",
         "--commit-sec",

@@ -2,8 +2,11 @@
 //! with real processes on a real mount (`soft_limit=2`): commits never pass
 //! what the consumer took, Apache Storm's lock files are resumed where
 //! Storm left them, a file being consumed cannot grow, a live owner's lock
-//! does not hold up the scan on mounts with `lease_wait`, and names need
-//! not be UTF-8.
+//! does not hold up the scan on mounts with `lease_wait`, names need
+//! not be UTF-8, and the timing rules (issue 31): idleness by observation
+//! with `--clocks-insync false`, a consumer without progress killed and
+//! its file released, SIGTERM at once, `--max-outstanding`, the count
+//! commit on acknowledged records.
 
 mod common;
 use common::spout::*;
@@ -124,6 +127,8 @@ fn a_live_owners_idle_lock_does_not_stall_other_files_with_lease_wait() {
             "sleep 12; cat > /dev/null",
             "--lock-timeout",
             "1",
+            "--progress-timeout",
+            "60",
             "--renew-ms",
             "400",
         ],
@@ -173,4 +178,225 @@ fn files_with_names_that_are_not_utf8_are_consumed() {
         names_in(&m, "done")
     );
     assert!(names_in(&m, "in/.lock").is_empty());
+}
+
+/// The pid written into `path` by a consumer, once it is there.
+fn pid_in(path: &std::path::Path) -> u32 {
+    let mut pid = None;
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            pid = std::fs::read_to_string(path)
+                .ok()
+                .and_then(|s| s.trim().parse().ok());
+            pid.is_some()
+        }),
+        "no pid in {}",
+        path.display()
+    );
+    pid.unwrap_or(0)
+}
+
+/// Storm's `clocks.insync=false`: a lock file whose entry is dated a day
+/// ahead (a writer's clock off, or ours stepped back) is idle once it was
+/// seen unchanged for the lock timeout, by the observer's own monotonic
+/// clock; with clocks in sync (the default) it would not be for a day.
+#[test]
+fn a_lock_dated_a_day_ahead_is_taken_over_when_clocks_are_not_in_sync() {
+    let m = Mount::with_o(MOUNT_O);
+    setup(&m);
+    let lines = lines_of("ahead", 100);
+    publish(&m, "ahead", &lines);
+    let ahead = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        + 86_400_000;
+    m.sh_ok(&format!(
+        "mkdir -p in/.lock && mv in/ahead in/ahead.inprogress \
+         && printf '{ahead},ghost,0' > in/.lock/ahead"
+    ));
+    // With clocks in sync the entry is not idle for a day: nothing moves.
+    let mut insync = Inst::spawn(&m, "insync", &["--lock-timeout", "2"]);
+    let_time_pass(Duration::from_secs(4));
+    insync.signal(libc::SIGTERM);
+    insync.wait_ok(Duration::from_secs(20));
+    assert!(insync.takeovers().is_empty(), "{}", insync.stderr());
+    let started = Instant::now();
+    let mut s = Inst::spawn(
+        &m,
+        "s",
+        &["--lock-timeout", "2", "--clocks-insync", "false", "--once"],
+    );
+    s.wait_ok(Duration::from_secs(30));
+    assert_eq!(s.takeovers(), [("ahead".to_string(), 0)], "{}", s.stderr());
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "taken before it was seen unchanged for the lock timeout"
+    );
+    assert_eq!(s.stdout_lines(), lines);
+    assert_eq!(names_in(&m, "done"), ["ahead"]);
+}
+
+/// A consumer that neither takes nor acknowledges a record for the
+/// progress timeout is killed, with every process it started (one that
+/// left its process group included), and its file is released at once for
+/// another instance, which consumes it; the stalled instance goes on.
+#[test]
+fn a_consumer_without_progress_is_killed_and_its_file_released() {
+    let m = Mount::with_o(MOUNT_O);
+    setup(&m);
+    let lines = lines_of("pinned", 200);
+    publish(&m, "pinned", &lines);
+    let pid = m.dir.path().join("escaped.pid");
+    let cmd = format!(
+        "setsid sleep 600 & echo $! > '{}'; sleep 600",
+        pid.display()
+    );
+    let mut a = Inst::spawn(
+        &m,
+        "a",
+        &[
+            "--exec",
+            &cmd,
+            "--lock-timeout",
+            "1",
+            "--progress-timeout",
+            "2",
+            "--once",
+        ],
+    );
+    let escaped = pid_in(&pid);
+    let mut b = Inst::spawn(&m, "b", &["--lock-timeout", "1", "--once"]);
+    b.wait_ok(Duration::from_secs(40));
+    assert_eq!(b.stdout_lines(), lines, "{}\n{}", b.stderr(), a.stderr());
+    assert_eq!(b.takeovers(), [("pinned".to_string(), 0)]);
+    a.wait_ok(Duration::from_secs(20));
+    assert!(a.stderr().contains("made no progress"), "{}", a.stderr());
+    assert!(
+        wait_until(Duration::from_secs(5), || !alive(escaped)),
+        "the consumer's setsid child survived"
+    );
+    assert_eq!(names_in(&m, "done"), ["pinned"]);
+}
+
+/// SIGTERM is handled at once even while the consumer takes nothing: no
+/// more records, the command is killed once the grace (here the progress
+/// timeout, shorter than 10 s) is over, the lock's lease is released and
+/// its entry kept, exit 0.
+#[test]
+fn sigterm_stops_at_once_with_a_consumer_that_reads_nothing() {
+    let m = Mount::with_o(MOUNT_O);
+    setup(&m);
+    publish(&m, "f", &lines_of("f", 100));
+    let pid = m.dir.path().join("consumer.pid");
+    let cmd = format!("echo $$ > '{}'; exec sleep 600", pid.display());
+    let mut s = Inst::spawn(
+        &m,
+        "s",
+        &["--exec", &cmd, "--progress-timeout", "3", "--once"],
+    );
+    let consumer = pid_in(&pid);
+    let_time_pass(Duration::from_millis(500));
+    let sent = Instant::now();
+    s.signal(libc::SIGTERM);
+    s.wait_ok(Duration::from_secs(15));
+    assert!(
+        sent.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        sent.elapsed()
+    );
+    assert!(!alive(consumer), "the consumer outlived the spout");
+    assert_eq!(names_in(&m, "in/.lock"), ["f"]);
+    assert_eq!(last_entry(&m, "in/.lock/f"), Some(("s".to_string(), 0)));
+    assert_eq!(m.lease_state("in/.lock/f"), "free");
+}
+
+/// `--max-outstanding N`: never more than N records handed on and not
+/// acknowledged. A consumer that acknowledges only after 20 records gets
+/// exactly 10 with N = 10 (and is then killed for making no progress).
+#[test]
+fn max_outstanding_bounds_unacknowledged_records() {
+    let m = Mount::with_o(MOUNT_O);
+    setup(&m);
+    publish(&m, "f", &lines_of("f", 1000));
+    let out = m.dir.path().join("took");
+    let cmd = format!(
+        "n=0; while IFS= read -r l; do printf '%s\\n' \"$l\" >> '{}'; n=$((n+1)); \
+         [ $n -ge 20 ] && echo $n >&3; done",
+        out.display()
+    );
+    let mut s = Inst::spawn(
+        &m,
+        "s",
+        &[
+            "--exec",
+            &cmd,
+            "--max-outstanding",
+            "10",
+            "--progress-timeout",
+            "2",
+            "--lock-timeout",
+            "60",
+        ],
+    );
+    assert!(
+        wait_until(Duration::from_secs(30), || s
+            .stderr()
+            .contains("made no progress")),
+        "{}",
+        s.stderr()
+    );
+    s.signal(libc::SIGTERM);
+    s.wait_ok(Duration::from_secs(20));
+    let took = std::fs::read_to_string(&out).unwrap_or_default();
+    assert_eq!(took.lines().count(), 10, "{}", s.stderr());
+}
+
+/// The count commit counts acknowledged records: a consumer that
+/// acknowledges every record and then hangs has all of them committed
+/// while it still runs, and after a crash the next instance resumes after
+/// them (emits nothing again).
+#[test]
+fn the_count_commit_counts_acknowledged_records() {
+    let m = Mount::with_o(MOUNT_O);
+    setup(&m);
+    let lines = lines_of("f", 1000);
+    publish(&m, "f", &lines);
+    let pid = m.dir.path().join("consumer.pid");
+    let cmd = format!(
+        "echo $$ > '{}'; n=0; while IFS= read -r l; do n=$((n+1)); echo $n >&3; done; sleep 600",
+        pid.display()
+    );
+    let mut first = Inst::spawn(
+        &m,
+        "first",
+        &[
+            "--exec",
+            &cmd,
+            "--commit-count",
+            "100",
+            "--commit-sec",
+            "1000",
+            "--progress-timeout",
+            "120",
+        ],
+    );
+    let consumer = pid_in(&pid);
+    let end = line_offset(&lines[999]).1 + lines[999].len() as u64 + 1;
+    let mut last = None;
+    let all_committed = wait_until(Duration::from_secs(30), || {
+        last = last_entry(&m, "in/.lock/f");
+        last == Some(("first".to_string(), end))
+    });
+    first.signal(libc::SIGKILL);
+    first.wait(Duration::from_secs(10));
+    kill(consumer, libc::SIGKILL);
+    assert!(all_committed, "last entry {last:?}, want offset {end}");
+    let mut second = Inst::spawn(&m, "second", &["--lock-timeout", "1", "--once"]);
+    second.wait_ok(Duration::from_secs(30));
+    assert_eq!(second.takeovers(), [("f".to_string(), end)]);
+    assert!(
+        second.stdout_lines().is_empty(),
+        "acknowledged records emitted again"
+    );
 }

@@ -1,7 +1,9 @@
 //! `leasefs spout SOURCE_DIR --done DIR ...`: the command-line face of
 //! [`crate::spout::Spout`]. Records go to stdout or to `--exec CMD`;
-//! SIGINT, SIGTERM and SIGHUP stop it cleanly (exit 0); a second signal
-//! exits at once.
+//! SIGINT, SIGTERM and SIGHUP stop it at once and cleanly (no more
+//! records; an `--exec` command gets EOF and `STOP_GRACE` to finish, then
+//! is killed; what it took is committed; exit 0); a second signal exits at
+//! once (130).
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -55,6 +57,23 @@ pub struct SpoutArgs {
     /// lock timeout when shorter].
     #[arg(long, value_name = "MS")]
     pub renew_ms: Option<u64>,
+    /// Storm's clocks.insync: `true` decides a lock's idleness by comparing
+    /// its times with this host's wall clock; `false` by watching it stay
+    /// unchanged for the lock timeout (immune to clock skew and jumps, but
+    /// a takeover waits a lock timeout after the instance starts).
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub clocks_insync: bool,
+    /// Seconds a consumer may go without taking or acknowledging a record:
+    /// then its leases are no longer renewed, an --exec command is killed
+    /// (whole process tree) and the file is left for another instance;
+    /// 0: never [default: the lock timeout].
+    #[arg(long, value_name = "SECS")]
+    pub progress_timeout: Option<f64>,
+    /// At most N records emitted and not yet acknowledged (Storm's
+    /// max.outstanding); 0: no bound. Only for commands that acknowledge on
+    /// fd 3 (a command that acknowledges only by exiting would wait forever).
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub max_outstanding: u64,
 }
 
 /// Set by SIGINT/SIGTERM/SIGHUP; read by the spout between records.
@@ -92,10 +111,19 @@ fn secs(what: &str, v: f64) -> Result<Duration, String> {
 }
 
 fn build(a: &SpoutArgs) -> Result<Spout, String> {
+    let lock_timeout = secs("lock-timeout", a.lock_timeout)?;
+    let progress_timeout = match a.progress_timeout {
+        None => Some(lock_timeout),
+        Some(0.0) => None,
+        Some(v) => Some(secs("progress-timeout", v)?),
+    };
     let mut s = Spout::new(&a.source_dir, &a.done)
-        .lock_timeout(secs("lock-timeout", a.lock_timeout)?)
+        .lock_timeout(lock_timeout)
         .commit_count(a.commit_count)
         .commit_interval(secs("commit-sec", a.commit_sec)?)
+        .progress_timeout(progress_timeout)
+        .max_outstanding(a.max_outstanding)
+        .clocks_insync(a.clocks_insync)
         .once(a.once);
     if let Some(ms) = a.renew_ms {
         s = s.renew_interval(Duration::from_millis(ms));

@@ -10,10 +10,12 @@ use std::fs::OpenOptions;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
+use std::time::Instant;
 
 use super::dirs::{self, INPROGRESS};
 use super::entry::{self, Position};
+use super::idle::{Judge, Observer};
 use super::lock::{self, DirLock, FileLock, LockError, TakeOver, lock_err, set_blocking};
 use super::reader::ReadError;
 use super::renew::{RenewedLease, Renewer};
@@ -86,7 +88,7 @@ fn data_lease(renewer: &Renewer, path: &Path) -> Result<DataLease, LockError> {
     };
     set_blocking(&f);
     renewer
-        .adopt(f)
+        .adopt_watched(f)
         .map(DataLease::Held)
         .map_err(LockError::NoClientRenewal)
 }
@@ -108,6 +110,27 @@ pub(super) struct Claimer<'a> {
     /// does not cost a listing of N entries (N² for the directory).
     queue: VecDeque<PathBuf>,
     warned_no_data_lease: bool,
+    /// What this instance saw of the lock files (`clocks_insync(false)`).
+    observer: Observer,
+    /// Files this instance gave up because their consumer stalled, and
+    /// when: not taken back before the lock timeout has passed again, so
+    /// that another instance gets them first.
+    given_up: HashMap<OsString, Instant>,
+}
+
+/// How idleness is judged now: by the wall clock, or by what was observed.
+fn judge<'o>(spout: &Spout, observer: &'o Observer) -> Judge<'o> {
+    if spout.clocks_insync {
+        Judge::Clocks {
+            now_ms: wall_ms(),
+            timeout: spout.lock_timeout,
+        }
+    } else {
+        Judge::Observed {
+            observer,
+            timeout: spout.lock_timeout,
+        }
+    }
 }
 
 impl<'a> Claimer<'a> {
@@ -124,11 +147,41 @@ impl<'a> Claimer<'a> {
             renewer,
             queue: VecDeque::new(),
             warned_no_data_lease: false,
+            observer: Observer::default(),
+            given_up: HashMap::new(),
         }
     }
 
     pub fn stopping(&self) -> bool {
         self.stop.load(Ordering::SeqCst)
+    }
+
+    pub fn stop_flag(&self) -> &'a AtomicBool {
+        self.stop
+    }
+
+    /// This instance gave `name` up (its consumer stalled).
+    pub fn gave_up(&mut self, name: &OsStr) {
+        self.given_up.insert(name.to_os_string(), Instant::now());
+    }
+
+    /// The idleness judge for now (see [`super::idle`]).
+    pub fn judge(&self) -> Judge<'_> {
+        judge(self.spout, &self.observer)
+    }
+
+    /// Looks at the lock files (and DIRLOCK) for the observed idleness.
+    fn observe(&mut self, locks: &[(PathBuf, std::fs::Metadata)]) {
+        let dirlock = self.layout.locks.join(lock::DIRLOCK);
+        let mut present: Vec<PathBuf> = locks.iter().map(|(p, _)| p.clone()).collect();
+        for (p, m) in locks {
+            self.observer.observe(p, m);
+        }
+        if let Ok(m) = std::fs::metadata(&dirlock) {
+            self.observer.observe(&dirlock, &m);
+            present.push(dirlock);
+        }
+        self.observer.keep_only(&present);
     }
 
     pub(super) fn next_file(&mut self) -> Result<Option<Claim>, SpoutError> {
@@ -142,13 +195,17 @@ impl<'a> Claimer<'a> {
     /// gone) is resumed before any new file is started. DIRLOCK is only
     /// taken when some lock file is idle by its mtime at all.
     fn take_over_idle(&mut self) -> Result<Option<Claim>, SpoutError> {
-        let locks_dir = &self.layout.locks;
+        let locks_dir = self.layout.locks.clone();
+        let locks = lock::list_lock_files(&locks_dir).map_err(|e| SpoutError::io(&locks_dir, e))?;
+        if !self.spout.clocks_insync {
+            self.observe(&locks);
+        }
         let timeout = self.spout.lock_timeout;
-        let locks = lock::list_lock_files(locks_dir).map_err(|e| SpoutError::io(locks_dir, e))?;
-        if !lock::any_idle(&locks, wall_ms(), timeout) {
+        self.given_up.retain(|_, at| at.elapsed() < timeout);
+        if !lock::any_idle(&locks, self.judge()) {
             return Ok(None);
         }
-        let Some(dirlock) = DirLock::acquire(&self.renewer, locks_dir, timeout, wall_ms())
+        let Some(dirlock) = DirLock::acquire(&self.renewer, &locks_dir, self.judge())
             .map_err(|e| lock_err(&locks_dir.join(lock::DIRLOCK), e))?
         else {
             return Ok(None);
@@ -164,14 +221,20 @@ impl<'a> Claimer<'a> {
 
     /// Under DIRLOCK: takes over the oldest idle lock whose leases can be
     /// had, and finds the place to resume in its data file.
-    fn scan_idle(&mut self, locks: &[(PathBuf, u64)]) -> Result<Option<Claim>, SpoutError> {
+    fn scan_idle(
+        &mut self,
+        locks: &[(PathBuf, std::fs::Metadata)],
+    ) -> Result<Option<Claim>, SpoutError> {
         let s = self.spout;
         for (path, _) in locks {
             let Some(name) = name_of(path) else {
                 continue;
             };
+            if self.given_up.contains_key(&name) {
+                continue;
+            }
             let (lock, previous) =
-                match FileLock::take_over(&self.renewer, path, &s.id, s.lock_timeout, wall_ms()) {
+                match FileLock::take_over(&self.renewer, path, &s.id, self.judge()) {
                     Ok(TakeOver::Taken { lock, previous }) => (lock, previous),
                     Ok(_) | Err(LockError::Lost) => continue,
                     Err(e) => return Err(lock_err(path, e)),

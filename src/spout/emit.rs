@@ -16,6 +16,7 @@
 use std::io::Write;
 
 use super::error::EmitError;
+use super::watch::Watch;
 
 /// A consumer of records.
 pub trait Emitter {
@@ -38,12 +39,36 @@ pub trait Emitter {
     fn end_file(&mut self) -> Result<(), EmitError> {
         self.flush()
     }
+    /// No more records for this file: hand on what is left and let the
+    /// consumer see the end (an `--exec` command gets EOF), without waiting
+    /// for it; [`Emitter::end_file`] follows.
+    fn close_input(&mut self) -> Result<(), EmitError> {
+        self.flush()
+    }
     /// Drops records emitted but not delivered: their file was taken over
     /// by another instance, which emits them again from the last commit.
     fn discard(&mut self) {}
     /// The run is over: flush and finish.
     fn finish(&mut self) -> Result<(), EmitError> {
         self.flush()
+    }
+    /// Hands the emitter the run's [`Watch`] (stop request, consumer
+    /// progress). `true` when the emitter itself reports its consumer's
+    /// progress there; otherwise the run counts every record the emitter
+    /// took as progress.
+    fn watch(&mut self, _w: &Watch) -> bool {
+        false
+    }
+    /// Whether the consumer of the current file still runs and may
+    /// acknowledge more (an `--exec` command); writers have no such state.
+    fn consumer_running(&mut self) -> bool {
+        false
+    }
+    /// Kills the consumer of the current file (its whole process tree) and
+    /// drops what it did not acknowledge: it stalled, or the file is given
+    /// up. By default the same as [`Emitter::discard`].
+    fn abort(&mut self) {
+        self.discard()
     }
 }
 

@@ -61,6 +61,33 @@ pub enum EmitError {
     },
     #[error("standard output: {0}")]
     Stdout(std::io::Error),
+    /// The consumer neither took nor acknowledged a record for the
+    /// progress timeout: it was killed (whole process tree) after
+    /// acknowledging `acked` records of its file.
+    #[error(
+        "`{cmd}` made no progress for {quiet_ms} ms: killed after acknowledging {acked} records"
+    )]
+    Stalled {
+        cmd: String,
+        quiet_ms: u64,
+        acked: u64,
+    },
+    /// The spout was asked to stop and the consumer did not finish what it
+    /// was given within the grace: it was killed after acknowledging
+    /// `acked` records (or it was not given all its records).
+    #[error("`{cmd}` stopped with the spout after acknowledging {acked} records")]
+    Stopped { cmd: String, acked: u64 },
+}
+
+impl EmitError {
+    /// For a consumer that was given up (stalled, or stopped with the
+    /// spout): how many of its file's records it acknowledged for good.
+    pub fn acknowledged_before_kill(&self) -> Option<u64> {
+        match self {
+            EmitError::Stalled { acked, .. } | EmitError::Stopped { acked, .. } => Some(*acked),
+            _ => None,
+        }
+    }
 }
 
 impl SpoutError {

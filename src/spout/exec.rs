@@ -14,9 +14,19 @@ use std::io::{Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
 
 use super::emit::{Emitter, LineBuffer};
 use super::error::EmitError;
+use super::tree::kill_tree;
+use super::watch::Watch;
+
+/// How long a command is given, once the spout was asked to stop, to
+/// finish the records it was given (it got EOF) before it is killed.
+pub const STOP_GRACE: Duration = Duration::from_secs(10);
+/// How often the waits look at the command, its acknowledgements and the
+/// watch.
+const POLL: Duration = Duration::from_millis(20);
 
 /// Records as lines on the standard input of `sh -c CMD`, one command per
 /// file. The command runs in its own process group, so a Ctrl-C meant for
@@ -28,6 +38,18 @@ pub struct ExecEmitter {
     cmd: String,
     run: Option<Consumer>,
     lines: LineBuffer,
+    watch: Option<Watch>,
+    /// When the stop request was first seen by a wait.
+    stop_seen: Option<Instant>,
+}
+
+/// Why writing to the command's stdin stopped.
+enum WriteFail {
+    Io(std::io::Error),
+    /// No progress for the progress timeout.
+    Stalled,
+    /// The spout is stopping: the rest is not handed on.
+    Stopping,
 }
 
 /// The command consuming one file.
@@ -46,6 +68,11 @@ struct Consumer {
     partial: Vec<u8>,
     emitted: u64,
     acked: u64,
+    /// Bytes left in the pipe at the last look: less means it read.
+    unread: usize,
+    /// Records of its file were not handed on (the spout stopped): an
+    /// exit 0 does not acknowledge the file.
+    short: bool,
 }
 
 fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
@@ -77,6 +104,8 @@ impl ExecEmitter {
             cmd: cmd.to_string(),
             run: None,
             lines: LineBuffer::new(),
+            watch: None,
+            stop_seen: None,
         }
     }
 
@@ -127,6 +156,8 @@ impl ExecEmitter {
             partial: Vec::new(),
             emitted: 0,
             acked: 0,
+            unread: 0,
+            short: false,
         })
     }
 
@@ -147,8 +178,32 @@ impl ExecEmitter {
         }
     }
 
+    /// Whether a command that is still running must be given up: stalled
+    /// (no progress for the progress timeout), or still busy `STOP_GRACE`
+    /// after the spout was asked to stop.
+    fn judge(&mut self, r: &Consumer) -> Option<EmitError> {
+        let w = self.watch.as_ref()?;
+        if w.stalled() {
+            return Some(EmitError::Stalled {
+                cmd: self.cmd.clone(),
+                quiet_ms: w.quiet_for().as_millis() as u64,
+                acked: r.acked,
+            });
+        }
+        if w.stop_requested() {
+            let seen = *self.stop_seen.get_or_insert_with(Instant::now);
+            if seen.elapsed() >= STOP_GRACE {
+                return Some(EmitError::Stopped {
+                    cmd: self.cmd.clone(),
+                    acked: r.acked,
+                });
+            }
+        }
+        None
+    }
+
     /// EOF for the file's command, then its exit; `Err` if it left input
-    /// unread.
+    /// unread, or if it had to be killed (see [`ExecEmitter::judge`]).
     fn wait(&mut self) -> Result<ExitStatus, EmitError> {
         let Some(mut r) = self.run.take() else {
             return Err(EmitError::CommandGone {
@@ -157,10 +212,33 @@ impl ExecEmitter {
             });
         };
         r.stdin = None;
-        let status = r.child.wait().map_err(|source| EmitError::CommandGone {
-            cmd: self.cmd.clone(),
-            source,
-        })?;
+        let status = loop {
+            match r.child.try_wait() {
+                Ok(Some(st)) => break st,
+                Ok(None) => {}
+                Err(source) => {
+                    return Err(EmitError::CommandGone {
+                        cmd: self.cmd.clone(),
+                        source,
+                    });
+                }
+            }
+            let watch = self.watch.as_ref();
+            r.read_acks(watch);
+            r.note_reading(watch);
+            if let Some(e) = self.judge(&r) {
+                give_up(&mut r);
+                return Err(e);
+            }
+            std::thread::sleep(POLL);
+        };
+        r.read_acks(None);
+        if r.short {
+            return Err(EmitError::Stopped {
+                cmd: self.cmd.clone(),
+                acked: r.acked,
+            });
+        }
         let left = unread(&r.probe);
         if status.success() && left > 0 {
             return Err(EmitError::CommandGone {
@@ -174,38 +252,82 @@ impl ExecEmitter {
     }
 }
 
+/// Kills the command's whole tree and reaps it.
+fn give_up(r: &mut Consumer) {
+    r.stdin = None;
+    kill_tree(r.child.id());
+    let _ = r.child.wait();
+    r.read_acks(None);
+}
+
 impl Consumer {
-    /// Writes all of `data`, waiting for room while the command lives.
-    fn write_all(&mut self, mut data: &[u8]) -> std::io::Result<()> {
-        let Some(w) = self.stdin.as_mut() else {
-            return Err(std::io::ErrorKind::BrokenPipe.into());
-        };
+    /// Writes all of `data`, waiting for room while the command lives,
+    /// takes input and the spout is not stopping.
+    fn write_all(&mut self, mut data: &[u8], watch: Option<&Watch>) -> Result<(), WriteFail> {
         while !data.is_empty() {
+            let Some(w) = self.stdin.as_mut() else {
+                return Err(WriteFail::Io(std::io::ErrorKind::BrokenPipe.into()));
+            };
             match w.write(data) {
-                Ok(n) => data = &data[n..],
+                Ok(n) => {
+                    data = &data[n..];
+                    if let Some(w) = watch {
+                        w.beat();
+                    }
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    if self.child.try_wait()?.is_some() {
-                        return Err(std::io::Error::new(
+                    if self.child.try_wait().map_err(WriteFail::Io)?.is_some() {
+                        return Err(WriteFail::Io(std::io::Error::new(
                             std::io::ErrorKind::BrokenPipe,
                             "the command exited before reading all its input",
-                        ));
+                        )));
                     }
+                    self.read_acks(watch);
+                    if let Some(w) = watch {
+                        if w.stop_requested() {
+                            self.short = true;
+                            return Err(WriteFail::Stopping);
+                        }
+                        if w.stalled() {
+                            return Err(WriteFail::Stalled);
+                        }
+                    }
+                    let Some(w) = self.stdin.as_ref() else {
+                        continue;
+                    };
                     let mut fds = [nix::poll::PollFd::new(
                         w.as_fd(),
                         nix::poll::PollFlags::POLLOUT,
                     )];
-                    let _ = nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(100u16));
+                    let _ = nix::poll::poll(
+                        &mut fds,
+                        nix::poll::PollTimeout::from(POLL.as_millis() as u16),
+                    );
                 }
-                Err(e) => return Err(e),
+                Err(e) => return Err(WriteFail::Io(e)),
             }
         }
         Ok(())
     }
 
+    /// Progress by reading: fewer bytes left in the pipe than at the last
+    /// look.
+    fn note_reading(&mut self, watch: Option<&Watch>) {
+        let left = unread(&self.probe);
+        if left < self.unread
+            && let Some(w) = watch
+        {
+            w.beat();
+        }
+        self.unread = left;
+    }
+
     /// Reads what the command acknowledged since (cumulative counts; the
-    /// largest one counts, capped by what was emitted).
-    fn read_acks(&mut self) {
+    /// largest one counts, capped by what was emitted); a larger count is
+    /// progress.
+    fn read_acks(&mut self, watch: Option<&Watch>) {
+        let before = self.acked;
         let mut buf = [0u8; 4096];
         loop {
             match self.acks.read(&mut buf) {
@@ -228,6 +350,11 @@ impl Consumer {
                 ),
             }
         }
+        if self.acked > before
+            && let Some(w) = watch
+        {
+            w.beat();
+        }
     }
 }
 
@@ -239,7 +366,11 @@ impl Emitter for ExecEmitter {
             let _ = self.wait();
         }
         self.lines.buf.clear();
+        self.stop_seen = None;
         self.run = Some(self.spawn(name)?);
+        if let Some(w) = &self.watch {
+            w.beat();
+        }
         Ok(())
     }
 
@@ -255,15 +386,36 @@ impl Emitter for ExecEmitter {
 
     fn flush(&mut self) -> Result<(), EmitError> {
         let r = match self.run.as_mut() {
-            Some(r) => r.write_all(&self.lines.buf),
-            None => Err(std::io::ErrorKind::BrokenPipe.into()),
+            Some(r) => r.write_all(&self.lines.buf, self.watch.as_ref()),
+            None => Err(WriteFail::Io(std::io::ErrorKind::BrokenPipe.into())),
         };
         match r {
             Ok(()) => {
                 self.lines.buf.clear();
                 Ok(())
             }
-            Err(e) => {
+            // What is left is not handed on; the command gets EOF and the
+            // grace to finish the rest (see `wait`).
+            Err(WriteFail::Stopping) => {
+                self.lines.buf.clear();
+                Ok(())
+            }
+            Err(WriteFail::Stalled) => {
+                self.lines.buf.clear();
+                let Some(mut r) = self.run.take() else {
+                    return Err(self.gone(std::io::ErrorKind::BrokenPipe.into()));
+                };
+                give_up(&mut r);
+                Err(EmitError::Stalled {
+                    cmd: self.cmd.clone(),
+                    quiet_ms: self
+                        .watch
+                        .as_ref()
+                        .map_or(0, |w| w.quiet_for().as_millis() as u64),
+                    acked: r.acked,
+                })
+            }
+            Err(WriteFail::Io(e)) => {
                 if let Some(r) = self.run.as_mut() {
                     r.stdin = None;
                 }
@@ -273,10 +425,38 @@ impl Emitter for ExecEmitter {
     }
 
     fn acknowledged(&mut self) -> Result<Option<u64>, EmitError> {
+        let watch = self.watch.as_ref();
         Ok(self.run.as_mut().map(|r| {
-            r.read_acks();
+            r.read_acks(watch);
+            r.note_reading(watch);
             r.acked
         }))
+    }
+
+    fn close_input(&mut self) -> Result<(), EmitError> {
+        self.flush()?;
+        if let Some(r) = self.run.as_mut() {
+            r.stdin = None;
+        }
+        Ok(())
+    }
+
+    fn watch(&mut self, w: &Watch) -> bool {
+        self.watch = Some(w.clone());
+        true
+    }
+
+    fn consumer_running(&mut self) -> bool {
+        self.run
+            .as_mut()
+            .is_some_and(|r| matches!(r.child.try_wait(), Ok(None)))
+    }
+
+    fn abort(&mut self) {
+        self.lines.buf.clear();
+        if let Some(mut r) = self.run.take() {
+            give_up(&mut r);
+        }
     }
 
     fn end_file(&mut self) -> Result<(), EmitError> {
@@ -313,6 +493,9 @@ impl Drop for ExecEmitter {
         // waiting for input.
         if let Some(mut r) = self.run.take() {
             r.stdin = None;
+            if self.watch.as_ref().is_some_and(|w| w.stop_requested()) {
+                kill_tree(r.child.id());
+            }
             let _ = r.child.wait();
         }
     }

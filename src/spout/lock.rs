@@ -18,10 +18,10 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use super::entry::{LogEntry, Offset, Position, read_last_entry};
 use super::error::SpoutError;
+use super::idle::{Judge, mtime_ms};
 use super::renew::{RenewedLease, Renewer};
 use crate::sync::{AtomicBool, Ordering};
 
@@ -69,16 +69,6 @@ pub(super) fn set_blocking(file: &File) {
         let flags = OFlag::from_bits_truncate(bits) & !OFlag::O_NONBLOCK;
         let _ = fcntl(file, FcntlArg::F_SETFL(flags));
     }
-}
-
-/// Milliseconds since the Unix epoch of a file's modification time.
-fn mtime_ms(meta: &std::fs::Metadata) -> u64 {
-    (meta.mtime().max(0) as u64) * 1000 + (meta.mtime_nsec().max(0) as u64) / 1_000_000
-}
-
-/// Storm's rule for an idle lock: modified no later than `now - timeout`.
-fn idle(mtime_ms: u64, now_ms: u64, timeout: Duration) -> bool {
-    mtime_ms <= now_ms.saturating_sub(timeout.as_millis() as u64)
 }
 
 /// Unlinks `path` only if it still names the inode `lease` has open, and
@@ -148,7 +138,7 @@ impl FileLock {
             }
             Err(e) => return Err(e.into()),
         };
-        let lease = match renewer.adopt(file) {
+        let lease = match renewer.adopt_watched(file) {
             Ok(l) => l,
             Err(e) => {
                 let _ = std::fs::remove_file(path);
@@ -168,28 +158,28 @@ impl FileLock {
         Ok(Some(lock))
     }
 
-    /// Takes over `path` if it has been idle for `timeout` (its mtime and
-    /// its last entry's time both at or before `now - timeout`, Storm's
-    /// rule) **and** its lease can be had: the open for append succeeds
-    /// only once the owner released it or stopped renewing for the mount's
-    /// soft limit (the daemon recovers the file first).
+    /// Takes over `path` if it is idle by `judge` (Storm's rule with clocks
+    /// in sync: its mtime and its last entry's time both at or before
+    /// `now - timeout`; else: seen unchanged for the timeout) **and** its
+    /// lease can be had: the open for append succeeds only once the owner
+    /// released it or stopped renewing for the mount's soft limit (the
+    /// daemon recovers the file first).
     pub fn take_over(
         renewer: &Renewer,
         path: &Path,
         spout_id: &str,
-        timeout: Duration,
-        now_ms: u64,
+        judge: Judge<'_>,
     ) -> Result<TakeOver, LockError> {
         let meta = match std::fs::metadata(path) {
             Ok(m) => m,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(TakeOver::Gone),
             Err(e) => return Err(e.into()),
         };
-        if !idle(mtime_ms(&meta), now_ms, timeout) {
+        if !judge.idle(path, &meta) {
             return Ok(TakeOver::NotIdle);
         }
         match read_last_entry(path) {
-            Ok(Some(e)) if !idle(e.time_ms, now_ms, timeout) => return Ok(TakeOver::NotIdle),
+            Ok(Some(e)) if !judge.entry_idle(&e) => return Ok(TakeOver::NotIdle),
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(TakeOver::Gone),
             Err(e) => return Err(e.into()),
@@ -200,7 +190,9 @@ impl FileLock {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(TakeOver::Gone),
             Err(e) => return Err(e.into()),
         };
-        let lease = renewer.adopt(file).map_err(LockError::NoClientRenewal)?;
+        let lease = renewer
+            .adopt_watched(file)
+            .map_err(LockError::NoClientRenewal)?;
         // The lease is ours now and the old owner is fenced: what the file
         // holds at this point is final, so read the entry to resume from
         // again (the owner may have committed between our checks). A lock
@@ -306,14 +298,13 @@ pub struct DirLock {
 
 impl DirLock {
     /// Creates `DIRLOCK` exclusively, or takes over one that is stale:
-    /// older than `timeout` and with a lease that was released or expired
-    /// (its owner died or stopped mid-scan). `Ok(None)` when another
-    /// instance holds it.
+    /// idle by `judge` and with a lease that was released or expired (its
+    /// owner died or stopped mid-scan). `Ok(None)` when another instance
+    /// holds it.
     pub fn acquire(
         renewer: &Renewer,
         lock_dir: &Path,
-        timeout: Duration,
-        now_ms: u64,
+        judge: Judge<'_>,
     ) -> Result<Option<DirLock>, LockError> {
         let path = lock_dir.join(DIRLOCK);
         let opened = OpenOptions::new()
@@ -324,7 +315,7 @@ impl DirLock {
         let file = match opened {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists || is_busy(&e) => {
-                match Self::open_stale(&path, timeout, now_ms)? {
+                match Self::open_stale(&path, judge)? {
                     Some(f) => {
                         tracing::warn!(path = %path.display(), "took over a stale DIRLOCK");
                         f
@@ -345,9 +336,9 @@ impl DirLock {
     }
 
     /// Opens an existing DIRLOCK for append if it is stale.
-    fn open_stale(path: &Path, timeout: Duration, now_ms: u64) -> Result<Option<File>, LockError> {
+    fn open_stale(path: &Path, judge: Judge<'_>) -> Result<Option<File>, LockError> {
         match std::fs::metadata(path) {
-            Ok(m) if idle(mtime_ms(&m), now_ms, timeout) => {}
+            Ok(m) if judge.idle(path, &m) => {}
             Ok(_) => return Ok(None),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e.into()),
@@ -361,7 +352,7 @@ impl DirLock {
         };
         // The name may have been replaced by a fresh DIRLOCK between the
         // stat and the open; only a stale one may be taken.
-        if !idle(mtime_ms(&file.metadata()?), now_ms, timeout) {
+        if !judge.idle(path, &file.metadata()?) {
             return Ok(None);
         }
         Ok(Some(file))
@@ -378,9 +369,9 @@ impl DirLock {
     }
 }
 
-/// Lock files of `lock_dir` (DIRLOCK excluded) with their mtimes, oldest
-/// first.
-pub fn list_lock_files(lock_dir: &Path) -> std::io::Result<Vec<(PathBuf, u64)>> {
+/// Lock files of `lock_dir` (DIRLOCK excluded) with their metadata, oldest
+/// modification first.
+pub fn list_lock_files(lock_dir: &Path) -> std::io::Result<Vec<(PathBuf, std::fs::Metadata)>> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir(lock_dir)? {
         let entry = entry?;
@@ -393,17 +384,21 @@ pub fn list_lock_files(lock_dir: &Path) -> std::io::Result<Vec<(PathBuf, u64)>> 
             Err(e) => return Err(e),
         };
         if meta.is_file() {
-            out.push((entry.path(), mtime_ms(&meta)));
+            out.push((entry.path(), meta));
         }
     }
-    out.sort_by(|a, b| a.1.cmp(&b.1).then_with(|| a.0.cmp(&b.0)));
+    out.sort_by(|a, b| {
+        mtime_ms(&a.1)
+            .cmp(&mtime_ms(&b.1))
+            .then_with(|| a.0.cmp(&b.0))
+    });
     Ok(out)
 }
 
-/// Whether `lock_dir` has a lock file idle by mtime, the cheap test that
-/// decides whether a scan under DIRLOCK is worth it.
-pub fn any_idle(locks: &[(PathBuf, u64)], now_ms: u64, timeout: Duration) -> bool {
-    locks.iter().any(|(_, m)| idle(*m, now_ms, timeout))
+/// Whether `lock_dir` has a lock file idle by `judge` (its metadata only),
+/// the cheap test that decides whether a scan under DIRLOCK is worth it.
+pub fn any_idle(locks: &[(PathBuf, std::fs::Metadata)], judge: Judge<'_>) -> bool {
+    locks.iter().any(|(p, m)| judge.idle(p, m))
 }
 
 /// Turns a lock error of `path` into the run's error; `Lost` (not an error
@@ -416,19 +411,5 @@ pub(super) fn lock_err(path: &Path, e: LockError) -> SpoutError {
         },
         LockError::Io(e) => SpoutError::io(path, e),
         LockError::Lost => SpoutError::io(path, std::io::Error::other("lease lost")),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn idle_is_storms_at_or_before() {
-        let t = Duration::from_secs(3);
-        assert!(idle(7_000, 10_000, t));
-        assert!(!idle(7_001, 10_000, t));
-        // Shortly after the epoch (a fake clock) nothing underflows.
-        assert!(idle(0, 1_000, t));
     }
 }

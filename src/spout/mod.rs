@@ -21,9 +21,14 @@
 //!
 //! Before claiming a new file an instance looks for lock files idle for
 //! longer than `lock_timeout` (under `LOCKDIR/DIRLOCK`) and takes one over
-//! if its owner's lease is gone, resuming from its last entry. Files that
-//! are not UTF-8 text, hold NUL bytes or cannot be read go to the bad
-//! directory. Nothing here knows about the command line.
+//! if its owner's lease is gone, resuming from its last entry (idleness
+//! by the wall clock or, with `clocks_insync(false)`, by observation: see
+//! [`idle`]). A line that is not UTF-8 text, holds a NUL byte or cannot be
+//! read ends its file's good prefix: the lines before it are emitted, then
+//! the file goes to the bad directory (Storm's rule). A consumer that makes
+//! no progress for the progress timeout is killed and its file given up
+//! ([`watch`]); `max_outstanding` bounds unacknowledged records. Nothing
+//! here knows about the command line.
 //!
 //! ```no_run
 //! use std::sync::atomic::AtomicBool;
@@ -55,10 +60,13 @@ pub mod emit;
 pub mod entry;
 pub mod error;
 pub mod exec;
+pub mod idle;
 pub mod lock;
 pub mod progress;
 pub mod reader;
 pub mod renew;
+pub mod tree;
+pub mod watch;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -68,6 +76,7 @@ pub use entry::{LogEntry, Offset, Position};
 pub use error::{EmitError, SpoutError};
 pub use exec::ExecEmitter;
 pub use progress::{Progress, Stats};
+pub use watch::Watch;
 
 use crate::sync::{Arc, AtomicBool};
 
@@ -101,6 +110,11 @@ pub struct Spout {
     renew_interval: Option<Duration>,
     poll_interval: Duration,
     once: bool,
+    /// `None`: a consumer may make no progress for as long as it likes.
+    progress_timeout: Option<Duration>,
+    /// 0: no bound.
+    max_outstanding: u64,
+    clocks_insync: bool,
     progress: Arc<Progress>,
 }
 
@@ -133,6 +147,9 @@ impl Spout {
             renew_interval: None,
             poll_interval: DEFAULT_POLL_INTERVAL,
             once: false,
+            progress_timeout: None,
+            max_outstanding: 0,
+            clocks_insync: true,
             progress: Arc::new(Progress::default()),
         }
     }
@@ -183,6 +200,30 @@ impl Spout {
     /// this or any instance) and no DIRLOCK. Otherwise run until stopped.
     pub fn once(mut self, once: bool) -> Self {
         self.once = once;
+        self
+    }
+
+    /// Kill a consumer that neither takes nor acknowledges a record for
+    /// this long (whole process tree), stop renewing its file's leases and
+    /// give the file up for another instance. `None`: never. The CLI's
+    /// default is the lock timeout.
+    pub fn progress_timeout(mut self, t: Option<Duration>) -> Self {
+        self.progress_timeout = t;
+        self
+    }
+    /// At most this many records emitted and not yet acknowledged (Storm's
+    /// `hdfsspout.max.outstanding`); 0: no bound.
+    pub fn max_outstanding(mut self, n: u64) -> Self {
+        self.max_outstanding = n;
+        self
+    }
+    /// Storm's `hdfsspout.clocks.insync`: `true` (the default) decides a
+    /// lock file's idleness by comparing its modification time and last
+    /// entry with this host's wall clock; `false` by watching it: idle once
+    /// it did not change for the lock timeout of this instance's own
+    /// monotonic clock, whatever the clocks say.
+    pub fn clocks_insync(mut self, insync: bool) -> Self {
+        self.clocks_insync = insync;
         self
     }
 
@@ -239,6 +280,9 @@ impl Spout {
         }
         if self.commit_interval.is_zero() {
             return bad("the commit interval must be greater than 0");
+        }
+        if self.progress_timeout.is_some_and(|t| t.is_zero()) {
+            return bad("the progress timeout must be greater than 0");
         }
         if let Some(r) = self.renew_interval {
             if r.is_zero() {
