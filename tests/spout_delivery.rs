@@ -217,7 +217,7 @@ fn a_lock_dated_a_day_ahead_is_taken_over_when_clocks_are_not_in_sync() {
     ));
     // With clocks in sync the entry is not idle for a day: nothing moves.
     let mut insync = Inst::spawn(&m, "insync", &["--lock-timeout", "2"]);
-    let_time_pass(Duration::from_secs(4));
+    let_time_pass(Duration::from_secs(3));
     insync.signal(libc::SIGTERM);
     insync.wait_ok(Duration::from_secs(20));
     assert!(insync.takeovers().is_empty(), "{}", insync.stderr());
@@ -364,7 +364,7 @@ fn the_count_commit_counts_acknowledged_records() {
     publish(&m, "f", &lines);
     let pid = m.dir.path().join("consumer.pid");
     let cmd = format!(
-        "echo $$ > '{}'; n=0; while IFS= read -r l; do n=$((n+1)); echo $n >&3; done; sleep 600",
+        "echo $$ > '{}'; n=0; while IFS= read -r l; do n=$((n+1)); echo $n >&3; done; exec sleep 600",
         pid.display()
     );
     let mut first = Inst::spawn(
