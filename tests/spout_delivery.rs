@@ -400,3 +400,68 @@ fn the_count_commit_counts_acknowledged_records() {
         "acknowledged records emitted again"
     );
 }
+
+/// SIGTERM reaches a spout whose stdout is a pipe nobody reads (it waits
+/// for room with `poll`, not in a blocking write): it exits 0 at once, and
+/// its commit covers exactly the whole lines that went into the pipe.
+#[test]
+fn sigterm_stops_a_spout_whose_stdout_nobody_reads() {
+    use std::io::Read;
+    use std::process::{Command, Stdio};
+    let m = Mount::with_o(MOUNT_O);
+    setup(&m);
+    let lines = lines_of("f", 100_000);
+    publish(&m, "f", &lines);
+    let err = m.dir.path().join("s.err");
+    let mut child = Command::new(bin())
+        .args(["spout", "in", "--done", "done", "--id", "s", "--once"])
+        .current_dir(&m.mnt)
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&err).expect("create err"))
+        .spawn()
+        .expect("spawn leasefs spout");
+    let stderr = || std::fs::read_to_string(&err).unwrap_or_default();
+    // The pipe is full and stays so: the spout waits for room.
+    assert!(
+        wait_until(Duration::from_secs(20), || m
+            .path("in/f.inprogress")
+            .exists()),
+        "{}",
+        stderr()
+    );
+    let_time_pass(Duration::from_secs(1));
+    kill(child.id(), libc::SIGTERM);
+    let mut status = None;
+    let exited = wait_until(Duration::from_secs(10), || {
+        status = child.try_wait().expect("try_wait");
+        status.is_some()
+    });
+    if !exited {
+        kill(child.id(), libc::SIGKILL);
+        let _ = child.wait();
+        panic!("SIGTERM not acted on while stdout was full\n{}", stderr());
+    }
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "{status:?}\n{}",
+        stderr()
+    );
+    let mut got = String::new();
+    child
+        .stdout
+        .take()
+        .expect("stdout")
+        .read_to_string(&mut got)
+        .expect("read the pipe");
+    assert!(got.ends_with('\n'), "a torn line in the pipe");
+    let n = got.lines().count();
+    assert!(n > 0 && n < lines.len(), "{n} lines");
+    assert_eq!(got.lines().collect::<Vec<_>>(), lines[..n].to_vec());
+    assert_eq!(
+        last_entry(&m, "in/.lock/f"),
+        Some(("s".to_string(), n as u64 * 10)),
+        "the commit is not what went into the pipe"
+    );
+}

@@ -118,14 +118,33 @@ impl LineBuffer {
 pub struct WriteEmitter<W: Write> {
     out: W,
     lines: LineBuffer,
+    /// Standard output when it is a pipe or a socket: written directly, a
+    /// few lines at a time once `poll` says there is room, so that a stop
+    /// request or a stall is seen even when nobody reads.
+    watched_fd: Option<std::os::fd::RawFd>,
+    watch: Option<Watch>,
+    /// Records of the current file written out whole.
+    delivered: u64,
 }
 
 /// Records as lines on standard output.
 pub type StdoutEmitter = WriteEmitter<std::io::Stdout>;
 
+/// At most this much per write to a pipe: a write no larger than
+/// `PIPE_BUF` into a pipe `poll` says is writable does not block.
+const PIPE_CHUNK: usize = libc::PIPE_BUF;
+
 impl StdoutEmitter {
     pub fn stdout() -> Self {
-        WriteEmitter::new(std::io::stdout())
+        let mut e = WriteEmitter::new(std::io::stdout());
+        let is_pipe = nix::sys::stat::fstat(std::io::stdout()).is_ok_and(|st| {
+            let kind = st.st_mode & libc::S_IFMT;
+            kind == libc::S_IFIFO || kind == libc::S_IFSOCK
+        });
+        if is_pipe {
+            e.watched_fd = Some(libc::STDOUT_FILENO);
+        }
+        e
     }
 }
 
@@ -134,7 +153,60 @@ impl<W: Write> WriteEmitter<W> {
         WriteEmitter {
             out,
             lines: LineBuffer::new(),
+            watched_fd: None,
+            watch: None,
+            delivered: 0,
         }
+    }
+
+    /// Writes the buffer to `fd` whole lines at a time (a line longer than
+    /// a chunk whole), each once there is room, giving up when the spout
+    /// stops or the reader stalls: what was written are whole lines.
+    fn write_watched(&mut self, fd: std::os::fd::RawFd, w: &Watch) -> Result<(), EmitError> {
+        use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+        // SAFETY: standard output stays open for the life of the process.
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        while !self.lines.buf.is_empty() {
+            let mut fds = [PollFd::new(fd, PollFlags::POLLOUT)];
+            let ready = poll(&mut fds, PollTimeout::from(20u16)).is_ok_and(|n| n > 0);
+            if !ready {
+                if w.stop_requested() {
+                    self.lines.buf.clear();
+                    return Err(EmitError::Stopped {
+                        cmd: "standard output".into(),
+                        acked: self.delivered,
+                    });
+                }
+                if w.stalled() {
+                    self.lines.buf.clear();
+                    return Err(EmitError::Stalled {
+                        cmd: "standard output".into(),
+                        quiet_ms: w.quiet_for().as_millis() as u64,
+                        acked: self.delivered,
+                    });
+                }
+                continue;
+            }
+            let buf = &self.lines.buf;
+            let cap = buf.len().min(PIPE_CHUNK);
+            let end = match buf[..cap].iter().rposition(|&b| b == b'\n') {
+                Some(i) => i + 1,
+                None => buf
+                    .iter()
+                    .position(|&b| b == b'\n')
+                    .map_or(buf.len(), |i| i + 1),
+            };
+            match nix::unistd::write(fd, &buf[..end]) {
+                Ok(n) => {
+                    self.delivered += buf[..n].iter().filter(|&&b| b == b'\n').count() as u64;
+                    self.lines.buf.drain(..n);
+                    w.beat();
+                }
+                Err(nix::errno::Errno::EINTR) | Err(nix::errno::Errno::EAGAIN) => {}
+                Err(e) => return Err(EmitError::Stdout(e.into())),
+            }
+        }
+        Ok(())
     }
 
     pub fn into_inner(self) -> W {
@@ -143,6 +215,10 @@ impl<W: Write> WriteEmitter<W> {
 }
 
 impl<W: Write> Emitter for WriteEmitter<W> {
+    fn begin_file(&mut self, _name: &std::ffi::OsStr) -> Result<(), EmitError> {
+        self.delivered = 0;
+        Ok(())
+    }
     fn emit(&mut self, record: &[u8]) -> Result<(), EmitError> {
         if self.lines.push(record) {
             self.flush()?;
@@ -150,12 +226,21 @@ impl<W: Write> Emitter for WriteEmitter<W> {
         Ok(())
     }
     fn flush(&mut self) -> Result<(), EmitError> {
+        if let (Some(fd), Some(w)) = (self.watched_fd, self.watch.clone()) {
+            return self.write_watched(fd, &w);
+        }
         self.lines
             .write_to(&mut self.out)
             .map_err(EmitError::Stdout)
     }
     fn discard(&mut self) {
         self.lines.buf.clear();
+    }
+    fn watch(&mut self, w: &Watch) -> bool {
+        self.watch = Some(w.clone());
+        // Writes to a watched pipe report progress themselves; any other
+        // writer's progress is counted by the run, record by record.
+        self.watched_fd.is_some()
     }
 }
 
