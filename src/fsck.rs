@@ -13,6 +13,7 @@ use crate::error::FsResult;
 use crate::meta::{AdminState, BlockRow, DnId, Meta};
 use crate::pipeline::Datanodes;
 use crate::pipeline::datanodes::{DatanodeStatus, FULL_BELOW, Health};
+use crate::storage::quarantine::{self, Quarantined};
 use crate::storage::{ReplicaStat, ReplicaState, StorageError};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -104,6 +105,18 @@ pub struct Report {
     /// Datanodes being decommissioned and their blocks left to copy.
     #[serde(default)]
     pub decommissioning: Vec<Decommission>,
+    /// Replicas of blocks no file has, kept instead of deleted (see
+    /// `storage::quarantine`): no fault, shown for an operator to look at.
+    #[serde(default)]
+    pub quarantined: Vec<InQuarantine>,
+}
+
+/// A quarantine entry and the datanode that holds it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct InQuarantine {
+    pub datanode: DnId,
+    #[serde(flatten)]
+    pub entry: Quarantined,
 }
 
 impl Report {
@@ -152,6 +165,14 @@ impl Report {
                 self.under_replicated_bytes.div_ceil(1 << 20)
             ));
         }
+        if let Some(first) = self.quarantined.first() {
+            out.push_str(&format!(
+                "\n Quarantined: {} replicas of blocks no file has (the oldest in {}), kept {} days",
+                self.quarantined.len(),
+                first.entry.path.display(),
+                quarantine::RETENTION.as_secs() / 86_400
+            ));
+        }
         for d in &self.decommissioning {
             out.push_str(&format!(
                 "\n Decommissioning: datanode {}: {} of {} blocks left to copy",
@@ -186,9 +207,15 @@ pub struct Check<'a> {
     /// ...once they are this old (writers create replica files just before
     /// recording their block; at mount there are no writers yet).
     pub orphan_grace: Duration,
-    /// Apply the grace to finalized replicas too (automatic housekeeping is
-    /// conservative; an operator's `fsck --repair` removes them at once).
+    /// Apply the grace to finalized replicas and excess copies too
+    /// (automatic housekeeping is conservative; an operator's `fsck
+    /// --repair` on a lone daemon removes them at once).
     pub grace_finalized: bool,
+    /// Other daemons write to these datanodes (a namespace shared over
+    /// etcd): their blocks in flight are not in this daemon's registry
+    /// ([`Datanodes::in_flight`]), so the grace applies to every unknown
+    /// replica and excess copy, whatever its state.
+    pub shared: bool,
     /// With `repair`, also copy blocks short of R replicas in service
     /// (housekeeping, `fsck --repair`). The sweep at mount does not: a
     /// mount after a disk failure is ready at once, and housekeeping
@@ -430,14 +457,22 @@ fn orphans(c: &Check<'_>, blocks: &[BlockRow], r: &mut Report) {
                 continue;
             }
             // A replica is created just before its block is recorded, so a
-            // young rbw one may be about to be referenced.
-            let young = (info.state == ReplicaState::Rbw || c.grace_finalized)
+            // young rbw one may be about to be referenced (and, of another
+            // daemon's, a young one of any kind).
+            let young = (info.state == ReplicaState::Rbw || c.grace_finalized || c.shared)
                 && std::fs::metadata(&info.data_path)
                     .and_then(|m| m.modified())
                     .ok()
                     .and_then(|t| SystemTime::now().duration_since(t).ok())
                     .is_some_and(|age| age < c.orphan_grace);
             if young {
+                continue;
+            }
+            // A block this daemon is writing or copying may be recorded by
+            // a commit in flight. Asked before the metadata is read again:
+            // a writer lets go only after its commit returned, so a block
+            // no longer held here is recorded by then, or truly unknown.
+            if c.dns.in_flight(info.block) {
                 continue;
             }
             // The table read at the start may be older than this replica's
@@ -469,9 +504,31 @@ fn orphans(c: &Check<'_>, blocks: &[BlockRow], r: &mut Report) {
                 repaired: false,
             };
             if c.repair {
-                p.repaired = node.delete(info.block).is_ok();
+                // Unknown is a guess (a restored meta.db forgets newer
+                // blocks): moved aside, never deleted on it.
+                let done = match kind {
+                    ProblemKind::OrphanReplica => node.quarantine(info.block).map(|to| {
+                        p.detail = format!("{}; moved to {}", p.detail, to.display());
+                    }),
+                    _ => node.delete(info.block),
+                };
+                match done {
+                    Ok(()) => p.repaired = true,
+                    Err(e) => p.detail = format!("{}; not removed: {e}", p.detail),
+                }
             }
             r.problems.push(p);
+        }
+    }
+    for node in c.dns.attached() {
+        match node.quarantined() {
+            Ok(list) => r
+                .quarantined
+                .extend(list.into_iter().map(|entry| InQuarantine {
+                    datanode: node.id(),
+                    entry,
+                })),
+            Err(e) => tracing::warn!(datanode = %node.id(), "cannot list the quarantine: {e}"),
         }
     }
 }

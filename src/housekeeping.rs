@@ -134,10 +134,18 @@ impl Housekeeper {
             excess: true,
             orphan_grace: fsck::ORPHAN_GRACE,
             grace_finalized: true,
+            shared: core.cluster.is_some(),
             copy: true,
             pin: &|ino| core.pin(ino),
             recover: &|ino| core.recover(ino, crate::lease::RecoveryReason::HolderGone),
         };
+        // Quarantined replicas past their retention (leader only: one
+        // daemon removes them).
+        for node in core.dns().attached() {
+            if let Err(e) = node.expire_quarantine(crate::storage::quarantine::RETENTION) {
+                tracing::warn!(datanode = %node.id(), "cannot expire the quarantine: {e}");
+            }
+        }
         match fsck::run(&c) {
             Ok(r) => {
                 for p in r.problems.iter().filter(|p| p.repaired) {

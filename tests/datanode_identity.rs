@@ -254,8 +254,18 @@ fn a_missing_datanode_is_reported_dead_and_housekeeping_restores_replication() {
     m.unmount();
     assert_eq!(replica_files(&all[1]), on_b, "b was touched while left out");
 
-    // b comes back: its copies are excess, listed but no fault, and a
-    // repair removes them.
+    // b comes back, as after a long absence (its copies dated 20 minutes
+    // back: over a shared namespace a young copy may be another daemon's
+    // copy in flight, kept for the grace period): its copies are excess,
+    // listed but no fault, and a repair removes them.
+    let then = std::time::SystemTime::now() - Duration::from_secs(1200);
+    for f in std::fs::read_dir(all[1].join("finalized")).unwrap() {
+        let f = std::fs::File::options()
+            .write(true)
+            .open(f.unwrap().path())
+            .unwrap();
+        f.set_modified(then).unwrap();
+    }
     m.set_datanodes(all.clone(), Some(2));
     m.mount();
     let (code, r) = m.fsck_json();

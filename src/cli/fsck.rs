@@ -116,6 +116,7 @@ fn offline(data: &Path, repair: bool) -> Result<Report, String> {
         // No daemon runs on this data directory: nothing is being created.
         orphan_grace: std::time::Duration::ZERO,
         grace_finalized: false,
+        shared: false,
         copy: true,
         pin: &fsck::no_writers,
         recover: &recover,

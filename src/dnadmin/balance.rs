@@ -248,6 +248,8 @@ fn move_replica(core: &Core, b: &BlockRow, from: DnId, to: DnId) -> Result<bool,
     let (Some(src), Some(dst)) = (dns.get(from), dns.get(to)) else {
         return Ok(false);
     };
+    // The copy is excess to every sweep until the commit below lists it.
+    let _hold = dns.hold(b.block_id);
     if let Err(e) = dst.copy_replica_from(&*src, b.block_id, b.gs, b.len, ReplicaState::Finalized) {
         dns.mark_failed(to, &e);
         return Err(e.into());

@@ -54,6 +54,7 @@ impl Core {
             excess: false,
             orphan_grace: Duration::ZERO,
             grace_finalized: false,
+            shared: false,
             copy: false,
             pin: &|ino| self.pin(ino),
             recover: &|ino| self.recover(ino, RecoveryReason::HolderGone),
@@ -119,6 +120,9 @@ impl Core {
             excess: true,
             orphan_grace: crate::fsck::ORPHAN_GRACE,
             grace_finalized: false,
+            // Other daemons' blocks in flight are not in this daemon's
+            // registry: young replicas are theirs to record.
+            shared: self.cluster.is_some(),
             copy: repair,
             pin: &|ino| self.pin(ino),
             recover: &|ino| self.recover(ino, RecoveryReason::HolderGone),

@@ -295,6 +295,8 @@ fn repair_block(
         return serving;
     }
     let mut added = Vec::new();
+    // Copies exist before the commit below lists them.
+    let _hold = c.dns.hold(b.block_id);
     if c.copy && !ins.good.is_empty() && serving < want {
         added = replicate(c.dns, b, &ins.good, want - serving);
     }
@@ -347,7 +349,17 @@ fn repair_block(
             let whole = node
                 .valid_prefix(b.block_id, found)
                 .is_ok_and(|n| n >= b.len);
-            if whole && node.settle(b.block_id, found, b.gs, b.len).is_ok() {
+            // What lies past the recorded length was written under a stamp
+            // the metadata never recorded (or forgot: a restored meta.db):
+            // a copy goes to the quarantine before the cut.
+            let longer = node
+                .stat_replica(b.block_id, found)
+                .is_ok_and(|st| st.data_len > b.len);
+            let kept = !longer
+                || node.keep_copy(b.block_id, found).inspect_err(|e| {
+                    tracing::error!(block = b.block_id, datanode = %dn, "replica not adopted: no copy could be kept: {e}")
+                }).is_ok();
+            if whole && kept && node.settle(b.block_id, found, b.gs, b.len).is_ok() {
                 tracing::warn!(
                     block = b.block_id,
                     datanode = %dn,

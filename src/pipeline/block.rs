@@ -5,6 +5,7 @@
 
 use super::ctx::StreamFile;
 use super::datanodes::FULL_BELOW;
+use super::in_flight::Hold;
 use super::outcome::FileOutcome;
 use super::pipe::{OpenBlock, ReplicaOut, datanodes_of};
 use crate::error::{FsError, FsResult};
@@ -45,6 +46,8 @@ fn open_new(f: &StreamFile, idx: u64, start: u64) -> FsResult<OpenBlock> {
     let pipeline = dns.choose_pipeline()?;
     let block_id = f.ctx.meta.alloc(Counter::Block)?;
     let gs = f.ctx.meta.alloc(Counter::GenStamp)?;
+    // Until the record below: the replicas exist before any row lists them.
+    let _hold = dns.hold(block_id);
     let mut replicas = Vec::new();
     for dn in pipeline {
         let Some(node) = dns.get(dn) else {
@@ -86,16 +89,19 @@ fn open_new(f: &StreamFile, idx: u64, start: u64) -> FsResult<OpenBlock> {
 /// that fails is replaced by a spare where one has room. Nothing is
 /// recorded here: the caller records the block with the file's close, in
 /// one commit, so the file is never under construction on its account.
+/// The block stays in flight (no sweep deletes its replicas) while the
+/// returned hold lives: the caller drops it once the commit returned.
 pub(crate) fn write_whole(
     f: &StreamFile,
     idx: u64,
     data: &[u8],
     crcs: &mut Vec<u32>,
-) -> FsResult<BlockRow> {
+) -> FsResult<(BlockRow, Hold)> {
     let dns = &f.ctx.dns;
     let mut tried = dns.choose_pipeline()?;
     let block_id = f.ctx.meta.alloc(Counter::Block)?;
     let gs = f.ctx.meta.alloc(Counter::GenStamp)?;
+    let hold = dns.hold(block_id);
     crcs.clear();
     chunk_crcs(data, crcs);
     let mut ok = Vec::new();
@@ -119,7 +125,7 @@ pub(crate) fn write_whole(
         return Err(FsError::Io("no datanode could take a new block".into()));
     }
     ok.reverse();
-    Ok(BlockRow {
+    let row = BlockRow {
         ino: f.ino,
         idx,
         block_id,
@@ -127,7 +133,8 @@ pub(crate) fn write_whole(
         len: data.len() as u64,
         finalized: true,
         replicas: ok,
-    })
+    };
+    Ok((row, hold))
 }
 
 /// The file's last block, `len` bytes long, reopened for append under a

@@ -11,6 +11,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use super::in_flight::{Hold, InFlight};
 use super::placement::{self, Candidate};
 use crate::error::{FsError, FsResult};
 use crate::meta::{AdminState, DatanodeRecord, DnId};
@@ -183,6 +184,8 @@ pub struct Datanodes {
     /// so readers take a snapshot and never wait for a change.
     slots: RwLock<Slots>,
     pub replication: usize,
+    /// Blocks this daemon is writing or copying but has not recorded yet.
+    in_flight: Arc<InFlight>,
 }
 
 impl Datanodes {
@@ -197,6 +200,7 @@ impl Datanodes {
         Datanodes {
             slots: RwLock::new(Arc::new(slots)),
             replication,
+            in_flight: Arc::default(),
         }
     }
 
@@ -213,6 +217,19 @@ impl Datanodes {
             });
         }
         Ok(Datanodes::new(nodes, Vec::new(), replication))
+    }
+
+    /// Registers `block` as being written or copied, before its first
+    /// replica file is created, until the hold is dropped after the commit
+    /// that records it (see [`super::in_flight`]).
+    pub fn hold(&self, block: u64) -> Hold {
+        self.in_flight.hold(block)
+    }
+
+    /// Whether this daemon is writing or copying `block` and may not have
+    /// recorded it yet: no sweep deletes its replica files.
+    pub fn in_flight(&self, block: u64) -> bool {
+        self.in_flight.contains(block)
     }
 
     fn snapshot(&self) -> Slots {

@@ -15,6 +15,7 @@
 //! | [`budget`] | the mount's write buffer |
 //! | [`ctx`] | what every stream shares |
 //! | [`datanodes`], [`placement`], [`attach`] | the mount's datanodes, where replicas go, which directory is which |
+//! | [`in_flight`] | blocks written or copied but not yet recorded (no sweep deletes them) |
 //! | [`reader`], [`recovery`] | the read path; lease recovery |
 
 pub mod attach;
@@ -23,6 +24,7 @@ pub mod budget;
 pub mod ctx;
 pub mod datanodes;
 pub mod durable;
+pub mod in_flight;
 pub mod ledger;
 pub mod outcome;
 pub mod pipe;

@@ -309,6 +309,8 @@ fn recover_into_new_block(
 ) -> FsResult<u64> {
     let new_id = meta.alloc(Counter::Block)?;
     let new_gs = meta.alloc(Counter::GenStamp)?;
+    // The copies exist before the commit below records the new block.
+    let _hold = dns.hold(new_id);
     let mut ok = Vec::new();
     for Survivor { dn, gs: found, .. } in survivors {
         let Some(node) = dns.get(dn) else { continue };

@@ -285,7 +285,7 @@ impl OutputStream {
     fn send_whole(&self, streamer: &mut DataStreamer, p: Packet, done: Done) {
         let end = p.end();
         let r = self.contained(|| {
-            let row = streamer.write_whole(&p)?;
+            let (row, _hold) = streamer.write_whole(&p)?;
             let s = lock(&self.st);
             streamer.record_closed(Some(row), end, s.mtime())
         });

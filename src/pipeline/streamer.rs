@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use super::block;
 use super::ctx::StreamFile;
 use super::durable::{self, Replica, SyncJob, Synced};
+use super::in_flight::Hold;
 use super::outcome::FileOutcome;
 use super::pipe::OpenBlock;
 use super::state::Packet;
@@ -122,12 +123,14 @@ impl DataStreamer {
     /// packet (every small file): the block's replicas are written whole,
     /// straight into `finalized/`, and returned for [`Self::record_closed`],
     /// which records block and close in one commit.
-    pub fn write_whole(&mut self, p: &Packet) -> FsResult<BlockRow> {
+    /// The hold keeps the replicas from every sweep until the caller's
+    /// commit returned.
+    pub fn write_whole(&mut self, p: &Packet) -> FsResult<(BlockRow, Hold)> {
         let idx = p.off / self.file.block_size;
-        let row = block::write_whole(&self.file, idx, &p.data, &mut self.crcs)?;
+        let (row, hold) = block::write_whole(&self.file, idx, &p.data, &mut self.crcs)?;
         // Closing promises no durability: a later fsync syncs it.
         self.unsynced.push(row.block_id);
-        Ok(row)
+        Ok((row, hold))
     }
 
     /// Finalises a full block and reports it with the length it implies.

@@ -9,11 +9,13 @@
 //! business.
 
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use super::checksum::CHUNK_SIZE;
 use super::error::StorageError;
 use super::layout::{DnId, ReplicaInfo, ReplicaStat, ReplicaState};
+use super::quarantine::Quarantined;
 use super::reader::ReplicaReader;
 use crate::metrics::IoCounters;
 use crate::sync::Arc;
@@ -290,6 +292,15 @@ pub trait Storage: Send + Sync + fmt::Debug {
     ) -> Result<(), StorageError>;
     /// Removes what interrupted copies left; returns how many files.
     fn clean_tmp(&self) -> Result<usize, StorageError>;
+    /// Moves every file of `block` into the quarantine instead of deleting
+    /// it (see [`super::quarantine`]); returns where it went.
+    fn quarantine(&self, block: u64) -> Result<PathBuf, StorageError>;
+    /// Copies replica `block`@`gs` into the quarantine, leaving it here.
+    fn keep_copy(&self, block: u64, gs: u64) -> Result<PathBuf, StorageError>;
+    /// What the quarantine holds, oldest first.
+    fn quarantined(&self) -> Result<Vec<Quarantined>, StorageError>;
+    /// Removes quarantine entries older than `keep`; returns how many.
+    fn expire_quarantine(&self, keep: Duration) -> Result<usize, StorageError>;
 
     // ---- durability and health --------------------------------------------
 

@@ -9,13 +9,15 @@
 use std::fs::{self, File};
 use std::io;
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use super::api::{ReplicaWrite, Storage};
 use super::error::StorageError;
 use super::fsops::fsync_dir;
 use super::identity::Identity;
 use super::layout::{DnId, Layout, ReplicaInfo, ReplicaStat, ReplicaState};
+use super::quarantine::{self, Quarantined};
 use super::reader::{self, ReplicaReader};
 use super::{locate, maintenance, replica};
 use crate::metrics::IoCounters;
@@ -195,6 +197,23 @@ impl Storage for Datanode {
 
     fn delete(&self, block: u64) -> Result<(), StorageError> {
         locate::delete(&self.layout, block)
+    }
+
+    fn quarantine(&self, block: u64) -> Result<PathBuf, StorageError> {
+        quarantine::quarantine(&self.layout, block)
+    }
+
+    fn keep_copy(&self, block: u64, gs: u64) -> Result<PathBuf, StorageError> {
+        let state = self.stat_replica(block, gs)?.state;
+        quarantine::keep_copy(&self.layout, state, block, gs)
+    }
+
+    fn quarantined(&self) -> Result<Vec<Quarantined>, StorageError> {
+        quarantine::list(&self.layout)
+    }
+
+    fn expire_quarantine(&self, keep: Duration) -> Result<usize, StorageError> {
+        quarantine::expire(&self.layout, keep)
     }
 
     fn delete_recorded(&self, block: u64, gs: u64) -> Result<(), StorageError> {

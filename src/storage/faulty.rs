@@ -17,6 +17,7 @@ use super::api::{ReplicaWrite, Storage, SyncPlan, SyncStep, SyncTask};
 use super::datanode::Datanode;
 use super::error::StorageError;
 use super::layout::{DnId, ReplicaInfo, ReplicaStat, ReplicaState};
+use super::quarantine::Quarantined;
 use super::reader::ReplicaReader;
 use crate::metrics::IoCounters;
 use crate::sync::{Arc, AtomicU64, Condvar, Mutex, Ordering, lock};
@@ -380,6 +381,24 @@ impl Storage for Faulty {
     fn delete_recorded(&self, block: u64, gs: u64) -> Result<(), StorageError> {
         self.check(Op::Delete)?;
         self.inner.delete_recorded(block, gs)
+    }
+
+    fn quarantine(&self, block: u64) -> Result<PathBuf, StorageError> {
+        self.check(Op::Delete)?;
+        self.inner.quarantine(block)
+    }
+
+    fn keep_copy(&self, block: u64, gs: u64) -> Result<PathBuf, StorageError> {
+        self.check(Op::Copy)?;
+        self.inner.keep_copy(block, gs)
+    }
+
+    fn quarantined(&self) -> Result<Vec<Quarantined>, StorageError> {
+        self.inner.quarantined()
+    }
+
+    fn expire_quarantine(&self, keep: Duration) -> Result<usize, StorageError> {
+        self.inner.expire_quarantine(keep)
     }
 
     fn copy_replica_from(

@@ -16,6 +16,7 @@
 //! | [`writer`], [`reader`] | the open files of one replica: appends; verified reads |
 //! | [`replica`] | a replica's lifecycle: create, reopen, restamp, cut, finalize |
 //! | [`maintenance`] | listing, deletion, copies, `tmp/` cleanup, the heartbeat probe |
+//! | [`quarantine`] | unknown replicas kept instead of deleted, for a retention period |
 //! | [`api`] | the [`Storage`] and [`ReplicaWrite`] traits |
 //! | [`datanode`] | [`Datanode`]: open, identity, sync; the real [`Storage`] |
 
@@ -31,6 +32,7 @@ pub mod layout;
 pub mod locate;
 pub mod maintenance;
 mod note;
+pub mod quarantine;
 pub mod reader;
 pub mod replica;
 #[cfg(test)]

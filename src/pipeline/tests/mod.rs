@@ -62,6 +62,9 @@ struct TestLog {
     stamps: Mutex<Vec<(u64, u64)>>,
     /// Rules broken, in words.
     broken: Mutex<Vec<String>>,
+    /// When set, a close's commit waits here twice: once to say it is
+    /// about to commit, once for the test to let it.
+    gate: Mutex<Option<Arc<std::sync::Barrier>>>,
 }
 
 impl TestLog {
@@ -101,6 +104,12 @@ impl TestLog {
 
 impl FileLog for TestLog {
     fn record(&self, what: FileOutcome<'_>, durable: bool) -> FsResult<Vec<BlockRow>> {
+        if matches!(what, FileOutcome::Closed { .. })
+            && let Some(gate) = lock(&self.gate).clone()
+        {
+            gate.wait();
+            gate.wait();
+        }
         let ino = self.uc.ino;
         let mut building = lock(&self.under_construction);
         let put_uc = |uc: &mut bool, ch: &mut Vec<Change>| {
@@ -322,6 +331,7 @@ impl Rig {
             seen: Mutex::default(),
             stamps: Mutex::default(),
             broken: Mutex::default(),
+            gate: Mutex::default(),
         })
     }
 
@@ -713,5 +723,6 @@ fn a_truncation_is_recorded_durably_before_any_replica_is_cut() {
     assert_eq!(rig.read(5000), want);
 }
 
+mod in_flight;
 mod sync_faults;
 mod synced_cache;
