@@ -30,6 +30,7 @@ impl Core {
                 // I/O here, and its directory may hold something else.
                 let node = self.dns().get(d.id);
                 let (written, read, errors) = node.as_ref().map_or((0, 0, 0), |n| n.io().get());
+                let fast = node.as_ref().map(|n| n.io().fast_paths()).unwrap_or_default();
                 let space = node.and_then(|n| space(n.root()));
                 DatanodeStats {
                     id: d.id.to_string(),
@@ -42,6 +43,10 @@ impl Core {
                     bytes_written: written,
                     bytes_read: read,
                     errors,
+                    syncs_ranged: fast.syncs_ranged,
+                    syncs_full: fast.syncs_full,
+                    zero_fills: fast.zero_fills,
+                    one_step_replicas: fast.one_step_replicas,
                 }
             })
             .collect();

@@ -255,6 +255,32 @@ pub struct IoCounters {
     written: AtomicU64,
     read: AtomicU64,
     errors: AtomicU64,
+    fast: [AtomicU64; 4],
+}
+
+/// Which way replicas were made durable here: the figures that show a
+/// test (the power-cut rounds above all) ran the fast paths it guards.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FastPaths {
+    /// Syncs of a replica being written that needed only its new pages
+    /// written back (`sync_file_range`) and one cache flush of the disk.
+    pub syncs_ranged: u64,
+    /// Syncs that `fdatasync`ed (or `fsync`ed) data and checksum files.
+    pub syncs_full: u64,
+    /// Replica stretches zero-filled ahead of their writer.
+    pub zero_fills: u64,
+    /// Replicas written whole into `finalized/` by the one-step small-file
+    /// path.
+    pub one_step_replicas: u64,
+}
+
+/// Indexes into [`IoCounters::fast`].
+#[derive(Clone, Copy)]
+pub enum Fast {
+    SyncRanged,
+    SyncFull,
+    ZeroFill,
+    OneStep,
 }
 
 impl IoCounters {
@@ -269,6 +295,20 @@ impl IoCounters {
     /// A replica write, read or sync failed here.
     pub fn error(&self) {
         self.errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn fast(&self, which: Fast) {
+        self.fast[which as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn fast_paths(&self) -> FastPaths {
+        let get = |w: Fast| self.fast[w as usize].load(Ordering::Relaxed);
+        FastPaths {
+            syncs_ranged: get(Fast::SyncRanged),
+            syncs_full: get(Fast::SyncFull),
+            zero_fills: get(Fast::ZeroFill),
+            one_step_replicas: get(Fast::OneStep),
+        }
     }
 
     /// (bytes written, bytes read, errors).

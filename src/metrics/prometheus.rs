@@ -125,6 +125,24 @@ pub const DN_ERRORS: Name = counter(
     "leasefs_datanode_errors",
     "Failed replica writes, reads and syncs on the datanode",
 );
+/// Which durability paths ran: ranged syncs and zero fills only on ext4,
+/// XFS and tmpfs datanodes; one-step replicas for small files closed whole.
+pub const DN_SYNCS_RANGED: Name = counter(
+    "leasefs_datanode_syncs_ranged",
+    "Replica syncs made by writeback of the new pages and one disk cache flush",
+);
+pub const DN_SYNCS_FULL: Name = counter(
+    "leasefs_datanode_syncs_full",
+    "Replica syncs made by fdatasync or fsync of the replica's files",
+);
+pub const DN_ZERO_FILLS: Name = counter(
+    "leasefs_datanode_zero_fills",
+    "Replica stretches zero-filled ahead of their writer",
+);
+pub const DN_ONE_STEP: Name = counter(
+    "leasefs_datanode_one_step_replicas",
+    "Replicas of small files written whole into finalized/",
+);
 
 /// Every metric, in the order they are exposed.
 pub const NAMES: &[&Name] = &[
@@ -147,6 +165,10 @@ pub const NAMES: &[&Name] = &[
     &DN_WRITTEN,
     &DN_READ,
     &DN_ERRORS,
+    &DN_SYNCS_RANGED,
+    &DN_SYNCS_FULL,
+    &DN_ZERO_FILLS,
+    &DN_ONE_STEP,
 ];
 
 /// The states `leasefs_datanode_state` always lists.
@@ -261,10 +283,14 @@ impl Scrape {
                 }
             }
         }
-        let counters: [(&Name, Field); 3] = [
+        let counters: [(&Name, Field); 7] = [
             (&DN_WRITTEN, |d| Some(d.bytes_written)),
             (&DN_READ, |d| Some(d.bytes_read)),
             (&DN_ERRORS, |d| Some(d.errors)),
+            (&DN_SYNCS_RANGED, |d| Some(d.syncs_ranged)),
+            (&DN_SYNCS_FULL, |d| Some(d.syncs_full)),
+            (&DN_ZERO_FILLS, |d| Some(d.zero_fills)),
+            (&DN_ONE_STEP, |d| Some(d.one_step_replicas)),
         ];
         for (n, get) in counters {
             let mut m = metric(enc, n)?;

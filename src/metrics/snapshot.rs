@@ -33,6 +33,12 @@ pub struct DatanodeStats {
     pub bytes_read: u64,
     /// Failed replica writes, reads and syncs there.
     pub errors: u64,
+    /// How replicas there were made durable (ranged or full syncs, zero
+    /// fills, one-step small files).
+    pub syncs_ranged: u64,
+    pub syncs_full: u64,
+    pub zero_fills: u64,
+    pub one_step_replicas: u64,
 }
 
 /// Every counter and gauge of a mount. Counters only grow while the

@@ -109,7 +109,10 @@ pub(crate) fn write_whole(
     while let Some(dn) = todo.pop() {
         let Some(node) = dns.get(dn) else { continue };
         match node.write_finalized(block_id, gs, data, crcs) {
-            Ok(()) => ok.push(dn),
+            Ok(()) => {
+                node.io().fast(crate::metrics::Fast::OneStep);
+                ok.push(dn)
+            }
             Err(e) => {
                 tracing::warn!(datanode = %dn, "cannot write replica: {e}");
                 dns.mark_failed(dn, &e);

@@ -28,7 +28,7 @@ use super::checksum::{CHUNK_SIZE, chunk_count, crc, crc_offset, meta_len_for};
 use super::error::StorageError;
 use super::fsops::fsync_dir;
 use super::note::{NOTE_LEN, Note};
-use crate::metrics::IoCounters;
+use crate::metrics::{Fast, IoCounters};
 use crate::sync::{Arc, AtomicBool, Ordering};
 
 const CS: u64 = CHUNK_SIZE as u64;
@@ -290,6 +290,7 @@ impl ReplicaWrite for ReplicaWriter {
         let new_note = self.note_pending && !self.note_durable;
         if ranged && once && self.len <= self.zeroed && !new_note {
             self.writeback(libc::SYNC_FILE_RANGE_WRITE)?;
+            self.io.fast(Fast::SyncRanged);
             return Ok(SyncPlan::Ranged);
         }
         let first = !self.synced_once.swap(true, Ordering::AcqRel);
@@ -311,6 +312,7 @@ impl ReplicaWrite for ReplicaWriter {
             let dir = self.dir.clone();
             v.push(SyncTask::new(SyncStep::Dir, move || fsync_dir(&dir)));
         }
+        self.io.fast(Fast::SyncFull);
         Ok(SyncPlan::Full(v))
     }
 
@@ -352,6 +354,7 @@ impl ReplicaWrite for ReplicaWriter {
         // Before the first zero: a fill that fails part way leaves the
         // files longer than the data too, and finishing must cut them.
         self.filled = true;
+        self.io.fast(Fast::ZeroFill);
         let zeros = vec![0u8; 1 << 20];
         for (file, path, want) in [
             (&self.data, &self.data_path, to),

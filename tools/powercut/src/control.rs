@@ -1,5 +1,5 @@
 //! The control socket: one command line in, one reply line out
-//! (`ok ...` or `error ...`). Commands: `cut`, `fail DIR ERRNO [sync]`,
+//! (`ok ...` or `error ...`). Commands: `cut [subset SEED]`, `fail DIR ERRNO [sync]`,
 //! `slow DIR MILLIS`, `heal [DIR]`, `commit-namespace`, `status`.
 
 use std::ffi::OsString;
@@ -45,12 +45,23 @@ fn answer(conn: UnixStream, shared: &Shared) -> io::Result<()> {
 fn run(cmd: &str, shared: &Shared) -> String {
     let words: Vec<&str> = cmd.split_whitespace().collect();
     match words.as_slice() {
-        ["cut"] => {
-            let r = shared.cut();
-            let msg = format!(
+        ["cut"] | ["cut", "subset", _] => {
+            let subset = match words.get(2).map(|w| w.parse::<u64>()) {
+                None => None,
+                Some(Ok(seed)) => Some(crate::journal::Subset::new(seed)),
+                Some(Err(_)) => return format!("error bad seed {:?}", words[2]),
+            };
+            let r = shared.cut(subset);
+            let mut msg = format!(
                 "dropped {} namespace changes and the unsynced data of {} files ({} durable bytes put back)",
                 r.namespace_changes, r.files, r.bytes_restored
             );
+            if let Some(seed) = words.get(2) {
+                msg.push_str(&format!(
+                    "; {} pending sectors kept (subset {seed})",
+                    r.sectors_kept
+                ));
+            }
             eprintln!("powercut: power cut: {msg}");
             if r.errors.is_empty() {
                 format!("ok {msg}")

@@ -127,7 +127,33 @@ pub struct CutReport {
     pub namespace_changes: usize,
     pub files: usize,
     pub bytes_restored: u64,
+    /// In a [`Journal::cut`] with a subset: the pending sectors that
+    /// survived (their new bytes were kept).
+    pub sectors_kept: u64,
     pub errors: Vec<String>,
+}
+
+/// The unit a disk writes atomically, for a cut that keeps a random
+/// subset of what was pending: a 4 KiB block is whole-old or whole-new.
+pub const SECTOR: u64 = 4096;
+
+/// A small deterministic generator (splitmix64): a cut with the same seed
+/// over the same pending writes keeps the same subset.
+pub struct Subset(u64);
+
+impl Subset {
+    pub fn new(seed: u64) -> Subset {
+        Subset(seed)
+    }
+
+    /// Half of all sectors survive.
+    fn keep(&mut self) -> bool {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        (z ^ (z >> 31)) & 1 == 1
+    }
 }
 
 pub struct Journal {
@@ -406,8 +432,14 @@ impl Journal {
     }
 
     /// The power cut: every pending namespace change undone, newest first,
-    /// and every file's durable bytes and size put back.
-    pub fn cut(&self) -> CutReport {
+    /// and every file's durable bytes and size put back. With `subset`, a
+    /// random half of the overwritten sectors keep their new bytes instead:
+    /// a disk writes back its volatile cache in any order, so at a cut
+    /// between two flushes any subset of the writes since the last flush
+    /// may have reached the platter (as CrashMonkey and ALICE model it).
+    /// Sizes still go back to the durable size: what was appended past it
+    /// is lost whole.
+    pub fn cut(&self, mut subset: Option<Subset>) -> CutReport {
         let mut r = CutReport::default();
         let mut ns = lock(&self.ns);
         let pending = std::mem::take(&mut ns.pending);
@@ -425,7 +457,7 @@ impl Journal {
                 continue;
             };
             r.files += 1;
-            match u.restore() {
+            match u.restore(subset.as_mut(), &mut r.sectors_kept) {
                 Ok(n) => r.bytes_restored += n,
                 Err(e) => r
                     .errors
@@ -525,12 +557,24 @@ impl DataUndo {
         Ok(())
     }
 
-    /// Puts back the durable bytes and length; returns the bytes written.
-    fn restore(self) -> io::Result<u64> {
+    /// Puts back the durable bytes (with `subset`, of the sectors it does
+    /// not keep) and the length; returns the bytes written.
+    fn restore(self, mut subset: Option<&mut Subset>, kept: &mut u64) -> io::Result<u64> {
         let mut n = 0;
         for (off, bytes) in &self.saved {
-            self.file.write_all_at(bytes, *off)?;
-            n += bytes.len() as u64;
+            let end = off + bytes.len() as u64;
+            let mut at = *off;
+            while at < end {
+                let next = ((at / SECTOR + 1) * SECTOR).min(end);
+                let piece = &bytes[(at - off) as usize..(next - off) as usize];
+                if subset.as_mut().is_some_and(|s| s.keep()) {
+                    *kept += 1;
+                } else {
+                    self.file.write_all_at(piece, at)?;
+                    n += piece.len() as u64;
+                }
+                at = next;
+            }
         }
         self.file.set_len(self.durable_len)?;
         Ok(n)
@@ -679,7 +723,7 @@ mod tests {
             std::fs::write(&late, b"x")
         })
         .unwrap();
-        let r = j.cut();
+        let r = j.cut(None);
         assert!(r.errors.is_empty(), "{:?}", r.errors);
         // The directory's fsync made the earlier create durable too (the
         // log is committed as a prefix), and the file's data was synced.
@@ -689,6 +733,49 @@ mod tests {
         assert!(!root.join("gone").exists());
         assert_eq!(std::fs::read(root.join("back")).unwrap(), b"2");
         assert_eq!(std::fs::read_dir(&trash).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn a_subset_cut_keeps_whole_sectors_old_or_new_and_the_durable_size() {
+        let t = tempfile::tempdir().unwrap();
+        let (root, trash) = (t.path().join("root"), t.path().join("trash"));
+        std::fs::create_dir_all(&root).unwrap();
+        std::fs::create_dir_all(&trash).unwrap();
+        let j = Journal::new(Arc::try_unwrap(dir(&trash)).unwrap());
+        let sectors = 64u64;
+        let img = root.join("img");
+        std::fs::write(&img, vec![b'o'; (sectors * SECTOR) as usize]).unwrap();
+        let pf: OwnedFd = nix::fcntl::open(&img, OFlag::O_PATH, Mode::empty()).unwrap();
+        // One write straddling sector boundaries, from mid-sector 0 to past
+        // the end (an append the cut drops whatever the subset).
+        let (off, len) = (100, sectors * SECTOR);
+        j.modify(key(&img), &pf, Change::Write { off, len }, || {
+            std::fs::File::options()
+                .write(true)
+                .open(&img)?
+                .write_all_at(&vec![b'n'; len as usize], off)
+        })
+        .unwrap();
+        let r = j.cut(Some(Subset::new(7)));
+        assert!(r.errors.is_empty(), "{:?}", r.errors);
+        let got = std::fs::read(&img).unwrap();
+        assert_eq!(got.len() as u64, sectors * SECTOR, "the durable size");
+        assert_eq!(&got[..100], &[b'o'; 100][..], "never written");
+        let mut new = 0;
+        for (i, s) in got.chunks(SECTOR as usize).enumerate() {
+            let from = if i == 0 { 100 } else { 0 };
+            let part = &s[from..];
+            assert!(
+                part.iter().all(|&b| b == part[0]),
+                "sector {i} is torn inside"
+            );
+            new += u64::from(part[0] == b'n');
+        }
+        assert_eq!(new, r.sectors_kept);
+        assert!(
+            new > 0 && new < sectors,
+            "a subset, not all or nothing: {new} of {sectors} sectors kept"
+        );
     }
 
     #[test]
@@ -713,7 +800,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(std::fs::read(root.join("d/b")).unwrap(), b"new");
-        j.cut();
+        j.cut(None);
         assert_eq!(std::fs::read(root.join("a")).unwrap(), b"new");
         assert_eq!(std::fs::read(root.join("d/b")).unwrap(), b"old");
         // Made durable by an fsync of either directory.
@@ -728,7 +815,7 @@ mod tests {
         )
         .unwrap();
         j.sync_dir(dk);
-        j.cut();
+        j.cut(None);
         assert!(!root.join("a").exists());
         assert_eq!(std::fs::read(root.join("d/b")).unwrap(), b"new");
         assert_eq!(std::fs::read_dir(&trash).unwrap().count(), 0);

@@ -7,7 +7,9 @@
 //!
 //! ```text
 //! powercut mount BACKING MOUNTPOINT --control SOCK   serve until unmounted
-//! powercut cut SOCK                                  the power cut
+//! powercut cut SOCK [--subset SEED]                  the power cut (with a
+//!                                                    subset: a random half of
+//!                                                    the pending sectors kept)
 //! powercut fail SOCK DIR ENOSPC|EIO|EDQUOT|EROFS [--sync]
 //!                                                    changes (or only fsyncs) under
 //!                                                    top-level DIR fail
@@ -19,6 +21,10 @@
 //!                                                    durable, no file data (a
 //!                                                    journal commit on its own)
 //! powercut status SOCK
+//! powercut disks-up --fs ext4|xfs PC TARGET NAME...  ext4 or XFS images on the
+//!                                                    powercut mount PC, through
+//!                                                    loop devices, at TARGET/NAME
+//! powercut disks-down TARGET NAME...                 unmounted and detached
 //! ```
 //!
 //! The tree shown is `BACKING/root`; `BACKING/trash` keeps removed files
@@ -28,6 +34,7 @@
 
 mod control;
 mod delay;
+mod disks;
 mod fs;
 mod journal;
 mod nodes;
@@ -59,7 +66,14 @@ enum Cmd {
         control: PathBuf,
     },
     /// Cut the power: drop every pending change; every later request fails.
-    Cut { control: PathBuf },
+    Cut {
+        control: PathBuf,
+        /// Keep a random half of the pending overwritten 4 KiB sectors
+        /// (chosen by SEED): a disk that wrote back part of its cache, in
+        /// any order, before the power went.
+        #[arg(long, value_name = "SEED")]
+        subset: Option<u64>,
+    },
     /// Make changes under the top-level directory DIR fail with ERRNO.
     Fail {
         control: PathBuf,
@@ -86,6 +100,23 @@ enum Cmd {
     },
     /// Pending changes and power state.
     Status { control: PathBuf },
+    /// Make (the first time) and mount ext4 or XFS images that live on a
+    /// powercut mount PC, one per NAME, each through a loop device at
+    /// TARGET/NAME (see `disks`).
+    DisksUp {
+        #[arg(long, value_enum)]
+        fs: disks::Fs,
+        pc: PathBuf,
+        target: PathBuf,
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
+    /// Unmount TARGET/NAME for each NAME and detach its loop device.
+    DisksDown {
+        target: PathBuf,
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
 }
 
 fn fail(msg: impl std::fmt::Display) -> ExitCode {
@@ -101,7 +132,13 @@ fn main() -> ExitCode {
             mountpoint,
             control,
         } => return mount(&backing, &mountpoint, &control),
-        Cmd::Cut { control } => (control, "cut".to_string()),
+        Cmd::Cut { control, subset } => (
+            control,
+            match subset {
+                Some(seed) => format!("cut subset {seed}"),
+                None => "cut".to_string(),
+            },
+        ),
         Cmd::Fail {
             control,
             dir,
@@ -119,6 +156,18 @@ fn main() -> ExitCode {
         Cmd::CommitNamespace { control } => (control, "commit-namespace".to_string()),
         Cmd::Heal { control, dir } => (control, format!("heal {}", dir.unwrap_or_default())),
         Cmd::Status { control } => (control, "status".to_string()),
+        Cmd::DisksUp {
+            fs,
+            pc,
+            target,
+            names,
+        } => {
+            return disks::up(fs, &pc, &target, &names)
+                .map_or_else(fail, |()| ExitCode::SUCCESS);
+        }
+        Cmd::DisksDown { target, names } => {
+            return disks::down(&target, &names).map_or_else(fail, |()| ExitCode::SUCCESS);
+        }
     };
     match control::send(&sock, cmd.trim()) {
         Ok(r) if r.starts_with("ok") => {

@@ -47,10 +47,10 @@ pub struct Shared {
 impl Shared {
     /// Cuts the power: waits for requests in flight, drops every pending
     /// change, and fails every later request.
-    pub fn cut(&self) -> crate::journal::CutReport {
+    pub fn cut(&self, subset: Option<crate::journal::Subset>) -> crate::journal::CutReport {
         let mut cut = self.cut.write().unwrap_or_else(|e| e.into_inner());
         *cut = true;
-        self.journal.cut()
+        self.journal.cut(subset)
     }
 }
 

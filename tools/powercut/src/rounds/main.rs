@@ -72,6 +72,13 @@ enum Cmd {
         /// Count failing rounds and go on instead of stopping at the first.
         #[arg(long)]
         keep_going: bool,
+        /// Where the data directory and the datanodes live: `plain`,
+        /// directories on the powercut FUSE mount (replicas synced file by
+        /// file); `ext4` or `xfs`, a filesystem each on a loop device whose
+        /// image is on the powercut mount (ranged syncs, zero fill, syncfs:
+        /// the paths users run).
+        #[arg(long, default_value = "plain", value_parser = ["plain", "ext4", "xfs"])]
+        fs: String,
     },
     /// One workload process (started by `run`).
     Work(work::WorkArgs),
@@ -102,6 +109,7 @@ fn main() -> ExitCode {
             work,
             leasefs,
             keep_going,
+            fs,
         } => {
             let seed = seed.unwrap_or_else(|| {
                 std::time::SystemTime::now()
@@ -109,7 +117,8 @@ fn main() -> ExitCode {
                     .map(|d| d.as_nanos() as u64)
                     .unwrap_or(1)
             });
-            match run(rounds, seed, work, leasefs, keep_going) {
+            let fs = (fs != "plain").then_some(fs);
+            match run(rounds, seed, work, leasefs, keep_going, fs) {
                 Ok(0) => ExitCode::SUCCESS,
                 Ok(_) => ExitCode::from(1),
                 Err(e) => {
@@ -145,7 +154,14 @@ struct Run {
     spout_checked: std::collections::BTreeSet<String>,
     counts: BTreeMap<&'static str, usize>,
     dropped: Vec<String>,
+    /// Fast-path counters summed over the rounds' daemons (read before
+    /// each cut): ranged syncs, full syncs, zero fills, one-step replicas.
+    fast: [u64; 4],
+    /// Rounds whose cut kept a random subset of the pending sectors.
+    subset_cuts: usize,
 }
+
+const FAST: [&str; 4] = ["ranged syncs", "full syncs", "zero fills", "one-step replicas"];
 
 fn run(
     rounds: usize,
@@ -153,6 +169,7 @@ fn run(
     work: Option<PathBuf>,
     leasefs: Option<PathBuf>,
     keep_going: bool,
+    fs: Option<String>,
 ) -> Result<usize, String> {
     let own_work = work.is_none();
     let work = match work {
@@ -162,9 +179,10 @@ fn run(
     let leasefs = leasefs
         .or_else(|| std::env::var_os("LEASEFS_BIN").map(PathBuf::from))
         .unwrap_or_else(|| sibling("leasefs"));
-    let rig = Rig::new(&work, sibling("powercut"), leasefs).map_err(|e| e.to_string())?;
+    let disks = fs.clone().unwrap_or_else(|| "plain".into());
+    let rig = Rig::new(&work, sibling("powercut"), leasefs, fs).map_err(|e| e.to_string())?;
     println!(
-        "powercut-rounds: {rounds} rounds, seed {seed}, work {}",
+        "powercut-rounds: {rounds} rounds, seed {seed}, disks {disks}, work {}",
         work.display()
     );
     let mut r = Run {
@@ -176,6 +194,8 @@ fn run(
         spout_checked: Default::default(),
         counts: BTreeMap::new(),
         dropped: Vec::new(),
+        fast: [0; 4],
+        subset_cuts: 0,
     };
     r.rig.power_on()?;
     r.mount()?;
@@ -216,13 +236,33 @@ fn run(
         last.extend(coord::check_terms(&r.rig, &r.model.terms));
         last.extend(r.fsck_clean());
         r.rig.shutdown();
+        // On ext4 and XFS the rounds exist to exercise the fast paths:
+        // a run long enough to reach each of them that did not is a
+        // failure of the test itself.
+        if r.rig.fs.is_some() && r.counts.values().sum::<usize>() >= 20 {
+            for (i, name) in FAST.iter().enumerate() {
+                if r.fast[i] == 0 && i != 1 {
+                    last.push(format!("no {name} in the whole run on {disks}"));
+                }
+            }
+        }
         for p in &last {
             println!("final check FAILED: {p}");
         }
     }
     let per: Vec<String> = r.counts.iter().map(|(k, n)| format!("{k} {n}")).collect();
+    let fast: Vec<String> = FAST
+        .iter()
+        .zip(r.fast)
+        .map(|(k, n)| format!("{k} {n}"))
+        .collect();
     println!(
-        "powercut-rounds: {} rounds in {:.0} s (seed {seed}): {failures} failed{}; rounds per workload: {}",
+        "powercut-rounds: fast paths run before the cuts on {disks}: {}; {} of the cuts kept a random subset of the pending sectors",
+        fast.join(", "),
+        r.subset_cuts
+    );
+    println!(
+        "powercut-rounds: {} rounds in {:.0} s (seed {seed}, disks {disks}): {failures} failed{}; rounds per workload: {}",
         r.counts.values().sum::<usize>(),
         started.elapsed().as_secs_f64(),
         if last.is_empty() {
@@ -427,7 +467,14 @@ impl Run {
             children.push(s.child);
             acks.extend(s.ack);
         }
-        let dropped = self.rig.cut(&mut children, round)?;
+        let fast = self.rig.fast_paths();
+        for (sum, n) in self.fast.iter_mut().zip(fast) {
+            *sum += n;
+        }
+        // Half the cuts keep a random subset of what was pending.
+        let subset = self.rng.chance(0.5).then(|| self.rng.next());
+        self.subset_cuts += usize::from(subset.is_some());
+        let dropped = self.rig.cut(&mut children, round, subset)?;
         self.dropped.push(dropped.clone());
         let max_before = self.model.max_epoch;
         let mut problems = Vec::new();
@@ -501,7 +548,7 @@ impl Run {
             let _ = std::fs::File::open(self.rig.mnt.join(dir)).and_then(|f| f.sync_all());
         }
         println!(
-            "round {round} {kind}: cut after {run_ms} ms ({}); epochs {max_before}..{}; fsck clean after {:.1} s",
+            "round {round} {kind}: cut after {run_ms} ms ({}); fast paths {fast:?}; epochs {max_before}..{}; fsck clean after {:.1} s",
             dropped,
             self.model.max_epoch,
             clean_after.as_secs_f64()

@@ -22,7 +22,17 @@ pub struct Rig {
     pub daemon: Option<u32>,
     /// `-o` of the current leasefs mount.
     pub options: String,
+    /// `ext4` or `xfs`: the data directory and each datanode are a
+    /// filesystem of their own on a loop device whose image lives on the
+    /// powercut mount (`powercut disks-up`); `None`: directories on the
+    /// powercut mount itself.
+    pub fs: Option<String>,
+    /// Where the powercut filesystem is mounted when `fs` is set.
+    pc_mnt: PathBuf,
 }
+
+/// The disks under `disk`: leasefs's data directory and its datanodes.
+pub const DISKS: [&str; 4] = ["data", "dn1", "dn2", "dn3"];
 
 /// Waits for `f` to hold, polling every 20 ms, for at most `max`.
 pub fn wait_until(max: Duration, mut f: impl FnMut() -> bool) -> bool {
@@ -76,7 +86,12 @@ fn fusermount(args: &[&str], p: &Path) -> bool {
 }
 
 impl Rig {
-    pub fn new(work: &Path, powercut: PathBuf, leasefs: PathBuf) -> std::io::Result<Rig> {
+    pub fn new(
+        work: &Path,
+        powercut: PathBuf,
+        leasefs: PathBuf,
+        fs: Option<String>,
+    ) -> std::io::Result<Rig> {
         let r = Rig {
             work: work.to_path_buf(),
             powercut,
@@ -88,8 +103,11 @@ impl Rig {
             pc: None,
             daemon: None,
             options: String::new(),
+            fs,
+            pc_mnt: work.join("pc"),
         };
         for d in [
+            &r.pc_mnt,
             &r.disk,
             &r.mnt,
             &r.backing,
@@ -105,7 +123,17 @@ impl Rig {
         self.disk.join("data")
     }
 
-    /// Mounts the powercut filesystem; returns once it answers.
+    /// The powercut mount.
+    fn pc_at(&self) -> &Path {
+        if self.fs.is_some() {
+            &self.pc_mnt
+        } else {
+            &self.disk
+        }
+    }
+
+    /// Mounts the powercut filesystem (and the ext4 or XFS disks on it);
+    /// returns once it answers.
     pub fn power_on(&mut self) -> Result<(), String> {
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -115,7 +143,7 @@ impl Rig {
         let child = Command::new(&self.powercut)
             .arg("mount")
             .arg(&self.backing)
-            .arg(&self.disk)
+            .arg(self.pc_at())
             .arg("--control")
             .arg(&self.sock)
             .stdout(Stdio::null())
@@ -124,12 +152,43 @@ impl Rig {
             .map_err(|e| format!("cannot start {}: {e}", self.powercut.display()))?;
         self.pc = Some(child);
         let ok = wait_until(Duration::from_secs(20), || {
-            self.control("status").is_ok() && is_mounted(&self.disk)
+            self.control("status").is_ok() && is_mounted(self.pc_at())
         });
         if !ok {
             return Err("the powercut filesystem did not come up".into());
         }
+        if let Some(fs) = &self.fs {
+            let out = Command::new(&self.powercut)
+                .args(["disks-up", "--fs", fs])
+                .arg(&self.pc_mnt)
+                .arg(&self.disk)
+                .args(DISKS)
+                .output()
+                .map_err(|e| e.to_string())?;
+            if !out.status.success() {
+                return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
+            }
+        }
         Ok(())
+    }
+
+    /// Unmounts the ext4 or XFS disks (after a cut, what they still held
+    /// in memory is lost, since every write fails).
+    fn disks_down(&self) -> Result<(), String> {
+        if self.fs.is_none() {
+            return Ok(());
+        }
+        let out = Command::new(&self.powercut)
+            .arg("disks-down")
+            .arg(&self.disk)
+            .args(DISKS)
+            .output()
+            .map_err(|e| e.to_string())?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+        }
     }
 
     /// Sends a command to the powercut filesystem.
@@ -178,6 +237,31 @@ impl Rig {
         Ok(())
     }
 
+    /// The daemon's fast-path counters, summed over its datanodes:
+    /// (ranged syncs, full syncs, zero fills, one-step replicas).
+    pub fn fast_paths(&self) -> [u64; 4] {
+        let Ok(out) = Command::new(&self.leasefs)
+            .args(["stats", "--once", "--json"])
+            .arg(&self.mnt)
+            .output()
+        else {
+            return [0; 4];
+        };
+        let Ok(v) = serde_json::from_slice::<serde_json::Value>(&out.stdout) else {
+            return [0; 4];
+        };
+        let mut sum = [0u64; 4];
+        for dn in v["datanodes"].as_array().into_iter().flatten() {
+            for (i, key) in ["syncs_ranged", "syncs_full", "zero_fills", "one_step_replicas"]
+                .iter()
+                .enumerate()
+            {
+                sum[i] += dn[key].as_u64().unwrap_or(0);
+            }
+        }
+        sum
+    }
+
     /// The daemon's log so far (it lives on the powercut disk).
     pub fn daemon_log(&self) -> String {
         std::fs::read_to_string(self.data().join("leasefs.log")).unwrap_or_default()
@@ -187,7 +271,12 @@ impl Rig {
     /// daemon), then the disk loses what was not durable. The daemon's log
     /// is kept in `logs/` (appended) before the disk loses it. Returns the
     /// powercut filesystem's account of what it dropped.
-    pub fn cut(&mut self, children: &mut Vec<Child>, round: usize) -> Result<String, String> {
+    pub fn cut(
+        &mut self,
+        children: &mut Vec<Child>,
+        round: usize,
+        subset: Option<u64>,
+    ) -> Result<String, String> {
         for c in children.iter() {
             kill9(c.id());
         }
@@ -211,18 +300,23 @@ impl Rig {
                 writeln!(f, "===== round {round}: power cut =====")?;
                 f.write_all(log.as_bytes())
             });
-        let dropped = self.control("cut")?;
+        let dropped = match subset {
+            Some(seed) => self.control(&format!("cut --subset {seed}"))?,
+            None => self.control("cut")?,
+        };
         self.power_off()?;
         Ok(dropped)
     }
 
     /// Unmounts the powercut filesystem and waits for its process.
     pub fn power_off(&mut self) -> Result<(), String> {
+        let disks = self.disks_down();
         // The kernel releases a killed process's files asynchronously.
+        let pc = self.pc_at().to_path_buf();
         if !wait_until(Duration::from_secs(10), || {
-            fusermount(&["-u"], &self.disk) || !is_mounted(&self.disk)
+            fusermount(&["-u"], &pc) || !is_mounted(&pc)
         }) {
-            fusermount(&["-u", "-z"], &self.disk);
+            fusermount(&["-u", "-z"], &pc);
         }
         if let Some(mut c) = self.pc.take() {
             let pid = c.id();
@@ -231,7 +325,7 @@ impl Rig {
             }
             let _ = c.wait();
         }
-        Ok(())
+        disks
     }
 
     /// Clean shutdown at the end of a run: unmount leasefs, then the disk.
@@ -256,7 +350,8 @@ impl Drop for Rig {
         }
         fusermount(&["-u", "-z"], &self.mnt);
         if let Some(mut c) = self.pc.take() {
-            fusermount(&["-u", "-z"], &self.disk);
+            let _ = self.disks_down();
+            fusermount(&["-u", "-z"], self.pc_at());
             kill9(c.id());
             let _ = c.wait();
         }

@@ -10,7 +10,8 @@
 //! LEN bytes, fsynced, about to replace NAME / replaced it and the
 //! directory was fsynced), `created NAME LEN`, `unlinking NAME`,
 //! `unlinked NAME` (directory fsynced), `small NAME LEN` (created,
-//! written, fsynced, closed), `published NAME LINES` (a spout source file
+//! written, fsynced, closed; or created, written, closed, then fsynced
+//! through a new descriptor), `published NAME LINES` (a spout source file
 //! renamed into place, directory fsynced), `error STEP: ERRNO` (a step
 //! failed: always a finding).
 
@@ -256,8 +257,21 @@ fn small(a: &WorkArgs, mut ack: Ack, mut rng: Rng) -> ! {
             .open(a.dir.join(&name))
             .unwrap_or_else(|e| ack.fail("create", e));
         put(&mut f, &name, 0, len).unwrap_or_else(|e| ack.fail("write", e));
-        f.sync_all().unwrap_or_else(|e| ack.fail("fsync", e));
-        drop(f);
+        if rng.chance(0.5) {
+            f.sync_all().unwrap_or_else(|e| ack.fail("fsync", e));
+            drop(f);
+        } else {
+            // Closed first: the one-step path (replicas written whole into
+            // finalized/ at the close), then made durable by an fsync
+            // through a new read-only descriptor. close() reports the
+            // close's error (a drop would not).
+            use std::os::fd::IntoRawFd;
+            nix::unistd::close(f.into_raw_fd())
+                .unwrap_or_else(|e| ack.fail("close", std::io::Error::from(e)));
+            std::fs::File::open(a.dir.join(&name))
+                .and_then(|r| r.sync_all())
+                .unwrap_or_else(|e| ack.fail("fsync after close", e));
+        }
         ack.line(format!("small {name} {len}"));
         pause(&mut rng, 5);
     }
