@@ -30,7 +30,10 @@ impl Core {
                 // I/O here, and its directory may hold something else.
                 let node = self.dns().get(d.id);
                 let (written, read, errors) = node.as_ref().map_or((0, 0, 0), |n| n.io().get());
-                let fast = node.as_ref().map(|n| n.io().fast_paths()).unwrap_or_default();
+                let fast = node
+                    .as_ref()
+                    .map(|n| n.io().fast_paths())
+                    .unwrap_or_default();
                 let space = node.and_then(|n| space(n.root()));
                 DatanodeStats {
                     id: d.id.to_string(),

@@ -22,6 +22,8 @@
 use std::path::Path;
 
 use super::checksum::{CHUNK_SIZE, crc};
+use super::error::StorageError;
+use super::fsops::fsync_dir;
 
 /// Bytes of a note file.
 pub(crate) const NOTE_LEN: usize = 16;
@@ -51,6 +53,28 @@ impl Note {
             len: u64::from_be_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]),
             crc: u32::from_be_bytes([b[8], b[9], b[10], b[11]]),
         })
+    }
+
+    /// Writes the note at `path` and makes it durable (its name too, in
+    /// `dir`, when the file is new), before anything may rewrite the CRC
+    /// it keeps.
+    pub fn write_durably(&self, path: &Path, dir: &Path) -> Result<(), StorageError> {
+        use std::os::unix::fs::FileExt;
+        let new = !path.exists();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .and_then(|f| {
+                f.write_all_at(&self.encode(), 0)?;
+                f.sync_data()
+            })
+            .map_err(|e| StorageError::io(path, e))?;
+        if new {
+            fsync_dir(dir)?;
+        }
+        Ok(())
     }
 
     /// The note at `path`, if there is a whole one.

@@ -161,14 +161,30 @@ pub(crate) fn reopen_rbw(
         fsync_dir(l.dir(ReplicaState::Rbw))?;
         fsync_dir(l.dir(ReplicaState::Finalized))?;
     }
+    // The first append into a partial last chunk rewrites its CRC in
+    // place. Unless a note already vouches for the chunk as it is (the
+    // last sync of the writer before ended here), one must be durable
+    // first: a truncation to inside a chunk, or a cut that kept the new
+    // CRC and not the bytes, would otherwise cost every replica the
+    // durable bytes of the chunk.
+    let note_path = l.note_path(block);
+    let note = (!len.is_multiple_of(CHUNK_SIZE as u64)).then(|| Note {
+        len,
+        crc: crc(&tail),
+    });
+    if let Some(n) = note
+        && Note::read(&note_path) != Some(n)
+    {
+        n.write_durably(&note_path, l.dir(ReplicaState::Rbw))?;
+    }
     let files = ReplicaFiles {
         data,
         meta,
         data_path,
         meta_path,
-        note_path: l.note_path(block),
+        note_path,
     };
-    Ok(ReplicaWriter::new(block, files, len, tail, io))
+    Ok(ReplicaWriter::new(block, files, len, tail, io).with_note(note))
 }
 
 /// Moves a replica from `rbw/` to `finalized/` (data, then meta), after

@@ -872,6 +872,34 @@ mod zero_fill {
         }
     }
 
+    /// The same after a truncation to inside a chunk (no writer's sync
+    /// ended there, so no sync note did): reopening the replica for append
+    /// leaves a durable note of the chunk as it is before the append can
+    /// rewrite its checksum. Found by the power-cut rounds on ext4, with a
+    /// cut that kept a random subset of the pending sectors.
+    #[test]
+    fn a_truncation_inside_a_chunk_then_an_append_costs_no_byte_of_the_truncated_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let dn = dn(&dir, 0);
+        let mut w = dn.create_rbw(6, 1).unwrap();
+        let mut acc = ChunkAccumulator::new();
+        let data = stream(1300, 9);
+        put(&mut *w, &mut acc, &data);
+        w.sync().unwrap();
+        drop(w);
+        dn.truncate(6, 1, 2, 1000).unwrap();
+        let mut w = dn.reopen_rbw(6, 2, 1000).unwrap();
+        let mut acc = ChunkAccumulator::resume(data[512..1000].to_vec());
+        let more = stream(100, 10);
+        put(&mut *w, &mut acc, &more);
+        drop(w);
+        // The cut: the new checksum reached the disk, the bytes did not.
+        let path = dn.layout().data_path(ReplicaState::Rbw, 6);
+        let f = fs::OpenOptions::new().write(true).open(&path).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&f, &[0u8; 100], 1000).unwrap();
+        assert_eq!(dn.valid_prefix(6, 2).unwrap(), 1000);
+    }
+
     #[test]
     fn a_zero_filled_replica_left_by_a_crash_is_recovered_to_its_data() {
         let dir = tempfile::tempdir().unwrap();

@@ -137,6 +137,15 @@ impl ReplicaWriter {
         }
     }
 
+    /// The sync note on disk already says `note`, durably.
+    pub(crate) fn with_note(mut self, note: Option<Note>) -> Self {
+        if note.is_some() {
+            self.noted = note;
+            self.note_durable = true;
+        }
+        self
+    }
+
     /// The block this replica belongs to.
     pub fn block(&self) -> u64 {
         self.block

@@ -35,6 +35,20 @@ pub struct PowerCut {
     pub m: Mount,
     dir: tempfile::TempDir,
     pc: Option<Child>,
+    /// `LEASEFS_TEST_POWERCUT_FS`: `ext4` or `xfs` puts the data directory
+    /// and each datanode on a filesystem of its own, on a loop device whose
+    /// image is on the powercut mount (`powercut disks-up`), so that the
+    /// paths users run (ranged syncs, zero fill, syncfs) are what a cut
+    /// tests; unset or `plain`: directories on the powercut mount.
+    fs: Option<String>,
+    disks: Vec<String>,
+}
+
+/// The filesystem the power-cut tests put under leasefs (see [`PowerCut`]).
+pub fn test_fs() -> Option<String> {
+    std::env::var("LEASEFS_TEST_POWERCUT_FS")
+        .ok()
+        .filter(|f| !f.is_empty() && f != "plain")
 }
 
 impl PowerCut {
@@ -47,7 +61,11 @@ impl PowerCut {
             .expect("tempdir");
         let disk = dir.path().join("disk");
         std::fs::create_dir_all(&disk).expect("mkdir disk");
-        let pc = start(dir.path());
+        let fs = test_fs();
+        let disks: Vec<String> = std::iter::once("data".to_string())
+            .chain((1..=o.datanodes).map(|i| format!("dn{i}")))
+            .collect();
+        let pc = start_disks(dir.path(), fs.as_deref(), &disks);
         let dns = (1..=o.datanodes)
             .map(|i| disk.join(format!("dn{i}")))
             .collect();
@@ -56,15 +74,29 @@ impl PowerCut {
             m,
             dir,
             pc: Some(pc),
+            fs,
+            disks,
         }
+    }
+
+    /// Whether the datanodes are on the powercut FUSE mount itself (where
+    /// leasefs syncs replicas file by file), not on ext4 or XFS over it.
+    pub fn on_fuse(&self) -> bool {
+        self.fs.is_none()
     }
 
     fn sock(&self) -> PathBuf {
         self.dir.path().join("control.sock")
     }
 
-    /// A command to the powercut filesystem; its reply line.
+    /// A command to the powercut filesystem; its reply line. On ext4 or
+    /// XFS disks `commit-namespace` does nothing: what it models (a
+    /// journal commit of names without their data) is the filesystem's
+    /// own there, every few seconds or at any fsync.
     pub fn control(&self, cmd: &str) -> String {
+        if self.fs.is_some() && cmd == "commit-namespace" {
+            return String::new();
+        }
         control(&self.sock(), cmd)
     }
 
@@ -75,13 +107,58 @@ impl PowerCut {
         self.m.crash();
         let dropped = self.control("cut");
         self.power_off();
-        self.pc = Some(start(self.dir.path()));
+        self.pc = Some(start_disks(
+            self.dir.path(),
+            self.fs.as_deref(),
+            &self.disks,
+        ));
         self.m.mount();
         dropped
     }
 
+    /// On ext4 or XFS disks: starts and waits for the writeback of every
+    /// dirty page of every file on them, with no cache flush of the
+    /// device (`sync_file_range`), so that the disk has writes pending
+    /// that a cut with a subset keeps or drops sector by sector: the torn
+    /// state a real disk can be left in.
+    pub fn write_back_unflushed(&self) {
+        if self.fs.is_some() {
+            let o = Command::new(powercut_bin())
+                .arg("writeback")
+                .arg(self.dir.path().join("disk"))
+                .output()
+                .expect("run powercut writeback");
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        }
+    }
+
+    /// After a crash and a cut made by hand (`control("cut ...")`): the
+    /// powercut filesystem and leasefs mounted again.
+    pub fn power_cycle(&mut self) {
+        self.power_off();
+        self.pc = Some(start_disks(
+            self.dir.path(),
+            self.fs.as_deref(),
+            &self.disks,
+        ));
+        self.m.mount();
+    }
+
     fn power_off(&mut self) {
-        stop(self.dir.path(), &mut self.pc);
+        if self.fs.is_some() {
+            let o = Command::new(powercut_bin())
+                .arg("disks-down")
+                .arg(self.dir.path().join("disk"))
+                .args(&self.disks)
+                .output()
+                .expect("run powercut disks-down");
+            if !o.status.success() {
+                eprintln!("{}", String::from_utf8_lossy(&o.stderr));
+            }
+            stop_at(&self.dir.path().join("pc"), &mut self.pc);
+        } else {
+            stop(self.dir.path(), &mut self.pc);
+        }
     }
 }
 
@@ -105,18 +182,22 @@ fn control(sock: &Path, cmd: &str) -> String {
 
 /// Unmounts DIR/disk and waits for the powercut process `pc` to end.
 fn stop(dir: &Path, pc: &mut Option<Child>) {
-    let disk = dir.join("disk");
+    stop_at(&dir.join("disk"), pc)
+}
+
+/// Unmounts the powercut mount `disk` and waits for its process `pc`.
+fn stop_at(disk: &Path, pc: &mut Option<Child>) {
     let unmounted = wait_until(Duration::from_secs(10), || {
         Command::new("fusermount3")
             .arg("-u")
-            .arg(&disk)
+            .arg(disk)
             .stderr(Stdio::null())
             .status()
             .is_ok_and(|s| s.success())
-            || !is_mounted(&disk)
+            || !is_mounted(disk)
     });
     if !unmounted {
-        let _ = Command::new("fusermount3").arg("-uz").arg(&disk).status();
+        let _ = Command::new("fusermount3").arg("-uz").arg(disk).status();
     }
     if let Some(mut c) = pc.take() {
         if !wait_until(Duration::from_secs(10), || {
@@ -130,7 +211,34 @@ fn stop(dir: &Path, pc: &mut Option<Child>) {
 
 /// Starts `powercut` serving DIR/backing at DIR/disk; returns once it answers.
 fn start(dir: &std::path::Path) -> Child {
-    let disk = dir.join("disk");
+    start_at(dir, &dir.join("disk"))
+}
+
+/// With `fs`, starts `powercut` at DIR/pc and mounts `names` on it as
+/// `fs` disks at DIR/disk/NAME; else as [`start`].
+fn start_disks(dir: &Path, fs: Option<&str>, names: &[String]) -> Child {
+    let Some(fs) = fs else { return start(dir) };
+    let pc = dir.join("pc");
+    std::fs::create_dir_all(&pc).expect("mkdir pc");
+    let child = start_at(dir, &pc);
+    let o = Command::new(powercut_bin())
+        .args(["disks-up", "--fs", fs])
+        .arg(&pc)
+        .arg(dir.join("disk"))
+        .args(names)
+        .output()
+        .expect("run powercut disks-up");
+    if !o.status.success() {
+        let mut c = Some(child);
+        stop_at(&pc, &mut c);
+        panic!("{fs} disks: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    child
+}
+
+/// Starts `powercut` serving DIR/backing at `disk`; returns once it answers.
+fn start_at(dir: &Path, disk: &Path) -> Child {
+    let disk = disk.to_path_buf();
     let sock = dir.join("control.sock");
     let child = Command::new(powercut_bin())
         .arg("mount")

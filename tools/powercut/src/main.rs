@@ -25,6 +25,8 @@
 //!                                                    powercut mount PC, through
 //!                                                    loop devices, at TARGET/NAME
 //! powercut disks-down TARGET NAME...                 unmounted and detached
+//! powercut writeback TARGET                          dirty pages of files under
+//!                                                    TARGET written, not flushed
 //! ```
 //!
 //! The tree shown is `BACKING/root`; `BACKING/trash` keeps removed files
@@ -111,6 +113,9 @@ enum Cmd {
         #[arg(required = true)]
         names: Vec<String>,
     },
+    /// Write back every dirty page of every file under TARGET, without a
+    /// cache flush of the disks (pending writes for `cut --subset`).
+    Writeback { target: PathBuf },
     /// Unmount TARGET/NAME for each NAME and detach its loop device.
     DisksDown {
         target: PathBuf,
@@ -162,8 +167,11 @@ fn main() -> ExitCode {
             target,
             names,
         } => {
-            return disks::up(fs, &pc, &target, &names)
-                .map_or_else(fail, |()| ExitCode::SUCCESS);
+            return disks::up(fs, &pc, &target, &names).map_or_else(fail, |()| ExitCode::SUCCESS);
+        }
+        Cmd::Writeback { target } => {
+            println!("{} files written back", disks::write_back(&target));
+            return ExitCode::SUCCESS;
         }
         Cmd::DisksDown { target, names } => {
             return disks::down(&target, &names).map_or_else(fail, |()| ExitCode::SUCCESS);

@@ -161,7 +161,12 @@ struct Run {
     subset_cuts: usize,
 }
 
-const FAST: [&str; 4] = ["ranged syncs", "full syncs", "zero fills", "one-step replicas"];
+const FAST: [&str; 4] = [
+    "ranged syncs",
+    "full syncs",
+    "zero fills",
+    "one-step replicas",
+];
 
 fn run(
     rounds: usize,

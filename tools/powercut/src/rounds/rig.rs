@@ -252,9 +252,14 @@ impl Rig {
         };
         let mut sum = [0u64; 4];
         for dn in v["datanodes"].as_array().into_iter().flatten() {
-            for (i, key) in ["syncs_ranged", "syncs_full", "zero_fills", "one_step_replicas"]
-                .iter()
-                .enumerate()
+            for (i, key) in [
+                "syncs_ranged",
+                "syncs_full",
+                "zero_fills",
+                "one_step_replicas",
+            ]
+            .iter()
+            .enumerate()
             {
                 sum[i] += dn[key].as_u64().unwrap_or(0);
             }
@@ -301,7 +306,17 @@ impl Rig {
                 f.write_all(log.as_bytes())
             });
         let dropped = match subset {
-            Some(seed) => self.control(&format!("cut --subset {seed}"))?,
+            Some(seed) => {
+                // On ext4 or XFS what the kernel still held goes to the
+                // disk first, unflushed: the subset tears it.
+                if self.fs.is_some() {
+                    let _ = Command::new(&self.powercut)
+                        .arg("writeback")
+                        .arg(&self.disk)
+                        .output();
+                }
+                self.control(&format!("cut --subset {seed}"))?
+            }
             None => self.control("cut")?,
         };
         self.power_off()?;
