@@ -4,7 +4,11 @@
 # then runs tools/powercut's powercut-rounds and prints its report; the
 # last line gives the totals (rounds per workload, rounds that failed).
 #
-#   mount-scripts/powercut-rounds.sh [--rounds N] [--seed S] [--keep-going]
+#   mount-scripts/powercut-rounds.sh [--rounds N] [--seed S] [--keep-going] [--fs plain|ext4|xfs]
+#
+# --fs ext4 or xfs puts the data directory and each datanode on a disk of
+# that filesystem (a loop device over the powercut mount): the paths users
+# run (ranged syncs, zero fill, one-step small files). Default: plain.
 #
 # Needs root and /dev/fuse. A failed run keeps its work directory (logs,
 # acknowledgement files, the powercut disk) under /var/tmp and names it.
@@ -19,6 +23,7 @@ while [[ $# -gt 0 ]]; do
         --rounds) rounds=${2:?--rounds needs a number}; shift 2 ;;
         --seed) extra+=(--seed "${2:?--seed needs a number}"); shift 2 ;;
         --keep-going) extra+=(--keep-going); shift ;;
+        --fs) extra+=(--fs "${2:?--fs needs plain, ext4 or xfs}"); shift 2 ;;
         -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
         *) echo "powercut-rounds.sh: unknown argument '$1'" >&2; exit 2 ;;
     esac

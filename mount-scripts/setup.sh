@@ -7,7 +7,8 @@
 #
 # Steps:
 #  1. apt-get installs whatever of fuse3, attr, acl, rsync, fio, bindfs, sqlite3,
-#     etcd-server, strace and libfaketime (tests), python3, gcc, libc6-dev is missing (no
+#     etcd-server, strace, libfaketime, e2fsprogs, xfsprogs and mount (tests: the
+#     power cuts on ext4 and XFS loop disks), python3, gcc, libc6-dev is missing (no
 #     protobuf: the build takes protoc from a crate, see build-support/protoc) (checked with dpkg -s; nothing is
 #     fetched when everything is there). Uses sudo when not root.
 #  2. Checks for a Rust toolchain new enough for the project (edition 2024,
@@ -94,7 +95,7 @@ as_root() {
 }
 
 # --- 1. Debian packages -------------------------------------------------------
-packages=(fuse3 attr acl rsync fio bindfs sqlite3 python3 gcc libc6-dev etcd-server strace curl libfaketime)
+packages=(fuse3 attr acl rsync fio bindfs sqlite3 python3 gcc libc6-dev etcd-server strace curl libfaketime e2fsprogs xfsprogs mount)
 
 install_packages() {
     local missing=() p

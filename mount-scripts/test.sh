@@ -16,6 +16,7 @@
 #     mount keeps its namespace and leases in an etcd the tests start on
 #     loopback); the multi-daemon, etcd conformance and cluster lease tests
 #     already ran in step 2
+# 2b'. tests/power_cut.rs again on ext4 and on XFS disks (LEASEFS_TEST_POWERCUT_FS)
 # 2c. where step 2 ran over FUSE io_uring rings, the request-path suites again
 #     through /dev/fuse (LEASEFS_TEST_FUSE_URING=off)
 # 3. tests/pjdfstest.sh            POSIX suite against a real mount; passes when
@@ -117,6 +118,16 @@ if [[ $run_etcd -eq 1 && ${#cargo_test_args[@]} -eq 0 ]]; then
     run_suites cargo-test-etcd LEASEFS_TEST_META=etcd "${etcd_suites[@]}"
 fi
 
+# The per-rule power-cut tests again with the data directory and the
+# datanodes on ext4 and on XFS disks (loop devices over the powercut
+# mount): the ranged syncs, zero fill and one-step small files users run.
+for fs in ext4 xfs; do
+    if [[ ${#cargo_test_args[@]} -eq 0 ]]; then
+        section "power-cut tests on $fs disks"
+        run_suites "power-cut-$fs" LEASEFS_TEST_POWERCUT_FS=$fs power_cut
+    fi
+done
+
 # The suites that exercise every kind of request and reply, through
 # /dev/fuse as well when step 2 used the rings.
 dev_suites=(foundation lease_open lease_wait page_cache requests permissions replica_sync
@@ -146,9 +157,9 @@ fi
 
 section "summary ($((SECONDS - started)) s)"
 rc=0
-for step in modcycles cargo-test cargo-test-etcd cargo-test-dev-fuse pjdfstest bench; do
+for step in modcycles cargo-test cargo-test-etcd power-cut-ext4 power-cut-xfs cargo-test-dev-fuse pjdfstest bench; do
     [[ -n ${status[$step]:-} ]] || continue
-    printf '%-12s %s\n' "$step" "${status[$step]}"
+    printf '%-20s %s\n' "$step" "${status[$step]}"
     [[ ${status[$step]} != FAILED ]] || rc=1
 done
 exit $rc
