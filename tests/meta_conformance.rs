@@ -94,6 +94,7 @@ conformance! {
     ],
     two: [
         alloc_unique_across_daemons,
+        gen_stamps_rise_across_daemons,
         commit_is_atomic_to_readers,
         racing_create_one_wins,
         racing_renames_keep_tree_consistent,
@@ -1321,6 +1322,27 @@ fn usage(m: &dyn Meta) {
 }
 
 // ---- two daemons ---------------------------------------------------------
+
+/// A generation stamp says which state of a block is newer, whichever
+/// daemon allocated it: recovery takes a replica whose stamp is above the
+/// record for one the metadata never recorded, and drops it. Stamps handed
+/// out from per-daemon ranges broke that over etcd: daemon B's later stamp
+/// could be below daemon A's earlier one, and a reopen by B cut off from
+/// etcd after its commit landed left every replica "ahead" of the record
+/// (the chaos rounds lost 42 acknowledged lines to it).
+fn gen_stamps_rise_across_daemons(a: &dyn Meta, b: &dyn Meta) {
+    let mut last = 0;
+    for i in 0..50 {
+        let m = if i % 2 == 0 { a } else { b };
+        let gs = m.alloc(Counter::GenStamp).unwrap();
+        assert!(
+            gs > last,
+            "stamp {gs} (daemon {}) after {last}: not above it",
+            if i % 2 == 0 { "a" } else { "b" }
+        );
+        last = gs;
+    }
+}
 
 fn alloc_unique_across_daemons(a: &dyn Meta, b: &dyn Meta) {
     assert!(a.alloc(Counter::GenStamp).unwrap() >= 1000);

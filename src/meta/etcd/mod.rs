@@ -172,8 +172,18 @@ impl Meta for EtcdMeta {
 
 impl Counters for EtcdMeta {
     /// Hands out ids from a range reserved with one compare-and-swap per
-    /// [`ID_BATCH`] ids, so that allocation rarely costs a round trip.
+    /// [`ID_BATCH`] ids, so that allocation rarely costs a round trip;
+    /// except generation stamps, one compare-and-swap each. A stamp must
+    /// say which state of a block is newer whichever daemon made it (a
+    /// replica above the record is one the metadata never recorded, below
+    /// it one that lags): from per-daemon ranges, daemon B's later stamp
+    /// could be below daemon A's earlier one. Only the holder of a file's
+    /// claim allocates stamps for it, after taking the claim, so stamps in
+    /// allocation order are stamps in the order of the block's states.
     fn alloc(&self, counter: Counter) -> FsResult<u64> {
+        if counter == Counter::GenStamp {
+            return self.add_to_counter(counter.key(), 1);
+        }
         lock(&self.pool).take(counter, ID_BATCH, || {
             self.add_to_counter(counter.key(), ID_BATCH)
         })
