@@ -1,5 +1,5 @@
 //! Pauses and partitions across daemons (issue 31, docs/SEMANTICS.md
-//! "Timing across daemons"): three daemons over one etcd and the same
+//! "Timing: pauses, partitions and clock jumps"): three daemons over one etcd and the same
 //! datanodes, an elector on each whose command acts only outside the mount
 //! (`testkit tick`: monotonic timestamps in a file of the test), and
 //! writers on each appending numbered lines with fsync to one file.
@@ -23,7 +23,7 @@
 //!
 //! Revoking the election file's claim is left out of the rounds: like
 //! `recover-lease`, it ends a term at once, and nothing outside the mount
-//! can be stopped at once (SEMANTICS "Timing across daemons").
+//! can be stopped at once (SEMANTICS "Timing: pauses, partitions and clock jumps").
 //!
 //! Every test takes the machine for its timing (one at a time: [`SLOT`]).
 

@@ -251,7 +251,7 @@ mod tests {
         r.renewed(ms(0), Some(ms(3_000)));
         assert_eq!(r.stop_at(), ms(2_000));
         assert_eq!(r.kill_at(), ms(2_500));
-        // soft_limit 2.9 s: a TTL of 2 s.
+        // A renewal that vouches for 2 s only (etcd confirmed less than L).
         r.renewed(ms(100), Some(ms(2_000)));
         assert_eq!(r.kill_at(), ms(2_100 - 250));
         // Partitioned: etcd confirmed the claim 1.5 s before this renewal.
