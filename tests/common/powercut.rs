@@ -106,13 +106,7 @@ impl PowerCut {
     pub fn cut(&mut self) -> String {
         self.m.crash();
         let dropped = self.control("cut");
-        self.power_off();
-        self.pc = Some(start_disks(
-            self.dir.path(),
-            self.fs.as_deref(),
-            &self.disks,
-        ));
-        self.m.mount();
+        self.power_cycle();
         dropped
     }
 
@@ -132,8 +126,9 @@ impl PowerCut {
         }
     }
 
-    /// After a crash and a cut made by hand (`control("cut ...")`): the
-    /// powercut filesystem and leasefs mounted again.
+    /// After the crash and the cut (by [`Self::cut`], or by hand with
+    /// `control("cut ...")`): the powercut filesystem and leasefs mounted
+    /// again.
     pub fn power_cycle(&mut self) {
         self.power_off();
         self.pc = Some(start_disks(
