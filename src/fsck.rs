@@ -183,6 +183,9 @@ impl Report {
     }
 }
 
+/// The error of a run whose client went away (see [`Check::cancelled`]).
+pub const CANCELLED: &str = "fsck cancelled: its client went away";
+
 /// How new an unreferenced rbw replica may be before it counts as an
 /// orphan: a writer creates replica files just before recording the block.
 pub const ORPHAN_GRACE: Duration = Duration::from_secs(600);
@@ -231,6 +234,15 @@ pub struct Check<'a> {
     pub pin: &'a dyn Fn(u64) -> Option<Pinned<'a>>,
     /// Recovers a file left under construction (called pinned).
     pub recover: &'a dyn Fn(u64) -> FsResult<u64>,
+    /// Whoever asked is gone (an online fsck whose client disconnected):
+    /// asked before each block, and the run ends there with an error, so
+    /// that a check nobody waits for stops reading replicas.
+    pub cancelled: &'a dyn Fn() -> bool,
+}
+
+/// The [`Check::cancelled`] of a run that always goes to its end.
+pub fn never_cancelled() -> bool {
+    false
 }
 
 /// A file kept from writers while a repair changes it; let go on drop.
@@ -318,6 +330,9 @@ pub fn run(c: &Check<'_>) -> Result<Report, String> {
         })
         .collect();
     for b in &blocks {
+        if (c.cancelled)() {
+            return Err(CANCELLED.into());
+        }
         let path = paths
             .entry(b.ino)
             .or_insert_with(|| c.meta.path_of(b.ino))

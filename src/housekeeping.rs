@@ -138,6 +138,7 @@ impl Housekeeper {
             copy: true,
             pin: &|ino| core.pin(ino),
             recover: &|ino| core.recover(ino, crate::lease::RecoveryReason::HolderGone),
+            cancelled: &fsck::never_cancelled,
         };
         // Quarantined replicas past their retention (leader only: one
         // daemon removes them).

@@ -114,8 +114,9 @@ fn an_ordinary_user_lists_leases_and_checks_a_root_mount_but_sees_only_its_own_h
         format!("{}:{}", hostname(), root_writer.pid)
     );
 
-    // fsck: anybody may check; only root (the mount's owner here) repairs.
-    let o = leasefs_as_nobody(&["fsck", m.mnt.to_str().unwrap(), "--json"]);
+    // fsck: anybody may check (shallow); only root (the mount's owner
+    // here) repairs.
+    let o = leasefs_as_nobody(&["fsck", m.mnt.to_str().unwrap(), "--json", "--shallow"]);
     assert!(o.status.code() == Some(0), "fsck as nobody: {}", out(&o));
     let report: Value = serde_json::from_slice(&o.stdout).expect("fsck JSON");
     let open = report["open_for_write"].as_array().expect("open_for_write");
@@ -145,6 +146,57 @@ fn an_ordinary_user_lists_leases_and_checks_a_root_mount_but_sees_only_its_own_h
         out(&o)
     );
     root_writer.ok("close");
+}
+
+/// A deep fsck reads every replica's checksums (R times the data) as
+/// root: root and the mounter only. Any user gets the shallow check.
+#[test]
+fn a_deep_fsck_is_for_root_and_the_mounter_the_shallow_one_for_everybody() {
+    let m = Mount::new();
+    m.open_to_all();
+    std::fs::write(m.path("data"), vec![7u8; 300_000]).expect("write");
+    let mnt = m.mnt.to_str().unwrap();
+    let o = leasefs_as_nobody(&["fsck", mnt]);
+    assert_eq!(o.status.code(), Some(2), "deep fsck as nobody: {}", out(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("permission denied") && err.contains("--shallow") && err.lines().count() == 1,
+        "{}",
+        out(&o)
+    );
+    let o = leasefs_as_nobody(&["fsck", mnt, "--shallow", "--json"]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "shallow fsck as nobody: {}",
+        out(&o)
+    );
+    let report: Value = serde_json::from_slice(&o.stdout).expect("fsck JSON");
+    assert_eq!(report["blocks"], 1, "{report}");
+    // Root's deep check reads the checksums: it finds a flipped byte that
+    // the shallow one (presence, stamp, length) does not.
+    let o = m.leasefs(&["fsck", mnt]);
+    assert_eq!(o.status.code(), Some(0), "deep fsck as root: {}", out(&o));
+    let finalized: Vec<_> = m
+        .datanodes
+        .iter()
+        .flat_map(|d| std::fs::read_dir(d.join("finalized")).expect("finalized/"))
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_none())
+        .collect();
+    let victim = &finalized[0];
+    let mut bytes = std::fs::read(victim).expect("replica");
+    bytes[1000] ^= 0xff;
+    std::fs::write(victim, bytes).expect("flip a byte");
+    let o = leasefs_as_nobody(&["fsck", mnt, "--shallow"]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "shallow fsck as nobody: {}",
+        out(&o)
+    );
+    let o = m.leasefs(&["fsck", mnt]);
+    assert_eq!(o.status.code(), Some(1), "deep fsck as root: {}", out(&o));
 }
 
 #[test]

@@ -1,4 +1,4 @@
-//! `leasefs fsck (MOUNTPOINT | --data DIR) [--json] [--repair]`.
+//! `leasefs fsck (MOUNTPOINT | --data DIR) [--json] [--repair] [--shallow]`.
 //! Exit codes: 0 healthy (with --repair: everything found was repaired),
 //! 1 problems remain, 2 could not run.
 
@@ -13,15 +13,18 @@ use crate::fsck::{self, Check, Report};
 use crate::meta::{DatanodeRegistry, MetaStore};
 use crate::pipeline::Health;
 
-pub fn run(
-    mountpoint: Option<&Path>,
-    data: Option<&Path>,
-    as_json: bool,
-    repair: bool,
-) -> ExitCode {
+/// What to do besides checking.
+#[derive(Debug, Clone, Copy)]
+pub struct How {
+    pub repair: bool,
+    /// Read every replica's checksums (online: root and the mounter only).
+    pub deep: bool,
+}
+
+pub fn run(mountpoint: Option<&Path>, data: Option<&Path>, as_json: bool, how: How) -> ExitCode {
     let report = match (mountpoint, data) {
-        (Some(m), None) => online(m, repair),
-        (None, Some(d)) => offline(d, repair),
+        (Some(m), None) => online(m, how),
+        (None, Some(d)) => offline(d, how.repair),
         _ => Err("give a mountpoint or --data DIR".to_string()),
     };
     let report = match report {
@@ -72,9 +75,12 @@ pub fn run(
     ExitCode::from(report.exit_code())
 }
 
-fn online(m: &Path, repair: bool) -> Result<Report, String> {
+fn online(m: &Path, how: How) -> Result<Report, String> {
     let (mp, _) = find_mount(m)?;
-    let v = ask(&mp, json!({"op": "fsck", "repair": repair}))?;
+    let v = ask(
+        &mp,
+        json!({"op": "fsck", "repair": how.repair, "deep": how.deep}),
+    )?;
     serde_json::from_value(v["report"].clone())
         .map_err(|e| format!("bad fsck answer from the daemon: {e}"))
 }
@@ -120,5 +126,6 @@ fn offline(data: &Path, repair: bool) -> Result<Report, String> {
         copy: true,
         pin: &fsck::no_writers,
         recover: &recover,
+        cancelled: &fsck::never_cancelled,
     })
 }

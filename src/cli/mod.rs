@@ -49,6 +49,11 @@ pub enum Cmd {
         json: bool,
         #[arg(long)]
         repair: bool,
+        /// Check replicas by presence, generation stamp and length, without
+        /// reading their checksums (the check every user may run; the deep
+        /// one is for root and the user who mounted).
+        #[arg(long, conflicts_with = "data")]
+        shallow: bool,
     },
     /// Recover a file's lease now and report whether the file is closed.
     RecoverLease {
@@ -117,7 +122,16 @@ pub fn run() -> ExitCode {
             data,
             json,
             repair,
-        } => fsck::run(mountpoint.as_deref(), data.as_deref(), json, repair),
+            shallow,
+        } => fsck::run(
+            mountpoint.as_deref(),
+            data.as_deref(),
+            json,
+            fsck::How {
+                repair,
+                deep: !shallow,
+            },
+        ),
     }
 }
 

@@ -218,12 +218,28 @@ fn handle(core: &Arc<Core>, admin: &Admin, mnt: &Path, peer: &Peer, conn: UnixSt
             }
         };
         let answer = match serde_json::from_slice::<Value>(&line) {
-            Ok(req) => requests::answer(core, admin, mnt, peer, &req),
+            Ok(req) => requests::answer(core, admin, mnt, peer, &req, &|| hung_up(&w)),
             Err(e) => json!({ "error": format!("bad request: {e}") }),
         };
         if writeln!(w, "{answer}").is_err() {
             return;
         }
+    }
+}
+
+/// Whether the client closed its end of the connection (it waits for
+/// its answer with the socket open; a client killed or interrupted closes
+/// it). `POLLHUP` on a Unix stream socket means both directions are shut,
+/// so a client that only shut its writing side still counts as waiting.
+fn hung_up(conn: &UnixStream) -> bool {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    use std::os::fd::AsFd;
+    let mut fds = [PollFd::new(conn.as_fd(), PollFlags::empty())];
+    match poll(&mut fds, PollTimeout::ZERO) {
+        Ok(n) if n > 0 => fds[0]
+            .revents()
+            .is_some_and(|r| r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR)),
+        _ => false,
     }
 }
 

@@ -5,7 +5,8 @@
 //!
 //! | request | who may |
 //! |---|---|
-//! | `leases`, `history`, `fsck` | everybody; a holder's pid and process name only to its own user and root |
+//! | `leases`, `history`, `fsck` with `deep: false` | everybody; a holder's pid and process name only to its own user and root |
+//! | `fsck` (deep: every replica's checksums read) | root or the user who mounted |
 //! | `stats` | everybody (counters of the whole mount, naming no file or process) |
 //! | `recover` | search permission on every directory of the path and write permission on the file (root always) |
 //! | `audit` | a participant of that election (has the election file open for writing) or root |
@@ -45,8 +46,16 @@ pub enum Refusal {
 
 type Answer = Result<Value, Refusal>;
 
-/// Answers one request of `peer`.
-pub fn answer(core: &Arc<Core>, admin: &Admin, mnt: &Path, peer: &Peer, req: &Value) -> Value {
+/// Answers one request of `peer`; `gone` tells whether the client has
+/// hung up meanwhile (a long request then stops early).
+pub fn answer(
+    core: &Arc<Core>,
+    admin: &Admin,
+    mnt: &Path,
+    peer: &Peer,
+    req: &Value,
+    gone: &dyn Fn() -> bool,
+) -> Value {
     let op = req["op"].as_str().unwrap_or("");
     let changes = match op {
         "recover" | "audit" | "fence" | "unfence" => true,
@@ -67,7 +76,7 @@ pub fn answer(core: &Arc<Core>, admin: &Admin, mnt: &Path, peer: &Peer, req: &Va
         "history" => str_field(req, "election").and_then(|e| history(core, e, req)),
         "fence" => fence(core, peer, req),
         "unfence" => u32_field(req, "pgid").and_then(|p| unfence(core, peer, p)),
-        "fsck" => fsck(core, peer, req["repair"].as_bool().unwrap_or(false)),
+        "fsck" => fsck(core, peer, req, gone),
         other => Err(Refusal::Bad(format!("unknown op '{other}'"))),
     };
     r.unwrap_or_else(|e| json!({ "error": e.to_string() }))
@@ -239,6 +248,12 @@ fn may_fence(core: &Core, peer: &Peer, leader: u64, reg: &TermRegistration) -> R
 }
 
 /// Repair changes replicas and closes files: the user who mounted, or root.
+/// A deep fsck reads R times the whole filesystem as root, and a user
+/// may run a few at once: it is the mount owner's tool, as repair is.
+fn may_deep_check(peer: &Peer) -> bool {
+    may_administer(peer)
+}
+
 fn may_repair(peer: &Peer) -> bool {
     may_administer(peer)
 }
@@ -435,13 +450,23 @@ fn unfence(core: &Arc<Core>, peer: &Peer, pgid: u32) -> Answer {
     Ok(json!({ "ok": true }))
 }
 
-fn fsck(core: &Arc<Core>, peer: &Peer, repair: bool) -> Answer {
+/// `repair` and `deep` (the default: every replica's checksums read, R
+/// times the data, at root's expense) are for root and the mounter; any
+/// user may ask for the shallow check (`deep: false`).
+fn fsck(core: &Arc<Core>, peer: &Peer, req: &Value, gone: &dyn Fn() -> bool) -> Answer {
+    let repair = req["repair"].as_bool().unwrap_or(false);
+    let deep = req["deep"].as_bool().unwrap_or(true);
     if repair && !may_repair(peer) {
         return Err(Refusal::Denied(
             "fsck --repair is for root and the user who mounted".into(),
         ));
     }
-    let mut report = core.fsck(repair).map_err(Refusal::Failed)?;
+    if deep && !may_deep_check(peer) {
+        return Err(Refusal::Denied(
+            "a deep fsck (every replica's checksums read) is for root and the user who mounted; use fsck --shallow".into(),
+        ));
+    }
+    let mut report = core.fsck(repair, deep, gone).map_err(Refusal::Failed)?;
     for f in &mut report.open_for_write {
         let pid = f
             .holder

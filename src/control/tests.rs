@@ -63,7 +63,14 @@ fn control(c: &Arc<Core>, who: Caller, req: serde_json::Value) -> bool {
     };
     let admin =
         crate::dnadmin::Admin::new(c.clone(), Arc::new(crate::housekeeping::Housekeeper::new()));
-    let a = super::requests::answer(c, &admin, std::path::Path::new("/mnt"), &peer, &req);
+    let a = super::requests::answer(
+        c,
+        &admin,
+        std::path::Path::new("/mnt"),
+        &peer,
+        &req,
+        &|| false,
+    );
     a["error"]
         .as_str()
         .is_some_and(|e| e.starts_with("permission denied: the election term"))
@@ -242,4 +249,46 @@ fn a_restarted_daemon_inherits_the_fences_and_pid_reuse_is_not_fenced() {
     c.mknode(ROOT_INO, b"mine", file(Kind::Dir), me)
         .expect("not fenced");
     sweep_kills_and_forgets(&s, &c, &mut cmd);
+}
+
+/// A client that hung up (killed, interrupted) is seen as gone; one that
+/// waits, or only shut its writing side, is not.
+#[test]
+fn a_client_that_hangs_up_is_gone_one_that_waits_is_not() {
+    let (a, b) = std::os::unix::net::UnixStream::pair().expect("pair");
+    assert!(!super::hung_up(&a));
+    b.shutdown(std::net::Shutdown::Write).expect("shutdown");
+    assert!(!super::hung_up(&a), "a half-closed client still waits");
+    drop(b);
+    assert!(super::hung_up(&a));
+}
+
+/// A deep fsck whose client went away stops before its next block
+/// instead of reading every replica for nobody.
+#[test]
+fn a_deep_fsck_stops_when_its_client_is_gone() {
+    let s = TestFs::new(MountOptions::default(), 1);
+    let c = s.core.clone();
+    let ino = s.create("f");
+    let fh = s
+        .open(ino, libc::O_WRONLY, crate::fs::testing::me())
+        .expect("open");
+    s.write(fh, 0, b"some data").expect("write");
+    s.close(fh).expect("close");
+    let root = super::Peer {
+        pid: std::process::id(),
+        uid: 0,
+        gid: 0,
+        groups: Vec::new(),
+    };
+    let admin =
+        crate::dnadmin::Admin::new(c.clone(), Arc::new(crate::housekeeping::Housekeeper::new()));
+    let ask = |gone: &dyn Fn() -> bool| {
+        let req = serde_json::json!({"op": "fsck"});
+        super::requests::answer(&c, &admin, std::path::Path::new("/mnt"), &root, &req, gone)
+    };
+    let a = ask(&|| false);
+    assert_eq!(a["report"]["blocks"], 1, "{a}");
+    let a = ask(&|| true);
+    assert_eq!(a["error"], crate::fsck::CANCELLED, "{a}");
 }

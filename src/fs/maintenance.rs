@@ -58,6 +58,7 @@ impl Core {
             copy: false,
             pin: &|ino| self.pin(ino),
             recover: &|ino| self.recover(ino, RecoveryReason::HolderGone),
+            cancelled: &crate::fsck::never_cancelled,
         })
         .map_err(FsError::Io)?;
         for p in swept.problems.iter().filter(|p| p.repaired) {
@@ -101,8 +102,17 @@ impl Core {
             .collect()
     }
 
-    /// An online fsck against the running daemon's view.
-    pub fn fsck(&self, repair: bool) -> Result<crate::fsck::Report, String> {
+    /// An online fsck against the running daemon's view. `deep` reads
+    /// every replica's checksums (R times the data); without it replicas
+    /// are checked by presence, generation stamp and length, and only
+    /// those reads reported corrupt are verified. The run stops, with an
+    /// error, at the first block after `cancelled` says so.
+    pub fn fsck(
+        &self,
+        repair: bool,
+        deep: bool,
+        cancelled: &dyn Fn() -> bool,
+    ) -> Result<crate::fsck::Report, String> {
         let live = self
             .live_files()
             .ok_or("cannot tell which files other daemons are writing")?;
@@ -114,8 +124,12 @@ impl Core {
             live_leases: live,
             busy_blocks: busy,
             progress: false,
-            deep: true,
-            suspect: Default::default(),
+            deep,
+            suspect: if deep {
+                Default::default()
+            } else {
+                self.bad().list().into_iter().collect()
+            },
             orphans: true,
             excess: true,
             orphan_grace: crate::fsck::ORPHAN_GRACE,
@@ -126,6 +140,7 @@ impl Core {
             copy: repair,
             pin: &|ino| self.pin(ino),
             recover: &|ino| self.recover(ino, RecoveryReason::HolderGone),
+            cancelled,
         })
     }
 

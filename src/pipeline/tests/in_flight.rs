@@ -29,6 +29,7 @@ fn repair_as(rig: &Rig, shared: bool) -> Report {
         copy: true,
         pin: &fsck::no_writers,
         recover: &|_| Ok(0),
+        cancelled: &fsck::never_cancelled,
     })
     .expect("fsck")
 }
