@@ -1,14 +1,18 @@
 //! Live statistics through the public interface: the Prometheus endpoint
 //! (`-o metrics=HOST:PORT`) scraped with `curl` while a writer holds a
-//! file, `leasefs stats` (table and JSON, once and every interval) as
-//! root and as another user, and the one-line errors of both.
+//! file and with a plain TCP client while slow clients hold connections,
+//! `leasefs stats` (table and JSON, once and every interval) as root and
+//! as another user, and the one-line errors of both.
 
 mod common;
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use common::{Agent, Mount, as_nobody, bin, wait_until};
 
@@ -155,6 +159,159 @@ fn metrics_scraped_during_a_write_move_and_follow_the_lease() {
         String::from_utf8_lossy(&other.stdout).starts_with("HTTP/1.1 404"),
         "{}",
         String::from_utf8_lossy(&other.stdout)
+    );
+}
+
+/// A request for `/metrics` that keeps the connection open.
+const GET: &str = "GET /metrics HTTP/1.1\r\nHost: leasefs\r\n\r\n";
+
+/// Reads one response (head, then a `content-length` body) and returns
+/// its head, lowercased.
+fn response(r: &mut BufReader<TcpStream>) -> std::io::Result<String> {
+    let mut head = String::new();
+    loop {
+        let mut l = String::new();
+        if r.read_line(&mut l)? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        if l == "\r\n" {
+            break;
+        }
+        head.push_str(&l.to_ascii_lowercase());
+    }
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body)?;
+    Ok(head)
+}
+
+/// A keep-alive connection that has had one answer.
+fn answered_once(addr: &str) -> BufReader<TcpStream> {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.write_all(GET.as_bytes()).expect("send");
+    let mut r = BufReader::new(s);
+    let head = response(&mut r).expect("an answer");
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    r
+}
+
+/// Whether the server has closed `s` (read gives EOF or a reset) by
+/// `deadline`.
+fn closed_by(s: &mut TcpStream, deadline: Instant) -> bool {
+    let left = deadline.saturating_duration_since(Instant::now());
+    s.set_read_timeout(Some(left.max(Duration::from_millis(1))))
+        .expect("read timeout");
+    let mut buf = [0u8; 64];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+            Err(_) => return false,
+        }
+    }
+}
+
+/// Eight and more clients that hold connections to the endpoint (asking
+/// again and again on one keep-alive connection, sending nothing,
+/// trickling a request head a byte at a time) do not keep a scrape out:
+/// it is answered at once, the silent ones are closed within the head
+/// timeout, and a connection is closed after `MAX_REQUESTS` answers.
+/// Before, the endpoint took a place before accepting and a connection
+/// kept it up to 60 s: the scrape waited until curl's timeout.
+#[test]
+fn slow_and_idle_clients_cannot_keep_a_scrape_out() {
+    use leasefs::metrics::http::{HEADER_TIMEOUT, MAX_CONNECTIONS, MAX_REQUESTS};
+    let m = Mount::with_o("metrics=127.0.0.1:0");
+    let addr = stats_json(&m)["metrics_address"]
+        .as_str()
+        .expect("the endpoint's address in stats --json")
+        .to_string();
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut threads = Vec::new();
+    // Three clients asking every 0.5 s on one connection each.
+    for _ in 0..3 {
+        let mut r = answered_once(&addr);
+        let stop = stop.clone();
+        threads.push(std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(500));
+                if r.get_mut().write_all(GET.as_bytes()).is_err() || response(&mut r).is_err() {
+                    return;
+                }
+            }
+        }));
+    }
+    // Three that send nothing, three that trickle a byte every 0.3 s.
+    let opened = Instant::now();
+    let mut silent: Vec<TcpStream> = (0..3)
+        .map(|_| TcpStream::connect(&addr).expect("connect"))
+        .collect();
+    for _ in 0..3 {
+        let mut s = TcpStream::connect(&addr).expect("connect");
+        let stop = stop.clone();
+        threads.push(std::thread::spawn(move || {
+            for b in GET.bytes() {
+                if stop.load(Ordering::Relaxed) || s.write_all(&[b]).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(300));
+            }
+        }));
+    }
+    const { assert!(3 + 3 + 3 > MAX_CONNECTIONS) };
+    std::thread::sleep(Duration::from_millis(300));
+
+    let t = Instant::now();
+    let mut s = TcpStream::connect(&addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(15)))
+        .expect("read timeout");
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: leasefs\r\nConnection: close\r\n\r\n")
+        .expect("send the scrape");
+    let head = response(&mut BufReader::new(s));
+    let took = t.elapsed();
+    assert!(
+        head.as_deref().is_ok_and(|h| h.starts_with("http/1.1 200")),
+        "the scrape: {head:?} after {took:?}"
+    );
+    assert!(
+        took < Duration::from_secs(2),
+        "the scrape waited {took:?} behind slow clients"
+    );
+
+    // A connection that sends nothing is closed within the head timeout.
+    let deadline = opened + HEADER_TIMEOUT + Duration::from_millis(1500);
+    for s in &mut silent {
+        assert!(
+            closed_by(s, deadline),
+            "a silent connection is still open {:?} after it was opened",
+            opened.elapsed()
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        let _ = t.join();
+    }
+
+    // At most MAX_REQUESTS answers on one connection; the last says so.
+    let mut r = answered_once(&addr);
+    for n in 2..=MAX_REQUESTS {
+        r.get_mut().write_all(GET.as_bytes()).expect("send");
+        let head = response(&mut r).expect("an answer");
+        assert!(head.starts_with("http/1.1 200"), "{head}");
+        assert_eq!(
+            head.contains("connection: close"),
+            n == MAX_REQUESTS,
+            "answer {n}: {head}"
+        );
+    }
+    assert!(
+        closed_by(r.get_mut(), Instant::now() + Duration::from_secs(2)),
+        "the connection is open after {MAX_REQUESTS} answers"
     );
 }
 

@@ -8,6 +8,7 @@
 //! to date on the hot path: they are read from their owners when a
 //! snapshot is taken (`fs::stats`).
 
+mod conns;
 pub mod histogram;
 pub mod http;
 pub mod prometheus;
