@@ -494,6 +494,28 @@ impl Datanodes {
         self.choose_with_room(n, exclude, 0)
     }
 
+    /// The most a file may grow by at once through a truncation: the
+    /// free space (as of the last heartbeats, unprivileged: root's reserved
+    /// blocks not counted) of the R-th roomiest live datanode in service,
+    /// less [`FULL_BELOW`]. Growth is sparse (holes and their checksums,
+    /// about 0.8% of it), but a replica copied by a repair, a spare or the
+    /// balancer is written out in full, so no file grows past what R
+    /// datanodes could hold.
+    pub fn growth_room(&self) -> u64 {
+        let mut free: Vec<u64> = self
+            .snapshot()
+            .iter()
+            .filter(|s| s.node.is_some() && s.health() == Health::Live && s.admin().in_service())
+            .map(|s| s.free.load(Ordering::Relaxed))
+            .collect();
+        free.sort_unstable_by(|a, b| b.cmp(a));
+        let k = self.replication.min(free.len());
+        match k.checked_sub(1).and_then(|i| free.get(i)) {
+            Some(f) => f.saturating_sub(FULL_BELOW),
+            None => 0,
+        }
+    }
+
     /// Chooses a full pipeline for a new block, failing when no datanode
     /// can take it (with `ENOSPC` when those left in service are full).
     pub fn choose_pipeline(&self) -> FsResult<Vec<DnId>> {

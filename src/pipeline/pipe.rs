@@ -33,6 +33,23 @@ pub(crate) struct OpenBlock {
     pub synced: bool,
 }
 
+/// What a packet puts on the replicas.
+#[derive(Clone, Copy)]
+enum Payload<'a> {
+    Data(&'a [u8]),
+    /// This many zero bytes, written as a hole.
+    Zeros(u64),
+}
+
+impl Payload<'_> {
+    fn len(&self) -> u64 {
+        match self {
+            Payload::Data(d) => d.len() as u64,
+            Payload::Zeros(n) => *n,
+        }
+    }
+}
+
 /// The datanodes of `replicas`, in pipeline order.
 pub(crate) fn datanodes_of(replicas: &[ReplicaOut]) -> Vec<DnId> {
     replicas.iter().map(|r| r.dn).collect()
@@ -49,6 +66,22 @@ impl OpenBlock {
     /// again to the rebuilt one: the writer sees an error only when no
     /// replica is left.
     pub fn write(&mut self, f: &StreamFile, boff: u64, data: &[u8], crcs: &[u32]) -> FsResult<()> {
+        self.put(f, boff, Payload::Data(data), crcs)
+    }
+
+    /// [`Self::write`] of `len` zeros as a hole on every replica
+    /// ([`ReplicaWrite::write_zeros`]): truncate growth.
+    pub fn write_zeros(
+        &mut self,
+        f: &StreamFile,
+        boff: u64,
+        len: u64,
+        crcs: &[u32],
+    ) -> FsResult<()> {
+        self.put(f, boff, Payload::Zeros(len), crcs)
+    }
+
+    fn put(&mut self, f: &StreamFile, boff: u64, what: Payload<'_>, crcs: &[u32]) -> FsResult<()> {
         let dns = &f.ctx.dns;
         // A datanode that failed its heartbeat (directory gone, disk
         // unwritable) leaves the pipeline before the next packet.
@@ -63,7 +96,11 @@ impl OpenBlock {
         loop {
             let mut failed = None;
             for (k, r) in self.replicas.iter_mut().enumerate() {
-                if let Err(e) = r.w.write_packet(boff, data, crcs) {
+                let wrote = match what {
+                    Payload::Data(data) => r.w.write_packet(boff, data, crcs),
+                    Payload::Zeros(len) => r.w.write_zeros(boff, len, crcs),
+                };
+                if let Err(e) = wrote {
                     tracing::warn!(ino = f.ino, datanode = %r.dn, "replica write failed: {e}");
                     // ENOSPC: full (still readable), not dead.
                     dns.mark_failed(r.dn, &e);
@@ -76,7 +113,7 @@ impl OpenBlock {
                 Some(k) => self.rebuild(f, k, boff)?,
             }
         }
-        self.row.len = boff + data.len() as u64;
+        self.row.len = boff + what.len();
         self.synced = false;
         Ok(())
     }

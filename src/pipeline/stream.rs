@@ -382,8 +382,22 @@ impl OutputStream {
     }
 
     /// Shrinks (or grows with zeros) the file after everything before it.
+    /// Growth beyond what the datanodes could hold were its zeros ever
+    /// written out (a copy of a replica writes them) fails with `ENOSPC`
+    /// at once, before anything is queued or written.
     pub fn truncate(self: &Arc<Self>, size: u64, done: Done) {
         let mut s = lock(&self.st);
+        let growth = size.saturating_sub(s.pos());
+        if growth > 0 && growth > self.ctx.dns.growth_room() {
+            drop(s);
+            tracing::warn!(
+                ino = self.ino,
+                uid = self.uid,
+                growth,
+                "truncate growth refused: more than the datanodes have room for"
+            );
+            return done(Err(FsError::NoSpace));
+        }
         let queued = s.truncate(size, done, now_ns());
         self.queued(s, queued);
     }

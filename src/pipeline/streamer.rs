@@ -90,22 +90,41 @@ impl DataStreamer {
         crate::fault::panic_if("stream", || {
             p.data.starts_with(crate::fault::TRIGGER.as_bytes())
         });
-        let bs = self.file.block_size;
-        let full = self.block.as_ref().is_some_and(|b| p.off >= b.start + bs);
-        if full {
-            let b = self.block.take().expect("checked above");
-            self.finish(b)?;
-        }
-        if self.block.is_none() {
-            let known_new = self.new_from.is_some_and(|n| p.off / bs >= n);
-            self.block = Some(block::open(&self.file, p.off, known_new)?);
-        }
+        self.open_block_at(p.off)?;
         let b = self.block.as_mut().expect("opened above");
         self.sent += p.data.len() as u64;
         let boff = p.off - b.start;
         self.crcs.clear();
         b.acc.crcs_for(boff, &p.data, &mut self.crcs);
         b.write(&self.file, boff, &p.data, &self.crcs)
+    }
+
+    /// `len` zeros at `off` (within one block), as a hole on the replicas
+    /// (see [`Self::grow`]).
+    fn send_zeros(&mut self, off: u64, len: u64) -> FsResult<()> {
+        self.open_block_at(off)?;
+        let b = self.block.as_mut().expect("opened above");
+        self.sent += len;
+        let boff = off - b.start;
+        self.crcs.clear();
+        b.acc.crcs_for_zeros(boff, len, &mut self.crcs);
+        b.write_zeros(&self.file, boff, len, &self.crcs)
+    }
+
+    /// Makes the open block the one file offset `off` goes into: the open
+    /// one, or (once that is full) the next one, opened or created.
+    fn open_block_at(&mut self, off: u64) -> FsResult<()> {
+        let bs = self.file.block_size;
+        let full = self.block.as_ref().is_some_and(|b| off >= b.start + bs);
+        if full {
+            let b = self.block.take().expect("checked above");
+            self.finish(b)?;
+        }
+        if self.block.is_none() {
+            let known_new = self.new_from.is_some_and(|n| off / bs >= n);
+            self.block = Some(block::open(&self.file, off, known_new)?);
+        }
+        Ok(())
     }
 
     /// Whether `p` can be written as a whole block at once (see
@@ -356,20 +375,18 @@ impl DataStreamer {
     }
 
     /// Grows the file from `old` to `size` bytes with zeros, through the
-    /// packet path, and reports the new length (with the stream's time
-    /// once the zeros are in).
+    /// pipeline as holes (no zero byte is written, only the checksums,
+    /// [`HOLE_PIECE`] at a time; a new block at each boundary), and
+    /// reports the new length (with the stream's time once the zeros are
+    /// in). The stream refused growth beyond what the datanodes could
+    /// hold before it came here (see `Datanodes::growth_room`).
     fn grow(&mut self, old: u64, size: u64, mtime: &dyn Fn() -> i64) -> FsResult<()> {
         let bs = self.file.block_size;
-        let zeros = vec![0u8; self.file.ctx.packet_size];
         let mut off = old;
         while off < size {
-            let room = (bs - off % bs).min(zeros.len() as u64);
-            let n = room.min(size - off) as usize;
-            self.send(&Packet {
-                off,
-                data: zeros[..n].to_vec(),
-            })?;
-            off += n as u64;
+            let n = (bs - off % bs).min(HOLE_PIECE).min(size - off);
+            self.send_zeros(off, n)?;
+            off += n;
         }
         let grown = FileOutcome::Grown {
             open: self.block.as_ref().map(|b| &b.row),
@@ -379,6 +396,10 @@ impl DataStreamer {
         self.file.log.record(grown, false).map(drop)
     }
 }
+
+/// Zeros of a truncate growth sent to the replicas at once: their
+/// checksums (4 bytes per 512) are the only bytes written, 64 KiB a piece.
+const HOLE_PIECE: u64 = 8 << 20;
 
 /// How the open block's replicas are synced (see [`plan_open`]).
 #[derive(Default)]

@@ -89,6 +89,13 @@ pub trait ReplicaWrite: Send + fmt::Debug {
     /// length is unchanged.
     fn write_packet(&mut self, offset: u64, data: &[u8], crcs: &[u32]) -> Result<(), StorageError>;
 
+    /// Appends `len` zero bytes at `offset` as [`Self::write_packet`]
+    /// would, `crcs` theirs, without writing them: the data file grows by
+    /// a hole (truncate growth costs the checksums only). A sync makes
+    /// its size durable as it does for data; a hole reads as zeros after
+    /// any crash.
+    fn write_zeros(&mut self, offset: u64, len: u64, crcs: &[u32]) -> Result<(), StorageError>;
+
     /// Starts making everything written so far durable (see [`SyncPlan`]);
     /// [`Self::synced`] once it succeeded. `ranged`: the datanode's
     /// filesystem overwrites allocated blocks in place (ext4, xfs), so a

@@ -212,6 +212,46 @@ impl ChunkAccumulator {
             _ => 0,
         };
     }
+
+    /// [`Self::crcs_for`] of `len` zero bytes, without them: the CRC of a
+    /// whole chunk of zeros is one constant, so growing a file by a hole
+    /// costs its checksums only (4 bytes per 512), never the zeros.
+    pub fn crcs_for_zeros(&mut self, offset: u64, len: u64, out: &mut Vec<u32>) {
+        const ZEROS: [u8; CHUNK_SIZE] = [0; CHUNK_SIZE];
+        const CS: u64 = CHUNK_SIZE as u64;
+        debug_assert_eq!(
+            (offset % CS) as usize,
+            self.tail.len(),
+            "zeros at {offset} do not continue the stream"
+        );
+        if len == 0 {
+            return;
+        }
+        let mut rest = len;
+        if !self.tail.is_empty() {
+            let fill = (CHUNK_SIZE - self.tail.len()).min(rest as usize);
+            let whole = crc_append(self.tail_crc, &ZEROS[..fill]);
+            out.push(whole);
+            if self.tail.len() + fill < CHUNK_SIZE {
+                self.tail.resize(self.tail.len() + fill, 0);
+                self.tail_crc = whole;
+                return;
+            }
+            rest -= fill as u64;
+        }
+        let whole = usize::try_from(rest / CS).unwrap_or(usize::MAX);
+        out.reserve(whole + 1);
+        out.extend(std::iter::repeat_n(crc(&ZEROS), whole));
+        let partial = (rest % CS) as usize;
+        self.tail.clear();
+        self.tail_crc = 0;
+        if partial > 0 {
+            let c = crc(&ZEROS[..partial]);
+            out.push(c);
+            self.tail.resize(partial, 0);
+            self.tail_crc = c;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -222,6 +262,33 @@ mod tests {
         (0..n)
             .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
             .collect()
+    }
+
+    /// Zeros given by length get the CRCs the same zeros given as bytes
+    /// get, whatever the partial chunk before them and their length.
+    #[test]
+    fn zeros_by_length_have_the_crcs_of_zero_bytes() {
+        for tail in [0usize, 1, 100, 511] {
+            for len in [0u64, 1, 10, 411, 412, 512, 513, 1024, 5000, 70_000] {
+                let head = bytes(tail, 3);
+                let (mut a, mut b) = (
+                    ChunkAccumulator::resume(head.clone()),
+                    ChunkAccumulator::resume(head),
+                );
+                let (mut ca, mut cb) = (Vec::new(), Vec::new());
+                a.crcs_for(tail as u64, &vec![0u8; len as usize], &mut ca);
+                b.crcs_for_zeros(tail as u64, len, &mut cb);
+                assert_eq!(ca, cb, "tail {tail}, len {len}");
+                // And the stream goes on alike.
+                let next = tail as u64 + len;
+                let more = bytes(700, 9);
+                ca.clear();
+                cb.clear();
+                a.crcs_for(next, &more, &mut ca);
+                b.crcs_for(next, &more, &mut cb);
+                assert_eq!(ca, cb, "after tail {tail}, len {len}");
+            }
+        }
     }
 
     #[test]

@@ -220,6 +220,11 @@ impl ReplicaWrite for FaultyWriter {
         self.inner.write_packet(offset, data, crcs)
     }
 
+    fn write_zeros(&mut self, offset: u64, len: u64, crcs: &[u32]) -> Result<(), StorageError> {
+        self.faults.check(Op::Write, &self.path)?;
+        self.inner.write_zeros(offset, len, crcs)
+    }
+
     /// A sync struck by [`Op::Sync`] fails in its task, as an `fsync` of
     /// the file would (it is then always a full one); [`Op::SyncBegin`]
     /// fails the call itself; the tasks of a full sync meet

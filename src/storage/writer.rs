@@ -156,41 +156,72 @@ impl ReplicaWriter {
         &self.data_path
     }
 
-    fn append(&mut self, offset: u64, data: &[u8], crcs: &[u32]) -> Result<(), StorageError> {
+    /// Checks that `len` bytes at `offset` with `crcs` continue the
+    /// replica.
+    fn check_packet(&self, offset: u64, len: u64, crcs: &[u32]) -> Result<(), StorageError> {
         if offset != self.len {
             return Err(self.bad_packet(format!(
                 "packet at offset {offset}, but the replica ends at {}",
                 self.len
             )));
         }
-        let end = offset + data.len() as u64;
-        let first = offset / CS;
-        let want = if data.is_empty() {
+        let want = if len == 0 {
             0
         } else {
-            chunk_count(end) - first
+            chunk_count(offset + len) - offset / CS
         };
         if crcs.len() as u64 != want {
             return Err(self.bad_packet(format!(
-                "{} checksums for {} bytes at offset {offset}, expected {want}",
+                "{} checksums for {len} bytes at offset {offset}, expected {want}",
                 crcs.len(),
-                data.len()
             )));
         }
+        Ok(())
+    }
+
+    fn append(&mut self, offset: u64, data: &[u8], crcs: &[u32]) -> Result<(), StorageError> {
+        self.check_packet(offset, data.len() as u64, crcs)?;
         if data.is_empty() {
             return Ok(());
         }
         self.data
             .write_all_at(data, offset)
             .map_err(|e| StorageError::io(&self.data_path, e))?;
+        self.put_crcs(offset, data.len() as u64, crcs)
+    }
+
+    /// Zeros as a hole: the data file is only made longer (the filesystem
+    /// reads a hole as zeros, before and after a crash, and allocates
+    /// nothing for it); what lies past the length already is zeros of a
+    /// fill (the writer never leaves data there). Then the checksums, as
+    /// for data: after the bytes they cover.
+    fn append_zeros(&mut self, offset: u64, len: u64, crcs: &[u32]) -> Result<(), StorageError> {
+        self.check_packet(offset, len, crcs)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let end = offset
+            .checked_add(len)
+            .ok_or_else(|| self.bad_packet(format!("{len} zeros at offset {offset} overflow")))?;
+        if super::fsops::file_len(&self.data, &self.data_path)? < end {
+            self.data
+                .set_len(end)
+                .map_err(|e| StorageError::io(&self.data_path, e))?;
+        }
+        self.put_crcs(offset, len, crcs)
+    }
+
+    /// Writes the checksums of `len` bytes at `offset`, which the data
+    /// file now holds, and moves the length past them.
+    fn put_crcs(&mut self, offset: u64, len: u64, crcs: &[u32]) -> Result<(), StorageError> {
         self.meta_buf.clear();
         for c in crcs {
             self.meta_buf.extend_from_slice(&c.to_be_bytes());
         }
         self.meta
-            .write_all_at(&self.meta_buf, crc_offset(first))
+            .write_all_at(&self.meta_buf, crc_offset(offset / CS))
             .map_err(|e| StorageError::io(&self.meta_path, e))?;
-        self.len = end;
+        self.len = offset + len;
         if let Some(&last) = crcs.last() {
             self.last_crc = last;
         }
@@ -279,6 +310,14 @@ impl ReplicaWrite for ReplicaWriter {
         match &r {
             Ok(()) => self.io.wrote(data.len() as u64),
             Err(_) => self.io.error(),
+        }
+        r
+    }
+
+    fn write_zeros(&mut self, offset: u64, len: u64, crcs: &[u32]) -> Result<(), StorageError> {
+        let r = self.append_zeros(offset, len, crcs);
+        if r.is_err() {
+            self.io.error();
         }
         r
     }
