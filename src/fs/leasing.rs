@@ -121,16 +121,27 @@ impl Core {
     /// daemon's claim of it, and into a new block when another daemon
     /// instance had it under construction (its stream may still run: a
     /// stopped or cut-off daemon learns it lost the claim only later).
+    /// Without the claim nothing is recorded: whoever holds it now may be
+    /// writing the file, and recovers it itself when it claims it.
     fn recovery_of(&self, ino: u64) -> FsResult<recovery::Recovery> {
         let Some(cl) = &self.cluster else {
             return Ok(recovery::Recovery::default());
+        };
+        let Some(claim) = cl.held(ino) else {
+            let epoch = self.leases.info(ino).epoch;
+            tracing::warn!(
+                ino,
+                epoch,
+                "no recovery: this daemon no longer holds the file's claim"
+            );
+            return Err(FsError::Lease(LeaseError::Fenced { file: ino, epoch }));
         };
         let foreign = self
             .meta()
             .uc(ino)?
             .is_some_and(|u| u.mount_id != self.mount_id);
         Ok(recovery::Recovery {
-            claim: cl.held(ino),
+            claim: Some(claim),
             fresh_block: foreign,
         })
     }

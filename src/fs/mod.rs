@@ -11,6 +11,8 @@ pub mod core;
 mod deletions;
 mod durability;
 mod epochs;
+#[cfg(test)]
+pub(crate) mod fake_cluster;
 mod fencing;
 mod file_record;
 mod handles;

@@ -8,7 +8,8 @@ use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use super::core::{Core, Instance};
+use super::core::{ClusterParts, Core, Instance};
+use super::fake_cluster::{FakeCluster, FakeEpochs};
 use super::namespace::Node;
 use super::request::{Caller, Opened, Reply};
 use crate::clock::{Clock, FakeClock};
@@ -16,6 +17,8 @@ use crate::config::MountOptions;
 use crate::error::FsResult;
 use crate::meta::{Kind, Meta, MetaStore, ROOT_INO};
 use crate::pipeline::Datanodes;
+use crate::storage::faulty::Faulty;
+use crate::storage::{Datanode, DnId, Storage};
 use crate::sync::Arc;
 
 /// How long a test waits for a reply before it fails: far above anything
@@ -29,6 +32,10 @@ pub struct TestFs {
     pub core: Arc<Core>,
     pub opts: MountOptions,
     datanodes: usize,
+    /// The datanodes, each able to fail or stall an operation a test picks.
+    pub faults: Vec<Arc<Faulty>>,
+    /// Set for a filesystem over a shared namespace (see [`TestFs::clustered`]).
+    cluster: Option<Arc<FakeCluster>>,
     rt: tokio::runtime::Runtime,
 }
 
@@ -71,6 +78,16 @@ impl TestFs {
     /// A filesystem with `datanodes` datanodes (replication: all of them)
     /// and the given options.
     pub fn new(opts: MountOptions, datanodes: usize) -> TestFs {
+        Self::build(opts, datanodes, None)
+    }
+
+    /// As [`TestFs::new`], as one daemon of several over a shared
+    /// namespace: its claims are `cluster`'s, which the test may take away.
+    pub fn clustered(opts: MountOptions, datanodes: usize, cluster: Arc<FakeCluster>) -> TestFs {
+        Self::build(opts, datanodes, Some(cluster))
+    }
+
+    fn build(opts: MountOptions, datanodes: usize, cluster: Option<Arc<FakeCluster>>) -> TestFs {
         let dir = tempfile::tempdir().expect("tempdir");
         let meta: Arc<dyn Meta> =
             Arc::new(MetaStore::open(&dir.path().join("meta.db"), 0, 0).expect("store"));
@@ -80,7 +97,7 @@ impl TestFs {
             .build()
             .expect("runtime");
         let clock = Arc::new(FakeClock::new());
-        let core = Self::core_on(&dir, &meta, &rt, &clock, &opts, datanodes);
+        let (core, faults) = Self::core_on(&dir, &meta, &rt, &clock, &opts, datanodes, &cluster);
         TestFs {
             dir,
             meta,
@@ -88,6 +105,8 @@ impl TestFs {
             core,
             opts,
             datanodes,
+            faults,
+            cluster,
             rt,
         }
     }
@@ -99,34 +118,55 @@ impl TestFs {
         clock: &Arc<FakeClock>,
         opts: &MountOptions,
         datanodes: usize,
-    ) -> Arc<Core> {
+        cluster: &Option<Arc<FakeCluster>>,
+    ) -> (Arc<Core>, Vec<Arc<Faulty>>) {
         let dirs: Vec<PathBuf> = (1..=datanodes)
             .map(|i| dir.path().join(format!("dn{i}")))
             .collect();
-        let dns = Datanodes::unregistered(&dirs, datanodes).expect("datanodes");
+        let faults: Vec<Arc<Faulty>> = dirs
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                Arc::new(Faulty::new(
+                    Datanode::open(DnId(i as u32), d, None).expect("datanode"),
+                ))
+            })
+            .collect();
+        let nodes = faults
+            .iter()
+            .map(|f| f.clone() as Arc<dyn Storage>)
+            .collect();
+        let dns = Datanodes::of(nodes, datanodes);
         let clock: Arc<dyn Clock> = clock.clone();
-        Core::new(
+        let mut instance = Instance::new();
+        instance.cluster = cluster.as_ref().map(|c| ClusterParts {
+            cluster: c.clone(),
+            epochs: Box::new(FakeEpochs::default()),
+        });
+        let core = Core::new(
             meta.clone(),
             Arc::new(dns),
             opts.clone(),
             rt.handle().clone(),
             dir.path().join("data"),
             clock,
-            Instance::new(),
-        )
+            instance,
+        );
+        (core, faults)
     }
 
     /// Another daemon on the same data directory and datanodes, as after a
     /// restart (the old core is dropped by the caller, or left as a
     /// daemon that died would be).
     pub fn restart(&mut self) -> Arc<Core> {
-        self.core = Self::core_on(
+        (self.core, self.faults) = Self::core_on(
             &self.dir,
             &self.meta,
             &self.rt,
             &self.clock,
             &self.opts,
             self.datanodes,
+            &self.cluster,
         );
         self.core.clone()
     }

@@ -78,7 +78,12 @@ fn a_client_renewed_lease_is_preempted_after_the_soft_limit_and_its_holder_fence
     assert!(t.core.ioctl(a, IOC_RENEW).is_err());
     t.write(b, 12, b", then more").expect("new holder writes");
     t.close(b).expect("close");
-    let _ = t.close(a);
+    // close(2): its FLUSH fails (the stream did), its RELEASE runs the
+    // recovery of a failed stream.
+    let flushed = super::testing::wait(|r| t.core.flush(a, me(), r));
+    assert_eq!(errno(flushed), libc::EIO);
+    super::testing::wait(|r| t.core.release(a, r)).expect("release");
+    eprintln!("after release: {:?}", t.core.leases.info(ino));
     assert_eq!(t.size(ino), 23);
 }
 
@@ -198,4 +203,56 @@ fn create_never_opens_a_name_that_exists() {
         LeaseState::Free,
         "a lease was taken"
     );
+}
+
+/// Over a shared namespace, a recovery is recorded only under this
+/// daemon's claim of the file: a writer whose stream failed (not fenced)
+/// and whose claim went meanwhile leaves the file to the next claimant,
+/// which may be writing it already on another daemon. Recorded anyway, the
+/// recovery would cut that writer's blocks to what this daemon saw.
+#[test]
+fn a_recovery_without_the_files_claim_records_nothing() {
+    use super::fake_cluster::FakeCluster;
+    use crate::storage::faulty::{Fault, Op};
+    let cluster = std::sync::Arc::new(FakeCluster::default());
+    let t = TestFs::clustered(opts(), 2, cluster.clone());
+    let ino = t.create("f");
+    let a = t.open(ino, APPEND, me()).expect("writer");
+    t.write(a, 0, b"acknowledged").expect("write");
+    t.fsync(a).expect("fsync");
+    for f in &t.faults {
+        f.arm(Op::Write, Fault::Fail(libc::EIO), 0);
+    }
+    t.write(a, 12, b" lost").expect("buffered write");
+    assert_eq!(errno(t.fsync(a)), libc::EIO, "every replica failed");
+    cluster.drop_claim(ino);
+    for f in &t.faults {
+        f.heal();
+    }
+    // close(2): its FLUSH fails (the stream did), its RELEASE runs the
+    // recovery of a failed stream.
+    let flushed = super::testing::wait(|r| t.core.flush(a, me(), r));
+    assert_eq!(errno(flushed), libc::EIO);
+    super::testing::wait(|r| t.core.release(a, r)).expect("release");
+    assert!(
+        t.meta.uc(ino).expect("uc").is_some(),
+        "recovered without the file's claim"
+    );
+    assert!(
+        matches!(
+            t.core
+                .recover(ino, crate::lease::RecoveryReason::HolderGone),
+            Err(FsError::Lease(LeaseError::Fenced { .. }))
+        ),
+        "a recovery without the claim must be refused"
+    );
+    // The next claimant (here this daemon again) recovers it and writes
+    // on, once the datanodes are back in service.
+    t.core.dns().heartbeat();
+    let b = t.open(ino, APPEND, me()).expect("the next writer");
+    t.write(b, 12, b", then more").expect("write");
+    t.close(b).expect("close");
+    assert!(t.meta.uc(ino).expect("uc").is_none());
+    let r = t.open(ino, libc::O_RDONLY, me()).expect("reader");
+    assert_eq!(t.read(r, 0, 100).expect("read"), b"acknowledged, then more");
 }

@@ -219,6 +219,19 @@ impl Datanodes {
         Ok(Datanodes::new(nodes, Vec::new(), replication))
     }
 
+    /// The given datanodes (e.g. faulty ones), all in service.
+    #[cfg(test)]
+    pub fn of(nodes: Vec<Arc<dyn Storage>>, replication: usize) -> Datanodes {
+        let nodes = nodes
+            .into_iter()
+            .map(|node| Attached {
+                node,
+                admin: AdminState::Normal,
+            })
+            .collect();
+        Datanodes::new(nodes, Vec::new(), replication)
+    }
+
     /// Registers `block` as being written or copied, before its first
     /// replica file is created, until the hold is dropped after the commit
     /// that records it (see [`super::in_flight`]).
