@@ -64,6 +64,7 @@ impl LeaseManager {
             due: TimeIndex::default(),
             daemon: TimeIndex::default(),
             daemon_renewed: nanos(clock.now()),
+            last_tick: nanos(clock.now()),
             epochs,
             shutting_down: false,
         };
@@ -497,6 +498,9 @@ struct Inner {
     daemon: TimeIndex,
     /// When `renew_daemon_leases` last ran; renews every daemon-mode lease.
     daemon_renewed: u64,
+    /// When the monitor last ticked: a tick long after the one before
+    /// finds the whole daemon was stopped, not just its renewal thread.
+    last_tick: u64,
     epochs: Box<dyn EpochSource>,
     shutting_down: bool,
 }
@@ -647,6 +651,23 @@ impl Inner {
                 Some(reason) => tickets.push(self.start_recovery(file, reason, now)),
                 None => self.reindex(file),
             }
+        }
+        // The monitor ticks every few seconds: half a hard limit without a
+        // tick means the daemon was stopped (SIGSTOP, a paused VM). Its
+        // daemon-renewed leases are renewed for open descriptors, whose
+        // holders waited on the stopped daemon: the pause is not theirs to
+        // pay for, so they count as renewed now, as the renewal thread is
+        // about to do. (Over etcd, a claim that ran out meanwhile fences
+        // them anyway; on one daemon nobody else could have granted.)
+        let stopped = now.saturating_sub(self.last_tick);
+        self.last_tick = now;
+        if stopped >= lim.hard / 2 && self.daemon.len() > 0 {
+            warn!(
+                stopped_ms = stopped / 1_000_000,
+                leases = self.daemon.len(),
+                "the daemon did not run for half a hard limit: its daemon-renewed leases count as renewed now"
+            );
+            self.daemon_renewed = self.daemon_renewed.max(now);
         }
         // A daemon-mode lease has aged max(own renewal, daemon_renewed); only
         // once the renewal thread itself is a hard limit late can any expire.

@@ -314,15 +314,52 @@ fn daemon_lease_not_preempted_while_renew_daemon_leases_runs() {
     assert_eq!(info.renewed_ms_ago, Some(0));
 }
 
+/// The whole daemon stopped for two hard limits (SIGSTOP, a paused VM):
+/// its daemon-renewed leases belong to open descriptors whose holders
+/// waited on it, and survive; a renewal thread that stays dead while the
+/// monitor runs still lets them expire a hard limit later.
+#[test]
+fn daemon_leases_survive_a_pause_of_the_whole_daemon() {
+    let (clock, mgr) = manager(LeaseConfig::default());
+    let epoch = granted(acquire(&mgr, 1, 1));
+    for _ in 0..30 {
+        clock.advance(secs(2));
+        mgr.renew_daemon_leases();
+        assert!(mgr.tick().is_empty());
+    }
+    clock.advance(secs(7200));
+    assert!(
+        mgr.tick().is_empty(),
+        "a daemon-renewed lease expired for a pause"
+    );
+    assert!(mgr.check(1, 1, epoch).is_ok());
+    // The renewal thread never comes back; the monitor does.
+    let mut ticks = 0;
+    let tickets = loop {
+        clock.advance(secs(2));
+        ticks += 1;
+        let t = mgr.tick();
+        if !t.is_empty() {
+            break t;
+        }
+        assert!(ticks <= 1800, "never expired");
+    };
+    assert_eq!(ticks, 1800, "expired a hard limit after the pause");
+    assert_eq!(tickets[0].reason, RecoveryReason::HardLimit);
+}
+
 #[test]
 fn hard_limit_recovery_from_tick() {
     let (clock, mgr) = manager(LeaseConfig::default());
     let daemon_epoch = granted(acquire(&mgr, 1, 1));
     granted(acquire(&mgr, 2, 2));
     mgr.set_mode(2, 2, RenewalMode::Client).unwrap();
-    clock.advance(secs(3599));
-    assert!(mgr.tick().is_empty());
-    clock.advance(secs(1));
+    // The monitor ticks every 2 s; the renewal thread never runs.
+    for _ in 0..1799 {
+        clock.advance(secs(2));
+        assert!(mgr.tick().is_empty());
+    }
+    clock.advance(secs(2));
     let mut tickets = mgr.tick();
     tickets.sort_by_key(|t| t.file);
     assert_eq!(tickets.len(), 2, "{tickets:?}");
