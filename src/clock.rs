@@ -59,6 +59,34 @@ impl Clock for BootClock {
     }
 }
 
+/// A point on the boot clock: an [`Instant`] that counts a suspend. Over
+/// etcd a claim's deadline is kept on it, because etcd's TTL runs on while
+/// this machine sleeps: a daemon that wakes past a deadline gives its
+/// claims up at its next keep-alive round instead of trusting them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct BootInstant(Duration);
+
+impl BootInstant {
+    pub fn now() -> BootInstant {
+        BootInstant(BootClock.now())
+    }
+
+    pub fn elapsed(&self) -> Duration {
+        Self::now().saturating_duration_since(*self)
+    }
+
+    pub fn saturating_duration_since(&self, earlier: BootInstant) -> Duration {
+        self.0.saturating_sub(earlier.0)
+    }
+}
+
+impl std::ops::Add<Duration> for BootInstant {
+    type Output = BootInstant;
+    fn add(self, d: Duration) -> BootInstant {
+        BootInstant(self.0 + d)
+    }
+}
+
 /// Milliseconds since the Unix epoch from the system clock.
 pub fn wall_ms() -> u64 {
     SystemTime::now()

@@ -8,7 +8,9 @@
 //! (the housekeeper's tasks and its audit events) is the caller's: this
 //! module only says when it is taken and lost.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::clock::BootInstant as Instant;
 
 use super::{Etcd, KeepAlive};
 use crate::sync::{Arc, AtomicBool, Ordering};

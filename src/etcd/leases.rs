@@ -19,7 +19,7 @@
 //! and its stream aborted) before etcd can let it expire for others.
 
 use std::collections::{HashMap, HashSet};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
 
@@ -29,6 +29,7 @@ use crate::lease::cluster::{Claim, ClaimInfo, Cluster, EPOCH_SEQ_BITS, Ticket, T
 use crate::lease::{EpochSource, FileId, HandleId};
 use std::sync::atomic::{AtomicI64, Ordering};
 
+use crate::clock::BootInstant as Instant;
 use crate::sync::{Arc, Condvar, Mutex, lock};
 
 struct Held {
