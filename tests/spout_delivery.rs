@@ -465,3 +465,95 @@ fn sigterm_stops_a_spout_whose_stdout_nobody_reads() {
         "the commit is not what went into the pipe"
     );
 }
+
+/// A client-renewed spout stops acting on its file by its own clock when
+/// its daemon stalls (here stopped with SIGSTOP, as a paused VM): its
+/// renewal thread blocks in the daemon, but the lease the daemon last
+/// vouched for runs out on the spout's boot clock, and by then it has
+/// abandoned the file: the consumer's input is closed (it sees EOF) while
+/// the daemon is still stopped, within the soft limit (2 s) of the stop.
+/// Another instance could be granted the file only after that.
+#[test]
+fn a_stalled_daemon_cannot_hold_a_spout_past_its_lease() {
+    let m = Mount::with_o(MOUNT_O);
+    setup(&m);
+    publish(&m, "f", &lines_of("f", 1000));
+    let took = m.dir.path().join("took");
+    let eof = m.dir.path().join("eof");
+    // Takes records, acknowledges none; writes when its input ends.
+    let cmd = format!(
+        "cat > '{}'; date +%s%N > '{}'",
+        took.display(),
+        eof.display()
+    );
+    let mut s = Inst::spawn(
+        &m,
+        "s",
+        &[
+            "--exec",
+            &cmd,
+            "--max-outstanding",
+            "10",
+            "--progress-timeout",
+            "60",
+            "--lock-timeout",
+            "60",
+            "--renew-ms",
+            "400",
+        ],
+    );
+    assert!(
+        wait_until(Duration::from_secs(20), || std::fs::read_to_string(&took)
+            .is_ok_and(|t| t.lines().count() == 10)),
+        "the consumer never got its 10 records: {}",
+        s.stderr()
+    );
+    // Renewals have run for a while: the lease is vouched for 2 s at most.
+    let_time_pass(Duration::from_secs(1));
+    let daemon = m.pid.expect("daemon pid");
+    let stopped = Instant::now();
+    let stop_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let guard = Stopped::stop(daemon);
+    let ended = wait_until(Duration::from_secs(5), || eof.exists());
+    let held_for = stopped.elapsed();
+    drop(guard);
+    assert!(
+        ended,
+        "the spout still fed its consumer {held_for:?} after its daemon stopped (soft limit 2 s): {}",
+        s.stderr()
+    );
+    let at: u128 = std::fs::read_to_string(&eof)
+        .unwrap_or_default()
+        .trim()
+        .parse()
+        .unwrap_or(0);
+    assert!(
+        at.saturating_sub(stop_ns) < 2_000_000_000,
+        "the consumer's input ended {} ms after the stop, past the soft limit",
+        at.saturating_sub(stop_ns) / 1_000_000
+    );
+    assert!(s.stderr().contains("abandoning it"), "{}", s.stderr());
+    s.signal(libc::SIGTERM);
+    s.wait_ok(Duration::from_secs(20));
+}
+
+/// Continues a stopped process when dropped, whatever happens.
+struct Stopped(u32);
+
+impl Stopped {
+    fn stop(pid: u32) -> Stopped {
+        // SAFETY: a signal to the daemon this test started.
+        unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
+        Stopped(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        // SAFETY: as above.
+        unsafe { libc::kill(self.0 as i32, libc::SIGCONT) };
+    }
+}

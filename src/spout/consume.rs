@@ -262,6 +262,19 @@ impl<'a> Run<'a> {
         Ok(true)
     }
 
+    /// The lock's lease may have gone to another instance: the consumer's
+    /// input ends now, before anything here touches the mount again (the
+    /// data file's close would wait for a stalled daemon), so it acts on
+    /// no record past the lease, by this instance's own clock.
+    fn lost(&mut self, claim: &Claim) -> Outcome {
+        tracing::warn!(
+            "lost the lock of {} to another instance; abandoning it",
+            claim.display()
+        );
+        self.emitter.discard();
+        Outcome::Abandoned
+    }
+
     /// Reads the claimed file from its start, emitting and committing what
     /// the consumer acknowledged. A record that is not text (invalid
     /// UTF-8, a NUL byte) ends the file's good prefix: what comes before
@@ -294,11 +307,7 @@ impl<'a> Run<'a> {
                 return self.stop_in_file(claim, &mut tally);
             }
             if !claim.still_held() {
-                tracing::warn!(
-                    "lost the lock of {} to another instance; abandoning it",
-                    claim.display()
-                );
-                return Ok(Outcome::Abandoned);
+                return Ok(self.lost(claim));
             }
             if s.max_outstanding > 0 && tally.outstanding() >= s.max_outstanding {
                 let max = s.max_outstanding;
@@ -504,11 +513,7 @@ impl<'a> Run<'a> {
                 return Ok(None);
             }
             if !claim.still_held() {
-                tracing::warn!(
-                    "lost the lock of {} to another instance; abandoning it",
-                    claim.display()
-                );
-                return Ok(Some(Outcome::Abandoned));
+                return Ok(Some(self.lost(claim)));
             }
             if self.watch.stalled() {
                 let e = EmitError::Stalled {
