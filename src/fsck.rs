@@ -109,6 +109,10 @@ pub struct Report {
     /// `storage::quarantine`): no fault, shown for an operator to look at.
     #[serde(default)]
     pub quarantined: Vec<InQuarantine>,
+    /// Entries left out for a user who may not see their paths (absent
+    /// when nothing was).
+    #[serde(default, skip_serializing_if = "Hidden::is_empty")]
+    pub hidden: Hidden,
 }
 
 /// A quarantine entry and the datanode that holds it.
@@ -125,6 +129,7 @@ impl Report {
             .iter()
             .filter(|p| !p.repaired && p.kind.is_fault())
             .count()
+            + self.hidden.faults as usize
     }
 
     /// 0 healthy (or everything repaired), 1 problems remain.
@@ -136,7 +141,8 @@ impl Report {
     /// whole (no block missing, corrupt or under-replicated, no file left
     /// open), whatever state the datanodes are in.
     pub fn summary(&self) -> String {
-        let fixed = self.problems.iter().filter(|p| p.repaired).count();
+        let fixed =
+            self.problems.iter().filter(|p| p.repaired).count() + self.hidden.repaired as usize;
         let status = if self.unrepaired_faults() == 0 {
             "HEALTHY"
         } else {
@@ -154,8 +160,8 @@ impl Report {
             count(Health::Live),
             count(Health::Full),
             count(Health::Dead),
-            self.open_for_write.len(),
-            self.problems.len(),
+            self.open_for_write.len() + self.hidden.open_for_write as usize,
+            self.problems.len() + self.hidden.problems as usize,
             fixed
         );
         if self.under_replicated > 0 {
@@ -178,6 +184,9 @@ impl Report {
                 "\n Decommissioning: datanode {}: {} of {} blocks left to copy",
                 d.datanode, d.pending, d.blocks
             ));
+        }
+        if let Some(l) = self.hidden_line() {
+            out.push_str(&l);
         }
         out
     }
@@ -295,7 +304,9 @@ impl Progress {
 }
 
 mod block;
+mod hidden;
 use block::check_block;
+pub use hidden::Hidden;
 
 pub fn run(c: &Check<'_>) -> Result<Report, String> {
     let states = c.dns.statuses();

@@ -4,7 +4,8 @@
 //! is authorized from the peer's credentials (nobody cannot recover a file
 //! it cannot write, drop or set another election's fences, write its
 //! audit rows, or repair); holder details are shown to their own user
-//! only; requests and connections are bounded.
+//! only, and paths only where the user could list every directory;
+//! requests and connections are bounded.
 
 mod common;
 use common::*;
@@ -197,6 +198,124 @@ fn a_deep_fsck_is_for_root_and_the_mounter_the_shallow_one_for_everybody() {
     );
     let o = m.leasefs(&["fsck", mnt]);
     assert_eq!(o.status.code(), Some(1), "deep fsck as root: {}", out(&o));
+}
+
+/// Root's writer holding `rel` (created 0644), having written and synced.
+fn root_writer(m: &Mount, rel: &str) -> Agent {
+    let mut w = Agent::spawn(&m.mnt);
+    w.ok(&format!("open {rel} wc"));
+    w.ok("write x");
+    w.ok("fsync");
+    w
+}
+
+/// A closed file `rel` with one replica's files removed: fsck reports it.
+fn damaged(m: &Mount, rel: &str) {
+    use common::faults::{replica, wait_closed};
+    std::fs::write(m.path(rel), vec![5u8; 100_000]).expect("write");
+    let b = wait_closed(m, rel);
+    let r = replica(&m.datanodes[b[0].replicas[0]], b[0].id).expect("a replica");
+    std::fs::remove_file(&r.data).expect("rm replica");
+    std::fs::remove_file(&r.meta).expect("rm checksums");
+}
+
+/// Names and holders go no further than `ls` and `stat` would: as
+/// `nobody`, `leases` and `fsck` leave out (and count) the files under a
+/// 0700 directory of root's, and `user.leasefs.lease` of a file that
+/// `nobody` may read, held by root's writer, shows no pid or command;
+/// root sees all of it. Before, nobody was shown `secret/held` and
+/// `secret/damaged` by both commands and the holder by the xattr.
+#[test]
+fn leases_fsck_and_the_lease_xattr_show_a_user_only_what_it_could_list() {
+    let m = Mount::new();
+    m.open_to_all();
+    for (dir, mode) in [("secret", 0o700), ("open", 0o755)] {
+        std::fs::create_dir(m.path(dir)).expect("mkdir");
+        std::fs::set_permissions(m.path(dir), std::fs::Permissions::from_mode(mode))
+            .expect("chmod");
+        damaged(&m, &format!("{dir}/damaged"));
+    }
+    let _hidden = root_writer(&m, "secret/held");
+    let shown = root_writer(&m, "open/held");
+    let mnt = m.mnt.to_str().unwrap();
+    let no_secret = |o: &std::process::Output| {
+        assert!(
+            !out(o).contains("secret"),
+            "a hidden name leaked: {}",
+            out(o)
+        );
+    };
+
+    // leases: the file under secret/ is counted, not named.
+    let o = leasefs_as_nobody(&["leases", mnt, "--json"]);
+    assert!(o.status.success(), "leases as nobody: {}", out(&o));
+    no_secret(&o);
+    let list: Value = serde_json::from_slice(&o.stdout).expect("leases JSON");
+    let paths: Vec<&str> = list
+        .as_array()
+        .expect("a list")
+        .iter()
+        .filter_map(|l| l["path"].as_str())
+        .collect();
+    assert_eq!(paths, [format!("{mnt}/open/held")], "{list}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("1 more leases not shown"),
+        "{}",
+        out(&o)
+    );
+    let o = leasefs_as_nobody(&["leases", mnt]);
+    assert!(
+        o.status.success() && out(&o).contains("/open/held"),
+        "{}",
+        out(&o)
+    );
+    no_secret(&o);
+
+    // fsck: the status, exit code and totals are the filesystem's; the
+    // names under secret/ are left out.
+    let o = m.leasefs(&["fsck", mnt, "--shallow", "--json"]);
+    assert_eq!(o.status.code(), Some(1), "fsck as root: {}", out(&o));
+    let all: Value = serde_json::from_slice(&o.stdout).expect("fsck JSON");
+    assert!(all.get("hidden").is_none(), "{all}");
+    assert!(out(&o).contains("/secret/damaged") && out(&o).contains("/secret/held"));
+    let o = leasefs_as_nobody(&["fsck", mnt, "--shallow", "--json"]);
+    assert_eq!(o.status.code(), Some(1), "fsck as nobody: {}", out(&o));
+    no_secret(&o);
+    let mine: Value = serde_json::from_slice(&o.stdout).expect("fsck JSON");
+    let len = |v: &Value, k: &str| v[k].as_array().map_or(0, Vec::len) as u64;
+    assert_eq!(mine["hidden"]["open_for_write"], 1, "{mine}");
+    assert!(mine["hidden"]["faults"].as_u64() >= Some(1), "{mine}");
+    assert_eq!(
+        len(&mine, "problems") + mine["hidden"]["problems"].as_u64().unwrap_or(0),
+        len(&all, "problems"),
+        "{mine}\n{all}"
+    );
+    assert!(out(&o).contains("/open/damaged") && out(&o).contains("/open/held"));
+    let o = leasefs_as_nobody(&["fsck", mnt, "--shallow"]);
+    assert_eq!(o.status.code(), Some(1), "fsck as nobody: {}", out(&o));
+    no_secret(&o);
+    assert!(out(&o).contains("Not shown: 1 open files"), "{}", out(&o));
+
+    // The lease xattr of a file `nobody` may read: state, no holder.
+    let path = m.path("open/held");
+    let o = as_nobody(&[
+        "getfattr",
+        "--only-values",
+        "-n",
+        "user.leasefs.lease",
+        path.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "getfattr as nobody: {}", out(&o));
+    let lease: Value = serde_json::from_slice(&o.stdout).expect("lease JSON");
+    assert_eq!(lease["state"], "held", "{lease}");
+    assert!(
+        lease["holder"].is_null() && lease["comm"].is_null(),
+        "root's holder shown to nobody: {lease}"
+    );
+    assert_eq!(
+        m.lease("open/held")["holder"],
+        format!("{}:{}", hostname(), shown.pid)
+    );
 }
 
 #[test]

@@ -119,6 +119,14 @@ pub fn leases(mountpoint: &Path, as_json: bool) -> ExitCode {
         Err(e) => return fail(2, e),
     };
     let list = v["leases"].as_array().cloned().unwrap_or_default();
+    // Leases of files under directories the caller cannot list are left
+    // out by the daemon and only counted; said on stderr, so that the
+    // table and the JSON keep their form.
+    if let Some(n) = v["hidden"].as_u64().filter(|&n| n > 0) {
+        eprintln!(
+            "leasefs: {n} more leases not shown: their files are under directories you cannot list"
+        );
+    }
     if as_json {
         println!("{}", Value::Array(list));
         return ExitCode::SUCCESS;

@@ -17,6 +17,7 @@
 
 mod peer;
 pub(crate) mod requests;
+mod sight;
 #[cfg(test)]
 mod tests;
 

@@ -9,7 +9,8 @@ use std::os::unix::net::UnixStream;
 use crate::fs::acl::{self, Acl, Entry, Tag};
 use crate::meta::{Inode, Namespace};
 
-/// Write and search (execute) bits, as in a mode's `rwx`.
+/// Read, write and search (execute) bits, as in a mode's `rwx`.
+pub const READ: u32 = 4;
 pub const WRITE: u32 = 2;
 pub const SEARCH: u32 = 1;
 

@@ -5,7 +5,7 @@
 //!
 //! | request | who may |
 //! |---|---|
-//! | `leases`, `history`, `fsck` with `deep: false` | everybody; a holder's pid and process name only to its own user and root |
+//! | `leases`, `history`, `fsck` with `deep: false` | everybody; a holder's pid and process name only to its own user and root; `leases` and `fsck` name only files the peer could find by listing directories ([`Sight`]) and count the others |
 //! | `fsck` (deep: every replica's checksums read) | root or the user who mounted |
 //! | `stats` | everybody (counters of the whole mount, naming no file or process) |
 //! | `recover` | search permission on every directory of the path and write permission on the file (root always) |
@@ -27,6 +27,7 @@ use std::path::Path;
 use serde_json::{Value, json};
 
 use super::peer::{Peer, SEARCH, WRITE};
+use super::sight::Sight;
 use crate::dnadmin::Admin;
 use crate::fs::TermRegistration;
 use crate::fs::core::{Caller, Core};
@@ -109,9 +110,10 @@ fn not_fenced(core: &Core, peer: &Peer) -> Result<(), Refusal> {
         .map_err(|e| Refusal::Denied(e.to_string()))
 }
 
-/// The holder's pid and process name are the holder's user's business.
+/// The holder's pid and process name are the holder's user's business
+/// (the same rule as `user.leasefs.lease`'s).
 fn may_see_holder(peer: &Peer, holder_uid: Option<u32>) -> bool {
-    peer.is_root() || holder_uid == Some(peer.uid)
+    crate::fs::xattrs::holder_shown(peer.uid, holder_uid)
 }
 
 /// HDFS's recoverLease needs write permission on the file: resolves
@@ -302,12 +304,21 @@ fn leader_of(core: &Core, peer: &Peer, election: &str) -> Result<u64, Refusal> {
 
 // ---- the requests ---------------------------------------------------------
 
+/// Every held or recovering lease whose path the peer may see ([`Sight`]);
+/// `hidden` counts the others (absent when none).
 fn leases(core: &Arc<Core>, mnt: &Path, peer: &Peer) -> Answer {
     let local = core.leases.list();
-    let remote = remote_leases(core, mnt, peer, &local);
+    let mut sight = Sight::new(core, peer);
+    let mut hidden = 0u64;
+    let remote = remote_leases(core, mnt, peer, &local, &mut sight, &mut hidden);
     let mut list: Vec<Value> = local
         .into_iter()
-        .map(|mut l| {
+        .filter_map(|mut l| {
+            let rel = core.meta().path_of(l.file);
+            if !sight.shows(&rel) {
+                hidden += 1;
+                return None;
+            }
             // Over etcd the store's epoch, as every daemon reads it.
             if core.cluster.is_some()
                 && let Ok(e) = core.last_epoch(l.file)
@@ -320,18 +331,21 @@ fn leases(core: &Arc<Core>, mnt: &Path, peer: &Peer) -> Answer {
             let shown = may_see_holder(peer, holder_uid);
             let mut v = serde_json::to_value(&l).unwrap_or(Value::Null);
             if let Some(o) = v.as_object_mut() {
-                let rel = core.meta().path_of(l.file);
                 o.insert("path".into(), json!(format!("{}{}", mnt.display(), rel)));
                 if !shown {
                     o.insert("holder".into(), Value::Null);
                     o.insert("comm".into(), Value::Null);
                 }
             }
-            v
+            Some(v)
         })
         .collect();
     list.extend(remote);
-    Ok(json!({ "leases": list }))
+    let mut answer = json!({ "leases": list });
+    if hidden > 0 {
+        answer["hidden"] = json!(hidden);
+    }
+    Ok(answer)
 }
 
 /// Over etcd: the files other daemons hold (their claims), as their own
@@ -342,6 +356,8 @@ fn remote_leases(
     mnt: &Path,
     peer: &Peer,
     local: &[crate::lease::LeaseInfo],
+    sight: &mut Sight<'_>,
+    hidden: &mut u64,
 ) -> Vec<Value> {
     let Some(cl) = &core.cluster else {
         return Vec::new();
@@ -357,9 +373,13 @@ fn remote_leases(
     claims
         .into_iter()
         .filter(|(file, c)| c.mount_id != core.mount_id && !local.iter().any(|l| l.file == *file))
-        .map(|(file, c)| {
+        .filter_map(|(file, c)| {
             let rel = core.meta().path_of(file);
-            json!({
+            if !sight.shows(&rel) {
+                *hidden += 1;
+                return None;
+            }
+            Some(json!({
                 "file": file,
                 "path": format!("{}{}", mnt.display(), rel),
                 "state": "held",
@@ -372,7 +392,7 @@ fn remote_leases(
                 "opened_wall_ms": c.since_ms,
                 "waiters": 0,
                 "daemon": c.mount_id,
-            })
+            }))
         })
         .collect()
 }
@@ -467,6 +487,8 @@ fn fsck(core: &Arc<Core>, peer: &Peer, req: &Value, gone: &dyn Fn() -> bool) -> 
         ));
     }
     let mut report = core.fsck(repair, deep, gone).map_err(Refusal::Failed)?;
+    let mut sight = Sight::new(core, peer);
+    report.hide(&mut |rel| sight.shows(rel));
     for f in &mut report.open_for_write {
         let pid = f
             .holder

@@ -651,10 +651,10 @@ impl Filesystem for Adapter {
         })
     }
 
-    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        let name = bytes(name);
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let (name, who) = (bytes(name), caller(req));
         self.request(Op::Getxattr, move |c| {
-            answer(XattrReply(reply, size), c.getxattr(ino.0, &name))
+            answer(XattrReply(reply, size), c.getxattr(ino.0, &name, who))
         })
     }
 

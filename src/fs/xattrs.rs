@@ -34,14 +34,26 @@ pub const LIMITS: XattrLimits = XattrLimits {
     names: 64 * 1024,
 };
 
+/// Whether a viewer of uid `viewer` is shown a lease holder's pid and
+/// process name: root, and the holder's own user (`holder`: the uid that
+/// opened the file, unknown for a holder on another daemon). The one rule
+/// for `user.leasefs.lease`, `leasefs leases` and `fsck`: what a user
+/// could not learn from `/proc` (whose `fd` links only the owner and root
+/// may read) is not told here either.
+pub fn holder_shown(viewer: u32, holder: Option<u32>) -> bool {
+    viewer == 0 || holder == Some(viewer)
+}
+
 fn is_virtual(name: &[u8]) -> bool {
     name.starts_with(b"user.leasefs.")
 }
 
 impl Core {
-    pub fn getxattr(&self, ino: u64, name: &[u8]) -> FsResult<Vec<u8>> {
+    /// An attribute of `ino` as `caller` may see it (the lease's holder
+    /// only as [`holder_shown`] allows).
+    pub fn getxattr(&self, ino: u64, name: &[u8], caller: Caller) -> FsResult<Vec<u8>> {
         match std::str::from_utf8(name).unwrap_or("") {
-            XATTR_LEASE => self.lease_json(ino),
+            XATTR_LEASE => self.lease_json(ino, caller),
             XATTR_EPOCH => Ok(self.last_epoch(ino)?.to_string().into_bytes()),
             XATTR_STREAM => self
                 .stream_stats_json(ino)
@@ -78,10 +90,19 @@ impl Core {
         .into_bytes()
     }
 
-    /// `user.leasefs.lease`: the lease as one line of JSON.
-    fn lease_json(&self, ino: u64) -> FsResult<Vec<u8>> {
+    /// `user.leasefs.lease`: the lease as one line of JSON; `holder` and
+    /// `comm` are `null` unless [`holder_shown`] to `caller`.
+    fn lease_json(&self, ino: u64, caller: Caller) -> FsResult<Vec<u8>> {
         let mut info = self.leases.info(ino);
         info.epoch = self.last_epoch(ino)?;
+        let holder_uid = info
+            .handle
+            .and_then(|fh| self.handles().get(fh).ok().map(|h| h.uid));
+        let shown = holder_shown(caller.uid, holder_uid);
+        if !shown {
+            info.holder = None;
+            info.comm = None;
+        }
         let free = info.state == crate::lease::LeaseState::Free;
         let mut v = serde_json::to_value(&info).map_err(|e| FsError::Io(e.to_string()))?;
         // Free here, but maybe held on another daemon of the namespace:
@@ -93,9 +114,14 @@ impl Core {
         if let Some(o) = v.as_object_mut() {
             o.remove("file");
             if let Some(c) = remote {
+                // Its user is not known here: only root sees who.
+                let shown = holder_shown(caller.uid, None);
                 o.insert("state".into(), "held".into());
-                o.insert("holder".into(), format!("{}:{}", c.host, c.pid).into());
-                o.insert("comm".into(), c.comm.into());
+                o.insert(
+                    "holder".into(),
+                    shown.then(|| format!("{}:{}", c.host, c.pid)).into(),
+                );
+                o.insert("comm".into(), shown.then_some(c.comm).into());
                 o.insert("opened_wall_ms".into(), c.since_ms.into());
                 o.insert("daemon".into(), c.mount_id.into());
             }
