@@ -244,3 +244,54 @@ fn the_log_is_rotated_past_its_size() {
         "more than three kept"
     );
 }
+
+/// One user's opens that wait for a lease cannot take the transport from
+/// everyone else. `nobody` holds its file and starts 1,100 threads on CPU
+/// 0 that open it for writing (each would wait `lease_wait`, 30 s); over
+/// io_uring each waiting open would keep an entry of CPU 0's ring, which
+/// has at most 1,024. Meanwhile root's lookups from CPU 0 are answered
+/// within 100 ms: past 64 opens under way, a user's next open does not
+/// wait (`EBUSY` at once). Before, they waited for an entry for seconds.
+#[test]
+fn a_users_waiting_opens_cannot_starve_other_users_requests() {
+    let m = Mount::with_o("lease_wait=30");
+    m.open_to_all();
+    m.sh_ok("touch held && chown nobody:nogroup held");
+    let mut holder = Agent::spawn_as_nobody(&m.mnt);
+    holder.ok("open held w");
+    let kit = testkit();
+    let held = m.path("held");
+    let mut pile = std::process::Command::new("setpriv")
+        .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
+        .arg(&kit)
+        .args(["pile", p(&held), "1100", "0", "10"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start the pile");
+    // The threads are in open(2) within a second or two; the probe's 150
+    // lookups then span the next 3 s or more, while the pile stands.
+    let_time_pass(std::time::Duration::from_secs(2));
+    let probe = std::process::Command::new(&kit)
+        .args(["probe", p(&m.mnt), "150", "0"])
+        .output()
+        .expect("probe");
+    let out = pile.wait_with_output().expect("the pile");
+    let piled = stdout(&out);
+    let probed = stdout(&probe);
+    let slowest: u64 = probed
+        .strip_prefix("slowest_us ")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(u64::MAX);
+    assert!(
+        slowest < 100_000,
+        "root's lookup waited {slowest} µs behind nobody's waiting opens ({piled})"
+    );
+    let busy: u64 = piled
+        .split_whitespace()
+        .skip_while(|w| *w != "EBUSY")
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    assert!(busy >= 1000, "opens past the bound must not wait: {piled}");
+    holder.ok("close");
+}

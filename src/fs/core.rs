@@ -135,6 +135,8 @@ pub struct Core {
     /// The thread of each open waiting for a lease (fh -> tid): its
     /// signals decide whether the wait is interrupted.
     pub(super) waiter_tids: DashMap<u64, (u32, u32)>,
+    /// Write opens under way per user: past a bound they do not wait.
+    pub(super) waits: Arc<super::waits::Waits>,
     /// The abstract socket name of the daemon's control service, once it
     /// listens (`user.leasefs.control` on the mount root).
     pub(super) control_address: std::sync::OnceLock<String>,
@@ -208,6 +210,7 @@ impl Core {
             epochs: GrantEpochs::default(),
             deletions,
             waiter_tids: DashMap::new(),
+            waits: Arc::default(),
             control_address: std::sync::OnceLock::new(),
         })
     }
@@ -325,6 +328,18 @@ impl Core {
             created: created.filter(|_| self.cluster.is_none()),
             again: None,
         };
+        // Counted until answered; past its user's bound it does not wait
+        // (see `waits`): only lease decisions read O_NONBLOCK.
+        let permit = self.waits.enter(caller.uid);
+        let flags = if permit.may_wait() {
+            flags
+        } else {
+            flags | libc::O_NONBLOCK
+        };
+        let reply: Reply<Opened> = Box::new(move |r| {
+            let _counted = permit;
+            reply(r)
+        });
         if let Some(cl) = self.cluster.clone() {
             // Claiming waits on the network: not on a request thread.
             let me = self.clone();

@@ -27,6 +27,7 @@ mod stats;
 pub(crate) mod testing;
 #[cfg(test)]
 mod tests;
+mod waits;
 pub mod xattrs;
 
 pub use self::core::Core;

@@ -152,3 +152,79 @@ fn leads_session(pid: u32) -> bool {
             .is_some_and(|sid| sid == pid.to_string())
     })
 }
+
+/// Pins the calling thread (and the threads it starts afterwards) to `cpu`:
+/// over io_uring, FUSE queues a request on the ring of the caller's CPU.
+fn pin(cpu: usize) -> Result<(), String> {
+    let mut set = nix::sched::CpuSet::new();
+    set.set(cpu).map_err(|e| format!("cpu {cpu}: {e}"))?;
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)
+        .map_err(|e| format!("pin to cpu {cpu}: {e}"))
+}
+
+/// `testkit pile PATH N CPU SECS`: N threads on CPU each open PATH for
+/// appending (a file another writer holds: each open waits for the lease
+/// as long as the mount lets it) and keep what they got for SECS seconds;
+/// prints `opened K waiting W` and the count of each errno.
+pub fn pile(path: &Path, n: usize, cpu: usize, secs: u64) -> ExitCode {
+    if let Err(e) = pin(cpu) {
+        eprintln!("testkit pile: {e}");
+        return ExitCode::FAILURE;
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    for _ in 0..n {
+        let (tx, path) = (tx.clone(), path.to_path_buf());
+        let spawned = std::thread::Builder::new()
+            .stack_size(64 * 1024)
+            .spawn(move || {
+                let r = sys::open_mode(&path, libc::O_WRONLY | libc::O_APPEND, 0o600);
+                let _ = tx.send(r.as_ref().map(|_| ()).map_err(sys::errno_name));
+                // Kept (open or not) until the process ends.
+                std::thread::sleep(Duration::from_secs(3600));
+                drop(r);
+            });
+        if let Err(e) = spawned {
+            eprintln!("testkit pile: thread: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    let end = Instant::now() + Duration::from_secs(secs);
+    let (mut opened, mut answered) = (0usize, 0usize);
+    let mut errors: BTreeMap<String, u64> = BTreeMap::new();
+    while let Ok(r) = rx.recv_timeout(end.saturating_duration_since(Instant::now())) {
+        answered += 1;
+        match r {
+            Ok(()) => opened += 1,
+            Err(e) => *errors.entry(e).or_default() += 1,
+        }
+    }
+    let counts: Vec<String> = errors.iter().map(|(k, v)| format!("{k} {v}")).collect();
+    println!(
+        "opened {opened} waiting {} {}",
+        n - answered,
+        counts.join(" ")
+    );
+    let _ = std::io::stdout().flush();
+    // Threads still in open(2) end with the process.
+    std::process::exit(0)
+}
+
+/// `testkit probe DIR N CPU`: N lookups of names DIR does not have (each
+/// a request the daemon must answer), one every 20 ms from CPU; prints
+/// the slowest answer as `slowest_us U`.
+pub fn probe(dir: &Path, n: usize, cpu: usize) -> ExitCode {
+    if let Err(e) = pin(cpu) {
+        eprintln!("testkit probe: {e}");
+        return ExitCode::FAILURE;
+    }
+    let mut slowest = Duration::ZERO;
+    for i in 0..n {
+        let name = dir.join(format!(".probe-{}-{i}", std::process::id()));
+        let t = Instant::now();
+        let _ = std::fs::symlink_metadata(&name);
+        slowest = slowest.max(t.elapsed());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    println!("slowest_us {}", slowest.as_micros());
+    ExitCode::SUCCESS
+}

@@ -18,6 +18,8 @@
 //! testkit control-idle SOCK N             idle connections to the control socket
 //! testkit swap A B SECS                   renames back and forth (see hostile.rs)
 //! testkit create-race PATH SECS           O_CREAT opens looking for another's file
+//! testkit pile PATH N CPU SECS            N threads on one CPU waiting to open PATH
+//! testkit probe DIR N CPU                 timed lookups from one CPU
 //! testkit tick EVENTS                     a leader's command acting outside the mount
 //! testkit lines PATH ID --side FILE       a writer of numbered, fsynced lines
 //! testkit proxy TARGET                    a TCP proxy that pauses and cuts on command
@@ -125,6 +127,15 @@ enum Cmd {
     Swap { a: PathBuf, b: PathBuf, secs: u64 },
     /// Open PATH with O_CREAT (no O_EXCL) for SECS seconds, looking for another user's file.
     CreateRace { path: PathBuf, secs: u64 },
+    /// N threads pinned to CPU each open PATH for writing, kept SECS seconds.
+    Pile {
+        path: PathBuf,
+        n: usize,
+        cpu: usize,
+        secs: u64,
+    },
+    /// N lookups of missing names in DIR from CPU; prints the slowest.
+    Probe { dir: PathBuf, n: usize, cpu: usize },
     /// A leader's command that only writes timestamps outside the mount.
     Tick {
         events: PathBuf,
@@ -205,6 +216,8 @@ fn main() -> ExitCode {
         Cmd::ControlIdle { sock, n } => control::idle(&sock, n),
         Cmd::Swap { a, b, secs } => hostile::swap(&a, &b, secs),
         Cmd::CreateRace { path, secs } => hostile::create_race(&path, secs),
+        Cmd::Pile { path, n, cpu, secs } => hostile::pile(&path, n, cpu, secs),
+        Cmd::Probe { dir, n, cpu } => hostile::probe(&dir, n, cpu),
         Cmd::Tick {
             events,
             every_ms,
