@@ -261,7 +261,7 @@ fn a_users_waiting_opens_cannot_starve_other_users_requests() {
     holder.ok("open held w");
     let kit = testkit();
     let held = m.path("held");
-    let mut pile = std::process::Command::new("setpriv")
+    let pile = std::process::Command::new("setpriv")
         .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"])
         .arg(&kit)
         .args(["pile", p(&held), "1100", "0", "10"])
