@@ -80,6 +80,8 @@ export LEASEFS_BIN=${LEASEFS_BIN:-$root/target/release/leasefs}
 [[ -e /dev/fuse ]] || echo "test.sh: warning: /dev/fuse is missing: mounting tests will fail" >&2
 
 section "cargo test --release --no-fail-fast"
+# The minute of every hostile attack at once runs 20 s here (about 35 s).
+export LEASEFS_HOSTILE_SECS=${LEASEFS_HOSTILE_SECS:-20}
 # A hung mount must not hang CI: the whole cargo test gets a time limit.
 timeout --kill-after=30 "${CARGO_TEST_TIMEOUT:-1200}" \
     cargo test --release --no-fail-fast "${cargo_test_args[@]}"

@@ -228,3 +228,48 @@ pub fn probe(dir: &Path, n: usize, cpu: usize) -> ExitCode {
     println!("slowest_us {}", slowest.as_micros());
     ExitCode::SUCCESS
 }
+
+/// `testkit fsyncer PATH SECS`: the legitimate user beside an attack:
+/// appends a numbered line and fsyncs it, again and again for SECS
+/// seconds, through one descriptor; prints `lines N p50_us A p99_us B
+/// max_us C` (each fsync's time).
+pub fn fsyncer(path: &Path, secs: u64) -> ExitCode {
+    let flags = libc::O_WRONLY | libc::O_APPEND | libc::O_CREAT;
+    let mut f = match sys::open_mode(path, flags, 0o600) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("testkit fsyncer: {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+    };
+    let end = Instant::now() + Duration::from_secs(secs);
+    let mut took = Vec::new();
+    while Instant::now() < end {
+        let line = format!("line {:08} {}\n", took.len(), "x".repeat(80));
+        if let Err(e) = f.write_all(line.as_bytes()) {
+            eprintln!("testkit fsyncer: write: {e}");
+            return ExitCode::FAILURE;
+        }
+        let t = Instant::now();
+        if let Err(e) = f.sync_all() {
+            eprintln!("testkit fsyncer: fsync: {e}");
+            return ExitCode::FAILURE;
+        }
+        took.push(t.elapsed());
+    }
+    if let Err(e) = sys::close(f) {
+        eprintln!("testkit fsyncer: close: {e}");
+        return ExitCode::FAILURE;
+    }
+    let n = took.len();
+    took.sort();
+    let at = |q: f64| took.get(((n as f64 * q) as usize).min(n.saturating_sub(1)));
+    let us = |d: Option<&Duration>| d.map_or(0, |d| d.as_micros());
+    println!(
+        "lines {n} p50_us {} p99_us {} max_us {}",
+        us(at(0.5)),
+        us(at(0.99)),
+        us(took.last())
+    );
+    ExitCode::SUCCESS
+}

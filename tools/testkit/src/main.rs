@@ -20,6 +20,7 @@
 //! testkit create-race PATH SECS           O_CREAT opens looking for another's file
 //! testkit pile PATH N CPU SECS            N threads on one CPU waiting to open PATH
 //! testkit probe DIR N CPU                 timed lookups from one CPU
+//! testkit fsyncer PATH SECS               fsynced lines, with their latencies
 //! testkit tick EVENTS                     a leader's command acting outside the mount
 //! testkit lines PATH ID --side FILE       a writer of numbered, fsynced lines
 //! testkit proxy TARGET                    a TCP proxy that pauses and cuts on command
@@ -136,6 +137,8 @@ enum Cmd {
     },
     /// N lookups of missing names in DIR from CPU; prints the slowest.
     Probe { dir: PathBuf, n: usize, cpu: usize },
+    /// Append and fsync numbered lines for SECS seconds; prints latencies.
+    Fsyncer { path: PathBuf, secs: u64 },
     /// A leader's command that only writes timestamps outside the mount.
     Tick {
         events: PathBuf,
@@ -218,6 +221,7 @@ fn main() -> ExitCode {
         Cmd::CreateRace { path, secs } => hostile::create_race(&path, secs),
         Cmd::Pile { path, n, cpu, secs } => hostile::pile(&path, n, cpu, secs),
         Cmd::Probe { dir, n, cpu } => hostile::probe(&dir, n, cpu),
+        Cmd::Fsyncer { path, secs } => hostile::fsyncer(&path, secs),
         Cmd::Tick {
             events,
             every_ms,
