@@ -486,7 +486,7 @@ fn orphans(c: &Check<'_>, blocks: &[BlockRow], r: &mut Report) {
             // young rbw one may be about to be referenced (and, of another
             // daemon's, a young one of any kind).
             let young = (info.state == ReplicaState::Rbw || c.grace_finalized || c.shared)
-                && std::fs::metadata(&info.data_path)
+                && std::fs::symlink_metadata(&info.data_path)
                     .and_then(|m| m.modified())
                     .ok()
                     .and_then(|t| SystemTime::now().duration_since(t).ok())

@@ -295,3 +295,159 @@ fn a_users_waiting_opens_cannot_starve_other_users_requests() {
     assert!(busy >= 1000, "opens past the bound must not wait: {piled}");
     holder.ok("close");
 }
+
+/// `chmod` as root (test setup: an administrator's mistake).
+fn chmod(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+}
+
+/// A root-only directory (0700) at `path`, holding the file `precious`.
+fn root_only_dir(path: &Path) {
+    std::fs::create_dir_all(path).expect("mkdir");
+    chmod(path, 0o700);
+    std::fs::write(path.join("precious"), b"root's").expect("write precious");
+}
+
+/// What `root_only_dir` holds now, `precious` aside.
+fn planted(path: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(path)
+        .expect("read vault")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .filter(|n| n != "precious")
+        .collect();
+    names.sort();
+    names
+}
+
+/// The content the test's writers give file `i`.
+fn content(i: usize) -> Vec<u8> {
+    format!("line {i}\n").repeat(200_000 / 7).into_bytes()
+}
+
+/// A datanode directory left writable by everyone after the mount: `nobody`
+/// replaces its `rbw/`, `finalized/` and `tmp/` by symbolic links to
+/// root-only directories, then writes and fsyncs files through the mount.
+/// Nothing may be created or deleted in those directories (before the fix
+/// the daemon, as root, created the replicas of `nobody`'s files there),
+/// every file reads back whole, and once the heartbeat has refused the
+/// datanode the mount goes on with the others.
+#[test]
+fn a_datanode_subdirectory_replaced_by_a_link_is_never_followed() {
+    let m = Mount::with(Opts {
+        datanodes: 4,
+        replication: Some(3),
+        ..Opts::default()
+    });
+    m.open_to_all();
+    m.sh_ok("mkdir pub && chown nobody:nogroup pub");
+    let dn1 = m.datanodes[0].clone();
+    let vault = m.dir.path().join("vault");
+    for d in ["rbw", "finalized", "tmp"] {
+        root_only_dir(&vault.join(d));
+    }
+    chmod(&dn1, 0o777);
+    let swap = format!(
+        "cd {dn} && for d in rbw finalized tmp; do mv $d $d.x && ln -s {v}/$d $d; done",
+        dn = p(&dn1),
+        v = p(&vault)
+    );
+    let o = as_nobody(&["sh", "-c", &swap]);
+    assert!(o.status.success(), "swap as nobody: {o:?}");
+    let write = |from: usize, to: usize| {
+        let script = (from..to)
+            .map(|i| {
+                format!(
+                    "yes 'line {i}' | head -c {n} | dd of={f} conv=fsync status=none",
+                    n = content(i).len(),
+                    f = p(&m.path(&format!("pub/f{i}")))
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(" && ");
+        let o = as_nobody(&["sh", "-c", &script]);
+        assert!(o.status.success(), "writes as nobody: {o:?}");
+    };
+    write(0, 8);
+    for d in ["rbw", "finalized", "tmp"] {
+        assert_eq!(
+            planted(&vault.join(d)),
+            Vec::<String>::new(),
+            "the daemon wrote into the root-only directory {d}/ links to"
+        );
+    }
+    wait_for(
+        std::time::Duration::from_secs(10),
+        "the heartbeat refuses the datanode",
+        || {
+            let log = m.log();
+            log.contains("datanode heartbeat failed") && log.contains("refused")
+        },
+    );
+    write(8, 12);
+    for d in ["rbw", "finalized", "tmp"] {
+        assert_eq!(planted(&vault.join(d)), Vec::<String>::new(), "{d}/");
+    }
+    for i in 0..12 {
+        let got = std::fs::read(m.path(&format!("pub/f{i}"))).expect("read back");
+        assert!(got == content(i), "pub/f{i} differs ({} bytes)", got.len());
+    }
+}
+
+/// A datanode or data directory that another user could change is refused
+/// at mount with one line naming it and why, and a non-zero exit; so is a
+/// link in place of `tmp/`, which the mount would have cleaned (before the
+/// fix the mount went ahead and deleted the files of the root-only
+/// directory `tmp/` pointed to). `datanode add` refuses the same.
+#[test]
+fn a_datanode_or_data_directory_others_can_change_is_refused_at_mount() {
+    let mut m = Mount::with(Opts {
+        datanodes: 2,
+        ..Opts::default()
+    });
+    m.open_to_all();
+    m.sh_ok("echo kept > kept");
+    m.unmount();
+    let dn1 = m.datanodes[0].clone();
+    let vault = m.dir.path().join("vault");
+    root_only_dir(&vault);
+    chmod(&dn1, 0o777);
+    let swap = format!("cd {} && mv tmp tmp.x && ln -s {} tmp", p(&dn1), p(&vault));
+    let o = as_nobody(&["sh", "-c", &swap]);
+    assert!(o.status.success(), "swap as nobody: {o:?}");
+    let refused = |m: &mut Mount, why: &str| {
+        let o = m.try_mount();
+        let err = String::from_utf8_lossy(&o.stderr).trim().to_string();
+        assert!(
+            vault.join("precious").exists(),
+            "the mount deleted a file of the root-only directory tmp/ links to"
+        );
+        assert!(!o.status.success(), "mounted; wanted refused: {why}");
+        assert!(
+            err.contains(why) && err.contains("refused") && err.lines().count() == 1,
+            "wanted one line with {why:?}: {err}"
+        );
+    };
+    refused(&mut m, &format!("{} refused: mode 0777", p(&dn1)));
+    chmod(&dn1, 0o755);
+    refused(&mut m, "tmp refused: a symbolic link");
+    std::fs::remove_file(dn1.join("tmp")).expect("rm link");
+    std::fs::rename(dn1.join("tmp.x"), dn1.join("tmp")).expect("mv tmp back");
+    std::os::unix::fs::chown(&dn1, Some(65534), None).expect("chown");
+    refused(&mut m, "owned by uid 65534");
+    std::os::unix::fs::chown(&dn1, Some(0), None).expect("chown");
+    chmod(&m.data, 0o777);
+    refused(&mut m, "data directory");
+    chmod(&m.data, 0o755);
+    m.mount();
+    assert_eq!(m.sh_ok("cat kept").trim(), "kept");
+    let open = m.dir.path().join("open");
+    std::fs::create_dir(&open).expect("mkdir");
+    chmod(&open, 0o777);
+    let o = m.leasefs(&["datanode", "add", p(&m.mnt), p(&open)]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("refused: mode 0777"),
+        "datanode add of a 0777 directory: {o:?}"
+    );
+}

@@ -191,7 +191,8 @@ fn create_dirs(dir: &Path) -> Result<Vec<PathBuf>, String> {
         .take_while(|a| !a.as_os_str().is_empty() && !a.exists())
         .map(Path::to_path_buf)
         .collect();
-    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    crate::storage::trust::create_private_dirs(dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?;
     Ok(missing.into_iter().rev().collect())
 }
 

@@ -13,6 +13,7 @@ use clap::Args;
 use super::fail;
 use crate::config::MountOptions;
 use crate::daemon::{self, Daemon, MountSpec};
+use crate::storage::{StorageError, trust};
 
 #[derive(Args, Debug)]
 pub struct MountArgs {
@@ -123,6 +124,9 @@ pub fn spec(a: &MountArgs) -> Result<MountSpec, String> {
         .map_err(|e| format!("data directory {}: {e}", data.display()))?;
     let data = std::fs::canonicalize(&data)
         .map_err(|e| format!("data directory {}: {e}", data.display()))?;
+    // The daemon's database, log and control socket: refused where another
+    // user could replace them (SEMANTICS "The daemon", *Datanode directories*).
+    trust::open_trusted_dir(&data).map_err(|e| format!("data directory {e}"))?;
     let probe = data.join(".probe");
     std::fs::write(&probe, b"ok")
         .map_err(|e| format!("data directory {} is not writable: {e}", data.display()))?;
@@ -140,7 +144,7 @@ pub fn spec(a: &MountArgs) -> Result<MountSpec, String> {
         // A directory that cannot be made or resolved (a failed disk) is
         // passed on as given: the mount leaves it out, dead, and goes on
         // with the others (SEMANTICS "Datanode administration").
-        let c = std::fs::create_dir_all(&d)
+        let c = trust::create_private_dirs(&d)
             .and_then(|()| std::fs::canonicalize(&d))
             .or_else(|e| {
                 eprintln!(
@@ -150,6 +154,11 @@ pub fn spec(a: &MountArgs) -> Result<MountSpec, String> {
                 std::path::absolute(&d)
             })
             .map_err(|e| format!("datanode {}: {e}", d.display()))?;
+        // One another user could change is refused, not left out: the
+        // daemon (root) would create and delete files where they say.
+        if let Err(e @ StorageError::Untrusted { .. }) = crate::storage::check_dirs(&c) {
+            return Err(format!("datanode {e}"));
+        }
         if datanodes.contains(&c) {
             return Err(format!("datanode {} is given twice", c.display()));
         }

@@ -103,6 +103,30 @@ impl Slots {
     }
 }
 
+/// Binds the control socket at `path` in `data`, with mode 0666 (every
+/// user may connect; requests are authorized one by one). It is bound and
+/// chmodded in a new directory of mode 0700, which no other user can
+/// enter or change, and renamed into place (replacing an old socket), so
+/// the daemon never changes the mode of a path another user could have
+/// replaced by a link; the data directory itself is checked at mount
+/// (SEMANTICS "The daemon", *Datanode directories*).
+fn bind_private(data: &Path, path: &Path) -> std::io::Result<UnixListener> {
+    use std::os::unix::fs::DirBuilderExt;
+    let private = data.join(format!(".c.{}", std::process::id()));
+    // A leftover of a daemon of the same pid (a container restarted).
+    let _ = std::fs::remove_dir_all(&private);
+    std::fs::DirBuilder::new().mode(0o700).create(&private)?;
+    let bound = private.join("s");
+    let r = UnixListener::bind(&bound).and_then(|l| {
+        std::fs::set_permissions(&bound, std::fs::Permissions::from_mode(0o666))?;
+        std::fs::rename(&bound, path)?;
+        Ok(l)
+    });
+    let _ = std::fs::remove_file(&bound);
+    let _ = std::fs::remove_dir(&private);
+    r
+}
+
 /// Starts the control server on both sockets. Its accept loops are
 /// vital threads (see [`Fatal`]).
 pub fn serve(
@@ -115,17 +139,8 @@ pub fn serve(
     let slots = Arc::new(Slots::default());
     let mnt = mountpoint.to_path_buf();
     let path = socket_path(data);
-    let _ = std::fs::remove_file(&path);
-    match UnixListener::bind(&path) {
+    match bind_private(data, &path) {
         Ok(l) => {
-            // Every user may connect; requests are authorized one by one.
-            if let Err(e) = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666))
-            {
-                tracing::warn!(
-                    "control socket {}: cannot set its mode: {e}",
-                    path.display()
-                );
-            }
             accept_loop(l, "control", &core, &admin, &mnt, &slots, &fatal);
         }
         Err(e) => tracing::error!("control socket {}: {e}", path.display()),

@@ -18,7 +18,7 @@ use super::datanodes::{Absent, Attached, Datanodes};
 use crate::error::FsError;
 use crate::meta::{AdminState, DatanodeRecord, DnId, Meta};
 use crate::storage::identity::{self, Identity};
-use crate::storage::{Datanode, Storage, StorageError, block_ids_in, holds_files};
+use crate::storage::{Datanode, Storage, StorageError, block_ids_in, check_dirs, holds_files};
 use crate::sync::Arc;
 
 /// Why a `--datanode` directory cannot be attached: the mount is refused.
@@ -47,6 +47,9 @@ pub enum AttachError {
         .path.display(), identity::FILE_NAME
     )]
     Unidentified { path: PathBuf },
+    /// A directory another user could change (see storage::trust).
+    #[error("datanode {0}")]
+    Untrusted(#[source] StorageError),
     #[error("datanode {}: {source}", .path.display())]
     Storage {
         path: PathBuf,
@@ -74,9 +77,13 @@ impl From<AttachError> for FsError {
 }
 
 fn storage(path: &Path) -> impl FnOnce(StorageError) -> AttachError + '_ {
-    move |source| AttachError::Storage {
-        path: path.to_path_buf(),
-        source,
+    move |source| match source {
+        // Names its path already.
+        e @ StorageError::Untrusted { .. } => AttachError::Untrusted(e),
+        source => AttachError::Storage {
+            path: path.to_path_buf(),
+            source,
+        },
     }
 }
 
@@ -140,12 +147,16 @@ pub fn attach(
     let mut unusable: Vec<Unusable> = Vec::new();
     let mut seen: HashMap<String, PathBuf> = HashMap::new();
     for dir in dirs {
-        let id = match identity::read(dir) {
+        // Its directories are checked first, changing nothing.
+        let id = match check_dirs(dir).and_then(|()| identity::read(dir)) {
             Ok(Some(id)) => id,
             Ok(None) => {
                 unidentified.push(dir.clone());
                 continue;
             }
+            // Refused, not left out: the mount is not started with a
+            // directory another user could redirect (see storage::trust).
+            Err(e @ StorageError::Untrusted { .. }) => return Err(AttachError::Untrusted(e)),
             Err(e) => {
                 unusable.push(Unusable::new(dir.clone(), e));
                 continue;
@@ -189,6 +200,7 @@ pub fn attach(
         match holds_files(&dir) {
             Ok(true) => return Err(AttachError::Unidentified { path: dir }),
             Ok(false) => fresh.push(dir),
+            Err(e @ StorageError::Untrusted { .. }) => return Err(AttachError::Untrusted(e)),
             Err(e) => unusable.push(Unusable::new(dir, e)),
         }
     }
@@ -281,6 +293,8 @@ pub fn attach(
 pub fn attach_one(meta: &dyn Meta, dns: &Datanodes, dir: &Path) -> Result<DnId, AttachError> {
     let fsid = meta.filesystem_id()?;
     let records = meta.datanode_records()?;
+    // Checked before anything is written there (see storage::trust).
+    check_dirs(dir).map_err(storage(dir))?;
     let id = match identity::read(dir).map_err(storage(dir))? {
         Some(id) => id,
         None => {

@@ -6,15 +6,15 @@
 //! what is the datanode's own: its directory, its identity, the filesystem
 //! it lives on and how that is synced.
 
-use std::fs::{self, File};
+use std::fs::File;
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::api::{ReplicaWrite, Storage};
+use super::at::Sub;
 use super::error::StorageError;
-use super::fsops::fsync_dir;
 use super::identity::Identity;
 use super::layout::{DnId, Layout, ReplicaInfo, ReplicaStat, ReplicaState};
 use super::quarantine::{self, Quarantined};
@@ -49,14 +49,13 @@ pub struct Datanode {
 
 impl Datanode {
     /// Opens the datanode `id` at `root`, creating `rbw/`, `finalized/` and
-    /// `tmp/` as needed. `identity` is what its identity file says (`None`
-    /// only for directories used without one, as in unit tests).
+    /// `tmp/` as needed, and holds its directories open (see
+    /// [`super::at`]); a directory another user could change is refused
+    /// (see [`super::trust`]). `identity` is what its identity file says
+    /// (`None` only for directories used without one, as in unit tests).
     pub fn open(id: DnId, root: &Path, identity: Option<Identity>) -> Result<Self, StorageError> {
-        let layout = Layout::new(id, root);
-        for d in layout.subdirs() {
-            fs::create_dir_all(d).map_err(|e| StorageError::io(d, e))?;
-        }
-        let root_fd = File::open(root).map_err(|e| StorageError::io(root, e))?;
+        let layout = Layout::open(id, root)?;
+        let root_fd = layout.fds().dir(Sub::Root).try_clone_file()?;
         let dev = root_fd
             .metadata()
             .map_err(|e| StorageError::io(root, e))?
@@ -251,16 +250,13 @@ impl Storage for Datanode {
     fn sync_replica(&self, block: u64, gs: u64) -> Result<(), StorageError> {
         let l = &self.layout;
         let loc = locate::locate(l, block, gs)?;
-        for p in [
-            l.data_path(loc.data_in, block),
-            l.meta_path(loc.meta_in, block, gs),
-        ] {
-            File::open(&p)
-                .and_then(|f| f.sync_all())
-                .map_err(|e| StorageError::io(&p, e))?;
+        for at in [l.data(loc.data_in, block), l.meta(loc.meta_in, block, gs)] {
+            at.open_read()?
+                .sync_all()
+                .map_err(|e| StorageError::io(&at.path, e))?;
         }
-        fsync_dir(l.dir(ReplicaState::Finalized))?;
-        fsync_dir(l.dir(ReplicaState::Rbw))
+        l.fsync_dir(ReplicaState::Finalized)?;
+        l.fsync_dir(ReplicaState::Rbw)
     }
 
     /// Data, inodes and directory entries of every replica on the

@@ -4,7 +4,7 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
-use super::layout::DnId;
+use super::dnid::DnId;
 
 /// Errors of the storage layer; each variant carries the facts needed to
 /// report it (which replica, which offset).
@@ -61,6 +61,12 @@ pub enum StorageError {
         found: String,
         wanted: String,
     },
+    /// A directory another user could change (see [`super::trust`]).
+    #[error(
+        "{} refused: {why}; another user could make the daemon create or delete files elsewhere (SEMANTICS.md, \"Datanode directories\")",
+        .path.display()
+    )]
+    Untrusted { path: PathBuf, why: String },
     /// A packet that does not continue the replica (caller bug).
     #[error("bad packet for {}: {reason}", .path.display())]
     BadPacket { path: PathBuf, reason: String },
@@ -94,7 +100,8 @@ impl StorageError {
             | StorageError::BadIdentity { .. }
             | StorageError::OtherIdentity { .. }
             | StorageError::TooShort { .. }
-            | StorageError::BadPacket { .. } => libc::EIO,
+            | StorageError::BadPacket { .. }
+            | StorageError::Untrusted { .. } => libc::EIO,
         }
     }
 }

@@ -1,8 +1,8 @@
-//! Thin wrappers of file system calls that put the path into the error,
-//! and positional reads that fill their buffer. Every storage module that
-//! touches files goes through these.
+//! Positional reads that fill their buffer, and the length of an open
+//! file with its path in errors. (Opening, renaming and removing go
+//! through the directory descriptors of [`super::at`].)
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::File;
 use std::io::{self, IoSliceMut};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
@@ -10,60 +10,11 @@ use std::path::Path;
 
 use super::error::StorageError;
 
-/// Whether `p` exists (a symlink counts; nothing is followed).
-pub(crate) fn exists(p: &Path) -> Result<bool, StorageError> {
-    match fs::symlink_metadata(p) {
-        Ok(_) => Ok(true),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(StorageError::io(p, e)),
-    }
-}
-
-/// Length of the file at `p`.
-pub(crate) fn stat_len(p: &Path) -> Result<u64, StorageError> {
-    fs::metadata(p)
-        .map(|m| m.len())
-        .map_err(|e| StorageError::io(p, e))
-}
-
 /// Length of the open file `f` (opened from `path`).
 pub(crate) fn file_len(f: &File, path: &Path) -> Result<u64, StorageError> {
     f.metadata()
         .map(|m| m.len())
         .map_err(|e| StorageError::io(path, e))
-}
-
-pub(crate) fn open_rw(p: &Path) -> Result<File, StorageError> {
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(p)
-        .map_err(|e| StorageError::io(p, e))
-}
-
-pub(crate) fn rename(from: &Path, to: &Path) -> Result<(), StorageError> {
-    fs::rename(from, to).map_err(|e| StorageError::io(from, e))
-}
-
-pub(crate) fn remove_if_exists(p: &Path) -> Result<(), StorageError> {
-    remove_found(p).map(drop)
-}
-
-/// Removes `p` if it exists; says whether it did.
-pub(crate) fn remove_found(p: &Path) -> Result<bool, StorageError> {
-    match fs::remove_file(p) {
-        Ok(()) => Ok(true),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(StorageError::io(p, e)),
-    }
-}
-
-/// `fsync` of a directory, making entries created, renamed or removed in it
-/// durable.
-pub(crate) fn fsync_dir(dir: &Path) -> Result<(), StorageError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| StorageError::io(dir, e))
 }
 
 /// `pread` until `buf` is full or end of file; returns the bytes read.

@@ -19,12 +19,14 @@
 //! Each is upgraded in place at mount; a release refuses a directory of a
 //! layout newer than its own, whose replicas it could misread.
 
-use std::fs::{self, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::path::Path;
 
+use nix::errno::Errno;
+use nix::fcntl::OFlag;
+
+use super::at::DirFd;
 use super::error::StorageError;
-use super::fsops::fsync_dir;
 /// Re-exported: block rows name replicas by it (see [`super::layout`]).
 pub use super::layout::DnId;
 
@@ -125,12 +127,21 @@ pub fn new_filesystem_id() -> String {
 
 /// The identity file of the datanode directory `root`, if it has one.
 pub fn read(root: &Path) -> Result<Option<Identity>, StorageError> {
-    let path = root.join(FILE_NAME);
-    match fs::read_to_string(&path) {
-        Ok(text) => Identity::decode(&path, &text).map(Some),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(StorageError::io(&path, e)),
-    }
+    read_in(&DirFd::open_trusted(root)?)
+}
+
+/// As [`read`], in the directory held as `dir`.
+pub(crate) fn read_in(dir: &DirFd) -> Result<Option<Identity>, StorageError> {
+    let path = dir.path.join(FILE_NAME);
+    let mut file = match dir.open_file(FILE_NAME, OFlag::O_RDONLY) {
+        Ok(f) => f,
+        Err(Errno::ENOENT) => return Ok(None),
+        Err(e) => return Err(StorageError::io(&path, io::Error::from(e))),
+    };
+    let mut text = String::new();
+    file.read_to_string(&mut text)
+        .map_err(|e| StorageError::io(&path, e))?;
+    Identity::decode(&path, &text).map(Some)
 }
 
 /// Brings the identity file of `root` (`id`, as read from it) to this
@@ -147,35 +158,36 @@ pub fn upgrade(root: &Path, id: &Identity) -> Result<Identity, StorageError> {
         layout_version: LAYOUT_VERSION,
         ..id.clone()
     };
+    let dir = DirFd::open_trusted(root)?;
     let path = root.join(FILE_NAME);
-    let tmp = write_synced_temp(root, &new)?;
-    if let Err(e) = fs::rename(&tmp, &path) {
-        let _ = fs::remove_file(&tmp);
-        return Err(StorageError::io(&path, e));
+    let tmp = write_synced_temp(&dir, &new)?;
+    if let Err(e) = dir.rename(&tmp, &dir, FILE_NAME) {
+        let _ = dir.unlink(&tmp);
+        return Err(StorageError::io(&path, io::Error::from(e)));
     }
-    fsync_dir(root)?;
+    dir.fsync()?;
     Ok(new)
 }
 
-/// Writes `id` to a new temporary file in `root` and syncs it; the caller
-/// puts it in place. Nothing is left behind on failure.
-fn write_synced_temp(root: &Path, id: &Identity) -> Result<std::path::PathBuf, StorageError> {
-    let tmp = root.join(format!(
+/// Writes `id` to a new temporary file in `dir` and syncs it; the caller
+/// puts it in place. Returns its name. Nothing is left behind on failure.
+fn write_synced_temp(dir: &DirFd, id: &Identity) -> Result<String, StorageError> {
+    let tmp = format!(
         ".{FILE_NAME}.{}.{}",
         std::process::id(),
         uuid::Uuid::new_v4().simple()
-    ));
-    let written = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&tmp)
+    );
+    let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL;
+    let written = dir
+        .open_file(&tmp, flags)
+        .map_err(io::Error::from)
         .and_then(|mut f| {
             f.write_all(id.encode().as_bytes())?;
             f.sync_all()
         });
     if let Err(e) = written {
-        let _ = fs::remove_file(&tmp);
-        return Err(StorageError::io(&tmp, e));
+        let _ = dir.unlink(&tmp);
+        return Err(StorageError::io(&dir.path.join(&tmp), e));
     }
     Ok(tmp)
 }
@@ -185,19 +197,23 @@ fn write_synced_temp(root: &Path, id: &Identity) -> Result<std::path::PathBuf, S
 /// identity the directory has afterwards, which is another one when a
 /// concurrent daemon wrote its file first.
 pub fn create(root: &Path, id: &Identity) -> Result<Identity, StorageError> {
-    let path = root.join(FILE_NAME);
-    let tmp = write_synced_temp(root, id)?;
+    create_in(&DirFd::open_trusted(root)?, id)
+}
+
+/// As [`create`], in the directory held as `dir`.
+pub(crate) fn create_in(dir: &DirFd, id: &Identity) -> Result<Identity, StorageError> {
+    let path = dir.path.join(FILE_NAME);
+    let tmp = write_synced_temp(dir, id)?;
     // A link, not a rename: it never replaces an identity file that
     // appeared meanwhile.
-    let linked = fs::hard_link(&tmp, &path);
-    let _ = fs::remove_file(&tmp);
+    let linked = dir.link(&tmp, FILE_NAME);
+    let _ = dir.unlink(&tmp);
     match linked {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(StorageError::io(&path, e)),
+        Ok(()) | Err(Errno::EEXIST) => {}
+        Err(e) => return Err(StorageError::io(&path, io::Error::from(e))),
     }
-    fsync_dir(root)?;
-    read(root)?.ok_or_else(|| StorageError::BadIdentity {
+    dir.fsync()?;
+    read_in(dir)?.ok_or_else(|| StorageError::BadIdentity {
         path,
         reason: "vanished right after it was written".into(),
     })
@@ -206,6 +222,7 @@ pub fn create(root: &Path, id: &Identity) -> Result<Identity, StorageError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
     #[test]
     fn an_older_layout_is_upgraded_in_place_keeping_both_ids() {

@@ -17,31 +17,14 @@
 //! lookups find each file on its own (rbw first), and such a replica counts
 //! as being written, so recovery finalizes it again.
 
-use std::fmt;
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
+use super::at::{At, Dirs, Sub};
+use super::error::StorageError;
+use crate::sync::{Arc, RwLock};
 
-/// A datanode's compact id: what block rows record for each replica. The
-/// registry in the metadata assigns it to a storage ID once and for all.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default,
-)]
-#[serde(transparent)]
-pub struct DnId(pub u32);
-
-impl fmt::Display for DnId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-impl std::str::FromStr for DnId {
-    type Err = std::num::ParseIntError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        s.parse().map(DnId)
-    }
-}
+/// Re-exported: block rows and errors name datanodes by it.
+pub use super::dnid::DnId;
 
 /// Where a replica lives: being written (`rbw/`) or finished (`finalized/`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -101,6 +84,11 @@ pub fn meta_name(block: u64, gs: u64) -> String {
     format!("blk_{block}_{gs}.meta")
 }
 
+/// Sync note file name of a block (in `rbw/`).
+fn note_name(block: u64) -> String {
+    format!("blk_{block}.last")
+}
+
 /// A file name in `rbw/` or `finalized/`.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum FileName {
@@ -129,25 +117,88 @@ pub(crate) fn parse_name(name: &str) -> Option<FileName> {
     }
 }
 
-/// The paths of one datanode directory, and the registry id its replicas
-/// are recorded under (which errors and logs name).
-#[derive(Debug, Clone)]
+/// The paths of one datanode directory, its directories held open (every
+/// file operation goes through them, see [`super::at`]), and the registry
+/// id its replicas are recorded under (which errors and logs name).
+#[derive(Debug)]
 pub struct Layout {
     pub id: DnId,
     root: PathBuf,
     /// `rbw/` and `finalized/`, indexed by [`ReplicaState::idx`].
     dirs: [PathBuf; 2],
     tmp: PathBuf,
+    /// Replaced at each heartbeat by the directories as the path gives
+    /// them then, checked again (see `maintenance::heartbeat`).
+    fds: RwLock<Arc<Dirs>>,
+}
+
+impl From<ReplicaState> for Sub {
+    fn from(s: ReplicaState) -> Sub {
+        match s {
+            ReplicaState::Rbw => Sub::Rbw,
+            ReplicaState::Finalized => Sub::Finalized,
+        }
+    }
 }
 
 impl Layout {
-    pub fn new(id: DnId, root: &Path) -> Layout {
-        Layout {
+    /// Opens the datanode directory `root` (see [`Dirs::open`]).
+    /// The root is created (mode 0700) when missing.
+    pub fn open(id: DnId, root: &Path) -> Result<Layout, StorageError> {
+        super::trust::create_private_dirs(root).map_err(|e| StorageError::io(root, e))?;
+        let fds = Dirs::open(root)?;
+        Ok(Layout {
             id,
             root: root.to_path_buf(),
             dirs: ReplicaState::ALL.map(|s| root.join(s.dir_name())),
             tmp: root.join("tmp"),
+            fds: RwLock::new(Arc::new(fds)),
+        })
+    }
+
+    /// The directories as held now.
+    pub(crate) fn fds(&self) -> Arc<Dirs> {
+        self.fds.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Holds `fds` from now on (the directory was recreated).
+    pub(crate) fn replace_fds(&self, fds: Dirs) {
+        *self.fds.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(fds);
+    }
+
+    /// `name` in directory `sub`.
+    pub(crate) fn at(&self, sub: Sub, name: String) -> At {
+        let dir = match sub {
+            Sub::Rbw | Sub::Finalized => &self.dirs[sub as usize],
+            Sub::Tmp => &self.tmp,
+            Sub::Root => &self.root,
+        };
+        At {
+            dirs: self.fds(),
+            sub,
+            path: dir.join(&name),
+            name,
         }
+    }
+
+    /// The data file of `block` in `state`'s directory.
+    pub(crate) fn data(&self, state: ReplicaState, block: u64) -> At {
+        self.at(state.into(), data_name(block))
+    }
+
+    /// The meta file of `block`@`gs` in `state`'s directory.
+    pub(crate) fn meta(&self, state: ReplicaState, block: u64, gs: u64) -> At {
+        self.at(state.into(), meta_name(block, gs))
+    }
+
+    /// The sync note of `block`'s replica (see [`super::note`]).
+    pub(crate) fn note(&self, block: u64) -> At {
+        self.at(Sub::Rbw, note_name(block))
+    }
+
+    /// `fsync` of `state`'s directory.
+    pub(crate) fn fsync_dir(&self, state: ReplicaState) -> Result<(), StorageError> {
+        self.fds().fsync(state.into())
     }
 
     pub fn root(&self) -> &Path {
@@ -179,8 +230,7 @@ impl Layout {
 
     /// The sync note of `block`'s replica (see [`super::note`]).
     pub fn note_path(&self, block: u64) -> PathBuf {
-        self.dir(ReplicaState::Rbw)
-            .join(format!("blk_{block}.last"))
+        self.dir(ReplicaState::Rbw).join(note_name(block))
     }
 }
 
@@ -274,7 +324,9 @@ mod tests {
 
     #[test]
     fn pick_prefers_rbw_data_and_the_highest_stamp() {
-        let l = Layout::new(DnId(1), Path::new("/dn"));
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("dn");
+        let l = Layout::open(DnId(1), &root).unwrap();
         let meta = |gs, dir| MetaFile { gs, dir };
         let f = Found {
             data: [Some(10), Some(20)],
@@ -286,8 +338,8 @@ mod tests {
         };
         let r = f.pick(&l, 7).unwrap();
         assert_eq!((r.gs, r.data_len, r.state), (5, 10, ReplicaState::Rbw));
-        assert_eq!(r.data_path, Path::new("/dn/rbw/blk_7"));
-        assert_eq!(r.meta_path, Path::new("/dn/rbw/blk_7_5.meta"));
+        assert_eq!(r.data_path, root.join("rbw/blk_7"));
+        assert_eq!(r.meta_path, root.join("rbw/blk_7_5.meta"));
         // Both files finalized: a finalized replica; half a replica: none.
         let f = Found {
             data: [None, Some(20)],

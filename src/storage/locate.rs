@@ -3,12 +3,10 @@
 //! two names are known); any other question (which stamp is there, is it
 //! missing or stale) scans both directories for the block's meta files.
 
-use std::fs::{self, File};
-use std::io;
-use std::path::PathBuf;
+use std::fs::File;
 
+use super::at::At;
 use super::error::StorageError;
-use super::fsops::{exists, remove_if_exists, stat_len};
 use super::layout::{
     FileName, Found, Layout, Located, MetaFile, ReplicaInfo, ReplicaStat, ReplicaState, data_name,
     meta_name, parse_name,
@@ -21,11 +19,8 @@ use super::layout::{
 pub(crate) fn lookup(l: &Layout, block: u64) -> Result<Option<ReplicaInfo>, StorageError> {
     let mut found = Found::default();
     for s in ReplicaState::ALL {
-        let p = l.data_path(s, block);
-        match fs::symlink_metadata(&p) {
-            Ok(m) => found.data[s.idx()] = Some(m.len()),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(StorageError::io(&p, e)),
+        if let Some(st) = l.data(s, block).lstat()? {
+            found.data[s.idx()] = Some(st.st_size as u64);
         }
     }
     found.metas = metas_of(l, block)?;
@@ -53,13 +48,13 @@ pub(crate) fn stat_replica(l: &Layout, block: u64, gs: u64) -> Result<ReplicaSta
     let loc = locate(l, block, gs)?;
     Ok(ReplicaStat {
         state: loc.state(),
-        data_len: stat_len(&l.data_path(loc.data_in, block))?,
+        data_len: l.data(loc.data_in, block).stat_len()?,
     })
 }
 
 fn first_existing(l: &Layout, name: &str) -> Result<Option<ReplicaState>, StorageError> {
     for s in ReplicaState::ALL {
-        if exists(&l.dir(s).join(name))? {
+        if l.at(s.into(), name.to_string()).exists()? {
             return Ok(Some(s));
         }
     }
@@ -69,18 +64,16 @@ fn first_existing(l: &Layout, name: &str) -> Result<Option<ReplicaState>, Storag
 /// A file opened where [`open_first`] found it.
 pub(crate) struct Opened {
     pub file: File,
-    pub path: PathBuf,
+    pub at: At,
     pub dir: ReplicaState,
 }
 
 /// Opens `name` for reading from `rbw/`, else from `finalized/`.
 pub(crate) fn open_first(l: &Layout, name: &str) -> Result<Option<Opened>, StorageError> {
     for dir in ReplicaState::ALL {
-        let path = l.dir(dir).join(name);
-        match File::open(&path) {
-            Ok(file) => return Ok(Some(Opened { file, path, dir })),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(StorageError::io(&path, e)),
+        let at = l.at(dir.into(), name.to_string());
+        if let Some(file) = at.open_read_if_exists()? {
+            return Ok(Some(Opened { file, at, dir }));
         }
     }
     Ok(None)
@@ -104,17 +97,13 @@ pub(crate) fn missing_or_stale(l: &Layout, block: u64, wanted: u64) -> StorageEr
 pub(crate) fn metas_of(l: &Layout, block: u64) -> Result<Vec<MetaFile>, StorageError> {
     let prefix = format!("blk_{block}_");
     let mut metas = Vec::new();
+    let fds = l.fds();
     for s in ReplicaState::ALL {
-        let dir = l.dir(s);
-        let entries = fs::read_dir(dir).map_err(|e| StorageError::io(dir, e))?;
-        for entry in entries {
-            let entry = entry.map_err(|e| StorageError::io(dir, e))?;
-            let name = entry.file_name();
-            let Some(name) = name.to_str() else { continue };
+        for name in fds.dir(s.into()).names()? {
             if !name.starts_with(&prefix) {
                 continue;
             }
-            if let Some(FileName::Meta { block: b, gs }) = parse_name(name)
+            if let Some(FileName::Meta { block: b, gs }) = parse_name(&name)
                 && b == block
             {
                 metas.push(MetaFile { gs, dir: s });
@@ -134,10 +123,10 @@ pub(crate) fn delete(l: &Layout, block: u64) -> Result<(), StorageError> {
 /// the block's sync note.
 pub(crate) fn remove_files(l: &Layout, block: u64, metas: &[MetaFile]) -> Result<(), StorageError> {
     for s in ReplicaState::ALL {
-        remove_if_exists(&l.data_path(s, block))?;
+        l.data(s, block).remove_if_exists()?;
     }
     for m in metas {
-        remove_if_exists(&l.meta_path(m.dir, block, m.gs))?;
+        l.meta(m.dir, block, m.gs).remove_if_exists()?;
     }
-    remove_if_exists(&l.note_path(block))
+    l.note(block).remove_if_exists()
 }

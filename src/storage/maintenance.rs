@@ -5,15 +5,13 @@
 //! is attached.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs::{self, OpenOptions};
-use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use super::api::Storage;
+use super::at::{At, DirFd, Dirs, Sub};
 use super::checksum::{CHUNK_SIZE, chunk_crcs, crc_offset, encode_header};
 use super::error::StorageError;
-use super::fsops::{fsync_dir, remove_found, remove_if_exists, rename};
 use super::identity::{self, Identity};
 use super::layout::{FileName, Found, Layout, MetaFile, ReplicaInfo, ReplicaState, parse_name};
 use super::locate::{self, metas_of, remove_files};
@@ -27,22 +25,19 @@ static TMP_SEQ: AtomicU64 = AtomicU64::new(0);
 /// of unknown names are ignored.
 pub(crate) fn list(l: &Layout) -> Result<Vec<ReplicaInfo>, StorageError> {
     let mut blocks: BTreeMap<u64, Found> = BTreeMap::new();
+    let fds = l.fds();
     for s in ReplicaState::ALL {
-        let dir = l.dir(s);
-        let entries = fs::read_dir(dir).map_err(|e| StorageError::io(dir, e))?;
-        for entry in entries {
-            let entry = entry.map_err(|e| StorageError::io(dir, e))?;
-            let name = entry.file_name();
-            let Some(parsed) = name.to_str().and_then(parse_name) else {
+        for name in fds.dir(s.into()).names()? {
+            let Some(parsed) = parse_name(&name) else {
                 continue;
             };
             match parsed {
-                FileName::Data(block) => match entry.metadata() {
-                    Ok(m) => blocks.entry(block).or_default().data[s.idx()] = Some(m.len()),
-                    // Removed since read_dir.
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(StorageError::io(&entry.path(), e)),
-                },
+                // `None`: removed since the listing.
+                FileName::Data(block) => {
+                    if let Some(st) = l.at(s.into(), name).lstat()? {
+                        blocks.entry(block).or_default().data[s.idx()] = Some(st.st_size as u64);
+                    }
+                }
                 FileName::Meta { block, gs } => {
                     let meta = MetaFile { gs, dir: s };
                     blocks.entry(block).or_default().metas.push(meta);
@@ -64,15 +59,15 @@ pub(crate) fn list(l: &Layout) -> Result<Vec<ReplicaInfo>, StorageError> {
 pub(crate) fn delete_recorded(l: &Layout, block: u64, gs: u64) -> Result<(), StorageError> {
     let mut found = false;
     for s in ReplicaState::ALL {
-        found |= remove_found(&l.meta_path(s, block, gs))?;
+        found |= l.meta(s, block, gs).remove_found()?;
     }
     if !found {
         return locate::delete(l, block);
     }
     for s in ReplicaState::ALL {
-        remove_if_exists(&l.data_path(s, block))?;
+        l.data(s, block).remove_if_exists()?;
     }
-    remove_if_exists(&l.note_path(block))
+    l.note(block).remove_if_exists()
 }
 
 /// Copies the first `len` bytes of replica `block`@`gs` from `src`
@@ -104,18 +99,18 @@ pub(crate) fn copy_replica_as(
     let reader = src.open_reader(block, gs)?;
     let seq = TMP_SEQ.fetch_add(1, Ordering::Relaxed);
     let pid = std::process::id();
-    let tmp_data = l.tmp().join(format!("blk_{to}.{pid}.{seq}.data"));
-    let tmp_meta = l.tmp().join(format!("blk_{to}.{pid}.{seq}.meta"));
+    let tmp_data = l.at(Sub::Tmp, format!("blk_{to}.{pid}.{seq}.data"));
+    let tmp_meta = l.at(Sub::Tmp, format!("blk_{to}.{pid}.{seq}.meta"));
     let result = copy_into_tmp(&reader, len, &tmp_data, &tmp_meta);
     let result = result.and_then(|()| {
         replace_older(l, to, to_gs)?;
-        rename(&tmp_data, &l.data_path(state, to))?;
-        rename(&tmp_meta, &l.meta_path(state, to, to_gs))?;
-        fsync_dir(l.dir(state))
+        tmp_data.rename_to(&l.data(state, to))?;
+        tmp_meta.rename_to(&l.meta(state, to, to_gs))?;
+        l.fsync_dir(state)
     });
     if result.is_err() {
-        let _ = fs::remove_file(&tmp_data);
-        let _ = fs::remove_file(&tmp_meta);
+        let _ = tmp_data.remove_found();
+        let _ = tmp_meta.remove_found();
     }
     result
 }
@@ -140,19 +135,12 @@ fn replace_older(l: &Layout, block: u64, gs: u64) -> Result<(), StorageError> {
 fn copy_into_tmp(
     reader: &ReplicaReader,
     len: u64,
-    tmp_data: &Path,
-    tmp_meta: &Path,
+    tmp_data_at: &At,
+    tmp_meta_at: &At,
 ) -> Result<(), StorageError> {
-    let create = |p: &Path| {
-        OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(p)
-            .map_err(|e| StorageError::io(p, e))
-    };
-    let data = create(tmp_data)?;
-    let meta = create(tmp_meta)?;
+    let data = tmp_data_at.create(true)?;
+    let meta = tmp_meta_at.create(true)?;
+    let (tmp_data, tmp_meta) = (&tmp_data_at.path, &tmp_meta_at.path);
     meta.write_all_at(&encode_header(), 0)
         .map_err(|e| StorageError::io(tmp_meta, e))?;
     // A multiple of the chunk size, so each piece's CRCs are whole.
@@ -191,12 +179,11 @@ fn copy_into_tmp(
 /// Call when no copy is running, e.g. at mount. Returns how many files
 /// were removed.
 pub(crate) fn clean_tmp(l: &Layout) -> Result<usize, StorageError> {
-    let tmp = l.tmp();
-    let entries = fs::read_dir(tmp).map_err(|e| StorageError::io(tmp, e))?;
     let mut n = 0;
-    for entry in entries {
-        let entry = entry.map_err(|e| StorageError::io(tmp, e))?;
-        remove_if_exists(&entry.path())?;
+    for name in l.fds().dir(Sub::Tmp).names()? {
+        // Unlinked through `tmp/`'s descriptor: a link found there goes,
+        // never what it points to.
+        l.at(Sub::Tmp, name).remove_if_exists()?;
         n += 1;
     }
     Ok(n)
@@ -210,56 +197,67 @@ pub(crate) fn clean_tmp(l: &Layout) -> Result<usize, StorageError> {
 pub(crate) fn heartbeat(l: &Layout, identity: Option<&Identity>) -> Result<u64, StorageError> {
     let root = l.root();
     // A datanode whose directory came back (recreated, remounted) gets its
-    // layout and identity file again; a root that is gone stays dead
-    // rather than being recreated on whatever filesystem lies below it,
-    // and a directory that now holds another datanode is never taken for
-    // this one.
-    if root.is_dir() {
-        if let Some(want) = identity {
-            let found = match identity::read(root)? {
-                Some(found) => found,
-                None => identity::create(root, want)?,
-            };
-            if found.storage_id != want.storage_id || found.filesystem_id != want.filesystem_id {
-                return Err(StorageError::OtherIdentity {
-                    path: root.to_path_buf(),
-                    found: found.storage_id,
-                    wanted: want.storage_id.clone(),
-                });
-            }
-        }
-        for d in [
-            l.tmp(),
-            l.dir(ReplicaState::Rbw),
-            l.dir(ReplicaState::Finalized),
-        ] {
-            fs::create_dir_all(d).map_err(|e| StorageError::io(d, e))?;
+    // layout and identity file again, and the daemon holds its new
+    // directories from now on; a root that is gone stays dead rather than
+    // being recreated on whatever filesystem lies below it, a directory
+    // that now holds another datanode is never taken for this one, and
+    // one another user could change now is not used.
+    let rootd = DirFd::open_trusted(root)?;
+    if let Some(want) = identity {
+        let found = match identity::read_in(&rootd)? {
+            Some(found) => found,
+            None => identity::create_in(&rootd, want)?,
+        };
+        if found.storage_id != want.storage_id || found.filesystem_id != want.filesystem_id {
+            return Err(StorageError::OtherIdentity {
+                path: root.to_path_buf(),
+                found: found.storage_id,
+                wanted: want.storage_id.clone(),
+            });
         }
     }
+    // The directories as the path gives them now are held from here on,
+    // as checked above: a directory recreated, or a filesystem mounted
+    // or made read-only over it, is what the next replica goes to (or
+    // fails on), as it was when files were opened by path.
+    let now = Dirs::open_in(rootd)?;
+    if now.inodes != l.fds().inodes {
+        tracing::info!(dn = %l.id, root = %root.display(), "datanode directory recreated: its new directories are used from now on");
+    }
+    l.replace_fds(now);
     let seq = TMP_SEQ.fetch_add(1, Ordering::Relaxed);
-    let probe = l
-        .tmp()
-        .join(format!(".heartbeat.{}.{seq}", std::process::id()));
-    let written = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&probe)
-        .and_then(|f| {
-            f.write_all_at(b"leasefs heartbeat\n", 0)?;
-            f.sync_all()
-        });
-    let removed = fs::remove_file(&probe);
-    written.map_err(|e| StorageError::io(&probe, e))?;
-    removed.map_err(|e| StorageError::io(&probe, e))?;
-    free_bytes(root)
+    let probe = l.at(Sub::Tmp, format!(".heartbeat.{}.{seq}", std::process::id()));
+    let written = probe.create(true).and_then(|f| {
+        f.write_all_at(b"leasefs heartbeat\n", 0)
+            .and_then(|()| f.sync_all())
+            .map_err(|e| StorageError::io(&probe.path, e))
+    });
+    let removed = probe.remove_if_exists();
+    written?;
+    removed?;
+    probe.dirs.dir(Sub::Root).free_bytes()
 }
 
-/// Bytes free for unprivileged use on the filesystem holding `root`.
-pub fn free_bytes(root: &Path) -> Result<u64, StorageError> {
-    let st =
-        nix::sys::statvfs::statvfs(root).map_err(|e| StorageError::io(root, io::Error::from(e)))?;
-    Ok((st.blocks_available() as u64).saturating_mul(st.fragment_size() as u64))
+/// Checks, changing nothing, that no user but the daemon's can change the
+/// datanode directory `root`, a directory above it, or its `rbw/`,
+/// `finalized/`, `tmp/` and `quarantine/` (a symbolic link there is
+/// refused too): [`StorageError::Untrusted`] says why. A missing `root`
+/// is an I/O error; missing directories in it are fine.
+pub fn check_dirs(root: &Path) -> Result<(), StorageError> {
+    let d = DirFd::open_trusted(root)?;
+    for name in ["rbw", "finalized", "tmp", super::quarantine::DIR] {
+        d.child_dir(name, false)?;
+    }
+    Ok(())
+}
+
+/// The names in `root`'s `rbw/` or `finalized/` (none when it has no
+/// such directory), read through descriptors without following a link.
+fn names_in(root: &Path, s: ReplicaState) -> Result<Vec<String>, StorageError> {
+    match DirFd::open_trusted(root)?.child_dir(s.dir_name(), false)? {
+        Some(d) => d.names(),
+        None => Ok(Vec::new()),
+    }
 }
 
 /// The blocks whose data files `root`'s `rbw/` and `finalized/` hold, read
@@ -267,15 +265,8 @@ pub fn free_bytes(root: &Path) -> Result<u64, StorageError> {
 pub fn block_ids_in(root: &Path) -> Result<BTreeSet<u64>, StorageError> {
     let mut ids = BTreeSet::new();
     for s in ReplicaState::ALL {
-        let dir = root.join(s.dir_name());
-        let entries = match fs::read_dir(&dir) {
-            Ok(it) => it,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(StorageError::io(&dir, e)),
-        };
-        for entry in entries {
-            let entry = entry.map_err(|e| StorageError::io(&dir, e))?;
-            if let Some(FileName::Data(b)) = entry.file_name().to_str().and_then(parse_name) {
+        for name in names_in(root, s)? {
+            if let Some(FileName::Data(b)) = parse_name(&name) {
                 ids.insert(b);
             }
         }
@@ -288,15 +279,8 @@ pub fn block_ids_in(root: &Path) -> Result<BTreeSet<u64>, StorageError> {
 /// datanode.
 pub fn holds_files(root: &Path) -> Result<bool, StorageError> {
     for s in ReplicaState::ALL {
-        let dir = root.join(s.dir_name());
-        match fs::read_dir(&dir) {
-            Ok(mut it) => {
-                if it.next().is_some() {
-                    return Ok(true);
-                }
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(StorageError::io(&dir, e)),
+        if !names_in(root, s)?.is_empty() {
+            return Ok(true);
         }
     }
     Ok(false)

@@ -7,10 +7,13 @@
 //!
 //! | module | owns |
 //! |---|---|
-//! | [`layout`] | names and paths of a datanode directory, replica states (no I/O) |
+//! | [`dnid`] | [`DnId`], a datanode's compact id |
 //! | [`error`] | [`StorageError`] |
 //! | [`checksum`] | CRC32C per chunk, the meta file header, the packet CRC accumulator |
-//! | [`fsops`] | file system calls that name their path in errors |
+//! | [`trust`] | which directories may hold the daemon's files (no other user can change them) |
+//! | [`at`] | a datanode's directories held open; every file operation relative to them, no link followed |
+//! | [`layout`] | names and paths of a datanode directory, replica states; its directories as [`at`] holds them |
+//! | [`fsops`] | positional reads that fill their buffer |
 //! | [`identity`] | the identity file `DN/VERSION` |
 //! | [`locate`] | finding (and removing) a block's files |
 //! | [`writer`], [`reader`] | the open files of one replica: appends; verified reads |
@@ -21,8 +24,10 @@
 //! | [`datanode`] | [`Datanode`]: open, identity, sync; the real [`Storage`] |
 
 pub mod api;
+pub(crate) mod at;
 pub mod checksum;
 pub mod datanode;
+pub mod dnid;
 pub mod error;
 #[cfg(test)]
 pub mod faulty;
@@ -39,6 +44,7 @@ pub mod replica;
 pub(crate) mod testkit;
 #[cfg(test)]
 mod tests;
+pub mod trust;
 pub mod writer;
 
 pub use api::{ReplicaWrite, Storage, SyncPlan, SyncStep, SyncTask};
@@ -46,6 +52,6 @@ pub use checksum::ChunkAccumulator;
 pub use datanode::Datanode;
 pub use error::StorageError;
 pub use layout::{DnId, ReplicaInfo, ReplicaStat, ReplicaState};
-pub use maintenance::{block_ids_in, holds_files};
+pub use maintenance::{block_ids_in, check_dirs, holds_files};
 pub use reader::ReplicaReader;
 pub use writer::ReplicaWriter;

@@ -19,11 +19,9 @@
 //! it is used only where they still match it. It goes with its block's
 //! files; other releases leave it alone (not a replica file name).
 
-use std::path::Path;
-
+use super::at::At;
 use super::checksum::{CHUNK_SIZE, crc};
 use super::error::StorageError;
-use super::fsops::fsync_dir;
 
 /// Bytes of a note file.
 pub(crate) const NOTE_LEN: usize = 16;
@@ -55,31 +53,28 @@ impl Note {
         })
     }
 
-    /// Writes the note at `path` and makes it durable (its name too, in
-    /// `dir`, when the file is new), before anything may rewrite the CRC
-    /// it keeps.
-    pub fn write_durably(&self, path: &Path, dir: &Path) -> Result<(), StorageError> {
+    /// Writes the note at `at` and makes it durable (its name too, in
+    /// its directory, when the file is new), before anything may rewrite
+    /// the CRC it keeps.
+    pub fn write_durably(&self, at: &At) -> Result<(), StorageError> {
         use std::os::unix::fs::FileExt;
-        let new = !path.exists();
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .and_then(|f| {
-                f.write_all_at(&self.encode(), 0)?;
-                f.sync_data()
-            })
-            .map_err(|e| StorageError::io(path, e))?;
+        let new = !at.exists()?;
+        let f = at.create(false)?;
+        f.write_all_at(&self.encode(), 0)
+            .and_then(|()| f.sync_data())
+            .map_err(|e| StorageError::io(&at.path, e))?;
         if new {
-            fsync_dir(dir)?;
+            at.fsync_dir()?;
         }
         Ok(())
     }
 
-    /// The note at `path`, if there is a whole one.
-    pub fn read(path: &Path) -> Option<Note> {
-        std::fs::read(path).ok().and_then(|b| Note::decode(&b))
+    /// The note at `at`, if there is a whole one.
+    pub fn read(at: &At) -> Option<Note> {
+        let f = at.open_read().ok()?;
+        let mut b = [0u8; NOTE_LEN];
+        let n = super::fsops::read_full_at(&f, &mut b, 0).ok()?;
+        Note::decode(&b[..n])
     }
 
     /// How many of `bytes`, the chunk of the replica starting at byte

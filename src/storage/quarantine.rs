@@ -8,16 +8,16 @@
 //! [`RETENTION`]. A replica about to be cut shorter than it is on a guess
 //! (adopting a stamp the metadata never recorded) is copied there first.
 
-use std::fs;
 use std::io;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use nix::fcntl::OFlag;
 use serde::{Deserialize, Serialize};
 
+use super::at::{DirFd, Sub};
 use super::error::StorageError;
-use super::fsops::{exists, fsync_dir, rename};
-use super::layout::{Layout, ReplicaState, data_name, meta_name};
+use super::layout::{Layout, ReplicaState};
 use super::locate::metas_of;
 
 /// The directory under a datanode's root.
@@ -42,9 +42,14 @@ fn now_secs() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// A fresh entry directory for `block`, created with its parents.
-fn entry(l: &Layout, block: u64) -> Result<PathBuf, StorageError> {
-    let root = l.root().join(DIR);
+/// The quarantine directory of the datanode, created when `create`;
+/// `None` when it has none and not `create`.
+fn qdir(l: &Layout, create: bool) -> Result<Option<DirFd>, StorageError> {
+    l.fds().dir(Sub::Root).child_dir(DIR, create)
+}
+
+/// A fresh entry directory for `block` in `q`.
+fn entry(q: &DirFd, block: u64) -> Result<DirFd, StorageError> {
     let now = now_secs();
     // Two entries of one block in one second: a suffix keeps both.
     for n in 0.. {
@@ -52,11 +57,10 @@ fn entry(l: &Layout, block: u64) -> Result<PathBuf, StorageError> {
             0 => format!("{now}-blk_{block}"),
             n => format!("{now}-blk_{block}.{n}"),
         };
-        let dir = root.join(name);
-        match fs::create_dir_all(&root).and_then(|_| fs::create_dir(&dir)) {
-            Ok(()) => return Ok(dir),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(StorageError::io(&dir, e)),
+        if q.mkdir_new(&name)? {
+            return q.child_dir(&name, false)?.ok_or_else(|| {
+                StorageError::io(&q.path.join(&name), io::ErrorKind::NotFound.into())
+            });
         }
     }
     unreachable!("an unbounded range ends")
@@ -66,34 +70,34 @@ fn entry(l: &Layout, block: u64) -> Result<PathBuf, StorageError> {
 /// it. Durable when it returns: the entry's and the old directories'.
 pub(crate) fn quarantine(l: &Layout, block: u64) -> Result<PathBuf, StorageError> {
     let metas = metas_of(l, block)?;
-    let dir = entry(l, block)?;
+    let q = qdir(l, true)?
+        .ok_or_else(|| StorageError::io(&l.root().join(DIR), io::ErrorKind::NotFound.into()))?;
+    let dir = entry(&q, block)?;
     let mut from = Vec::new();
     for s in ReplicaState::ALL {
-        from.push((l.data_path(s, block), l.dir(s).to_path_buf()));
+        from.push(l.data(s, block));
     }
     for m in &metas {
-        from.push((l.meta_path(m.dir, block, m.gs), l.dir(m.dir).to_path_buf()));
+        from.push(l.meta(m.dir, block, m.gs));
     }
-    from.push((l.note_path(block), l.dir(ReplicaState::Rbw).to_path_buf()));
+    from.push(l.note(block));
     let mut touched = Vec::new();
-    for (path, parent) in from {
-        if !exists(&path)? {
+    for at in from {
+        if !at.exists()? {
             continue;
         }
-        let name = path.file_name().map(PathBuf::from).unwrap_or_default();
-        rename(&path, &dir.join(name))?;
-        if !touched.contains(&parent) {
-            touched.push(parent);
+        at.move_into(&dir)?;
+        if !touched.contains(&at.sub) {
+            touched.push(at.sub);
         }
     }
-    fsync_dir(&dir)?;
-    if let Some(root) = dir.parent() {
-        fsync_dir(root)?;
+    dir.fsync()?;
+    q.fsync()?;
+    let fds = l.fds();
+    for s in touched {
+        fds.fsync(s)?;
     }
-    for d in touched {
-        fsync_dir(&d)?;
-    }
-    Ok(dir)
+    Ok(dir.path)
 }
 
 /// Copies replica `block`@`gs` (data and checksum file, whole) into a new
@@ -104,41 +108,37 @@ pub(crate) fn keep_copy(
     block: u64,
     gs: u64,
 ) -> Result<PathBuf, StorageError> {
-    let dir = entry(l, block)?;
-    for (from, name) in [
-        (l.data_path(state, block), data_name(block)),
-        (l.meta_path(state, block, gs), meta_name(block, gs)),
-    ] {
-        let to = dir.join(name);
-        fs::copy(&from, &to).map_err(|e| StorageError::io(&from, e))?;
-        fs::File::open(&to)
-            .and_then(|f| f.sync_all())
+    let q = qdir(l, true)?
+        .ok_or_else(|| StorageError::io(&l.root().join(DIR), io::ErrorKind::NotFound.into()))?;
+    let dir = entry(&q, block)?;
+    for from in [l.data(state, block), l.meta(state, block, gs)] {
+        let to = dir.path.join(&from.name);
+        let mut src = from.open_read()?;
+        let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL;
+        let mut dst = dir
+            .open_file(&from.name, flags)
+            .map_err(|e| StorageError::io(&to, e.into()))?;
+        io::copy(&mut src, &mut dst)
+            .and_then(|_| dst.sync_all())
             .map_err(|e| StorageError::io(&to, e))?;
     }
-    fsync_dir(&dir)?;
-    if let Some(root) = dir.parent() {
-        fsync_dir(root)?;
-    }
-    Ok(dir)
+    dir.fsync()?;
+    q.fsync()?;
+    Ok(dir.path)
 }
 
 /// The entries of the quarantine, oldest first.
 pub(crate) fn list(l: &Layout) -> Result<Vec<Quarantined>, StorageError> {
-    let root = l.root().join(DIR);
-    let entries = match fs::read_dir(&root) {
-        Ok(it) => it,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(StorageError::io(&root, e)),
+    let Some(q) = qdir(l, false)? else {
+        return Ok(Vec::new());
     };
     let mut out = Vec::new();
-    for e in entries {
-        let e = e.map_err(|err| StorageError::io(&root, err))?;
-        let name = e.file_name();
-        let Some((since, block)) = name.to_str().and_then(parse_entry) else {
+    for name in q.names()? {
+        let Some((since, block)) = parse_entry(&name) else {
             continue;
         };
         out.push(Quarantined {
-            path: e.path(),
+            path: q.path.join(name),
             block,
             since,
         });
@@ -157,13 +157,19 @@ fn parse_entry(name: &str) -> Option<(u64, u64)> {
 /// Removes the entries older than `keep`; returns how many.
 pub(crate) fn expire(l: &Layout, keep: Duration) -> Result<usize, StorageError> {
     let cutoff = now_secs().saturating_sub(keep.as_secs());
+    let Some(dir) = qdir(l, false)? else {
+        return Ok(0);
+    };
     let mut n = 0;
     for q in list(l)? {
         if q.since >= cutoff {
             break;
         }
-        fs::remove_dir_all(&q.path).map_err(|e| StorageError::io(&q.path, e))?;
-        n += 1;
+        // Through the descriptors: nothing a link there points to goes.
+        if let Some(name) = q.path.file_name().and_then(|n| n.to_str()) {
+            dir.remove_tree(name)?;
+            n += 1;
+        }
     }
     Ok(n)
 }
@@ -172,6 +178,7 @@ pub(crate) fn expire(l: &Layout, keep: Duration) -> Result<usize, StorageError> 
 mod tests {
     use super::*;
     use crate::storage::DnId;
+    use std::fs;
 
     #[test]
     fn entry_names_parse_back() {
@@ -186,10 +193,7 @@ mod tests {
     #[test]
     fn a_quarantined_replica_moves_whole_and_expires_after_the_retention() {
         let dir = tempfile::tempdir().unwrap();
-        let l = Layout::new(DnId(0), dir.path());
-        for s in ReplicaState::ALL {
-            fs::create_dir_all(l.dir(s)).unwrap();
-        }
+        let l = Layout::open(DnId(0), dir.path()).unwrap();
         fs::write(l.data_path(ReplicaState::Finalized, 7), b"data").unwrap();
         fs::write(l.meta_path(ReplicaState::Finalized, 7, 1001), b"meta").unwrap();
         let q = quarantine(&l, 7).unwrap();

@@ -9,8 +9,9 @@
 
 use std::fs::File;
 use std::io::IoSliceMut;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
+use super::at::At;
 use super::checksum::{
     CHUNK_SIZE, CRC_LEN, META_HEADER_LEN, check_header_at, chunk_count, crc, crc_offset,
     longest_matching_prefix,
@@ -46,12 +47,12 @@ pub(crate) fn open(
         if let (Some(meta), Some(data)) = (meta, data) {
             let Opened {
                 file: meta,
-                path: meta_path,
+                at: meta_at,
                 dir: meta_in,
             } = meta;
             let Opened {
                 file: data,
-                path: data_path,
+                at: data_at,
                 dir: data_in,
             } = data;
             return Ok(ReplicaReader {
@@ -60,9 +61,9 @@ pub(crate) fn open(
                 state: Located { data_in, meta_in }.state(),
                 data,
                 meta,
-                data_path,
-                meta_path,
-                note_path: l.note_path(block),
+                data_at,
+                meta_at,
+                note: l.note(block),
                 io: io.clone(),
             });
         }
@@ -80,10 +81,12 @@ pub struct ReplicaReader {
     state: ReplicaState,
     data: File,
     meta: File,
-    data_path: PathBuf,
-    meta_path: PathBuf,
+    /// Where the files were opened (`exists` tells whether they are still
+    /// there; the paths name them in errors).
+    data_at: At,
+    meta_at: At,
     /// Its sync note (read only where a chunk fails its checksum).
-    note_path: PathBuf,
+    note: At,
     /// Its datanode's counters.
     io: Arc<IoCounters>,
 }
@@ -106,17 +109,17 @@ impl ReplicaReader {
 
     /// The data file's path when opened.
     pub fn data_path(&self) -> &Path {
-        &self.data_path
+        &self.data_at.path
     }
 
     /// The meta file's path when opened.
     pub fn meta_path(&self) -> &Path {
-        &self.meta_path
+        &self.meta_at.path
     }
 
     /// Current length of the data file.
     pub fn data_len(&self) -> Result<u64, StorageError> {
-        file_len(&self.data, &self.data_path)
+        file_len(&self.data, &self.data_at.path)
     }
 
     /// How many bytes the replica holds with a checksum each could cover:
@@ -125,7 +128,7 @@ impl ReplicaReader {
     /// itself (chunks of zeros whose checksum slot is zero too: a written
     /// chunk of zeros has a checksum that is not).
     pub fn present_len(&self) -> Result<u64, StorageError> {
-        let meta_len = file_len(&self.meta, &self.meta_path)?;
+        let meta_len = file_len(&self.meta, &self.meta_at.path)?;
         let ncrc = meta_len.saturating_sub(META_HEADER_LEN) / CRC_LEN;
         let mut end = chunk_count(self.data_len()?.min(ncrc * CS));
         const BATCH: u64 = 256;
@@ -139,9 +142,9 @@ impl ReplicaReader {
                 &mut slots[..(n * CRC_LEN) as usize],
                 crc_offset(first),
             )
-            .map_err(|e| StorageError::io(&self.meta_path, e))?;
+            .map_err(|e| StorageError::io(&self.meta_at.path, e))?;
             let dgot = read_full_at(&self.data, &mut data[..(n * CS) as usize], first * CS)
-                .map_err(|e| StorageError::io(&self.data_path, e))?;
+                .map_err(|e| StorageError::io(&self.data_at.path, e))?;
             for j in (0..n as usize).rev() {
                 let slot = slots.get(j * 4..j * 4 + 4).filter(|_| j * 4 + 4 <= mgot);
                 let chunk = &data[(j * CHUNK_SIZE).min(dgot)..((j + 1) * CHUNK_SIZE).min(dgot)];
@@ -226,9 +229,9 @@ impl ReplicaReader {
         };
         let meta_at = if first == 0 { 0 } else { crc_offset(first) };
         let mgot = read_full_at(&self.meta, mbuf, meta_at)
-            .map_err(|e| StorageError::io(&self.meta_path, e))?;
+            .map_err(|e| StorageError::io(&self.meta_at.path, e))?;
         if hdr > 0 {
-            check_header_at(&mbuf[..mgot.min(hdr)], &self.meta_path)?;
+            check_header_at(&mbuf[..mgot.min(hdr)], &self.meta_at.path)?;
         }
         let crcs = &mbuf[hdr..mgot.max(hdr)];
         let ncrc = crcs.len() / CRC_LEN as usize;
@@ -245,7 +248,7 @@ impl ReplicaReader {
                 IoSliceMut::new(&mut tail[..tail_len]),
             ];
             preadv_full(&self.data, &mut iov, chunk_start)
-                .map_err(|e| StorageError::io(&self.data_path, e))?
+                .map_err(|e| StorageError::io(&self.data_at.path, e))?
         };
 
         let mut avail = got;
@@ -299,9 +302,9 @@ impl ReplicaReader {
     pub fn valid_prefix(&self) -> Result<u64, StorageError> {
         let mut h = [0u8; META_HEADER_LEN as usize];
         let n = read_full_at(&self.meta, &mut h, 0)
-            .map_err(|e| StorageError::io(&self.meta_path, e))?;
-        check_header_at(&h[..n], &self.meta_path)?;
-        let meta_len = file_len(&self.meta, &self.meta_path)?;
+            .map_err(|e| StorageError::io(&self.meta_at.path, e))?;
+        check_header_at(&h[..n], &self.meta_at.path)?;
+        let meta_len = file_len(&self.meta, &self.meta_at.path)?;
         let ncrc = meta_len.saturating_sub(META_HEADER_LEN) / CRC_LEN;
         let data_len = self.data_len()?;
         let limit = ncrc.min(chunk_count(data_len));
@@ -314,9 +317,9 @@ impl ReplicaReader {
         while c < limit {
             let n = batch.min(limit - c) as usize;
             let mgot = read_full_at(&self.meta, &mut meta[..n * 4], crc_offset(c))
-                .map_err(|e| StorageError::io(&self.meta_path, e))?;
+                .map_err(|e| StorageError::io(&self.meta_at.path, e))?;
             let dgot = read_full_at(&self.data, &mut data[..n * CHUNK_SIZE], c * CS)
-                .map_err(|e| StorageError::io(&self.data_path, e))?;
+                .map_err(|e| StorageError::io(&self.data_at.path, e))?;
             for j in 0..n.min(mgot / 4) {
                 let a = j * CHUNK_SIZE;
                 let start = (c + j as u64) * CS;
@@ -354,7 +357,7 @@ impl ReplicaReader {
 
     /// The replica's sync note, if it has a whole one.
     pub(crate) fn note(&self) -> Option<Note> {
-        Note::read(&self.note_path)
+        Note::read(&self.note)
     }
 
     /// Whether the replica may be growing under this reader: it was opened
@@ -362,13 +365,14 @@ impl ReplicaReader {
     /// an append (checked only when the data outruns the checksums, so the
     /// common path costs nothing).
     fn being_written(&self) -> bool {
-        self.state == ReplicaState::Rbw || !(self.data_path.exists() && self.meta_path.exists())
+        self.state == ReplicaState::Rbw
+            || !(self.data_at.exists().unwrap_or(false) && self.meta_at.exists().unwrap_or(false))
     }
 
     fn corrupt(&self, offset: u64) -> StorageError {
         StorageError::Corrupt {
             block: self.block,
-            replica: self.data_path.clone(),
+            replica: self.data_at.path.clone(),
             offset,
         }
     }

@@ -4,7 +4,7 @@
 //! crash). What is made durable where is stated per step: closing a file
 //! promises no durability, truncation does.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -14,9 +14,7 @@ use super::checksum::{
     meta_len_for,
 };
 use super::error::StorageError;
-use super::fsops::{
-    exists, file_len, fsync_dir, open_rw, read_full_at, remove_if_exists, rename, stat_len,
-};
+use super::fsops::{file_len, read_full_at};
 use super::layout::{Layout, ReplicaState};
 use super::locate::{self, locate};
 use super::note::Note;
@@ -34,14 +32,10 @@ pub(crate) fn create_rbw(
     block: u64,
     gs: u64,
 ) -> Result<ReplicaWriter, StorageError> {
-    let data_path = l.data_path(ReplicaState::Rbw, block);
-    let create = || {
-        OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&data_path)
-    };
-    if exists(&l.data_path(ReplicaState::Finalized, block))? {
+    let data_at = l.data(ReplicaState::Rbw, block);
+    let data_path = data_at.path.clone();
+    let create = || data_at.create_new();
+    if l.data(ReplicaState::Finalized, block).exists()? {
         tracing::warn!(dn = %l.id, block, "removing a leftover finalized replica");
         locate::delete(l, block)?;
     }
@@ -54,27 +48,28 @@ pub(crate) fn create_rbw(
         }
         Err(e) => return Err(StorageError::io(&data_path, e)),
     };
-    let meta_path = l.meta_path(ReplicaState::Rbw, block, gs);
-    let meta = OpenOptions::new()
-        .write(true)
+    let meta_at = l.meta(ReplicaState::Rbw, block, gs);
+    let meta = meta_at
         .create(true)
-        .truncate(true)
-        .open(&meta_path)
-        .and_then(|m| m.write_all_at(&encode_header(), 0).map(|()| m))
-        .map_err(|e| {
+        .and_then(|m| {
+            m.write_all_at(&encode_header(), 0)
+                .map_err(|e| StorageError::io(&meta_at.path, e))
+                .map(|()| m)
+        })
+        .inspect_err(|_| {
             // Best effort: no data file without checksums left behind.
-            let _ = fs::remove_file(&data_path);
-            let _ = fs::remove_file(&meta_path);
-            StorageError::io(&meta_path, e)
+            let _ = data_at.remove_found();
+            let _ = meta_at.remove_found();
         })?;
     // A note of an earlier attempt at the block says nothing of this one.
-    remove_if_exists(&l.note_path(block))?;
+    let note = l.note(block);
+    note.remove_if_exists()?;
     let files = ReplicaFiles {
         data,
         meta,
         data_path,
-        meta_path,
-        note_path: l.note_path(block),
+        meta_path: meta_at.path,
+        note,
     };
     Ok(ReplicaWriter::new(block, files, 0, Vec::new(), io))
 }
@@ -92,18 +87,20 @@ pub(crate) fn write_finalized(
     data: &[u8],
     crcs: &[u32],
 ) -> Result<(), StorageError> {
-    let data_path = l.data_path(ReplicaState::Finalized, block);
-    let create = |p: &Path| OpenOptions::new().write(true).create_new(true).open(p);
-    let file = match create(&data_path) {
+    let data_at = l.data(ReplicaState::Finalized, block);
+    let data_path = &data_at.path;
+    let file = match data_at.create_new() {
         Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
             tracing::warn!(dn = %l.id, block, "removing a leftover replica");
             locate::delete(l, block)?;
-            create(&data_path).map_err(|e| StorageError::io(&data_path, e))?
+            data_at
+                .create_new()
+                .map_err(|e| StorageError::io(data_path, e))?
         }
-        Err(e) => return Err(StorageError::io(&data_path, e)),
+        Err(e) => return Err(StorageError::io(data_path, e)),
     };
-    let meta_path = l.meta_path(ReplicaState::Finalized, block, gs);
+    let meta_at = l.meta(ReplicaState::Finalized, block, gs);
     let mut meta = Vec::with_capacity(META_HEADER_LEN as usize + crcs.len() * 4);
     meta.extend_from_slice(&encode_header());
     for c in crcs {
@@ -111,20 +108,17 @@ pub(crate) fn write_finalized(
     }
     let r = file
         .write_all_at(data, 0)
-        .map_err(|e| StorageError::io(&data_path, e))
+        .map_err(|e| StorageError::io(data_path, e))
         .and_then(|()| {
-            OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(&meta_path)
-                .and_then(|m| m.write_all_at(&meta, 0))
-                .map_err(|e| StorageError::io(&meta_path, e))
+            meta_at.create(true).and_then(|m| {
+                m.write_all_at(&meta, 0)
+                    .map_err(|e| StorageError::io(&meta_at.path, e))
+            })
         });
     if r.is_err() {
         // Best effort: no half replica left behind.
-        let _ = fs::remove_file(&data_path);
-        let _ = fs::remove_file(&meta_path);
+        let _ = data_at.remove_found();
+        let _ = meta_at.remove_found();
     }
     r
 }
@@ -141,25 +135,31 @@ pub(crate) fn reopen_rbw(
     len: u64,
 ) -> Result<ReplicaWriter, StorageError> {
     let loc = locate(l, block, gs)?;
-    let cur_data = l.data_path(loc.data_in, block);
-    let cur_meta = l.meta_path(loc.meta_in, block, gs);
+    let cur_data = l.data(loc.data_in, block);
+    let cur_meta = l.meta(loc.meta_in, block, gs);
     // Check and cut the replica where it is, so that a replica that
     // cannot be reopened stays as it was; the descriptors follow the
     // renames below.
-    let data = open_rw(&cur_data)?;
-    let meta = open_rw(&cur_meta)?;
-    let tail = shrink(l, block, (&data, &cur_data), (&meta, &cur_meta), len)?;
-    let data_path = l.data_path(ReplicaState::Rbw, block);
-    let meta_path = l.meta_path(ReplicaState::Rbw, block, gs);
+    let data = cur_data.open_rw()?;
+    let meta = cur_meta.open_rw()?;
+    let tail = shrink(
+        l,
+        block,
+        (&data, &cur_data.path),
+        (&meta, &cur_meta.path),
+        len,
+    )?;
+    let data_at = l.data(ReplicaState::Rbw, block);
+    let meta_at = l.meta(ReplicaState::Rbw, block, gs);
     if loc.data_in == ReplicaState::Finalized {
-        rename(&cur_data, &data_path)?;
+        cur_data.rename_to(&data_at)?;
     }
     if loc.meta_in == ReplicaState::Finalized {
-        rename(&cur_meta, &meta_path)?;
+        cur_meta.rename_to(&meta_at)?;
     }
     if loc.any_finalized() {
-        fsync_dir(l.dir(ReplicaState::Rbw))?;
-        fsync_dir(l.dir(ReplicaState::Finalized))?;
+        l.fsync_dir(ReplicaState::Rbw)?;
+        l.fsync_dir(ReplicaState::Finalized)?;
     }
     // The first append into a partial last chunk rewrites its CRC in
     // place. Unless a note already vouches for the chunk as it is (the
@@ -167,22 +167,22 @@ pub(crate) fn reopen_rbw(
     // first: a truncation to inside a chunk, or a cut that kept the new
     // CRC and not the bytes, would otherwise cost every replica the
     // durable bytes of the chunk.
-    let note_path = l.note_path(block);
+    let note_at = l.note(block);
     let note = (!len.is_multiple_of(CHUNK_SIZE as u64)).then(|| Note {
         len,
         crc: crc(&tail),
     });
     if let Some(n) = note
-        && Note::read(&note_path) != Some(n)
+        && Note::read(&note_at) != Some(n)
     {
-        n.write_durably(&note_path, l.dir(ReplicaState::Rbw))?;
+        n.write_durably(&note_at)?;
     }
     let files = ReplicaFiles {
         data,
         meta,
-        data_path,
-        meta_path,
-        note_path,
+        data_path: data_at.path,
+        meta_path: meta_at.path,
+        note: note_at,
     };
     Ok(ReplicaWriter::new(block, files, len, tail, io).with_note(note))
 }
@@ -194,20 +194,26 @@ pub(crate) fn reopen_rbw(
 /// the file syncs the replica (`sync_replica`).
 pub(crate) fn finalize(l: &Layout, block: u64, gs: u64, len: u64) -> Result<(), StorageError> {
     let loc = locate(l, block, gs)?;
-    let data_path = l.data_path(loc.data_in, block);
-    let meta_path = l.meta_path(loc.meta_in, block, gs);
-    let data_len = stat_len(&data_path)?;
-    let meta_len = stat_len(&meta_path)?;
+    let data_at = l.data(loc.data_in, block);
+    let meta_at = l.meta(loc.meta_in, block, gs);
+    let data_len = data_at.stat_len()?;
+    let meta_len = meta_at.stat_len()?;
     if data_len != len || meta_len != meta_len_for(len) {
-        let data = open_rw(&data_path)?;
-        let meta = open_rw(&meta_path)?;
-        shrink(l, block, (&data, &data_path), (&meta, &meta_path), len)?;
+        let data = data_at.open_rw()?;
+        let meta = meta_at.open_rw()?;
+        shrink(
+            l,
+            block,
+            (&data, &data_at.path),
+            (&meta, &meta_at.path),
+            len,
+        )?;
     }
     if loc.data_in == ReplicaState::Rbw {
-        rename(&data_path, &l.data_path(ReplicaState::Finalized, block))?;
+        data_at.rename_to(&l.data(ReplicaState::Finalized, block))?;
     }
     if loc.meta_in == ReplicaState::Rbw {
-        rename(&meta_path, &l.meta_path(ReplicaState::Finalized, block, gs))?;
+        meta_at.rename_to(&l.meta(ReplicaState::Finalized, block, gs))?;
     }
     Ok(())
 }
@@ -225,16 +231,12 @@ pub(crate) fn finalize_written(
     len: u64,
 ) -> Result<(), StorageError> {
     if written == len
-        && fs::rename(
-            l.data_path(ReplicaState::Rbw, block),
-            l.data_path(ReplicaState::Finalized, block),
-        )
-        .is_ok()
-        && fs::rename(
-            l.meta_path(ReplicaState::Rbw, block, gs),
-            l.meta_path(ReplicaState::Finalized, block, gs),
-        )
-        .is_ok()
+        && l.data(ReplicaState::Rbw, block)
+            .try_rename_to(&l.data(ReplicaState::Finalized, block))
+            .is_ok()
+        && l.meta(ReplicaState::Rbw, block, gs)
+            .try_rename_to(&l.meta(ReplicaState::Finalized, block, gs))
+            .is_ok()
     {
         return Ok(());
     }
@@ -260,10 +262,8 @@ pub(crate) fn bump_gs(
     }
     // Not synced: the next sync of the replica's writer syncs its
     // directory, and a lost rename leaves a recognisably stale replica.
-    rename(
-        &l.meta_path(loc.meta_in, block, old_gs),
-        &l.meta_path(loc.meta_in, block, new_gs),
-    )
+    l.meta(loc.meta_in, block, old_gs)
+        .rename_to(&l.meta(loc.meta_in, block, new_gs))
 }
 
 /// Shrinks a replica (rbw or finalized) to `len` (HDFS truncate, lease
@@ -284,18 +284,19 @@ pub(crate) fn truncate(
         }
         Err(e) => return Err(e),
     };
-    let data_path = l.data_path(loc.data_in, block);
-    let meta_path = l.meta_path(loc.meta_in, block, cur_gs);
-    let data = open_rw(&data_path)?;
-    let meta = open_rw(&meta_path)?;
-    shrink(l, block, (&data, &data_path), (&meta, &meta_path), len)?;
+    let data_at = l.data(loc.data_in, block);
+    let meta_at = l.meta(loc.meta_in, block, cur_gs);
+    let (data_path, meta_path) = (&data_at.path, &meta_at.path);
+    let data = data_at.open_rw()?;
+    let meta = meta_at.open_rw()?;
+    shrink(l, block, (&data, data_path), (&meta, meta_path), len)?;
     data.sync_data()
-        .map_err(|e| StorageError::io(&data_path, e))?;
+        .map_err(|e| StorageError::io(data_path, e))?;
     meta.sync_data()
-        .map_err(|e| StorageError::io(&meta_path, e))?;
+        .map_err(|e| StorageError::io(meta_path, e))?;
     if cur_gs != new_gs {
-        rename(&meta_path, &l.meta_path(loc.meta_in, block, new_gs))?;
-        fsync_dir(l.dir(loc.meta_in))?;
+        meta_at.rename_to(&l.meta(loc.meta_in, block, new_gs))?;
+        l.fsync_dir(loc.meta_in)?;
     }
     Ok(())
 }
@@ -345,7 +346,7 @@ fn shrink(
         // against the sync note when an append's new checksum of the chunk
         // reached the disk and its bytes did not.
         let noted = || {
-            Note::read(&l.note_path(block))
+            Note::read(&l.note(block))
                 .and_then(|note| note.covers(cs, &chunk[..n]))
                 .is_some_and(|p| p >= part)
         };

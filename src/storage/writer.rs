@@ -24,9 +24,9 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use super::api::{ReplicaWrite, SyncPlan, SyncStep, SyncTask};
+use super::at::At;
 use super::checksum::{CHUNK_SIZE, chunk_count, crc, crc_offset, meta_len_for};
 use super::error::StorageError;
-use super::fsops::fsync_dir;
 use super::note::{NOTE_LEN, Note};
 use crate::metrics::{Fast, IoCounters};
 use crate::sync::{Arc, AtomicBool, Ordering};
@@ -48,9 +48,6 @@ pub struct ReplicaWriter {
     /// The meta file's path when opened (for messages: a generation stamp
     /// bump renames it).
     meta_path: PathBuf,
-    /// The directory holding the replica (the data file's parent), fsynced
-    /// on the first `sync`.
-    dir: PathBuf,
     len: u64,
     /// Reused buffer for the big-endian CRCs of a packet.
     meta_buf: Vec<u8>,
@@ -68,10 +65,12 @@ pub struct ReplicaWriter {
     resume_tail: Vec<u8>,
     /// The CRC of the partial last chunk (when `len` ends inside one).
     last_crc: u32,
-    /// The sync note (see [`super::note`]): its path, the file once
+    /// The sync note (see [`super::note`]): where it goes (in `rbw/`, the
+    /// replica's directory, fsynced through its descriptor on the first
+    /// `sync`), the file once
     /// written, what it says, whether its name and size are durable, and
     /// whether the sync under way wrote it.
-    note_path: PathBuf,
+    note_at: At,
     note: Option<File>,
     noted: Option<Note>,
     note_durable: bool,
@@ -86,8 +85,8 @@ pub(crate) struct ReplicaFiles {
     pub meta: File,
     pub data_path: PathBuf,
     pub meta_path: PathBuf,
-    /// Where its sync note goes.
-    pub note_path: PathBuf,
+    /// Where its sync note goes (in the replica's directory, `rbw/`).
+    pub note: At,
 }
 
 impl ReplicaWriter {
@@ -105,20 +104,15 @@ impl ReplicaWriter {
             meta,
             data_path,
             meta_path,
-            note_path,
+            note: note_at,
         } = files;
         let last_crc = crc(&resume_tail);
-        let dir = data_path
-            .parent()
-            .map(Path::to_path_buf)
-            .unwrap_or_default();
         Self {
             block,
             data,
             meta,
             data_path,
             meta_path,
-            dir,
             len,
             meta_buf: Vec::new(),
             synced_once: AtomicBool::new(false),
@@ -128,7 +122,7 @@ impl ReplicaWriter {
             filled: false,
             resume_tail,
             last_crc,
-            note_path,
+            note_at,
             note: None,
             noted: None,
             note_durable: false,
@@ -240,17 +234,11 @@ impl ReplicaWriter {
             return Ok(false);
         }
         if self.note.is_none() {
-            let f = std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(&self.note_path)
-                .map_err(|e| StorageError::io(&self.note_path, e))?;
-            self.note = Some(f);
+            self.note = Some(self.note_at.create(false)?);
         }
         let f = self.note.as_ref().expect("opened above");
         f.write_all_at(&note.encode(), 0)
-            .map_err(|e| StorageError::io(&self.note_path, e))?;
+            .map_err(|e| StorageError::io(&self.note_at.path, e))?;
         self.noted = Some(note);
         Ok(true)
     }
@@ -272,7 +260,7 @@ impl ReplicaWriter {
         }
         if let Some(note) = self.note.as_ref().filter(|_| self.note_pending) {
             sync_file_range(note, 0, NOTE_LEN as u64, flags)
-                .map_err(|e| StorageError::io(&self.note_path, e))?;
+                .map_err(|e| StorageError::io(&self.note_at.path, e))?;
         }
         Ok(())
     }
@@ -346,19 +334,19 @@ impl ReplicaWrite for ReplicaWriter {
         let note = self.note.as_ref().filter(|_| self.note_pending);
         let files = [(&self.data, &self.data_path), (&self.meta, &self.meta_path)]
             .into_iter()
-            .chain(note.map(|n| (n, &self.note_path)));
+            .chain(note.map(|n| (n, &self.note_at.path)));
         for (file, path) in files {
             let f = file.try_clone().map_err(|e| StorageError::io(path, e))?;
             let p = path.clone();
-            let all = first || (new_note && *path == self.note_path);
+            let all = first || (new_note && *path == self.note_at.path);
             v.push(SyncTask::new(SyncStep::File, move || {
                 let r = if all { f.sync_all() } else { f.sync_data() };
                 r.map_err(|e| StorageError::io(&p, e))
             }));
         }
         if first || new_note {
-            let dir = self.dir.clone();
-            v.push(SyncTask::new(SyncStep::Dir, move || fsync_dir(&dir)));
+            let note_at = self.note_at.clone();
+            v.push(SyncTask::new(SyncStep::Dir, move || note_at.fsync_dir()));
         }
         self.io.fast(Fast::SyncFull);
         Ok(SyncPlan::Full(v))

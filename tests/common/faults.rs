@@ -66,7 +66,9 @@ impl Tmpfs {
                 "-t",
                 "tmpfs",
                 "-o",
-                &format!("size={size}"),
+                // 0755, not tmpfs's 1777: a datanode directory other
+                // users may write is refused (SEMANTICS "The daemon").
+                &format!("size={size},mode=0755"),
                 "leasefs-test",
                 &path.display().to_string(),
             ],
