@@ -12,6 +12,7 @@
 pub mod elect;
 pub mod etcd;
 pub mod faults;
+pub mod garage;
 pub mod powercut;
 pub mod spout;
 
