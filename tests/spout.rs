@@ -462,7 +462,8 @@ fn sigterm_commits_and_another_instance_resumes_without_duplicates() {
     assert_eq!(
         at,
         got1.len() as u64 * 13,
-        "committed offset is not what was emitted"
+        "committed offset is not what was emitted: {}",
+        first.stderr()
     );
     assert_eq!(m.lease_state("in/.lock/long"), "free");
     // Storm reads the same entry: its last line, the offset as
