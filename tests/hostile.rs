@@ -83,17 +83,6 @@ fn create_never_opens_an_existing_file_without_a_permission_check() {
 }
 
 /// Resident memory of process `pid`, in KiB.
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        })
-        .unwrap_or(0)
-}
-
 /// `testkit hold-and-ask` as `nobody`: holding `leader`'s lease, `n`
 /// times `template`; the answers counted by kind.
 fn ask_as_leader(m: &Mount, leader: &str, n: usize, template: &str) -> String {

@@ -21,17 +21,6 @@ fn p(path: &Path) -> &str {
     path.to_str().expect("utf-8 path")
 }
 
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        })
-        .unwrap_or(0)
-}
-
 /// The attackers: killed (by pid, they are this test's children) and
 /// reaped when dropped, whatever happened.
 #[derive(Default)]

@@ -221,26 +221,6 @@ fn a_revoked_claims_streaming_writer_cannot_touch_the_next_writers_data() {
     revoke_under("revoke-stream", 4000, 100);
 }
 
-/// Continues a stopped process when dropped, whatever happens.
-struct Stopped(u32);
-
-impl Stopped {
-    fn stop(pid: u32) -> Stopped {
-        kill(pid, libc::SIGSTOP);
-        assert!(
-            wait_until(Duration::from_secs(5), || stopped(pid)),
-            "process {pid} did not stop"
-        );
-        Stopped(pid)
-    }
-}
-
-impl Drop for Stopped {
-    fn drop(&mut self) {
-        kill(self.0, libc::SIGCONT);
-    }
-}
-
 /// Daemon A is stopped (SIGSTOP: a paused VM, a stalled host) while its
 /// writer streams into a file; the claim is revoked; writer 2 on daemon B
 /// recovers the file and appends; then A resumes, its stream with packets

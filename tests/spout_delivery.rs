@@ -539,21 +539,3 @@ fn a_stalled_daemon_cannot_hold_a_spout_past_its_lease() {
     s.signal(libc::SIGTERM);
     s.wait_ok(Duration::from_secs(20));
 }
-
-/// Continues a stopped process when dropped, whatever happens.
-struct Stopped(u32);
-
-impl Stopped {
-    fn stop(pid: u32) -> Stopped {
-        // SAFETY: a signal to the daemon this test started.
-        unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
-        Stopped(pid)
-    }
-}
-
-impl Drop for Stopped {
-    fn drop(&mut self) {
-        // SAFETY: as above.
-        unsafe { libc::kill(self.0 as i32, libc::SIGCONT) };
-    }
-}

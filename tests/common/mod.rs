@@ -798,3 +798,36 @@ pub fn as_nobody(cmd: &[&str]) -> Output {
         .output()
         .expect("run setpriv")
 }
+
+/// A process the test stopped (SIGSTOP, waited for until it is): continued
+/// when dropped, whatever happens.
+pub struct Stopped(u32);
+
+impl Stopped {
+    pub fn stop(pid: u32) -> Stopped {
+        kill(pid, libc::SIGSTOP);
+        assert!(
+            wait_until(Duration::from_secs(5), || stopped(pid)),
+            "process {pid} did not stop"
+        );
+        Stopped(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        kill(self.0, libc::SIGCONT);
+    }
+}
+
+/// A process's resident memory, in KiB (0 when it cannot be read).
+pub fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
