@@ -82,7 +82,70 @@ fn create_never_opens_an_existing_file_without_a_permission_check() {
     eprintln!("create race: {race}; {swaps}");
 }
 
-/// Resident memory of process `pid`, in KiB.
+/// Names and holders stay hidden across daemons (item 6): root writes
+/// `secret/held` (under a 0700 directory) and `open/held` through daemon
+/// A; `nobody` asks daemon B, which learns of both from etcd alone. B's
+/// `leases` names only `open/held` (and counts the other), and the lease
+/// xattr of `open/held` on B shows that it is held, not by whom.
+#[test]
+fn another_daemon_shows_a_user_no_more_names_or_holders_than_ls_would() {
+    let etcd = EtcdServer::start();
+    let dn = tempfile::tempdir().expect("tempdir");
+    let dns = shared_datanodes(&dn);
+    let a = daemon(&etcd, "sight", &dns, &[]);
+    let b = daemon(&etcd, "sight", &dns, &[]);
+    a.open_to_all();
+    b.open_to_all();
+    a.sh_ok("mkdir -m 700 secret && mkdir -m 755 open");
+    let mut writers = Vec::new();
+    for rel in ["secret/held", "open/held"] {
+        let mut w = Agent::spawn(&a.mnt);
+        w.ok(&format!("open {rel} wc"));
+        w.ok("write x");
+        w.ok("fsync");
+        writers.push(w);
+    }
+    let leases_as_nobody = |m: &Mount| {
+        let bin = bin();
+        as_nobody(&[p(&bin), "leases", p(&m.mnt), "--json"])
+    };
+    // Root sees both through B: B does know of them.
+    wait_for(
+        std::time::Duration::from_secs(10),
+        "B lists both held files to root",
+        || {
+            let o = b.leasefs(&["leases", p(&b.mnt), "--json"]);
+            let s = stdout(&o);
+            s.contains("secret/held") && s.contains("open/held")
+        },
+    );
+    let o = leases_as_nobody(&b);
+    let listed = stdout(&o);
+    let said = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(o.status.success(), "leases as nobody on B: {listed} {said}");
+    assert!(
+        listed.contains("open/held") && !listed.contains("secret"),
+        "B's leases as nobody: {listed}"
+    );
+    assert!(said.contains("1 more leases not shown"), "{said}");
+    let o = as_nobody(&[
+        "getfattr",
+        "--only-values",
+        "-n",
+        "user.leasefs.lease",
+        p(&b.path("open/held")),
+    ]);
+    let lease: serde_json::Value = serde_json::from_slice(&o.stdout).expect("lease JSON");
+    assert_eq!(lease["state"], "held", "{lease}");
+    assert!(
+        lease["holder"].is_null() && lease["comm"].is_null(),
+        "root's holder shown to nobody by B: {lease}"
+    );
+    for mut w in writers {
+        w.ok("close");
+    }
+}
+
 /// `testkit hold-and-ask` as `nobody`: holding `leader`'s lease, `n`
 /// times `template`; the answers counted by kind.
 fn ask_as_leader(m: &Mount, leader: &str, n: usize, template: &str) -> String {
