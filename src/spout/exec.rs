@@ -71,8 +71,48 @@ struct Consumer {
     /// Bytes left in the pipe at the last look: less means it read.
     unread: usize,
     /// Records of its file were not handed on (the spout stopped): an
-    /// exit 0 does not acknowledge the file.
+    /// exit 0 does not acknowledge the file, only the whole lines it read.
     short: bool,
+    /// What went into the pipe, to tell those lines.
+    handed: Handed,
+}
+
+/// The lines written into the command's stdin pipe, and the bytes written
+/// last that may still be in it (the pipe's capacity), so that once the
+/// command exited the whole lines it read are those written minus those
+/// it left in the pipe (which the spout's read end counts).
+#[derive(Debug)]
+struct Handed {
+    lines: u64,
+    tail: Vec<u8>,
+    cap: usize,
+}
+
+impl Handed {
+    fn new(cap: usize) -> Handed {
+        Handed {
+            lines: 0,
+            tail: Vec::new(),
+            cap,
+        }
+    }
+
+    fn wrote(&mut self, bytes: &[u8]) {
+        self.lines += bytes.iter().filter(|&&b| b == b'\n').count() as u64;
+        self.tail.extend_from_slice(bytes);
+        if self.tail.len() > 2 * self.cap {
+            let cut = self.tail.len() - self.cap;
+            self.tail.drain(..cut);
+        }
+    }
+
+    /// Whole lines read, `left` bytes being still in the pipe; `None` when
+    /// that is more than the pipe can hold (its size changed: unknown).
+    fn taken(&self, left: usize) -> Option<u64> {
+        let unread = self.tail.get(self.tail.len().checked_sub(left)?..)?;
+        let unread_lines = unread.iter().filter(|&&b| b == b'\n').count() as u64;
+        Some(self.lines - unread_lines)
+    }
 }
 
 fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
@@ -146,6 +186,8 @@ impl ExecEmitter {
         drop(ack_w);
         let stdin = File::from(in_w);
         set_nonblocking(&stdin);
+        let cap = nix::fcntl::fcntl(&stdin, nix::fcntl::FcntlArg::F_GETPIPE_SZ)
+            .map_or(1 << 20, |n| n.max(0) as usize);
         let acks = File::from(ack_r);
         set_nonblocking(&acks);
         Ok(Consumer {
@@ -158,6 +200,7 @@ impl ExecEmitter {
             acked: 0,
             unread: 0,
             short: false,
+            handed: Handed::new(cap),
         })
     }
 
@@ -234,9 +277,15 @@ impl ExecEmitter {
         };
         r.read_acks(None);
         if r.short {
+            // Lines were held back by the stop: an exit 0 acknowledges the
+            // whole lines it read, anything else what it counted on fd 3.
+            let read = status
+                .success()
+                .then(|| r.handed.taken(unread(&r.probe)))
+                .flatten();
             return Err(EmitError::Stopped {
                 cmd: self.cmd.clone(),
-                acked: r.acked,
+                acked: read.map_or(r.acked, |n| r.acked.max(n.min(r.emitted))),
             });
         }
         let left = unread(&r.probe);
@@ -270,6 +319,7 @@ impl Consumer {
             };
             match w.write(data) {
                 Ok(n) => {
+                    self.handed.wrote(&data[..n]);
                     data = &data[n..];
                     if let Some(w) = watch {
                         w.beat();
@@ -582,6 +632,44 @@ mod tests {
             }
         }
         assert!(r.and_then(|_| e.end_file()).is_err());
+    }
+
+    /// Stopped while the pipe is full (lines held back), a command that
+    /// reads a line at a time and exits 0 acknowledged exactly the lines
+    /// it read: the spout commits there, and a takeover neither loses nor
+    /// repeats a line. Before, only fd 3 counted: it acknowledged none.
+    #[test]
+    fn stopped_with_lines_held_back_an_exit_0_acknowledges_what_it_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out");
+        let mut e = ExecEmitter::new(&format!(
+            "while IFS= read -r l; do printf '%s\\n' \"$l\"; done > '{}'",
+            out.display()
+        ));
+        let w = Watch::new(None);
+        e.watch(&w);
+        e.begin_file(file()).unwrap();
+        let stopper = {
+            let w = w.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(100));
+                w.request_stop();
+            })
+        };
+        let mut n = 0u64;
+        while !w.stop_requested() {
+            e.emit(format!("line {n:08}").as_bytes()).unwrap();
+            n += 1;
+        }
+        stopper.join().unwrap();
+        let acked = match e.end_file() {
+            Err(EmitError::Stopped { acked, .. }) => acked,
+            other => panic!("lines were held back, yet: {other:?}"),
+        };
+        let got = std::fs::read_to_string(&out).unwrap();
+        let lines = got.lines().count() as u64;
+        assert!(lines > 0 && lines < n, "{lines} of {n}");
+        assert_eq!(acked, lines, "acknowledged {acked}, the command wrote {lines}");
     }
 
     #[test]
