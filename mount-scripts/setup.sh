@@ -44,6 +44,8 @@ usage: mount-scripts/setup.sh [--install] [--mount MOUNTPOINT] [--data DIR]
   --no-build     do not run cargo build (use the existing target/release/leasefs)
   --rustup       install Rust with rustup without asking if cargo is missing
   --no-fuse-uring  do not enable FUSE over io_uring in the kernel
+  --garage       also build Garage (an S3-compatible store, for object-store
+                 datanodes and their tests; about 8 minutes on 2 cores)
 EOF
 }
 
@@ -56,6 +58,7 @@ do_packages=1
 do_build=1
 do_rustup=0
 do_uring=1
+do_garage=0
 
 while [[ $# -gt 0 ]]; do
     case $1 in
@@ -69,6 +72,7 @@ while [[ $# -gt 0 ]]; do
         --no-build) do_build=0; shift ;;
         --rustup) do_rustup=1; shift ;;
         --no-fuse-uring) do_uring=0; shift ;;
+        --garage) do_garage=1; shift ;;
         -h | --help) usage; exit 0 ;;
         *)
             # A bare directory is taken as the mount point.
@@ -154,6 +158,10 @@ if [[ $do_build -eq 1 ]]; then
 # --- 3. Build -----------------------------------------------------------------
     say "build: cargo build --release"
     (cd "$root" && cargo build --release)
+fi
+
+if [[ $do_garage -eq 1 ]]; then
+    "$root/mount-scripts/garage.sh" install
 fi
 
 bin=$root/target/release/leasefs
