@@ -143,12 +143,18 @@ impl BlockMap for MetaStore {
     /// fsync that changed no metadata since the last one costs nothing here.
     fn sync_if_needed(&self) -> FsResult<()> {
         let seen = self.commits.load(Ordering::Acquire);
-        if self.synced.load(Ordering::Acquire) >= seen {
+        let covered = || self.synced.load(Ordering::Acquire) >= seen;
+        if covered() {
             return Ok(());
         }
-        self.sync_wal_once()?;
-        self.synced.fetch_max(seen, Ordering::AcqRel);
-        Ok(())
+        self.group.run(covered, || {
+            // Every commit counted here wrote its frames before it was
+            // counted: the sync covers them all, whoever made them.
+            let upto = self.commits.load(Ordering::Acquire);
+            self.sync_wal_once()?;
+            self.synced.fetch_max(upto, Ordering::AcqRel);
+            Ok(())
+        })
     }
 
     fn sync_pending(&self) -> bool {

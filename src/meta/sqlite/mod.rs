@@ -30,6 +30,7 @@ macro_rules! inode_cols {
 mod blocks;
 mod counters;
 mod elections;
+mod group;
 mod namespace;
 mod registry;
 mod schema;
@@ -60,9 +61,16 @@ pub struct MetaStore {
     /// kernel reports a writeback error once, and a second `fdatasync`
     /// finds the pages it failed to write clean.
     sync_failed: Mutex<Option<FsError>>,
-    /// Unit tests: the errno every sync of the WAL fails with.
+    /// Concurrent syncs of the WAL grouped into one.
+    group: group::GroupSync,
+    /// Unit tests: the errno every sync of the WAL fails with, how long
+    /// each takes, and how many ran.
     #[cfg(test)]
     sync_fault: Mutex<Option<i32>>,
+    #[cfg(test)]
+    sync_delay: Mutex<std::time::Duration>,
+    #[cfg(test)]
+    syncs_run: AtomicU64,
 }
 
 const INODE_COLS: &str = inode_cols!();
@@ -181,8 +189,13 @@ impl MetaStore {
             synced: AtomicU64::new(0),
             pool: Mutex::new(IdPool::default()),
             sync_failed: Mutex::new(None),
+            group: group::GroupSync::default(),
             #[cfg(test)]
             sync_fault: Mutex::new(None),
+            #[cfg(test)]
+            sync_delay: Mutex::new(std::time::Duration::ZERO),
+            #[cfg(test)]
+            syncs_run: AtomicU64::new(0),
         })
     }
 
@@ -228,6 +241,11 @@ impl MetaStore {
     /// checkpoint) everything is in the database file, which SQLite synced
     /// at that checkpoint.
     fn sync_wal(&self) -> FsResult<()> {
+        #[cfg(test)]
+        {
+            self.syncs_run.fetch_add(1, Ordering::AcqRel);
+            std::thread::sleep(*lock(&self.sync_delay));
+        }
         #[cfg(test)]
         if let Some(errno) = *lock(&self.sync_fault) {
             return Err(wal_sync_error(

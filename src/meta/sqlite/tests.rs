@@ -106,3 +106,45 @@ fn counters_start_at_their_first_values() {
         assert_eq!(m.alloc(c).unwrap(), c.first() + 1, "{}", c.key());
     }
 }
+
+/// Durable commits of concurrent writers share one sync of the WAL: eight
+/// threads that each committed ask at once, while each sync takes 50 ms;
+/// one sync covers them all (before grouping: eight). A failed sync
+/// covers nobody: every one of them gets the error.
+#[test]
+fn concurrent_syncs_of_the_wal_are_grouped_and_none_loses_an_error() {
+    use crate::meta::BlockMap;
+    use std::sync::{Arc, Barrier};
+    let d = tempfile::tempdir().unwrap();
+    let m = Arc::new(MetaStore::open(&d.path().join("m.db"), 0, 0).unwrap());
+    *lock(&m.sync_delay) = std::time::Duration::from_millis(50);
+    // Returns the syncs run once every thread had committed (a create
+    // may sync on its own, to reserve ids), and each thread's result.
+    let round = |tag: &str| -> (u64, Vec<FsResult<()>>) {
+        let (committed, go) = (Arc::new(Barrier::new(9)), Arc::new(Barrier::new(9)));
+        let threads: Vec<_> = (0..8)
+            .map(|i| {
+                let (m, committed, go) = (m.clone(), committed.clone(), go.clone());
+                let name = format!("{tag}{i}");
+                std::thread::spawn(move || {
+                    m.create(ROOT_INO, name.as_bytes(), node(Kind::File))
+                        .unwrap();
+                    committed.wait();
+                    go.wait();
+                    m.sync_if_needed()
+                })
+            })
+            .collect();
+        committed.wait();
+        let before = m.syncs_run.load(Ordering::Acquire);
+        go.wait();
+        let results: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        (m.syncs_run.load(Ordering::Acquire) - before, results)
+    };
+    let (syncs, results) = round("a");
+    assert!(results.iter().all(Result::is_ok));
+    assert_eq!(syncs, 1, "syncs of the WAL for eight waiting writers");
+    m.fail_syncs(Some(libc::EIO));
+    let (_, results) = round("b");
+    assert!(results.iter().all(Result::is_err));
+}
