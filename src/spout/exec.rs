@@ -669,7 +669,10 @@ mod tests {
         let got = std::fs::read_to_string(&out).unwrap();
         let lines = got.lines().count() as u64;
         assert!(lines > 0 && lines < n, "{lines} of {n}");
-        assert_eq!(acked, lines, "acknowledged {acked}, the command wrote {lines}");
+        assert_eq!(
+            acked, lines,
+            "acknowledged {acked}, the command wrote {lines}"
+        );
     }
 
     #[test]
