@@ -178,7 +178,8 @@ impl Answer for ReplyOpen {
 impl Answer for ReplyData {
     type Value = Vec<u8>;
     fn ok(self, d: Vec<u8>) {
-        self.data(&d)
+        self.data(&d);
+        crate::pipeline::reader::recycle(d)
     }
     fn error(self, e: Errno) {
         ReplyData::error(self, e)

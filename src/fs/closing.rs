@@ -154,7 +154,7 @@ impl Core {
     fn read_last_byte(&self, ino: u64, size: u64) -> FsResult<u8> {
         let mut tries = 0;
         loop {
-            match self.read_once(ino, size - 1, 1) {
+            match self.read_once(ino, size - 1, 1, None) {
                 Ok(d) if d.len() == 1 => return Ok(d[0]),
                 Ok(_) => return Err(FsError::Io("short read of the last byte".into())),
                 Err(FsError::Moved(_)) if tries < 20 => tries += 1,

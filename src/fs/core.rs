@@ -24,7 +24,7 @@ use crate::lease::{
     RecoveryReason,
 };
 use crate::meta::{Inode, Kind, Meta, UnderConstruction};
-use crate::pipeline::reader::{self, BadReplicas};
+use crate::pipeline::reader::{self, BadReplicas, OpenReplicas};
 use crate::pipeline::{Datanodes, OutputStream, StreamCtx};
 use crate::sync::{Arc, AtomicBool, Mutex, Ordering, lock};
 
@@ -381,6 +381,7 @@ impl Core {
             fresh: Default::default(),
             stream: None,
             gate: Default::default(),
+            replicas: Default::default(),
         };
         self.handles.register(h);
         reply(Ok(match mode {
@@ -555,6 +556,7 @@ impl Core {
             flushed: Default::default(),
             fresh: AtomicBool::new(fresh),
             stream: Some(stream.clone()),
+            replicas: Default::default(),
             gate: again
                 .clone()
                 .unwrap_or_else(|| super::handles::Gate::new(grant.epoch)),
@@ -635,7 +637,7 @@ impl Core {
         // stamp) between our reading the block list and the replicas.
         let mut tries = 0;
         loop {
-            match self.read_once(h.ino, offset, size) {
+            match self.read_once(h.ino, offset, size, Some(&h.replicas)) {
                 Err(FsError::Moved(why)) if tries < 20 => {
                     tries += 1;
                     tracing::debug!(ino = h.ino, "read again: {why}");
@@ -651,7 +653,14 @@ impl Core {
         }
     }
 
-    pub(super) fn read_once(&self, ino: u64, offset: u64, size: u32) -> FsResult<Vec<u8>> {
+    /// One read of `ino`; `open`: the handle's kept replica readers.
+    pub(super) fn read_once(
+        &self,
+        ino: u64,
+        offset: u64,
+        size: u32,
+        open: Option<&OpenReplicas>,
+    ) -> FsResult<Vec<u8>> {
         // The stream before the store, as in `getattr`.
         let stream = self.stream_of(ino);
         let inode = self.meta().get(ino)?;
@@ -673,6 +682,7 @@ impl Core {
         let r = reader::read(
             self.dns(),
             self.bad(),
+            open,
             &blocks,
             bs,
             len,

@@ -10,6 +10,7 @@ use dashmap::DashMap;
 use super::privs;
 use crate::error::{FsError, FsResult};
 use crate::pipeline::OutputStream;
+use crate::pipeline::reader::OpenReplicas;
 use crate::sync::{
     Arc, AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Condvar, Mutex, MutexGuard, Ordering, lock,
 };
@@ -46,6 +47,8 @@ pub struct Handle {
     /// shared by the handles that stand for the description's later
     /// grants.
     pub gate: Arc<Gate>,
+    /// Replica readers kept between this handle's reads.
+    pub replicas: OpenReplicas,
 }
 
 impl Handle {

@@ -50,6 +50,8 @@ impl Core {
                     syncs_full: fast.syncs_full,
                     zero_fills: fast.zero_fills,
                     one_step_replicas: fast.one_step_replicas,
+                    chunks_batched: fast.chunks_batched,
+                    readers_reused: fast.readers_reused,
                 }
             })
             .collect();

@@ -256,7 +256,7 @@ pub struct IoCounters {
     written: AtomicU64,
     read: AtomicU64,
     errors: AtomicU64,
-    fast: [AtomicU64; 4],
+    fast: [AtomicU64; 6],
 }
 
 /// Which way replicas were made durable here: the figures that show a
@@ -273,6 +273,13 @@ pub struct FastPaths {
     /// Replicas written whole into `finalized/` by the one-step small-file
     /// path.
     pub one_step_replicas: u64,
+    /// 512-byte chunks read here whose checksums were verified three at a
+    /// time ([`crate::storage::checksum::crc3`]).
+    pub chunks_batched: u64,
+    /// Reads served through a replica reader kept open by the file handle
+    /// from an earlier read (no open, and the kernel's own read-ahead of
+    /// the replica follows the reader).
+    pub readers_reused: u64,
 }
 
 /// Indexes into [`IoCounters::fast`].
@@ -282,6 +289,8 @@ pub enum Fast {
     SyncFull,
     ZeroFill,
     OneStep,
+    ChunksBatched,
+    ReaderReused,
 }
 
 impl IoCounters {
@@ -299,7 +308,14 @@ impl IoCounters {
     }
 
     pub fn fast(&self, which: Fast) {
-        self.fast[which as usize].fetch_add(1, Ordering::Relaxed);
+        self.fast_n(which, 1);
+    }
+
+    /// `n` more of `which`.
+    pub fn fast_n(&self, which: Fast, n: u64) {
+        if n > 0 {
+            self.fast[which as usize].fetch_add(n, Ordering::Relaxed);
+        }
     }
 
     pub fn fast_paths(&self) -> FastPaths {
@@ -309,6 +325,8 @@ impl IoCounters {
             syncs_full: get(Fast::SyncFull),
             zero_fills: get(Fast::ZeroFill),
             one_step_replicas: get(Fast::OneStep),
+            chunks_batched: get(Fast::ChunksBatched),
+            readers_reused: get(Fast::ReaderReused),
         }
     }
 

@@ -144,6 +144,15 @@ pub const DN_ONE_STEP: Name = counter(
     "Replicas of small files written whole into finalized/",
 );
 
+pub const DN_CHUNKS_BATCHED: Name = counter(
+    "leasefs_datanode_chunks_batched",
+    "Replica chunks read whose checksums were verified three at a time",
+);
+pub const DN_READERS_REUSED: Name = counter(
+    "leasefs_datanode_readers_reused",
+    "Replica reads through a reader kept open by the file handle",
+);
+
 /// Every metric, in the order they are exposed.
 pub const NAMES: &[&Name] = &[
     &UPTIME,
@@ -169,6 +178,8 @@ pub const NAMES: &[&Name] = &[
     &DN_SYNCS_FULL,
     &DN_ZERO_FILLS,
     &DN_ONE_STEP,
+    &DN_CHUNKS_BATCHED,
+    &DN_READERS_REUSED,
 ];
 
 /// The states `leasefs_datanode_state` always lists.
@@ -283,7 +294,7 @@ impl Scrape {
                 }
             }
         }
-        let counters: [(&Name, Field); 7] = [
+        let counters: [(&Name, Field); 9] = [
             (&DN_WRITTEN, |d| Some(d.bytes_written)),
             (&DN_READ, |d| Some(d.bytes_read)),
             (&DN_ERRORS, |d| Some(d.errors)),
@@ -291,6 +302,8 @@ impl Scrape {
             (&DN_SYNCS_FULL, |d| Some(d.syncs_full)),
             (&DN_ZERO_FILLS, |d| Some(d.zero_fills)),
             (&DN_ONE_STEP, |d| Some(d.one_step_replicas)),
+            (&DN_CHUNKS_BATCHED, |d| Some(d.chunks_batched)),
+            (&DN_READERS_REUSED, |d| Some(d.readers_reused)),
         ];
         for (n, get) in counters {
             let mut m = metric(enc, n)?;

@@ -39,6 +39,10 @@ pub struct DatanodeStats {
     pub syncs_full: u64,
     pub zero_fills: u64,
     pub one_step_replicas: u64,
+    /// Reads' fast paths there: chunks verified three at a time, reads
+    /// through a replica reader kept open by the handle.
+    pub chunks_batched: u64,
+    pub readers_reused: u64,
 }
 
 /// Every counter and gauge of a mount. Counters only grow while the

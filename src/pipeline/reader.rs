@@ -4,6 +4,9 @@
 
 use std::collections::BTreeSet;
 
+use crate::storage::ReplicaReader;
+use crate::sync::Arc;
+
 use super::datanodes::Datanodes;
 use crate::error::{FsError, FsResult};
 use crate::meta::{BlockRow, DnId};
@@ -28,6 +31,53 @@ impl BadReplicas {
     }
 }
 
+/// Replica readers of finalized blocks that one open file keeps between
+/// its reads. Opening a replica per request cost each 1 MiB read two
+/// `open`s, two failed look-ups, `fcntl`s, `close`s and `fadvise`s, and
+/// hid the sequential reader from the kernel, whose read-ahead follows one
+/// open file: a fresh descriptor per request starts it anew every time.
+/// A kept reader still verifies every chunk it serves; it is keyed by
+/// generation stamp, which every change of a block's bytes (append,
+/// truncation, recovery) bumps, so a reader of an older stamp is never
+/// asked, and any failure through it drops it and goes the ordinary way
+/// (open afresh, verify, report, skip to the next replica).
+#[derive(Default)]
+pub struct OpenReplicas {
+    readers: Mutex<Vec<(DnId, Arc<ReplicaReader>)>>,
+}
+
+/// How many replica readers a handle keeps: the blocks a sequential reader
+/// is in, with room for requests the kernel sends concurrently across a
+/// block boundary.
+const KEPT_READERS: usize = 2;
+
+impl OpenReplicas {
+    /// A kept reader of `b`@its stamp on one of its replicas, first in
+    /// `b.replicas` order.
+    fn get(&self, b: &BlockRow) -> Option<(DnId, Arc<ReplicaReader>)> {
+        let readers = lock(&self.readers);
+        b.replicas.iter().find_map(|dn| {
+            readers
+                .iter()
+                .find(|(d, r)| d == dn && r.block() == b.block_id && r.gs() == b.gs)
+                .cloned()
+        })
+    }
+
+    fn keep(&self, dn: DnId, r: Arc<ReplicaReader>) {
+        let mut readers = lock(&self.readers);
+        readers.retain(|(d, k)| !(*d == dn && k.block() == r.block()));
+        if readers.len() >= KEPT_READERS {
+            readers.remove(0);
+        }
+        readers.push((dn, r));
+    }
+
+    fn forget(&self, dn: DnId, block: u64) {
+        lock(&self.readers).retain(|(d, k)| !(*d == dn && k.block() == block));
+    }
+}
+
 /// A replica a read passed over because it was missing or had another
 /// generation stamp: bad only if the block list still names it afterwards.
 #[derive(Debug, Clone)]
@@ -40,11 +90,13 @@ pub struct Skipped {
 
 /// Reads up to `size` bytes at `offset` of a file of `len` visible bytes
 /// made of `blocks` of `block_size`; replicas passed over as missing or
-/// stale are added to `skipped`.
+/// stale are added to `skipped`. With `open`, readers of finalized blocks
+/// are kept there for the next read (see [`OpenReplicas`]).
 #[allow(clippy::too_many_arguments)]
 pub fn read(
     dns: &Datanodes,
     bad: &BadReplicas,
+    open: Option<&OpenReplicas>,
     blocks: &[BlockRow],
     block_size: u64,
     len: u64,
@@ -56,7 +108,9 @@ pub fn read(
         return Ok(Vec::new());
     }
     let end = len.min(offset + size as u64);
-    let mut out = vec![0u8; (end - offset) as usize];
+    // Every byte of it is written below (a hole as zeros) before it is
+    // returned, so a recycled buffer's old contents never reach a reader.
+    let mut out = spare_buffer((end - offset) as usize);
     let mut pos = offset;
     while pos < end {
         let idx = pos / block_size;
@@ -66,21 +120,66 @@ pub fn read(
         match blocks.iter().find(|b| b.idx == idx) {
             // A hole (grown by truncate before any block existed) reads as zeros.
             None => dst.fill(0),
-            Some(b) => read_block(dns, bad, b, pos - bstart, dst, skipped)?,
+            Some(b) => read_block(dns, bad, open, b, pos - bstart, dst, skipped)?,
         }
         pos += n as u64;
     }
     Ok(out)
 }
 
+/// Read buffers kept for the next read on the same thread (the blocking
+/// pool's), so that a 1 MiB read neither allocates nor zeroes 1 MiB: the
+/// daemon spent 6% of a served read in `memset` (benches/PROFILE.md,
+/// "Reads, issue 28").
+mod spare {
+    use std::cell::RefCell;
+
+    /// Buffers larger than this are not kept.
+    pub const MAX: usize = 4 << 20;
+
+    thread_local! {
+        pub static BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    }
+}
+
+/// A buffer of `len` bytes of unspecified contents: this thread's spare if
+/// it has one.
+fn spare_buffer(len: usize) -> Vec<u8> {
+    let mut v = spare::BUF.with(|b| std::mem::take(&mut *b.borrow_mut()));
+    v.resize(len, 0);
+    v
+}
+
+/// Hands a read's buffer back once its bytes were sent, for the next
+/// read on this thread.
+pub fn recycle(v: Vec<u8>) {
+    if v.capacity() <= spare::MAX {
+        spare::BUF.with(|b| {
+            let mut b = b.borrow_mut();
+            if b.capacity() < v.capacity() {
+                *b = v;
+            }
+        });
+    }
+}
+
 fn read_block(
     dns: &Datanodes,
     bad: &BadReplicas,
+    open: Option<&OpenReplicas>,
     b: &BlockRow,
     off: u64,
     dst: &mut [u8],
     skipped: &mut Vec<Skipped>,
 ) -> FsResult<()> {
+    let keep = open.filter(|_| b.finalized);
+    if let Some((dn, r)) = keep.and_then(|o| o.get(b)) {
+        match r.read_kept(off, dst) {
+            Ok(got) if got >= dst.len() => return Ok(()),
+            // Whatever went wrong is found again, and reported, below.
+            _ => keep.into_iter().for_each(|o| o.forget(dn, b.block_id)),
+        }
+    }
     let mut last_err = None;
     let mut moved = false;
     for &dn in &b.replicas {
@@ -90,7 +189,17 @@ fn read_block(
         // mismatch there is retried before the replica is called corrupt.
         let tries = if b.finalized { 1 } else { 3 };
         for attempt in 0..tries {
-            match node.read(b.block_id, b.gs, off, dst) {
+            let got = match keep {
+                Some(o) => node.open_reader(b.block_id, b.gs).and_then(|r| {
+                    let got = r.read(off, dst)?;
+                    if got >= dst.len() {
+                        o.keep(dn, Arc::new(r));
+                    }
+                    Ok(got)
+                }),
+                None => node.read(b.block_id, b.gs, off, dst),
+            };
+            match got {
                 Ok(got) if got >= dst.len() => return Ok(()),
                 Ok(got) => {
                     last_err = Some(format!("short read ({got} of {} bytes)", dst.len()));

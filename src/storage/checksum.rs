@@ -29,6 +29,42 @@ pub fn crc(data: &[u8]) -> u32 {
     crc32c::crc32c(data)
 }
 
+/// The CRCs of three whole chunks at once. The `crc32` instruction has a
+/// latency of three cycles and a throughput of one, so one chunk at a time
+/// (what [`crc`] does for 512 bytes) leaves two thirds of the unit idle:
+/// interleaving three independent chunks verifies a MiB about 2.5x faster
+/// (the daemon spent an eighth of a served read in [`crc`]; benches/PROFILE.md,
+/// "Reads, issue 28"). Same values as [`crc`] of each chunk.
+pub fn crc3(a: &[u8; CHUNK_SIZE], b: &[u8; CHUNK_SIZE], c: &[u8; CHUNK_SIZE]) -> [u32; 3] {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("sse4.2") {
+            // SAFETY: the CPU has SSE 4.2 (checked just above).
+            return unsafe { crc3_sse42(a, b, c) };
+        }
+    }
+    [crc(a), crc(b), crc(c)]
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "sse4.2")]
+fn crc3_sse42(a: &[u8; CHUNK_SIZE], b: &[u8; CHUNK_SIZE], c: &[u8; CHUNK_SIZE]) -> [u32; 3] {
+    use std::arch::x86_64::_mm_crc32_u64;
+    let word = |s: &[u8; CHUNK_SIZE], i: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&s[i * 8..i * 8 + 8]);
+        u64::from_le_bytes(w)
+    };
+    // CRC32C with the usual pre- and post-inversion, as `crc32c::crc32c`.
+    let (mut x, mut y, mut z) = (u64::from(u32::MAX), u64::from(u32::MAX), u64::from(u32::MAX));
+    for i in 0..CHUNK_SIZE / 8 {
+        x = _mm_crc32_u64(x, word(a, i));
+        y = _mm_crc32_u64(y, word(b, i));
+        z = _mm_crc32_u64(z, word(c, i));
+    }
+    [!(x as u32), !(y as u32), !(z as u32)]
+}
+
 /// The CRC of `prefix ++ data`, given `prev = crc(prefix)`.
 pub fn crc_append(prev: u32, data: &[u8]) -> u32 {
     crc32c::crc32c_append(prev, data)
@@ -406,5 +442,31 @@ mod tests {
         out.clear();
         acc.crcs_for(0, &stream[..10], &mut out);
         assert_eq!(out, vec![crc(&stream[..10])]);
+    }
+}
+
+#[cfg(test)]
+mod crc3_tests {
+    use super::{CHUNK_SIZE, crc, crc3};
+
+    #[test]
+    fn crc3_matches_crc_of_each_chunk() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut chunk = || {
+            let mut c = [0u8; CHUNK_SIZE];
+            for b in c.iter_mut() {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                *b = seed as u8;
+            }
+            c
+        };
+        for _ in 0..50 {
+            let (a, b, c) = (chunk(), chunk(), chunk());
+            assert_eq!(crc3(&a, &b, &c), [crc(&a), crc(&b), crc(&c)]);
+        }
+        let z = [0u8; CHUNK_SIZE];
+        assert_eq!(crc3(&z, &z, &z), [crc(&z); 3]);
     }
 }

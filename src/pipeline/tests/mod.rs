@@ -351,6 +351,7 @@ impl Rig {
         reader::read(
             &self.dns,
             &self.ctx.bad,
+            None,
             &self.blocks(),
             BLOCK,
             len,
