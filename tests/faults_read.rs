@@ -253,3 +253,121 @@ fn a_missing_replica_is_skipped_on_read() {
         "read failed with one replica left, after remount"
     );
 }
+
+/// The sum of one datanode counter of `leasefs stats` over all datanodes.
+fn dn_counter(m: &Mount, name: &str) -> u64 {
+    let st = m.leasefs(&["stats", m.mnt.to_str().unwrap(), "--once", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&st.stdout).expect("stats --json");
+    v["datanodes"]
+        .as_array()
+        .expect("datanodes")
+        .iter()
+        .map(|d| d[name].as_u64().unwrap_or(0))
+        .sum()
+}
+
+/// Reads `len` bytes at `at` through `f` (one open file of the mount).
+fn pread(f: &std::fs::File, at: u64, len: usize) -> Vec<u8> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0u8; len];
+    f.read_exact_at(&mut buf, at).unwrap();
+    buf
+}
+
+// A handle keeps the replica readers of its earlier reads open (issue 28):
+// a flip in a replica it already read from is found by the checksums of
+// the next read through the kept reader too, which then drops it and serves
+// the bytes from a good replica; no flipped byte ever reaches the reader.
+#[test]
+fn a_flipped_byte_is_never_served_through_a_replica_reader_kept_open() {
+    const MIB: usize = 1 << 20;
+    let m = Mount::new();
+    let src = pattern(4 * MIB, 21);
+    put(&m, "f", &src);
+    wait_finalized(&m, 1);
+    drop_caches();
+    let f = std::fs::File::open(m.path("f")).unwrap();
+    assert!(pread(&f, 0, MIB) == src[..MIB], "first MiB");
+    let kept_before = dn_counter(&m, "readers_reused");
+    assert!(
+        kept_before > 0,
+        "the first MiB (several requests) never went through a kept reader"
+    );
+    // One flip per replica, each in a MiB of its own: any one request
+    // (at most 1 MiB) meets at most one of them, so a good replica is left.
+    let mut origs = Vec::new();
+    for (i, dn) in m.datanodes.iter().enumerate() {
+        let (data, _) = finalized(dn)[0].clone();
+        let orig = flip(&data, (i + 1) * MIB + MIB / 2 + 100);
+        origs.push((data, orig));
+    }
+    drop_caches();
+    let rest = pread(&f, MIB as u64, 3 * MIB);
+    assert!(
+        rest == src[MIB..],
+        "a flipped byte was served through the open handle"
+    );
+    assert!(
+        dn_counter(&m, "readers_reused") > kept_before,
+        "the reads after the flips never went through a kept reader"
+    );
+    let log = m.log();
+    assert!(
+        (0..3).any(|i| bad_replica_lines(&log, i) > 0),
+        "no flipped replica was reported:\n{log}"
+    );
+    // A new open, page cache dropped: the same.
+    drop_caches();
+    assert!(m.read("f") == src, "a flipped byte was served to a new open");
+    for (data, orig) in origs {
+        std::fs::write(data, orig).unwrap();
+    }
+}
+
+// An append after a read moves the last block to a new generation stamp:
+// an open handle that kept a reader of the block as it was reads the
+// appended bytes, exactly, afterwards.
+#[test]
+fn an_append_after_a_read_is_seen_through_a_handle_that_kept_its_reader() {
+    let m = Mount::new();
+    let src = pattern(600_000, 22);
+    put(&m, "f", &src);
+    wait_finalized(&m, 1);
+    let f = std::fs::File::open(m.path("f")).unwrap();
+    assert!(pread(&f, 0, src.len()) == src);
+    let more = pattern(300_000, 23);
+    let p = m.dir.path().join("more");
+    std::fs::write(&p, &more).unwrap();
+    m.sh_ok(&format!("cat {} >> f", p.display()));
+    drop_caches();
+    let mut want = src.clone();
+    want.extend_from_slice(&more);
+    // The kernel learns the new size when the handle's cached attributes
+    // expire (a second): until then it may stop at the old end.
+    let mut got = Vec::new();
+    assert!(
+        wait_until(Duration::from_secs(5), || {
+            got = pread_upto(&f, want.len());
+            got.len() == want.len()
+        }),
+        "the handle never saw the appended bytes ({} of {})",
+        got.len(),
+        want.len()
+    );
+    assert!(got == want, "the handle read other bytes than the file's");
+}
+
+/// Up to `len` bytes from the start of `f`, fewer at its end.
+fn pread_upto(f: &std::fs::File, len: usize) -> Vec<u8> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = vec![0u8; len];
+    let mut n = 0;
+    while n < len {
+        match f.read_at(&mut buf[n..], n as u64) {
+            Ok(0) | Err(_) => break,
+            Ok(k) => n += k,
+        }
+    }
+    buf.truncate(n);
+    buf
+}
