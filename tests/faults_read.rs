@@ -318,7 +318,10 @@ fn a_flipped_byte_is_never_served_through_a_replica_reader_kept_open() {
     );
     // A new open, page cache dropped: the same.
     drop_caches();
-    assert!(m.read("f") == src, "a flipped byte was served to a new open");
+    assert!(
+        m.read("f") == src,
+        "a flipped byte was served to a new open"
+    );
     for (data, orig) in origs {
         std::fs::write(data, orig).unwrap();
     }

@@ -56,7 +56,11 @@ fn crc3_sse42(a: &[u8; CHUNK_SIZE], b: &[u8; CHUNK_SIZE], c: &[u8; CHUNK_SIZE]) 
         u64::from_le_bytes(w)
     };
     // CRC32C with the usual pre- and post-inversion, as `crc32c::crc32c`.
-    let (mut x, mut y, mut z) = (u64::from(u32::MAX), u64::from(u32::MAX), u64::from(u32::MAX));
+    let (mut x, mut y, mut z) = (
+        u64::from(u32::MAX),
+        u64::from(u32::MAX),
+        u64::from(u32::MAX),
+    );
     for i in 0..CHUNK_SIZE / 8 {
         x = _mm_crc32_u64(x, word(a, i));
         y = _mm_crc32_u64(y, word(b, i));
