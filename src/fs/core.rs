@@ -381,7 +381,7 @@ impl Core {
             fresh: Default::default(),
             stream: None,
             gate: Default::default(),
-            replicas: Default::default(),
+            replicas: OpenReplicas::new(uid),
         };
         self.handles.register(h);
         reply(Ok(match mode {
@@ -556,7 +556,7 @@ impl Core {
             flushed: Default::default(),
             fresh: AtomicBool::new(fresh),
             stream: Some(stream.clone()),
-            replicas: Default::default(),
+            replicas: OpenReplicas::new(uid),
             gate: again
                 .clone()
                 .unwrap_or_else(|| super::handles::Gate::new(grant.epoch)),

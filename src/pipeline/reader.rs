@@ -2,7 +2,7 @@
 //! verify; a corrupt, stale or missing replica is skipped, logged and
 //! remembered for `fsck`.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::storage::ReplicaReader;
 use crate::sync::Arc;
@@ -41,9 +41,10 @@ impl BadReplicas {
 /// truncation, recovery) bumps, so a reader of an older stamp is never
 /// asked, and any failure through it drops it and goes the ordinary way
 /// (open afresh, verify, report, skip to the next replica).
-#[derive(Default)]
 pub struct OpenReplicas {
-    readers: Mutex<Vec<(DnId, Arc<ReplicaReader>)>>,
+    /// The opener's uid, whose share of [`KEPT`] these readers are.
+    uid: u32,
+    readers: Mutex<Vec<(DnId, Kept)>>,
 }
 
 /// How many replica readers a handle keeps: the blocks a sequential reader
@@ -51,7 +52,72 @@ pub struct OpenReplicas {
 /// block boundary.
 const KEPT_READERS: usize = 2;
 
+/// Kept readers hold two descriptors each, of the daemon's, which every
+/// user shares: at most this many are kept in all (the daemon's soft
+/// descriptor limit is often 1,024)...
+const KEPT_MAX: usize = 128;
+/// ...and at most this many for one user, so that one user's many open
+/// files cannot take them all. Past either bound a read opens the replica
+/// for itself, as every read did before readers were kept: slower, never
+/// refused.
+const KEPT_PER_USER: usize = 32;
+
+/// Kept readers of the whole daemon, by uid.
+static KEPT: Mutex<BTreeMap<u32, usize>> = Mutex::new(BTreeMap::new());
+
+/// One kept reader, counted in [`KEPT`] until dropped.
+struct Kept {
+    uid: u32,
+    r: Arc<ReplicaReader>,
+}
+
+impl Kept {
+    fn new(uid: u32, r: ReplicaReader) -> Option<Kept> {
+        if !admit(&mut lock(&KEPT), uid) {
+            return None;
+        }
+        Some(Kept {
+            uid,
+            r: Arc::new(r),
+        })
+    }
+}
+
+/// Counts one more kept reader of `uid` in `kept` if both bounds allow it.
+fn admit(kept: &mut BTreeMap<u32, usize>, uid: u32) -> bool {
+    let all: usize = kept.values().sum();
+    let mine = kept.entry(uid).or_default();
+    if all >= KEPT_MAX || *mine >= KEPT_PER_USER {
+        if *mine == 0 {
+            kept.remove(&uid);
+        }
+        return false;
+    }
+    *mine += 1;
+    true
+}
+
+impl Drop for Kept {
+    fn drop(&mut self) {
+        let mut kept = lock(&KEPT);
+        if let Some(n) = kept.get_mut(&self.uid) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                kept.remove(&self.uid);
+            }
+        }
+    }
+}
+
 impl OpenReplicas {
+    /// No readers kept yet, for a handle opened by `uid`.
+    pub fn new(uid: u32) -> OpenReplicas {
+        OpenReplicas {
+            uid,
+            readers: Mutex::new(Vec::new()),
+        }
+    }
+
     /// A kept reader of `b`@its stamp on one of its replicas, first in
     /// `b.replicas` order.
     fn get(&self, b: &BlockRow) -> Option<(DnId, Arc<ReplicaReader>)> {
@@ -59,22 +125,27 @@ impl OpenReplicas {
         b.replicas.iter().find_map(|dn| {
             readers
                 .iter()
-                .find(|(d, r)| d == dn && r.block() == b.block_id && r.gs() == b.gs)
-                .cloned()
+                .find(|(d, k)| d == dn && k.r.block() == b.block_id && k.r.gs() == b.gs)
+                .map(|(d, k)| (*d, k.r.clone()))
         })
     }
 
-    fn keep(&self, dn: DnId, r: Arc<ReplicaReader>) {
+    fn keep(&self, dn: DnId, r: ReplicaReader) {
         let mut readers = lock(&self.readers);
-        readers.retain(|(d, k)| !(*d == dn && k.block() == r.block()));
+        let block = r.block();
+        // Room first (this handle's older readers give theirs back), then
+        // the daemon-wide bounds.
+        readers.retain(|(d, k)| !(*d == dn && k.r.block() == block));
         if readers.len() >= KEPT_READERS {
             readers.remove(0);
         }
-        readers.push((dn, r));
+        if let Some(k) = Kept::new(self.uid, r) {
+            readers.push((dn, k));
+        }
     }
 
     fn forget(&self, dn: DnId, block: u64) {
-        lock(&self.readers).retain(|(d, k)| !(*d == dn && k.block() == block));
+        lock(&self.readers).retain(|(d, k)| !(*d == dn && k.r.block() == block));
     }
 }
 
@@ -193,7 +264,7 @@ fn read_block(
                 Some(o) => node.open_reader(b.block_id, b.gs).and_then(|r| {
                     let got = r.read(off, dst)?;
                     if got >= dst.len() {
-                        o.keep(dn, Arc::new(r));
+                        o.keep(dn, r);
                     }
                     Ok(got)
                 }),
@@ -252,4 +323,27 @@ fn report(bad: &BadReplicas, b: &BlockRow, dn: DnId, why: &str) {
 pub fn report_replica(bad: &BadReplicas, block: u64, dn: DnId, why: &str) {
     tracing::warn!(block, datanode = %dn, "bad replica skipped: {why}");
     bad.report(block, dn);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::{KEPT_MAX, KEPT_PER_USER, admit};
+
+    #[test]
+    fn kept_readers_are_bounded_per_user_and_in_all() {
+        let mut kept = BTreeMap::new();
+        let mine = (0..KEPT_PER_USER + 5).filter(|_| admit(&mut kept, 1000)).count();
+        assert_eq!(mine, KEPT_PER_USER, "one user's share");
+        let mut uid = 2000;
+        while admit(&mut kept, uid) {
+            if kept[&uid] == KEPT_PER_USER {
+                uid += 1;
+            }
+        }
+        assert_eq!(kept.values().sum::<usize>(), KEPT_MAX, "the daemon's bound");
+        assert!(!admit(&mut kept, 9999), "a new user past the bound");
+        assert!(!kept.contains_key(&9999), "a refused user leaves no entry");
+    }
 }
