@@ -188,14 +188,11 @@ impl ReplicaReader {
     /// read-ahead (the kernel's own follows this descriptor).
     pub fn read_kept(&self, offset: u64, buf: &mut [u8]) -> Result<usize, StorageError> {
         let r = self.read_verified(offset, buf);
-        match &r {
-            Ok(n) => {
-                self.io.read(*n as u64);
-                self.io.fast(Fast::ReaderReused);
-            }
-            // The caller drops this reader and reads the replica afresh,
-            // which counts the failure.
-            Err(_) => {}
+        // A failure is not counted here: the caller drops this reader and
+        // reads the replica afresh, which counts it.
+        if let Ok(n) = &r {
+            self.io.read(*n as u64);
+            self.io.fast(Fast::ReaderReused);
         }
         r
     }
