@@ -334,7 +334,9 @@ mod tests {
     #[test]
     fn kept_readers_are_bounded_per_user_and_in_all() {
         let mut kept = BTreeMap::new();
-        let mine = (0..KEPT_PER_USER + 5).filter(|_| admit(&mut kept, 1000)).count();
+        let mine = (0..KEPT_PER_USER + 5)
+            .filter(|_| admit(&mut kept, 1000))
+            .count();
         assert_eq!(mine, KEPT_PER_USER, "one user's share");
         let mut uid = 2000;
         while admit(&mut kept, uid) {
