@@ -36,6 +36,20 @@ pub struct MountOptions {
     pub fuse_uring: bool,
     /// Generic mount flags (`ro`, `noexec`, ...) passed to the kernel.
     pub kernel_flags: Vec<fuser::MountOption>,
+    /// `s3_endpoint=`, `s3_region=`, `s3_credentials=`: how object-store
+    /// datanodes (`--datanode s3://BUCKET/PREFIX`) are reached.
+    pub s3: S3Options,
+}
+
+/// How object-store datanodes are reached (see `storage::s3::settings`):
+/// the endpoint, the region, and a credentials file only the daemon's
+/// user may read. Credentials themselves are never mount options (the
+/// command line is visible to every user through `ps`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct S3Options {
+    pub endpoint: Option<String>,
+    pub region: Option<String>,
+    pub credentials: Option<std::path::PathBuf>,
 }
 
 impl Default for MountOptions {
@@ -55,6 +69,7 @@ impl Default for MountOptions {
             metrics: None,
             fuse_uring: true,
             kernel_flags: Vec::new(),
+            s3: S3Options::default(),
         }
     }
 }
@@ -62,7 +77,7 @@ impl Default for MountOptions {
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum OptionError {
     #[error(
-        "unknown mount option '{0}' (known: soft_limit, hard_limit, monitor_interval, lease_wait, block_size, packet_size, max_packets_in_flight, write_buffer, log_size, housekeeping_interval, replica_sync, fuse_uring, metrics)"
+        "unknown mount option '{0}' (known: soft_limit, hard_limit, monitor_interval, lease_wait, block_size, packet_size, max_packets_in_flight, write_buffer, log_size, housekeeping_interval, replica_sync, fuse_uring, metrics, s3_endpoint, s3_region, s3_credentials)"
     )]
     Unknown(String),
     #[error("mount option '{key}' has a bad value '{value}': {why}")]
@@ -157,6 +172,20 @@ impl MountOptions {
                         "file" => false,
                         _ => return Err(bad("expected fs or file".into())),
                     }
+                }
+                "s3_endpoint" => {
+                    if !(value.starts_with("http://") || value.starts_with("https://")) {
+                        return Err(bad("expected an http:// or https:// URL".into()));
+                    }
+                    self.s3.endpoint = Some(value.to_string())
+                }
+                "s3_region" if !value.is_empty() => self.s3.region = Some(value.to_string()),
+                "s3_credentials" => {
+                    let p = std::path::PathBuf::from(value);
+                    if !p.is_absolute() {
+                        return Err(bad("expected an absolute path".into()));
+                    }
+                    self.s3.credentials = Some(p)
                 }
                 "metrics" => self.metrics = Some(parse_listen(value).map_err(bad)?),
                 "fuse_uring" => {
@@ -268,6 +297,19 @@ mod tests {
         assert!(o.sync_by_fs);
         o.apply("replica_sync=file").unwrap();
         assert!(!o.sync_by_fs);
+    }
+
+    #[test]
+    fn s3_options_name_an_endpoint_a_region_and_a_file() {
+        let mut o = MountOptions::default();
+        o.apply("s3_endpoint=http://127.0.0.1:3900,s3_region=garage,s3_credentials=/etc/leasefs/s3")
+            .unwrap();
+        assert_eq!(o.s3.endpoint.as_deref(), Some("http://127.0.0.1:3900"));
+        assert_eq!(o.s3.region.as_deref(), Some("garage"));
+        assert_eq!(o.s3.credentials.as_deref(), Some(std::path::Path::new("/etc/leasefs/s3")));
+        for bad in ["s3_endpoint=127.0.0.1:3900", "s3_credentials=rel/path", "s3_region="] {
+            assert!(o.apply(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

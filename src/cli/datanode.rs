@@ -98,6 +98,9 @@ fn absolute(dir: &Path) -> Result<String, String> {
     if let Some(id) = dir.to_str().filter(|s| s.starts_with("DS-")) {
         return Ok(id.to_string());
     }
+    if let Some(url) = dir.to_str().filter(|_| crate::storage::s3::is_s3(dir)) {
+        return crate::storage::s3::parse_url(url).map(|u| u.to_url());
+    }
     let p = std::fs::canonicalize(dir)
         .or_else(|_| std::path::absolute(dir))
         .map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -164,7 +167,12 @@ fn human(n: u64) -> String {
 }
 
 fn add(m: &Path, dir: &Path) -> Result<ExitCode, String> {
-    let created = create_dirs(dir)?;
+    // An object-store datanode has no directory to make here.
+    let created = if crate::storage::s3::is_s3(dir) {
+        Vec::new()
+    } else {
+        create_dirs(dir)?
+    };
     let asked = absolute(dir).and_then(|d| {
         let v = ask(&mount_of(m)?, json!({"op": "datanode_add", "dir": d}))?;
         Ok((d, v))

@@ -141,6 +141,17 @@ pub fn spec(a: &MountArgs) -> Result<MountSpec, String> {
     };
     let mut datanodes = Vec::new();
     for d in dn_dirs {
+        // An object-store datanode: checked by the daemon when it
+        // attaches it (it needs the store's credentials).
+        if crate::storage::s3::is_s3(&d) {
+            crate::storage::s3::parse_url(d.to_str().unwrap_or_default())
+                .map_err(|e| format!("datanode {e}"))?;
+            if datanodes.contains(&d) {
+                return Err(format!("datanode {} is given twice", d.display()));
+            }
+            datanodes.push(d);
+            continue;
+        }
         // A directory that cannot be made or resolved (a failed disk) is
         // passed on as given: the mount leaves it out, dead, and goes on
         // with the others (SEMANTICS "Datanode administration").

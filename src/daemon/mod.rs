@@ -148,6 +148,8 @@ impl Daemon {
         // Each directory is recognised by its identity file, whatever its
         // place in the list (daemons sharing a namespace may list theirs in
         // any order); recorded datanodes left out are dead for this mount.
+        // How object-store datanodes are reached, for every attach.
+        crate::storage::s3::settings::install(spec.opts.s3.clone());
         let dns = Arc::new(crate::pipeline::attach::attach(
             &*meta,
             &spec.datanodes,

@@ -18,7 +18,9 @@ use super::datanodes::{Absent, Attached, Datanodes};
 use crate::error::FsError;
 use crate::meta::{AdminState, DatanodeRecord, DnId, Meta};
 use crate::storage::identity::{self, Identity};
-use crate::storage::{Datanode, Storage, StorageError, block_ids_in, check_dirs, holds_files};
+use crate::storage::{
+    Datanode, Storage, StorageError, block_ids_in, check_dirs, holds_files, s3,
+};
 use crate::sync::Arc;
 
 /// Why a `--datanode` directory cannot be attached: the mount is refused.
@@ -148,7 +150,7 @@ pub fn attach(
     let mut seen: HashMap<String, PathBuf> = HashMap::new();
     for dir in dirs {
         // Its directories are checked first, changing nothing.
-        let id = match check_dirs(dir).and_then(|()| identity::read(dir)) {
+        let id = match read_identity(dir) {
             Ok(Some(id)) => id,
             Ok(None) => {
                 unidentified.push(dir.clone());
@@ -194,10 +196,14 @@ pub fn attach(
         .filter(|r| r.state == AdminState::Upgrading)
         .filter(|r| r.storage_id.as_ref().is_none_or(|s| !seen.contains_key(s)))
         .collect();
-    let matched = match_positional(meta, &legacy, unidentified)?;
+    // Object-store datanodes never had the positional layout.
+    let (s3_fresh, unidentified): (Vec<PathBuf>, Vec<PathBuf>) =
+        unidentified.into_iter().partition(|d| s3::is_s3(d));
+    let mut matched = match_positional(meta, &legacy, unidentified)?;
+    matched.rest.extend(s3_fresh);
     let mut fresh = Vec::new();
     for dir in matched.rest {
-        match holds_files(&dir) {
+        match holds_replicas(&dir) {
             Ok(true) => return Err(AttachError::Unidentified { path: dir }),
             Ok(false) => fresh.push(dir),
             Err(e @ StorageError::Untrusted { .. }) => return Err(AttachError::Untrusted(e)),
@@ -220,7 +226,7 @@ pub fn attach(
         attached.push(upgrade(meta, &fsid, &dir, rec)?);
     }
     for dir in fresh {
-        let id = identity::create(&dir, &Identity::new(&fsid)).map_err(storage(&dir))?;
+        let id = create_identity(&dir, &Identity::new(&fsid)).map_err(storage(&dir))?;
         if id.filesystem_id != fsid {
             return Err(AttachError::Foreign {
                 path: dir,
@@ -247,11 +253,11 @@ pub fn attach(
     let mut ids: HashSet<DnId> = HashSet::new();
     let mut nodes = Vec::new();
     for a in attached {
-        match Datanode::open(a.id, &a.root, Some(a.identity)) {
-            Ok(n) => {
+        match open_node(a.id, &a.root, Some(a.identity)) {
+            Ok(node) => {
                 ids.insert(a.id);
                 nodes.push(Attached {
-                    node: Arc::new(n),
+                    node,
                     admin: state_of(a.id),
                 });
             }
@@ -294,16 +300,15 @@ pub fn attach_one(meta: &dyn Meta, dns: &Datanodes, dir: &Path) -> Result<DnId, 
     let fsid = meta.filesystem_id()?;
     let records = meta.datanode_records()?;
     // Checked before anything is written there (see storage::trust).
-    check_dirs(dir).map_err(storage(dir))?;
-    let id = match identity::read(dir).map_err(storage(dir))? {
+    let id = match read_identity(dir).map_err(storage(dir))? {
         Some(id) => id,
         None => {
-            if holds_files(dir).map_err(storage(dir))? {
+            if holds_replicas(dir).map_err(storage(dir))? {
                 return Err(AttachError::Unidentified {
                     path: dir.to_path_buf(),
                 });
             }
-            identity::create(dir, &Identity::new(&fsid)).map_err(storage(dir))?
+            create_identity(dir, &Identity::new(&fsid)).map_err(storage(dir))?
         }
     };
     if id.filesystem_id != fsid {
@@ -338,7 +343,7 @@ pub fn attach_one(meta: &dyn Meta, dns: &Datanodes, dir: &Path) -> Result<DnId, 
     }
     let id = upgrade_layout(dir, id)?;
     let dn = meta.register_datanode(&id.storage_id, dir)?;
-    let node = Datanode::open(dn, dir, Some(id.clone())).map_err(storage(dir))?;
+    let node = open_node(dn, dir, Some(id.clone())).map_err(storage(dir))?;
     // Added back: in service again (a decommission is cancelled).
     meta.set_datanode_state(
         dn,
@@ -346,7 +351,7 @@ pub fn attach_one(meta: &dyn Meta, dns: &Datanodes, dir: &Path) -> Result<DnId, 
         AdminState::Normal,
     )?;
     tracing::info!(datanode = %dn, storage = %id.storage_id, path = %dir.display(), "datanode added");
-    dns.insert(Arc::new(node), AdminState::Normal);
+    dns.insert(node, AdminState::Normal);
     Ok(dn)
 }
 
@@ -354,19 +359,64 @@ pub fn attach_one(meta: &dyn Meta, dns: &Datanodes, dir: &Path) -> Result<DnId, 
 /// there carries its identity file: how a daemon attaches a datanode
 /// another daemon added while both run.
 pub fn open_recorded(fsid: &str, rec: &DatanodeRecord) -> Result<Arc<dyn Storage>, String> {
-    let found = identity::read(&rec.path).map_err(|e| e.to_string())?;
+    let found = if s3::is_s3(&rec.path) {
+        read_identity(&rec.path)
+    } else {
+        identity::read(&rec.path)
+    }
+    .map_err(|e| e.to_string())?;
     match (found, &rec.storage_id) {
         (Some(id), Some(sid)) if id.storage_id == *sid && id.filesystem_id == fsid => {
-            match Datanode::open(rec.id, &rec.path, Some(id)) {
-                Ok(n) => Ok(Arc::new(n)),
-                Err(e) => Err(e.to_string()),
-            }
+            open_node(rec.id, &rec.path, Some(id)).map_err(|e| e.to_string())
         }
         _ => Err(format!(
             "{} does not hold its identity file here",
             rec.path.display()
         )),
     }
+}
+
+/// The identity a `--datanode` holds: a directory's identity file (its
+/// directories checked first, changing nothing), or an object-store
+/// datanode's identity object.
+fn read_identity(dir: &Path) -> Result<Option<Identity>, StorageError> {
+    if s3::is_s3(dir) {
+        return s3::read_identity(&*s3_bucket(dir)?);
+    }
+    check_dirs(dir).and_then(|()| identity::read(dir))
+}
+
+/// Writes a new datanode's identity (file or object); returns what is there.
+fn create_identity(dir: &Path, id: &Identity) -> Result<Identity, StorageError> {
+    if s3::is_s3(dir) {
+        return s3::create_identity(&*s3_bucket(dir)?, id);
+    }
+    identity::create(dir, id)
+}
+
+/// Whether a datanode without an identity holds replicas already.
+fn holds_replicas(dir: &Path) -> Result<bool, StorageError> {
+    if s3::is_s3(dir) {
+        return s3::holds_objects(&*s3_bucket(dir)?);
+    }
+    holds_files(dir)
+}
+
+/// The bucket of an `s3://` datanode, with the mount's S3 options.
+fn s3_bucket(dir: &Path) -> Result<Arc<s3::bucket::Bucket>, StorageError> {
+    let url = s3::parse_url(dir.to_str().unwrap_or_default()).map_err(|why| StorageError::Io {
+        path: dir.to_path_buf(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidInput, why),
+    })?;
+    s3::connect(&url, &s3::settings::installed())
+}
+
+/// Opens the datanode `id` at `dir`: a directory or an object store.
+fn open_node(id: DnId, dir: &Path, identity: Option<Identity>) -> Result<Arc<dyn Storage>, StorageError> {
+    if s3::is_s3(dir) {
+        return Ok(Arc::new(s3::ObjectDatanode::open(id, s3_bucket(dir)?, identity)));
+    }
+    Ok(Arc::new(Datanode::open(id, dir, identity)?))
 }
 
 /// Pairs directories without an identity file with the positional
@@ -468,7 +518,7 @@ struct Score {
 /// A datanode of an older layout version is brought to this release's in
 /// place (see `storage::identity`): only its identity file changes.
 fn upgrade_layout(dir: &Path, id: Identity) -> Result<Identity, AttachError> {
-    if id.layout_version >= identity::LAYOUT_VERSION {
+    if id.layout_version >= identity::LAYOUT_VERSION || s3::is_s3(dir) {
         return Ok(id);
     }
     let new = identity::upgrade(dir, &id).map_err(storage(dir))?;
@@ -536,18 +586,26 @@ pub fn recorded(meta: &dyn Meta, replication: usize) -> Result<Datanodes, Attach
         }
         let state = rec.state;
         let path = rec.path.clone();
-        let found = identity::read(&path);
-        let opened = match (found, &rec.storage_id, rec.state) {
-            _ if !path.is_dir() => None,
-            (Ok(None), _, AdminState::Upgrading) => Datanode::open(rec.id, &path, None).ok(),
-            (Ok(Some(id)), Some(sid), _) if id.storage_id == *sid && id.filesystem_id == fsid => {
-                Datanode::open(rec.id, &path, Some(id)).ok()
+        // An object store is reached with the credentials of the
+        // environment (no mount options here).
+        let opened: Option<Arc<dyn Storage>> = if s3::is_s3(&path) {
+            open_recorded(&fsid, &rec).ok()
+        } else {
+            let found = identity::read(&path);
+            match (found, &rec.storage_id, rec.state) {
+                _ if !path.is_dir() => None,
+                (Ok(None), _, AdminState::Upgrading) => open_node(rec.id, &path, None).ok(),
+                (Ok(Some(id)), Some(sid), _)
+                    if id.storage_id == *sid && id.filesystem_id == fsid =>
+                {
+                    open_node(rec.id, &path, Some(id)).ok()
+                }
+                _ => None,
             }
-            _ => None,
         };
         match opened {
-            Some(n) => nodes.push(Attached {
-                node: Arc::new(n),
+            Some(node) => nodes.push(Attached {
+                node,
                 admin: state,
             }),
             None => absent.push(Absent {

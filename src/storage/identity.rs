@@ -61,7 +61,7 @@ impl Identity {
         }
     }
 
-    fn encode(&self) -> String {
+    pub(crate) fn encode(&self) -> String {
         format!(
             "# leasefs datanode identity: do not edit or copy to another directory\n\
              storageID={}\nfilesystemID={}\nlayoutVersion={}\n",
@@ -69,7 +69,7 @@ impl Identity {
         )
     }
 
-    fn decode(path: &Path, text: &str) -> Result<Identity, StorageError> {
+    pub(crate) fn decode(path: &Path, text: &str) -> Result<Identity, StorageError> {
         let bad = |reason: String| StorageError::BadIdentity {
             path: path.to_path_buf(),
             reason,

@@ -40,6 +40,7 @@ mod note;
 pub mod quarantine;
 pub mod reader;
 pub mod replica;
+pub mod s3;
 #[cfg(test)]
 pub(crate) mod testkit;
 #[cfg(test)]

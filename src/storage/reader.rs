@@ -21,6 +21,7 @@ use super::fsops::{file_len, preadv_full, read_full_at};
 use super::layout::{Layout, Located, ReplicaState, data_name, meta_name};
 use super::locate::{Opened, missing_or_stale, open_first};
 use super::note::Note;
+use super::s3::reader::ObjectReader;
 use crate::metrics::{Fast, IoCounters};
 use crate::sync::Arc;
 
@@ -39,6 +40,15 @@ pub(crate) fn open(
     block: u64,
     gs: u64,
 ) -> Result<ReplicaReader, StorageError> {
+    open_files(l, io, block, gs).map(ReplicaReader::from)
+}
+
+fn open_files(
+    l: &Layout,
+    io: &Arc<IoCounters>,
+    block: u64,
+    gs: u64,
+) -> Result<FileReader, StorageError> {
     // Two tries: a concurrent finalize or reopen may move the files
     // between the lookups of one try.
     for _ in 0..2 {
@@ -55,7 +65,7 @@ pub(crate) fn open(
                 at: data_at,
                 dir: data_in,
             } = data;
-            return Ok(ReplicaReader {
+            return Ok(FileReader {
                 block,
                 gs,
                 state: Located { data_in, meta_in }.state(),
@@ -71,11 +81,119 @@ pub(crate) fn open(
     Err(missing_or_stale(l, block, gs))
 }
 
+/// Checksum-verified reads of one replica with a known generation stamp,
+/// whatever kind of datanode holds it.
+#[derive(Debug)]
+pub struct ReplicaReader(Backend);
+
+#[derive(Debug)]
+enum Backend {
+    File(FileReader),
+    Object(ObjectReader),
+}
+
+impl From<FileReader> for ReplicaReader {
+    fn from(r: FileReader) -> Self {
+        ReplicaReader(Backend::File(r))
+    }
+}
+
+impl From<ObjectReader> for ReplicaReader {
+    fn from(r: ObjectReader) -> Self {
+        ReplicaReader(Backend::Object(r))
+    }
+}
+
+impl ReplicaReader {
+    /// The block this replica belongs to.
+    pub fn block(&self) -> u64 {
+        match &self.0 {
+            Backend::File(r) => r.block(),
+            Backend::Object(r) => r.block(),
+        }
+    }
+
+    /// The generation stamp the reader was opened with.
+    pub fn gs(&self) -> u64 {
+        match &self.0 {
+            Backend::File(r) => r.gs(),
+            Backend::Object(r) => r.gs(),
+        }
+    }
+
+    /// Where the replica was when opened.
+    pub fn state(&self) -> ReplicaState {
+        match &self.0 {
+            Backend::File(r) => r.state(),
+            Backend::Object(r) => r.state(),
+        }
+    }
+
+    /// Where its data is (a file, or the replica's objects), for errors.
+    pub fn data_path(&self) -> &Path {
+        match &self.0 {
+            Backend::File(r) => r.data_path(),
+            Backend::Object(r) => r.path(),
+        }
+    }
+
+    /// Where its checksums are.
+    pub fn meta_path(&self) -> &Path {
+        match &self.0 {
+            Backend::File(r) => r.meta_path(),
+            Backend::Object(r) => r.path(),
+        }
+    }
+
+    /// Current length of its data.
+    pub fn data_len(&self) -> Result<u64, StorageError> {
+        match &self.0 {
+            Backend::File(r) => r.data_len(),
+            Backend::Object(r) => Ok(r.len()),
+        }
+    }
+
+    /// See [`FileReader::present_len`]; an object replica holds no zeros
+    /// ahead of its data.
+    pub fn present_len(&self) -> Result<u64, StorageError> {
+        match &self.0 {
+            Backend::File(r) => r.present_len(),
+            Backend::Object(r) => Ok(r.len()),
+        }
+    }
+
+    /// Reads up to `buf.len()` bytes at `offset`, every chunk touched
+    /// verified (see [`FileReader::read`], [`ObjectReader::read`]).
+    pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<usize, StorageError> {
+        match &self.0 {
+            Backend::File(r) => r.read(offset, buf),
+            Backend::Object(r) => r.read(offset, buf),
+        }
+    }
+
+    /// The longest prefix whose chunks match their CRCs.
+    pub fn valid_prefix(&self) -> Result<u64, StorageError> {
+        match &self.0 {
+            Backend::File(r) => r.valid_prefix(),
+            Backend::Object(r) => r.valid_prefix(),
+        }
+    }
+
+    /// The replica's sync note, if it has a whole one (object replicas
+    /// have none: their slices are never rewritten in place).
+    pub(crate) fn note(&self) -> Option<Note> {
+        match &self.0 {
+            Backend::File(r) => r.note(),
+            Backend::Object(_) => None,
+        }
+    }
+}
+
 /// Open data and meta files of one replica with a known generation stamp,
 /// for checksum-verified reads. Cheap to keep open across reads: finalizing
 /// renames the files but not the inodes behind these descriptors.
 #[derive(Debug)]
-pub struct ReplicaReader {
+pub struct FileReader {
     block: u64,
     gs: u64,
     state: ReplicaState,
@@ -91,7 +209,7 @@ pub struct ReplicaReader {
     io: Arc<IoCounters>,
 }
 
-impl ReplicaReader {
+impl FileReader {
     /// The block this replica belongs to.
     pub fn block(&self) -> u64 {
         self.block

@@ -1,0 +1,206 @@
+//! Where an object-store datanode is and how to reach it: `s3://BUCKET/PREFIX`
+//! names it; the endpoint and region come from `-o s3_endpoint=`,
+//! `-o s3_region=` (or `AWS_ENDPOINT`/`AWS_REGION`); the credentials from the
+//! `AWS_*` environment variables or from `-o s3_credentials=FILE`, a file
+//! that only the daemon's user may read (`KEY=value` lines, as
+//! `mount-scripts/garage.sh` writes, or `key = value` lines of an AWS
+//! credentials file). Never from the command line, which `ps` shows.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use object_store::ObjectStore;
+use object_store::aws::AmazonS3Builder;
+
+use crate::storage::StorageError;
+use crate::sync::Arc;
+
+/// The scheme of an object-store datanode.
+pub const SCHEME: &str = "s3://";
+
+pub use crate::config::S3Options;
+
+/// The options the daemon was mounted with: attaching a datanode (at mount,
+/// `datanode add`, or one another daemon added) reads them here, where the
+/// mount's options are not at hand. Set once, at mount.
+static OPTIONS: std::sync::OnceLock<S3Options> = std::sync::OnceLock::new();
+
+/// Records the mount's options (the first call wins: one mount per daemon).
+pub fn install(opts: S3Options) {
+    let _ = OPTIONS.set(opts);
+}
+
+/// The mount's options (defaults before [`install`]).
+pub fn installed() -> S3Options {
+    OPTIONS.get().cloned().unwrap_or_default()
+}
+
+/// A bucket and the prefix in it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct S3Url {
+    pub bucket: String,
+    pub prefix: String,
+}
+
+impl S3Url {
+    /// `s3://bucket/prefix` as given.
+    pub fn to_url(&self) -> String {
+        if self.prefix.is_empty() {
+            format!("{SCHEME}{}", self.bucket)
+        } else {
+            format!("{SCHEME}{}/{}", self.bucket, self.prefix)
+        }
+    }
+}
+
+/// Whether a `--datanode` value names an object-store datanode.
+pub fn is_s3(p: &Path) -> bool {
+    p.to_str().is_some_and(|s| s.starts_with(SCHEME))
+}
+
+/// Parses `s3://BUCKET/PREFIX` (the prefix may be empty; `..` and empty
+/// components are refused, so two spellings never name one prefix).
+pub fn parse_url(s: &str) -> Result<S3Url, String> {
+    let rest = s
+        .strip_prefix(SCHEME)
+        .ok_or_else(|| format!("{s}: not an s3:// URL"))?;
+    let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+    let prefix = prefix.trim_end_matches('/');
+    if bucket.is_empty()
+        || !bucket
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+    {
+        return Err(format!("{s}: bad bucket name {bucket:?}"));
+    }
+    if !prefix.is_empty() && prefix.split('/').any(|c| c.is_empty() || c == "." || c == "..") {
+        return Err(format!("{s}: bad prefix {prefix:?}"));
+    }
+    Ok(S3Url {
+        bucket: bucket.to_string(),
+        prefix: prefix.to_string(),
+    })
+}
+
+/// Credentials read from a file.
+#[derive(Default)]
+struct Creds {
+    key_id: Option<String>,
+    secret: Option<String>,
+    token: Option<String>,
+    region: Option<String>,
+    endpoint: Option<String>,
+}
+
+/// Reads a credentials file, refusing one that another user could read or
+/// change (owned by someone else, or any group/other permission bit).
+fn read_credentials(path: &Path) -> Result<Creds, StorageError> {
+    let bad = |why: String| StorageError::Untrusted {
+        path: path.to_path_buf(),
+        why,
+    };
+    let md = std::fs::metadata(path).map_err(|e| StorageError::io(path, e))?;
+    if md.uid() != nix::unistd::geteuid().as_raw() {
+        return Err(bad(format!("the credentials file is owned by uid {}", md.uid())));
+    }
+    if md.mode() & 0o077 != 0 {
+        return Err(bad(format!(
+            "the credentials file has mode {:o}: it must be readable by its owner only (chmod 600)",
+            md.mode() & 0o777
+        )));
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| StorageError::io(path, e))?;
+    let mut c = Creds::default();
+    for line in text.lines().map(str::trim) {
+        let line = line.strip_prefix("export ").unwrap_or(line);
+        let Some((k, v)) = line.split_once('=') else {
+            continue;
+        };
+        let v = v.trim().trim_matches('"').trim_matches('\'').to_string();
+        match k.trim().to_ascii_lowercase().as_str() {
+            "aws_access_key_id" => c.key_id = Some(v),
+            "aws_secret_access_key" => c.secret = Some(v),
+            "aws_session_token" => c.token = Some(v),
+            "aws_region" | "region" => c.region = Some(v),
+            "aws_endpoint" | "aws_endpoint_url" | "s3_endpoint" => c.endpoint = Some(v),
+            _ => {}
+        }
+    }
+    Ok(c)
+}
+
+/// The client for `url` with `opts`: the environment first, then the
+/// credentials file, then the mount options.
+pub fn build_store(url: &S3Url, opts: &S3Options) -> Result<Arc<dyn ObjectStore>, StorageError> {
+    let mut b = AmazonS3Builder::from_env().with_bucket_name(&url.bucket);
+    let mut endpoint = std::env::var("AWS_ENDPOINT").ok();
+    if let Some(path) = &opts.credentials {
+        let c = read_credentials(path)?;
+        if let Some(v) = c.key_id {
+            b = b.with_access_key_id(v);
+        }
+        if let Some(v) = c.secret {
+            b = b.with_secret_access_key(v);
+        }
+        if let Some(v) = c.token {
+            b = b.with_token(v);
+        }
+        if let Some(v) = c.region {
+            b = b.with_region(v);
+        }
+        if let Some(v) = c.endpoint {
+            endpoint = Some(v);
+        }
+    }
+    if let Some(v) = &opts.region {
+        b = b.with_region(v);
+    }
+    if let Some(v) = &opts.endpoint {
+        endpoint = Some(v.clone());
+    }
+    if let Some(e) = endpoint {
+        b = b
+            .with_allow_http(e.starts_with("http://"))
+            .with_endpoint(e)
+            .with_virtual_hosted_style_request(false);
+    }
+    let store = b.build().map_err(|e| StorageError::Io {
+        path: PathBuf::from(url.to_url()),
+        source: std::io::Error::other(e),
+    })?;
+    Ok(Arc::new(store))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_name_a_bucket_and_a_clean_prefix() {
+        assert_eq!(
+            parse_url("s3://b-1/a/b/").unwrap(),
+            S3Url {
+                bucket: "b-1".into(),
+                prefix: "a/b".into()
+            }
+        );
+        assert_eq!(parse_url("s3://b").unwrap().prefix, "");
+        for bad in ["s3://", "s3://B/x", "s3://b//x", "s3://b/../x", "/dn", "s3://b/x/./y"] {
+            assert!(parse_url(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_credentials_file_others_can_read_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("env");
+        std::fs::write(&p, "export AWS_ACCESS_KEY_ID=\"k\"\naws_secret_access_key = s\n").unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o640)).unwrap();
+        assert!(matches!(read_credentials(&p), Err(StorageError::Untrusted { .. })));
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let c = read_credentials(&p).unwrap();
+        assert_eq!(c.key_id.as_deref(), Some("k"));
+        assert_eq!(c.secret.as_deref(), Some("s"));
+    }
+}
