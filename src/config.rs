@@ -302,12 +302,21 @@ mod tests {
     #[test]
     fn s3_options_name_an_endpoint_a_region_and_a_file() {
         let mut o = MountOptions::default();
-        o.apply("s3_endpoint=http://127.0.0.1:3900,s3_region=garage,s3_credentials=/etc/leasefs/s3")
-            .unwrap();
+        o.apply(
+            "s3_endpoint=http://127.0.0.1:3900,s3_region=garage,s3_credentials=/etc/leasefs/s3",
+        )
+        .unwrap();
         assert_eq!(o.s3.endpoint.as_deref(), Some("http://127.0.0.1:3900"));
         assert_eq!(o.s3.region.as_deref(), Some("garage"));
-        assert_eq!(o.s3.credentials.as_deref(), Some(std::path::Path::new("/etc/leasefs/s3")));
-        for bad in ["s3_endpoint=127.0.0.1:3900", "s3_credentials=rel/path", "s3_region="] {
+        assert_eq!(
+            o.s3.credentials.as_deref(),
+            Some(std::path::Path::new("/etc/leasefs/s3"))
+        );
+        for bad in [
+            "s3_endpoint=127.0.0.1:3900",
+            "s3_credentials=rel/path",
+            "s3_region=",
+        ] {
             assert!(o.apply(bad).is_err(), "{bad}");
         }
     }

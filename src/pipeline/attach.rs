@@ -18,9 +18,7 @@ use super::datanodes::{Absent, Attached, Datanodes};
 use crate::error::FsError;
 use crate::meta::{AdminState, DatanodeRecord, DnId, Meta};
 use crate::storage::identity::{self, Identity};
-use crate::storage::{
-    Datanode, Storage, StorageError, block_ids_in, check_dirs, holds_files, s3,
-};
+use crate::storage::{Datanode, Storage, StorageError, block_ids_in, check_dirs, holds_files, s3};
 use crate::sync::Arc;
 
 /// Why a `--datanode` directory cannot be attached: the mount is refused.
@@ -412,9 +410,17 @@ fn s3_bucket(dir: &Path) -> Result<Arc<s3::bucket::Bucket>, StorageError> {
 }
 
 /// Opens the datanode `id` at `dir`: a directory or an object store.
-fn open_node(id: DnId, dir: &Path, identity: Option<Identity>) -> Result<Arc<dyn Storage>, StorageError> {
+fn open_node(
+    id: DnId,
+    dir: &Path,
+    identity: Option<Identity>,
+) -> Result<Arc<dyn Storage>, StorageError> {
     if s3::is_s3(dir) {
-        return Ok(Arc::new(s3::ObjectDatanode::open(id, s3_bucket(dir)?, identity)));
+        return Ok(Arc::new(s3::ObjectDatanode::open(
+            id,
+            s3_bucket(dir)?,
+            identity,
+        )));
     }
     Ok(Arc::new(Datanode::open(id, dir, identity)?))
 }
@@ -604,10 +610,7 @@ pub fn recorded(meta: &dyn Meta, replication: usize) -> Result<Datanodes, Attach
             }
         };
         match opened {
-            Some(node) => nodes.push(Attached {
-                node,
-                admin: state,
-            }),
+            Some(node) => nodes.push(Attached { node, admin: state }),
             None => absent.push(Absent {
                 record: rec,
                 why: "its directory is missing, or holds another identity file".into(),

@@ -4,6 +4,7 @@
 //! on a small tokio runtime the bucket owns: never on the daemon's own
 //! runtime, whose worker a `block_on` would stall.
 
+use crate::sync::{AtomicU64, Ordering};
 use std::io;
 use std::ops::Range;
 use std::path::PathBuf;
@@ -25,6 +26,31 @@ pub struct Bucket {
     url: String,
     /// The prefix inside the bucket (no leading or trailing `/`; may be empty).
     prefix: String,
+    /// Requests sent, by kind (what the store bills and what the layout
+    /// costs; docs/SEMANTICS.md, "Object-store datanodes").
+    counts: Requests,
+}
+
+/// Requests sent to the store, by kind.
+#[derive(Debug, Default)]
+pub struct Requests {
+    pub put: AtomicU64,
+    pub get: AtomicU64,
+    pub list: AtomicU64,
+    pub delete: AtomicU64,
+    pub copy: AtomicU64,
+}
+
+impl Requests {
+    /// (put, get, list, delete, copy) so far.
+    pub fn snapshot(&self) -> [u64; 5] {
+        [&self.put, &self.get, &self.list, &self.delete, &self.copy]
+            .map(|c| c.load(Ordering::Relaxed))
+    }
+}
+
+fn bump(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
 }
 
 impl std::fmt::Debug for Bucket {
@@ -66,7 +92,13 @@ impl Bucket {
             store,
             url,
             prefix: prefix.trim_matches('/').to_string(),
+            counts: Requests::default(),
         })
+    }
+
+    /// Requests sent so far.
+    pub fn requests(&self) -> &Requests {
+        &self.counts
     }
 
     pub fn url(&self) -> &str {
@@ -113,6 +145,7 @@ impl Bucket {
     /// PUT: returns once the store acknowledged the whole object.
     pub fn put(&self, rel: &str, body: Vec<u8>) -> Result<(), StorageError> {
         let key = self.key(rel);
+        bump(&self.counts.put, 1);
         self.run(self.store.put(&key, PutPayload::from(body)))
             .map(|_| ())
             .map_err(|e| self.err(rel, e))
@@ -121,6 +154,7 @@ impl Bucket {
     /// The whole object; `None` when there is none.
     pub fn get(&self, rel: &str) -> Result<Option<Vec<u8>>, StorageError> {
         let key = self.key(rel);
+        bump(&self.counts.get, 1);
         let r = self.run(async {
             let got = self.store.get(&key).await?;
             got.bytes().await
@@ -133,8 +167,13 @@ impl Bucket {
     }
 
     /// Bytes `range` of the object, each range fetched in parallel.
-    pub fn get_ranges(&self, rel: &str, ranges: &[Range<u64>]) -> Result<Vec<Vec<u8>>, StorageError> {
+    pub fn get_ranges(
+        &self,
+        rel: &str,
+        ranges: &[Range<u64>],
+    ) -> Result<Vec<Vec<u8>>, StorageError> {
         let key = self.key(rel);
+        bump(&self.counts.get, ranges.len() as u64);
         self.run(self.store.get_ranges(&key, ranges))
             .map(|v| v.into_iter().map(|b| b.to_vec()).collect())
             .map_err(|e| self.err(rel, e))
@@ -143,6 +182,7 @@ impl Bucket {
     /// Removes the object (absent: no error).
     pub fn delete(&self, rel: &str) -> Result<(), StorageError> {
         let key = self.key(rel);
+        bump(&self.counts.delete, 1);
         match self.run(self.store.delete(&key)) {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(self.err(rel, e)),
@@ -152,6 +192,7 @@ impl Bucket {
     /// A server-side copy (no bytes through the daemon).
     pub fn copy(&self, from: &str, to: &str) -> Result<(), StorageError> {
         let (f, t) = (self.key(from), self.key(to));
+        bump(&self.counts.copy, 1);
         self.run(self.store.copy(&f, &t))
             .map_err(|e| self.err(from, e))
     }
@@ -165,6 +206,7 @@ impl Bucket {
         } else {
             format!("{}/", self.prefix)
         };
+        bump(&self.counts.list, 1);
         let metas: Vec<object_store::ObjectMeta> = self
             .run(self.store.list(Some(&key)).try_collect())
             .map_err(|e| self.err(rel, e))?;

@@ -194,7 +194,11 @@ impl BlockObjects {
 
     /// The replica: the highest stamp that exists.
     pub fn current(&self) -> Option<(u64, &Gen)> {
-        self.gens.iter().rev().find(|(_, g)| g.exists()).map(|(gs, g)| (*gs, g))
+        self.gens
+            .iter()
+            .rev()
+            .find(|(_, g)| g.exists())
+            .map(|(gs, g)| (*gs, g))
     }
 
     /// Keys of generation `gs`.
@@ -277,7 +281,14 @@ mod tests {
         assert_eq!(gs, 3);
         assert!(g.open && !g.fin && g.slices.len() == 1);
         assert_eq!(b.keys_of(7, 9).count(), 1);
-        assert_eq!(parse_slice("s0000000001-00000000000000000512-00000000000000000600"), Some(SliceName { seq: 1, start: 512, end: 600 }));
+        assert_eq!(
+            parse_slice("s0000000001-00000000000000000512-00000000000000000600"),
+            Some(SliceName {
+                seq: 1,
+                start: 512,
+                end: 600
+            })
+        );
         assert_eq!(parse_slice("s1-100-600"), None);
     }
 }

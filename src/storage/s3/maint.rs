@@ -22,7 +22,11 @@ fn now_secs() -> u64 {
 }
 
 impl ObjectDatanode {
-    pub(super) fn info_of(&self, block: u64, objs: &BlockObjects) -> Result<Option<ReplicaInfo>, StorageError> {
+    pub(super) fn info_of(
+        &self,
+        block: u64,
+        objs: &BlockObjects,
+    ) -> Result<Option<ReplicaInfo>, StorageError> {
         let Some((gs, g)) = objs.current() else {
             return Ok(None);
         };
@@ -140,12 +144,16 @@ impl ObjectDatanode {
         };
         let mut crcs = Vec::with_capacity(data.len() / CHUNK_SIZE + 1);
         chunk_crcs(&data, &mut crcs);
-        self.bucket
-            .put(&keys::slice_key(block, gs, &s), encode_slice(&crcs, &[&data]))?;
+        self.bucket.put(
+            &keys::slice_key(block, gs, &s),
+            encode_slice(&crcs, &[&data]),
+        )?;
         self.io.wrote(len);
         self.bucket.put(&keys::marker(block, gs, GEN), Vec::new())?;
         match state {
-            ReplicaState::Finalized => self.bucket.put(&keys::marker(block, gs, FINAL), Vec::new())?,
+            ReplicaState::Finalized => self
+                .bucket
+                .put(&keys::marker(block, gs, FINAL), Vec::new())?,
             ReplicaState::Rbw => self.bucket.delete(&keys::marker(block, gs, FINAL))?,
         }
         let objs = self.scan(block)?;
@@ -155,7 +163,11 @@ impl ObjectDatanode {
 
     /// Copies the objects of `block` (generation `only`, or all) under
     /// `quarantine/<secs>-blk_<id>/`; returns that place.
-    pub(super) fn copy_to_quarantine(&self, block: u64, only: Option<u64>) -> Result<(PathBuf, BlockObjects), StorageError> {
+    pub(super) fn copy_to_quarantine(
+        &self,
+        block: u64,
+        only: Option<u64>,
+    ) -> Result<(PathBuf, BlockObjects), StorageError> {
         let objs = self.scan(block)?;
         let dir = format!("{QUARANTINE}/{}-blk_{block}", now_secs());
         let from = format!("{}/", keys::block_dir(block));
@@ -194,14 +206,20 @@ impl ObjectDatanode {
         }
         Ok(m.into_iter()
             .map(|((since, block), keys)| {
-                let path = self.bucket.path_of(&format!("{QUARANTINE}/{since}-blk_{block}"));
+                let path = self
+                    .bucket
+                    .path_of(&format!("{QUARANTINE}/{since}-blk_{block}"));
                 (Quarantined { path, block, since }, keys)
             })
             .collect())
     }
 
     pub(super) fn quarantine_list(&self) -> Result<Vec<Quarantined>, StorageError> {
-        Ok(self.quarantine_entries()?.into_iter().map(|(q, _)| q).collect())
+        Ok(self
+            .quarantine_entries()?
+            .into_iter()
+            .map(|(q, _)| q)
+            .collect())
     }
 
     pub(super) fn quarantine_expire(&self, keep: Duration) -> Result<usize, StorageError> {

@@ -56,7 +56,11 @@ pub struct ObjectDatanode {
 /// Opens the bucket of `url` with `opts` (no request yet).
 pub fn connect(url: &S3Url, opts: &S3Options) -> Result<Arc<Bucket>, StorageError> {
     let store = settings::build_store(url, opts)?;
-    Ok(Arc::new(Bucket::new(store, url.to_url(), url.prefix.clone())?))
+    Ok(Arc::new(Bucket::new(
+        store,
+        url.to_url(),
+        url.prefix.clone(),
+    )?))
 }
 
 /// The identity object of the prefix, if any.
@@ -115,13 +119,21 @@ impl ObjectDatanode {
     }
 
     /// Opens `url` (`s3://…`) with the mount's options.
-    pub fn open_url(id: DnId, url: &Path, identity: Option<Identity>) -> Result<ObjectDatanode, StorageError> {
+    pub fn open_url(
+        id: DnId,
+        url: &Path,
+        identity: Option<Identity>,
+    ) -> Result<ObjectDatanode, StorageError> {
         let s = url.to_str().unwrap_or_default();
         let u = parse_url(s).map_err(|why| StorageError::BadIdentity {
             path: url.to_path_buf(),
             reason: why,
         })?;
-        Ok(Self::open(id, connect(&u, &settings::installed())?, identity))
+        Ok(Self::open(
+            id,
+            connect(&u, &settings::installed())?,
+            identity,
+        ))
     }
 
     pub fn bucket(&self) -> &Arc<Bucket> {
@@ -150,7 +162,12 @@ impl Storage for ObjectDatanode {
         Ok(Box::new(self.create(block, gs)?))
     }
 
-    fn reopen_rbw(&self, block: u64, gs: u64, len: u64) -> Result<Box<dyn ReplicaWrite>, StorageError> {
+    fn reopen_rbw(
+        &self,
+        block: u64,
+        gs: u64,
+        len: u64,
+    ) -> Result<Box<dyn ReplicaWrite>, StorageError> {
         Ok(Box::new(self.reopen(block, gs, len)?))
     }
 
@@ -162,12 +179,24 @@ impl Storage for ObjectDatanode {
         ops_finalize(self, block, gs, len)
     }
 
-    fn finalize_written(&self, w: Box<dyn ReplicaWrite>, block: u64, gs: u64, len: u64) -> Result<(), StorageError> {
+    fn finalize_written(
+        &self,
+        w: Box<dyn ReplicaWrite>,
+        block: u64,
+        gs: u64,
+        len: u64,
+    ) -> Result<(), StorageError> {
         w.finish()?;
         ops_finalize(self, block, gs, len)
     }
 
-    fn write_finalized(&self, block: u64, gs: u64, data: &[u8], crcs: &[u32]) -> Result<(), StorageError> {
+    fn write_finalized(
+        &self,
+        block: u64,
+        gs: u64,
+        data: &[u8],
+        crcs: &[u32],
+    ) -> Result<(), StorageError> {
         let r = ObjectDatanode::write_finalized(self, block, gs, data, crcs);
         match &r {
             Ok(()) => self.io.wrote(data.len() as u64),
@@ -289,7 +318,9 @@ impl Storage for ObjectDatanode {
         if let Some(want) = &self.identity {
             let found = read_identity(&self.bucket)?;
             match found {
-                Some(f) if f.storage_id == want.storage_id && f.filesystem_id == want.filesystem_id => {}
+                Some(f)
+                    if f.storage_id == want.storage_id && f.filesystem_id == want.filesystem_id => {
+                }
                 Some(f) => {
                     return Err(StorageError::OtherIdentity {
                         path: self.root.clone(),

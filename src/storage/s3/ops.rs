@@ -33,10 +33,7 @@ impl ObjectDatanode {
         gs: u64,
     ) -> Result<Gen, StorageError> {
         match objs.current() {
-            None => Err(StorageError::Missing {
-                block,
-                dn: self.id,
-            }),
+            None => Err(StorageError::Missing { block, dn: self.id }),
             Some((found, _)) if found != gs => Err(StorageError::StaleGenStamp {
                 block,
                 found,
@@ -46,7 +43,12 @@ impl ObjectDatanode {
         }
     }
 
-    pub(super) fn extents(&self, block: u64, gs: u64, g: &Gen) -> Result<Vec<Extent>, StorageError> {
+    pub(super) fn extents(
+        &self,
+        block: u64,
+        gs: u64,
+        g: &Gen,
+    ) -> Result<Vec<Extent>, StorageError> {
         keys::resolve(g).map_err(|at| StorageError::Corrupt {
             block,
             replica: self.bucket.path_of(&keys::gen_dir(block, gs)),
@@ -54,7 +56,12 @@ impl ObjectDatanode {
         })
     }
 
-    pub(super) fn reader_of(&self, block: u64, gs: u64, g: &Gen) -> Result<ObjectReader, StorageError> {
+    pub(super) fn reader_of(
+        &self,
+        block: u64,
+        gs: u64,
+        g: &Gen,
+    ) -> Result<ObjectReader, StorageError> {
         Ok(ObjectReader {
             bucket: self.bucket.clone(),
             block,
@@ -153,14 +160,21 @@ impl ObjectDatanode {
         };
         let mut crcs = Vec::new();
         chunk_crcs(&tail, &mut crcs);
-        self.bucket
-            .put(&keys::slice_key(block, gs, &s), encode_slice(&crcs, &[&tail]))?;
+        self.bucket.put(
+            &keys::slice_key(block, gs, &s),
+            encode_slice(&crcs, &[&tail]),
+        )?;
         let mut g = g.clone();
         g.slices.insert(s.seq, (s, s.object_len()));
         Ok((g, tail))
     }
 
-    pub(super) fn reopen(&self, block: u64, gs: u64, len: u64) -> Result<ObjectWriter, StorageError> {
+    pub(super) fn reopen(
+        &self,
+        block: u64,
+        gs: u64,
+        len: u64,
+    ) -> Result<ObjectWriter, StorageError> {
         let objs = self.scan(block)?;
         let g = self.current_at(&objs, block, gs)?;
         if !g.open {
@@ -187,17 +201,27 @@ impl ObjectDatanode {
             return Ok(());
         }
         for (s, _) in g.slices.values() {
-            self.bucket
-                .copy(&keys::slice_key(block, old, s), &keys::slice_key(block, new, s))?;
+            self.bucket.copy(
+                &keys::slice_key(block, old, s),
+                &keys::slice_key(block, new, s),
+            )?;
         }
         if g.fin {
-            self.bucket.put(&keys::marker(block, new, FINAL), Vec::new())?;
+            self.bucket
+                .put(&keys::marker(block, new, FINAL), Vec::new())?;
         }
-        self.bucket.put(&keys::marker(block, new, GEN), Vec::new())?;
+        self.bucket
+            .put(&keys::marker(block, new, GEN), Vec::new())?;
         self.delete_gen(&objs, block, old)
     }
 
-    pub(super) fn truncate(&self, block: u64, gs: u64, new_gs: u64, len: u64) -> Result<(), StorageError> {
+    pub(super) fn truncate(
+        &self,
+        block: u64,
+        gs: u64,
+        new_gs: u64,
+        len: u64,
+    ) -> Result<(), StorageError> {
         self.restamp(block, gs, new_gs)?;
         let objs = self.scan(block)?;
         let g = self.current_at(&objs, block, new_gs)?;
@@ -230,12 +254,15 @@ impl ObjectDatanode {
             };
             let mut crcs = Vec::new();
             chunk_crcs(&data, &mut crcs);
-            self.bucket
-                .put(&keys::slice_key(block, gs, &s), encode_slice(&crcs, &[&data]))?;
+            self.bucket.put(
+                &keys::slice_key(block, gs, &s),
+                encode_slice(&crcs, &[&data]),
+            )?;
             g.slices.insert(s.seq, (s, s.object_len()));
         }
         if !g.fin {
-            self.bucket.put(&keys::marker(block, gs, FINAL), Vec::new())?;
+            self.bucket
+                .put(&keys::marker(block, gs, FINAL), Vec::new())?;
         }
         self.prune(&objs, block, gs, &g)
     }
@@ -243,7 +270,13 @@ impl ObjectDatanode {
     /// Removes what the replica `gs` no longer reads: slices another one
     /// cut away entirely, and every older generation (stale replicas, as a
     /// directory's restamped meta file leaves none).
-    pub(super) fn prune(&self, objs: &BlockObjects, block: u64, gs: u64, g: &Gen) -> Result<(), StorageError> {
+    pub(super) fn prune(
+        &self,
+        objs: &BlockObjects,
+        block: u64,
+        gs: u64,
+        g: &Gen,
+    ) -> Result<(), StorageError> {
         let used: std::collections::HashSet<u64> = self
             .extents(block, gs, g)?
             .iter()
@@ -266,7 +299,13 @@ impl ObjectDatanode {
 
     /// A whole replica in one slice, straight to finalized: leftovers of
     /// the block go first; slice, then `final` (the commit).
-    pub(super) fn write_finalized(&self, block: u64, gs: u64, data: &[u8], crcs: &[u32]) -> Result<(), StorageError> {
+    pub(super) fn write_finalized(
+        &self,
+        block: u64,
+        gs: u64,
+        data: &[u8],
+        crcs: &[u32],
+    ) -> Result<(), StorageError> {
         let objs = self.scan(block)?;
         self.delete_all(&objs)?;
         let s = SliceName {

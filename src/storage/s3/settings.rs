@@ -73,7 +73,11 @@ pub fn parse_url(s: &str) -> Result<S3Url, String> {
     {
         return Err(format!("{s}: bad bucket name {bucket:?}"));
     }
-    if !prefix.is_empty() && prefix.split('/').any(|c| c.is_empty() || c == "." || c == "..") {
+    if !prefix.is_empty()
+        && prefix
+            .split('/')
+            .any(|c| c.is_empty() || c == "." || c == "..")
+    {
         return Err(format!("{s}: bad prefix {prefix:?}"));
     }
     Ok(S3Url {
@@ -101,7 +105,10 @@ fn read_credentials(path: &Path) -> Result<Creds, StorageError> {
     };
     let md = std::fs::metadata(path).map_err(|e| StorageError::io(path, e))?;
     if md.uid() != nix::unistd::geteuid().as_raw() {
-        return Err(bad(format!("the credentials file is owned by uid {}", md.uid())));
+        return Err(bad(format!(
+            "the credentials file is owned by uid {}",
+            md.uid()
+        )));
     }
     if md.mode() & 0o077 != 0 {
         return Err(bad(format!(
@@ -185,7 +192,14 @@ mod tests {
             }
         );
         assert_eq!(parse_url("s3://b").unwrap().prefix, "");
-        for bad in ["s3://", "s3://B/x", "s3://b//x", "s3://b/../x", "/dn", "s3://b/x/./y"] {
+        for bad in [
+            "s3://",
+            "s3://B/x",
+            "s3://b//x",
+            "s3://b/../x",
+            "/dn",
+            "s3://b/x/./y",
+        ] {
             assert!(parse_url(bad).is_err(), "{bad}");
         }
     }
@@ -195,9 +209,16 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("env");
-        std::fs::write(&p, "export AWS_ACCESS_KEY_ID=\"k\"\naws_secret_access_key = s\n").unwrap();
+        std::fs::write(
+            &p,
+            "export AWS_ACCESS_KEY_ID=\"k\"\naws_secret_access_key = s\n",
+        )
+        .unwrap();
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o640)).unwrap();
-        assert!(matches!(read_credentials(&p), Err(StorageError::Untrusted { .. })));
+        assert!(matches!(
+            read_credentials(&p),
+            Err(StorageError::Untrusted { .. })
+        ));
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
         let c = read_credentials(&p).unwrap();
         assert_eq!(c.key_id.as_deref(), Some("k"));

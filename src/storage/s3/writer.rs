@@ -45,7 +45,9 @@ pub(super) fn encode_slice(crcs: &[u32], parts: &[&[u8]]) -> Vec<u8> {
 impl ObjectWriter {
     fn bad(&self, reason: String) -> StorageError {
         StorageError::BadPacket {
-            path: self.bucket.path_of(&super::keys::gen_dir(self.block, self.gs)),
+            path: self
+                .bucket
+                .path_of(&super::keys::gen_dir(self.block, self.gs)),
             reason,
         }
     }
@@ -72,9 +74,7 @@ impl ObjectWriter {
             )));
         }
         let body = encode_slice(crcs, &[&self.tail, data]);
-        let r = self
-            .bucket
-            .put(&slice_key(self.block, self.gs, &s), body);
+        let r = self.bucket.put(&slice_key(self.block, self.gs, &s), body);
         if r.is_err() {
             self.io.error();
         }
@@ -101,7 +101,8 @@ impl ReplicaWrite for ObjectWriter {
 
     /// An object store has no holes: the zeros are written.
     fn write_zeros(&mut self, offset: u64, len: u64, crcs: &[u32]) -> Result<(), StorageError> {
-        let zeros = vec![0u8; usize::try_from(len).map_err(|_| self.bad(format!("{len} zero bytes")))?];
+        let zeros =
+            vec![0u8; usize::try_from(len).map_err(|_| self.bad(format!("{len} zero bytes")))?];
         self.append(offset, &zeros, crcs)
     }
 
