@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{IsTerminal, Write};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -486,10 +486,8 @@ fn orphans(c: &Check<'_>, blocks: &[BlockRow], r: &mut Report) {
             // young rbw one may be about to be referenced (and, of another
             // daemon's, a young one of any kind).
             let young = (info.state == ReplicaState::Rbw || c.grace_finalized || c.shared)
-                && std::fs::symlink_metadata(&info.data_path)
-                    .and_then(|m| m.modified())
-                    .ok()
-                    .and_then(|t| SystemTime::now().duration_since(t).ok())
+                && node
+                    .replica_age(&info)
                     .is_some_and(|age| age < c.orphan_grace);
             if young {
                 continue;

@@ -269,6 +269,17 @@ pub trait Storage: Send + Sync + fmt::Debug {
     /// Every replica here (both files present), by block id.
     fn list(&self) -> Result<Vec<ReplicaInfo>, StorageError>;
 
+    /// How long ago replica `info` (as [`Self::list`] gave it) was last
+    /// written, if known: fsck leaves a young unreferenced replica alone
+    /// (its writer may be about to record it). A directory's is its data
+    /// file's mtime.
+    fn replica_age(&self, info: &ReplicaInfo) -> Option<Duration> {
+        std::fs::symlink_metadata(&info.data_path)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| std::time::SystemTime::now().duration_since(t).ok())
+    }
+
     // ---- removing and copying (fsck, housekeeping, the balancer) --------
 
     /// Removes every file of `block` (absent: no error).

@@ -72,6 +72,8 @@ impl Drop for Bucket {
 pub struct Listed {
     pub rel: String,
     pub size: u64,
+    /// When the store says it was written.
+    pub modified: Option<std::time::SystemTime>,
 }
 
 impl Bucket {
@@ -217,6 +219,7 @@ impl Bucket {
                 k.strip_prefix(&strip).map(|r| Listed {
                     rel: r.to_string(),
                     size: m.size,
+                    modified: Some(m.last_modified.into()),
                 })
             })
             .collect())

@@ -263,6 +263,7 @@ mod tests {
         let l = |rel: &str| Listed {
             rel: rel.into(),
             size: 8,
+            modified: None,
         };
         let s = SliceName {
             seq: 0,

@@ -238,6 +238,22 @@ impl Storage for ObjectDatanode {
         self.list_all()
     }
 
+    /// Since its newest object was written (another host's writer may be
+    /// about to record it). Unknown (the store did not answer) counts as
+    /// new: nothing is moved aside on a guess.
+    fn replica_age(&self, info: &ReplicaInfo) -> Option<Duration> {
+        let newest = self
+            .bucket
+            .list(&keys::gen_dir(info.block, info.gs))
+            .ok()
+            .and_then(|l| l.into_iter().filter_map(|o| o.modified).max());
+        Some(newest.map_or(Duration::ZERO, |t| {
+            std::time::SystemTime::now()
+                .duration_since(t)
+                .unwrap_or(Duration::ZERO)
+        }))
+    }
+
     fn delete(&self, block: u64) -> Result<(), StorageError> {
         let objs = self.scan(block)?;
         self.delete_all(&objs)
