@@ -108,6 +108,15 @@ impl ObjectDatanode {
         state: ReplicaState,
     ) -> Result<(), StorageError> {
         let (block, gs) = to;
+        // Checked first: a newer replica here is never replaced.
+        let objs = self.scan(block)?;
+        if let Some(found) = objs.current().map(|(g, _)| g).filter(|f| *f > gs) {
+            return Err(StorageError::NewerReplica {
+                block,
+                found,
+                copying: gs,
+            });
+        }
         let reader = src.open_reader(from.0, from.1)?;
         let mut data = vec![0u8; usize::try_from(len).unwrap_or(usize::MAX)];
         let mut off = 0usize;
@@ -123,14 +132,6 @@ impl ObjectDatanode {
                 });
             }
             off += n;
-        }
-        let objs = self.scan(block)?;
-        if let Some(found) = objs.current().map(|(g, _)| g).filter(|f| *f > gs) {
-            return Err(StorageError::NewerReplica {
-                block,
-                found,
-                copying: gs,
-            });
         }
         let seq = objs
             .gens
