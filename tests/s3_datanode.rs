@@ -315,7 +315,10 @@ fn delete_list_copy_quarantine(g: &Garage) {
     // at again for a few seconds.
     let t = std::time::Instant::now();
     while !a.quarantined().unwrap().is_empty() {
-        assert!(t.elapsed() < Duration::from_secs(10), "quarantine not emptied");
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "quarantine not emptied"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
 }
