@@ -171,6 +171,17 @@ impl ReplicaReader {
         }
     }
 
+    /// A read through a reader kept open from an earlier read (see
+    /// [`FileReader::read_kept`]). An object replica's slices are
+    /// immutable; one removed since (a restamp) fails the read, and the
+    /// caller reads afresh.
+    pub fn read_kept(&self, offset: u64, buf: &mut [u8]) -> Result<usize, StorageError> {
+        match &self.0 {
+            Backend::File(r) => r.read_kept(offset, buf),
+            Backend::Object(r) => r.read(offset, buf),
+        }
+    }
+
     /// The longest prefix whose chunks match their CRCs.
     pub fn valid_prefix(&self) -> Result<u64, StorageError> {
         match &self.0 {
