@@ -109,6 +109,15 @@ pub struct Gen {
 }
 
 impl Gen {
+    /// The replica's state, as its markers say.
+    pub fn state(&self) -> crate::storage::ReplicaState {
+        if self.fin {
+            crate::storage::ReplicaState::Finalized
+        } else {
+            crate::storage::ReplicaState::Rbw
+        }
+    }
+
     /// The generation exists (a marker object says so).
     pub fn exists(&self) -> bool {
         self.open || self.fin

@@ -35,11 +35,7 @@ impl ObjectDatanode {
         Ok(Some(ReplicaInfo {
             block,
             gs,
-            state: if g.fin {
-                ReplicaState::Finalized
-            } else {
-                ReplicaState::Rbw
-            },
+            state: g.state(),
             data_len: keys::len_of(&ext),
             data_path: path.clone(),
             meta_path: path,
@@ -62,11 +58,7 @@ impl ObjectDatanode {
                         out.push(ReplicaInfo {
                             block,
                             gs,
-                            state: if g.fin {
-                                ReplicaState::Finalized
-                            } else {
-                                ReplicaState::Rbw
-                            },
+                            state: g.state(),
                             data_len: 0,
                             data_path: path.clone(),
                             meta_path: path,

@@ -225,11 +225,7 @@ impl Storage for ObjectDatanode {
         let g = self.current_at(&objs, block, gs)?;
         let ext = self.extents(block, gs, &g)?;
         Ok(ReplicaStat {
-            state: if g.fin {
-                ReplicaState::Finalized
-            } else {
-                ReplicaState::Rbw
-            },
+            state: g.state(),
             data_len: keys::len_of(&ext),
         })
     }

@@ -4,7 +4,6 @@
 
 use super::super::checksum::{CHUNK_SIZE, chunk_crcs};
 use super::super::error::StorageError;
-use super::super::layout::ReplicaState;
 use super::ObjectDatanode;
 use super::keys::{self, BlockObjects, Extent, FINAL, GEN, Gen, SliceName};
 use super::reader::ObjectReader;
@@ -66,11 +65,7 @@ impl ObjectDatanode {
             bucket: self.bucket.clone(),
             block,
             gs,
-            state: if g.fin {
-                ReplicaState::Finalized
-            } else {
-                ReplicaState::Rbw
-            },
+            state: g.state(),
             ext: self.extents(block, gs, g)?,
             io: self.io.clone(),
             path: self.bucket.path_of(&keys::gen_dir(block, gs)),
