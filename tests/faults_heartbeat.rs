@@ -135,7 +135,7 @@ fn an_unwritable_datanode_is_reported_dead_within_a_heartbeat_left_out_of_new_pi
 #[test]
 fn a_removed_datanode_directory_is_reported_dead_within_a_heartbeat_and_rejoins_once_recreated() {
     let m = four_datanodes();
-    std::fs::remove_dir_all(&m.datanodes[1]).unwrap();
+    remove_live_dir(&m.datanodes[1]);
     let took = wait_dead(&m, 1, true);
     eprintln!("removed datanode reported dead after {took:?}");
     assert!(

@@ -196,7 +196,7 @@ fn a_datanode_directory_removed_mid_write_is_dropped_and_the_writer_sees_no_erro
     let before = blocks_of(&m, "big");
     assert_eq!(before.len(), 1, "{before:?}");
     let victim = before[0].replicas[1];
-    std::fs::remove_dir_all(&m.datanodes[victim]).unwrap();
+    remove_live_dir(&m.datanodes[victim]);
 
     let r = w.result(Duration::from_secs(60));
     assert_eq!(
@@ -321,7 +321,7 @@ fn fsync_succeeds_when_a_datanode_holding_an_earlier_block_of_the_file_is_remove
         "block 0 not finalized: {blocks:?}"
     );
     let victim = blocks[0].replicas[0];
-    std::fs::remove_dir_all(&m.datanodes[victim]).unwrap();
+    remove_live_dir(&m.datanodes[victim]);
     // Two replicas of every block are left: the writer sees no error.
     let r = a.cmd("fsync");
     assert!(

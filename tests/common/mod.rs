@@ -459,6 +459,24 @@ pub fn getxattr(p: &Path, name: &str) -> Option<String> {
     Some(String::from_utf8_lossy(&o.stdout).into_owned())
 }
 
+/// Removes a datanode directory the mounted daemon is writing into, as
+/// an operator's `rm -rf` of a failed disk would. The daemon may create a
+/// replica file in a directory after `remove_dir_all` listed it, so the
+/// last `rmdir` can find it not empty (ENOTEMPTY, seen in CI): another
+/// pass removes what was created since. Once a directory is gone the
+/// daemon's creates in it fail, so the passes end; 10 s bounds them.
+pub fn remove_live_dir(p: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match std::fs::remove_dir_all(p) {
+            Ok(()) => return,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+            Err(e) if e.raw_os_error() == Some(libc::ENOTEMPTY) && Instant::now() < deadline => {}
+            Err(e) => panic!("removing {}: {e}", p.display()),
+        }
+    }
+}
+
 /// Polls `f` every 20 ms until it is true (true) or `max` passes (false).
 pub fn wait_until(max: Duration, f: impl FnMut() -> bool) -> bool {
     poll_until(max, Duration::from_millis(20), f)
