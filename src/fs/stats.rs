@@ -52,6 +52,7 @@ impl Core {
                     one_step_replicas: fast.one_step_replicas,
                     chunks_batched: fast.chunks_batched,
                     readers_reused: fast.readers_reused,
+                    syncfs_shared: fast.syncfs_shared,
                 }
             })
             .collect();

@@ -256,7 +256,7 @@ pub struct IoCounters {
     written: AtomicU64,
     read: AtomicU64,
     errors: AtomicU64,
-    fast: [AtomicU64; 6],
+    fast: [AtomicU64; 7],
 }
 
 /// Which way replicas were made durable here: the figures that show a
@@ -280,6 +280,9 @@ pub struct FastPaths {
     /// from an earlier read (no open, and the kernel's own read-ahead of
     /// the replica follows the reader).
     pub readers_reused: u64,
+    /// fsyncs whose replicas here were made durable by a `syncfs` that a
+    /// concurrent fsync ran ([`crate::pipeline::fs_sync`]).
+    pub syncfs_shared: u64,
 }
 
 /// Indexes into [`IoCounters::fast`].
@@ -291,6 +294,7 @@ pub enum Fast {
     OneStep,
     ChunksBatched,
     ReaderReused,
+    SyncfsShared,
 }
 
 impl IoCounters {
@@ -327,6 +331,7 @@ impl IoCounters {
             one_step_replicas: get(Fast::OneStep),
             chunks_batched: get(Fast::ChunksBatched),
             readers_reused: get(Fast::ReaderReused),
+            syncfs_shared: get(Fast::SyncfsShared),
         }
     }
 

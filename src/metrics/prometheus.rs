@@ -152,6 +152,10 @@ pub const DN_READERS_REUSED: Name = counter(
     "leasefs_datanode_readers_reused",
     "Replica reads through a reader kept open by the file handle",
 );
+pub const DN_SYNCFS_SHARED: Name = counter(
+    "leasefs_datanode_syncfs_shared",
+    "fsyncs whose replicas here a syncfs run by a concurrent fsync made durable",
+);
 
 /// Every metric, in the order they are exposed.
 pub const NAMES: &[&Name] = &[
@@ -180,6 +184,7 @@ pub const NAMES: &[&Name] = &[
     &DN_ONE_STEP,
     &DN_CHUNKS_BATCHED,
     &DN_READERS_REUSED,
+    &DN_SYNCFS_SHARED,
 ];
 
 /// The states `leasefs_datanode_state` always lists.
@@ -294,7 +299,7 @@ impl Scrape {
                 }
             }
         }
-        let counters: [(&Name, Field); 9] = [
+        let counters: [(&Name, Field); 10] = [
             (&DN_WRITTEN, |d| Some(d.bytes_written)),
             (&DN_READ, |d| Some(d.bytes_read)),
             (&DN_ERRORS, |d| Some(d.errors)),
@@ -304,6 +309,7 @@ impl Scrape {
             (&DN_ONE_STEP, |d| Some(d.one_step_replicas)),
             (&DN_CHUNKS_BATCHED, |d| Some(d.chunks_batched)),
             (&DN_READERS_REUSED, |d| Some(d.readers_reused)),
+            (&DN_SYNCFS_SHARED, |d| Some(d.syncfs_shared)),
         ];
         for (n, get) in counters {
             let mut m = metric(enc, n)?;

@@ -43,6 +43,9 @@ pub struct DatanodeStats {
     /// through a replica reader kept open by the handle.
     pub chunks_batched: u64,
     pub readers_reused: u64,
+    /// fsyncs whose replicas there were made durable by a `syncfs` that
+    /// another fsync ran (grouped, `pipeline::fs_sync`).
+    pub syncfs_shared: u64,
 }
 
 /// Every counter and gauge of a mount. Counters only grow while the

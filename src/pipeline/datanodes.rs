@@ -11,6 +11,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use super::fs_sync::FsSyncs;
 use super::in_flight::{Hold, InFlight};
 use super::placement::{self, Candidate};
 use crate::error::{FsError, FsResult};
@@ -186,6 +187,8 @@ pub struct Datanodes {
     pub replication: usize,
     /// Blocks this daemon is writing or copying but has not recorded yet.
     in_flight: Arc<InFlight>,
+    /// Each datanode filesystem's grouped `syncfs`.
+    pub fs_syncs: FsSyncs,
 }
 
 impl Datanodes {
@@ -201,6 +204,7 @@ impl Datanodes {
             slots: RwLock::new(Arc::new(slots)),
             replication,
             in_flight: Arc::default(),
+            fs_syncs: FsSyncs::default(),
         }
     }
 

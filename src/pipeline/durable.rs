@@ -19,6 +19,7 @@ use std::collections::HashSet;
 use super::ctx::StreamCtx;
 use crate::error::{FsError, FsResult};
 use crate::meta::{BlockRow, Change, DnId};
+use crate::metrics::Fast;
 use crate::storage::Storage;
 use crate::sync::Arc;
 
@@ -128,10 +129,11 @@ pub(crate) fn sync_replicas(
     jobs.extend(extra);
     let mut groups: Vec<FsGroup> = Vec::new();
     for who in replicas {
-        let by_fs = ctx
-            .dns
-            .get(who.dn)
-            .filter(|n| ctx.sync_by_fs && n.syncfs_is_barrier());
+        // A filesystem whose syncfs failed is synced file by file (see
+        // `fs_sync`).
+        let by_fs = ctx.dns.get(who.dn).filter(|n| {
+            ctx.sync_by_fs && n.syncfs_is_barrier() && !ctx.dns.fs_syncs.of(n.fs_id()).failed()
+        });
         match by_fs {
             Some(node) => match groups.iter_mut().find(|g| g.node.fs_id() == node.fs_id()) {
                 Some(g) => g.members.push(who),
@@ -144,8 +146,15 @@ pub(crate) fn sync_replicas(
         }
     }
     for FsGroup { node, members } in groups {
+        let group = ctx.dns.fs_syncs.of(node.fs_id());
         jobs.push(Box::new(move || {
-            let r = node.sync_fs().map_err(FsError::from);
+            let r = group
+                .run(|| node.sync_fs().map_err(FsError::from))
+                .map(|joined| {
+                    if joined {
+                        node.io().fast(Fast::SyncfsShared);
+                    }
+                });
             if let Err(e) = &r {
                 tracing::warn!(
                     datanode = %node.id(),

@@ -24,6 +24,7 @@ pub mod budget;
 pub mod ctx;
 pub mod datanodes;
 pub mod durable;
+pub mod fs_sync;
 pub mod in_flight;
 pub mod ledger;
 pub mod outcome;

@@ -225,6 +225,31 @@ fn a_syncfs_error_of_another_file_costs_no_replica() {
     assert!(rig.nodes[0].calls(Op::FileSync) > 0);
 }
 
+/// A `syncfs` error may belong to pages whose fsync comes later (written
+/// back, and failed, before it): the filesystem is synced file by file
+/// from then on, so the later fsync sees its file's own error. Had it
+/// gone through `syncfs` again, that call (its error already reported)
+/// would have succeeded: a dropped sync error.
+#[test]
+fn after_a_syncfs_error_later_fsyncs_there_sync_file_by_file() {
+    let rig = Rig::with(3, 3, 16, true);
+    let log = rig.log();
+    let mut data = Vec::new();
+    let s = prepare(&rig, &log, Path::ByFs, &mut data);
+    rig.nodes[0].arm(Op::SyncFs, Fault::Fail(libc::EIO), 0);
+    wait(|d| s.sync(d)).unwrap();
+    wait(|d| s.close(d)).unwrap();
+    let syncfs_before = rig.nodes[0].calls(Op::SyncFs);
+    // The replica's pages on datanode 0 failed their writeback since.
+    rig.nodes[0].arm(Op::FileSync, Fault::Fail(libc::EIO), 0);
+    durable::sync_file(&rig.ctx, rig.ino).unwrap();
+    assert_eq!(rig.nodes[0].calls(Op::SyncFs), syncfs_before);
+    let row = rig.blocks().remove(0);
+    assert!(!row.replicas.contains(&DnId(0)), "{row:?}");
+    assert_eq!(row.replicas.len(), 2, "{row:?}");
+    assert_eq!(rig.read(data.len() as u64), data);
+}
+
 #[test]
 fn a_failed_wal_sync_fails_the_fsync_and_every_later_one() {
     for errno in [libc::EIO, libc::ENOSPC] {
