@@ -39,6 +39,13 @@ pub struct MountOptions {
     /// `s3_endpoint=`, `s3_region=`, `s3_credentials=`: how object-store
     /// datanodes (`--datanode s3://BUCKET/PREFIX`) are reached.
     pub s3: S3Options,
+    /// `local_copy`: this mount's directory datanodes hold host-local
+    /// copies (one more replica of each new block, read first here,
+    /// counted toward nothing; see `pipeline::copies`).
+    pub local_copy: bool,
+    /// `host_id=`: this host's id for host-local copies (default: the
+    /// machine id).
+    pub host_id: Option<String>,
 }
 
 /// How object-store datanodes are reached (see `storage::s3::settings`):
@@ -70,6 +77,8 @@ impl Default for MountOptions {
             fuse_uring: true,
             kernel_flags: Vec::new(),
             s3: S3Options::default(),
+            local_copy: false,
+            host_id: None,
         }
     }
 }
@@ -77,7 +86,7 @@ impl Default for MountOptions {
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum OptionError {
     #[error(
-        "unknown mount option '{0}' (known: soft_limit, hard_limit, monitor_interval, lease_wait, block_size, packet_size, max_packets_in_flight, write_buffer, log_size, housekeeping_interval, replica_sync, fuse_uring, metrics, s3_endpoint, s3_region, s3_credentials)"
+        "unknown mount option '{0}' (known: soft_limit, hard_limit, monitor_interval, lease_wait, block_size, packet_size, max_packets_in_flight, write_buffer, log_size, housekeeping_interval, replica_sync, fuse_uring, metrics, s3_endpoint, s3_region, s3_credentials, local_copy, host_id)"
     )]
     Unknown(String),
     #[error("mount option '{key}' has a bad value '{value}': {why}")]
@@ -188,6 +197,16 @@ impl MountOptions {
                     self.s3.credentials = Some(p)
                 }
                 "metrics" => self.metrics = Some(parse_listen(value).map_err(bad)?),
+                "local_copy" => {
+                    if !value.is_empty() {
+                        return Err(bad("takes no value".into()));
+                    }
+                    self.local_copy = true
+                }
+                "host_id" => {
+                    crate::pipeline::copies::check_host_id(value).map_err(bad)?;
+                    self.host_id = Some(value.to_string())
+                }
                 "fuse_uring" => {
                     self.fuse_uring = match value {
                         "auto" => true,
@@ -317,6 +336,18 @@ mod tests {
             "s3_credentials=rel/path",
             "s3_region=",
         ] {
+            assert!(o.apply(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn local_copy_is_a_flag_and_host_id_a_plain_name() {
+        let mut o = MountOptions::default();
+        assert!(!o.local_copy && o.host_id.is_none());
+        o.apply("local_copy,host_id=rack1-host7").unwrap();
+        assert!(o.local_copy);
+        assert_eq!(o.host_id.as_deref(), Some("rack1-host7"));
+        for bad in ["local_copy=yes", "host_id=", "host_id=a b"] {
             assert!(o.apply(bad).is_err(), "{bad}");
         }
     }

@@ -14,7 +14,8 @@ use crate::meta::{AdminState, BlockRow, DnId, Meta};
 use crate::pipeline::Datanodes;
 use crate::pipeline::datanodes::{DatanodeStatus, FULL_BELOW, Health};
 use crate::storage::quarantine::{self, Quarantined};
-use crate::storage::{ReplicaStat, ReplicaState, StorageError};
+use crate::storage::{ReplicaStat, ReplicaState, Storage, StorageError};
+use crate::sync::Arc;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -149,8 +150,14 @@ impl Report {
             "CORRUPT"
         };
         let count = |h: Health| self.datanode_states.iter().filter(|d| d.state == h).count();
+        // Other hosts' copies only where there are some: the line reads
+        // as before on one host.
+        let elsewhere = match count(Health::Elsewhere) {
+            0 => String::new(),
+            n => format!(", {n} elsewhere"),
+        };
         let mut out = format!(
-            "Status: {status}\n Files: {}\n Blocks: {}\n Replicas: {}\n Replication: {}\n Datanodes alive: {}/{} ({} live, {} full, {} dead)\n Open for write: {}\n Problems: {} ({} repaired)",
+            "Status: {status}\n Files: {}\n Blocks: {}\n Replicas: {}\n Replication: {}\n Datanodes alive: {}/{} ({} live, {} full, {} dead{elsewhere})\n Open for write: {}\n Problems: {} ({} repaired)",
             self.files,
             self.blocks,
             self.replicas,
@@ -313,7 +320,10 @@ pub fn run(c: &Check<'_>) -> Result<Report, String> {
     let mut r = Report {
         replication: c.dns.replication,
         datanodes: states.len(),
-        datanodes_alive: states.iter().filter(|d| d.state != Health::Dead).count(),
+        datanodes_alive: states
+            .iter()
+            .filter(|d| matches!(d.state, Health::Live | Health::Full))
+            .count(),
         datanode_states: states,
         ..Report::default()
     };
@@ -418,8 +428,24 @@ pub fn run(c: &Check<'_>) -> Result<Report, String> {
         }
     }
     if c.orphans {
-        orphans(c, &blocks, &mut r);
+        orphans(c, &c.dns.attached(), &blocks, &mut r);
     }
+    Ok(r)
+}
+
+/// The orphan sweep of this host's copies alone (`-o local_copy`): what
+/// every daemon that does not lead housekeeping runs, since the leader,
+/// on another host, cannot reach them. Same rules as the leader's sweep
+/// (the grace, replicas this daemon has in flight, the metadata read
+/// again and made durable first).
+pub fn sweep_copies(c: &Check<'_>) -> Result<Report, String> {
+    let nodes = c.dns.copies_here();
+    let mut r = Report::default();
+    if nodes.is_empty() {
+        return Ok(r);
+    }
+    let blocks = c.meta.all_blocks().map_err(|e| e.to_string())?;
+    orphans(c, &nodes, &blocks, &mut r);
     Ok(r)
 }
 
@@ -456,12 +482,12 @@ pub fn replicate(dns: &Datanodes, b: &BlockRow, good: &[DnId], need: usize) -> V
     added
 }
 
-/// Replica files no block needs: those of blocks no file has (always),
-/// and, with [`Check::excess`], copies of a block on datanodes its row
-/// does not list, once every replica the row lists is there. Nothing else
-/// is ever deleted here, and only after the metadata that says so is
-/// durable.
-fn orphans(c: &Check<'_>, blocks: &[BlockRow], r: &mut Report) {
+/// Replica files on `nodes` no block needs: those of blocks no file has
+/// (always), and, with [`Check::excess`], copies of a block on datanodes
+/// its row does not list, once every replica the row lists is there.
+/// Nothing else is ever deleted here, and only after the metadata that
+/// says so is durable.
+fn orphans(c: &Check<'_>, nodes: &[Arc<dyn Storage>], blocks: &[BlockRow], r: &mut Report) {
     if c.repair
         && let Err(e) = c.meta.sync_if_needed()
     {
@@ -469,7 +495,7 @@ fn orphans(c: &Check<'_>, blocks: &[BlockRow], r: &mut Report) {
         return;
     }
     let known: HashMap<u64, &BlockRow> = blocks.iter().map(|b| (b.block_id, b)).collect();
-    for node in c.dns.attached() {
+    for node in nodes {
         let i = node.id();
         if !c.dns.is_alive(i) {
             continue;
@@ -529,11 +555,16 @@ fn orphans(c: &Check<'_>, blocks: &[BlockRow], r: &mut Report) {
             };
             if c.repair {
                 // Unknown is a guess (a restored meta.db forgets newer
-                // blocks): moved aside, never deleted on it.
+                // blocks): moved aside, never deleted on it. A host's copy
+                // is never a block's only replica (a block keeps one on a
+                // shared datanode, which the leader quarantines if need
+                // be): deleted.
                 let done = match kind {
-                    ProblemKind::OrphanReplica => node.quarantine(info.block).map(|to| {
-                        p.detail = format!("{}; moved to {}", p.detail, to.display());
-                    }),
+                    ProblemKind::OrphanReplica if !c.dns.is_copy(i) => {
+                        node.quarantine(info.block).map(|to| {
+                            p.detail = format!("{}; moved to {}", p.detail, to.display());
+                        })
+                    }
                     _ => node.delete(info.block),
                 };
                 match done {
@@ -544,7 +575,7 @@ fn orphans(c: &Check<'_>, blocks: &[BlockRow], r: &mut Report) {
             r.problems.push(p);
         }
     }
-    for node in c.dns.attached() {
+    for node in nodes {
         match node.quarantined() {
             Ok(list) => r
                 .quarantined
@@ -558,13 +589,14 @@ fn orphans(c: &Check<'_>, blocks: &[BlockRow], r: &mut Report) {
 }
 
 /// Whether a finalized block has at least the replication factor of
-/// replicas recorded on datanodes in service, each live at the block's
-/// generation stamp and length (copies it lists on decommissioning
-/// datanodes aside): then no other copy of it is needed.
+/// replicas recorded on shared datanodes in service, each live at the
+/// block's generation stamp and length (copies it lists on
+/// decommissioning datanodes, and host-local copies, aside): then no
+/// other copy of it is needed.
 pub fn is_whole(dns: &Datanodes, row: &BlockRow) -> bool {
     let mut whole = 0;
     for &dn in &row.replicas {
-        if !dns.is_recorded(dn) || !dns.admin(dn).in_service() {
+        if !dns.is_recorded(dn) || dns.is_copy(dn) || !dns.admin(dn).in_service() {
             continue;
         }
         let ok = dns.is_alive(dn)

@@ -10,7 +10,9 @@
 //! no live lease, and removal of replica files that no file references
 //! (after a grace period). Lease expiry itself stays with each daemon's
 //! lease monitor, because the embedded lease manager is local to its
-//! daemon.
+//! daemon. One task runs on every daemon, leader or not: the orphan sweep
+//! of its own host's copies (`-o local_copy`), which a leader on another
+//! host cannot reach.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -110,10 +112,12 @@ impl Housekeeper {
         }
     }
 
-    /// One round of every task, if this daemon leads. Returns whether a
-    /// decommission made progress (the next round should follow soon).
+    /// One round of every task, if this daemon leads (else the sweep of
+    /// this host's copies alone). Returns whether a decommission made
+    /// progress (the next round should follow soon).
     pub fn round(&self, core: &Arc<Core>) -> bool {
         if !self.is_leader() {
+            sweep_copies(core);
             return false;
         }
         let Some(live) = core.live_files() else {
@@ -162,6 +166,57 @@ impl Housekeeper {
                 false
             }
         }
+    }
+}
+
+/// The orphan sweep of this host's copies, on a daemon that does not lead
+/// housekeeping (the leader's own sweep covers its attached datanodes,
+/// its host's copies among them): replica files no block needs, with the
+/// leader's rules (grace, blocks in flight, durable metadata first).
+fn sweep_copies(core: &Arc<Core>) {
+    let copies = core.dns().copies_here();
+    if copies.is_empty() {
+        return;
+    }
+    let Some(live) = core.live_files() else {
+        return;
+    };
+    let busy = core.busy_blocks(&live);
+    let c = Check {
+        meta: &**core.meta(),
+        dns: core.dns(),
+        repair: true,
+        live_leases: live,
+        busy_blocks: busy,
+        progress: false,
+        deep: false,
+        suspect: HashSet::new(),
+        orphans: true,
+        excess: true,
+        orphan_grace: fsck::ORPHAN_GRACE,
+        grace_finalized: true,
+        shared: true,
+        copy: false,
+        pin: &|ino| core.pin(ino),
+        recover: &|_| {
+            Err(crate::error::FsError::NotPermitted(
+                "not the housekeeping leader",
+            ))
+        },
+        cancelled: &fsck::never_cancelled,
+    };
+    for node in &copies {
+        if let Err(e) = node.expire_quarantine(crate::storage::quarantine::RETENTION) {
+            tracing::warn!(datanode = %node.id(), "cannot expire the quarantine: {e}");
+        }
+    }
+    match fsck::sweep_copies(&c) {
+        Ok(r) => {
+            for p in r.problems.iter().filter(|p| p.repaired) {
+                tracing::info!(kind = ?p.kind, path = %p.path, block = ?p.block, "host copy swept: {}", p.detail);
+            }
+        }
+        Err(e) => tracing::warn!("sweep of this host's copies failed: {e}"),
     }
 }
 

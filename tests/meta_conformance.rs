@@ -1123,12 +1123,17 @@ fn datanode_registry_and_replication(m: &dyn Meta) {
     assert!(fsid.starts_with("FS-"), "{fsid}");
     assert_eq!(m.filesystem_id().unwrap(), fsid, "created once");
     assert!(m.datanode_records().unwrap().is_empty());
-    let a = m.register_datanode("DS-a", Path::new("/d/a")).unwrap();
-    let b = m.register_datanode("DS-b", Path::new("/d/b")).unwrap();
+    let a = m
+        .register_datanode("DS-a", Path::new("/d/a"), None)
+        .unwrap();
+    let b = m
+        .register_datanode("DS-b", Path::new("/d/b"), None)
+        .unwrap();
     assert_eq!((a, b), (DnId(0), DnId(1)));
     // A known storage keeps its id wherever its directory is now.
     assert_eq!(
-        m.register_datanode("DS-a", Path::new("/moved/a")).unwrap(),
+        m.register_datanode("DS-a", Path::new("/moved/a"), None)
+            .unwrap(),
         a
     );
     assert_eq!(
@@ -1139,12 +1144,14 @@ fn datanode_registry_and_replication(m: &dyn Meta) {
                 storage_id: Some("DS-a".into()),
                 path: "/moved/a".into(),
                 state: AdminState::Normal,
+                host: None,
             },
             DatanodeRecord {
                 id: b,
                 storage_id: Some("DS-b".into()),
                 path: "/d/b".into(),
                 state: AdminState::Normal,
+                host: None,
             },
         ]
     );
@@ -1158,8 +1165,12 @@ fn datanode_registry_and_replication(m: &dyn Meta) {
 /// block row listing the datanode; a compare-and-set row change applies
 /// only to the row it read.
 fn datanode_admin_states_and_removal(m: &dyn Meta) {
-    let a = m.register_datanode("DS-a", Path::new("/d/a")).unwrap();
-    let b = m.register_datanode("DS-b", Path::new("/d/b")).unwrap();
+    let a = m
+        .register_datanode("DS-a", Path::new("/d/a"), None)
+        .unwrap();
+    let b = m
+        .register_datanode("DS-b", Path::new("/d/b"), None)
+        .unwrap();
     let dir = mkdir(m, ROOT_INO, "d");
     let f = mkfile(m, dir.ino, "f");
     let rows: Vec<BlockRow> = (0..60)
@@ -1245,7 +1256,8 @@ fn datanode_admin_states_and_removal(m: &dyn Meta) {
     m.remove_datanode(a).unwrap();
     // Its storage ID keeps its id; a new storage gets a new one.
     assert_eq!(
-        m.register_datanode("DS-c", Path::new("/d/c")).unwrap(),
+        m.register_datanode("DS-c", Path::new("/d/c"), None)
+            .unwrap(),
         DnId(2)
     );
 }
@@ -1270,7 +1282,8 @@ fn positional_upgrade(m: &dyn Meta) {
     assert_eq!(m.claim_legacy_datanode(DnId(1), "DS-1").unwrap(), "DS-1");
     assert_eq!(m.claim_legacy_datanode(DnId(1), "DS-9").unwrap(), "DS-1");
     assert_eq!(
-        m.register_datanode("DS-1", Path::new("/new/b")).unwrap(),
+        m.register_datanode("DS-1", Path::new("/new/b"), None)
+            .unwrap(),
         DnId(1)
     );
     let b = &m.datanode_records().unwrap()[1];
@@ -1280,7 +1293,8 @@ fn positional_upgrade(m: &dyn Meta) {
     );
     // A new datanode takes the next free id.
     assert_eq!(
-        m.register_datanode("DS-new", Path::new("/new/c")).unwrap(),
+        m.register_datanode("DS-new", Path::new("/new/c"), None)
+            .unwrap(),
         DnId(2)
     );
 }
@@ -1552,6 +1566,47 @@ fn racing_dir_swaps_make_no_cycle(a: &dyn Meta, b: &dyn Meta) {
 
 mod etcd_only {
     use super::*;
+
+    /// A host's copies (`-o local_copy`) are recorded with the host, in
+    /// the registration itself; the next registration says again what the
+    /// datanode is (a mount without the option makes it shared), and a
+    /// record without a host reads as before. SQLite refuses copies.
+    #[test]
+    fn a_datanode_is_recorded_with_the_host_whose_copies_it_holds() {
+        let p = etcd("host_copies");
+        let a =
+            p.a.register_datanode("DS-a", Path::new("/local/a"), Some("host-a"))
+                .unwrap();
+        let s3 =
+            p.a.register_datanode("DS-s", Path::new("s3://b/p"), None)
+                .unwrap();
+        let host_of = |m: &EtcdMeta, id: DnId| {
+            m.datanode_records()
+                .unwrap()
+                .into_iter()
+                .find(|r| r.id == id)
+                .unwrap()
+                .host
+        };
+        assert_eq!(
+            host_of(&p.b, a).as_deref(),
+            Some("host-a"),
+            "the other daemon sees it"
+        );
+        assert_eq!(host_of(&p.b, s3), None);
+        assert_eq!(
+            p.b.register_datanode("DS-a", Path::new("/local/a"), None)
+                .unwrap(),
+            a
+        );
+        assert_eq!(host_of(&p.a, a), None);
+        let (_d, sqlite) = super::sqlite();
+        let e = sqlite
+            .register_datanode("DS-a", Path::new("/local/a"), Some("host-a"))
+            .unwrap_err();
+        assert!(e.to_string().contains("etcd"), "{e}");
+        assert!(sqlite.datanode_records().unwrap().is_empty());
+    }
 
     /// The positional layout's `dn` record becomes the registry at open.
     #[test]

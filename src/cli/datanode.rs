@@ -136,7 +136,7 @@ fn list(m: &Path, as_json: bool) -> Result<ExitCode, String> {
             .map(|t| format!("{:.1}s ago", now.saturating_sub(t) as f64 / 1000.0))
             .unwrap_or_else(|| "never".into());
         println!(
-            "{:>3} {:<40} {:<16} {:>10} {:>10} {:>5} {:>8} {:>9}  {}",
+            "{:>3} {:<40} {:<16} {:>10} {:>10} {:>5} {:>8} {:>9}  {}{}",
             d.id,
             d.storage_id.as_deref().unwrap_or("-"),
             d.state,
@@ -145,7 +145,11 @@ fn list(m: &Path, as_json: bool) -> Result<ExitCode, String> {
             pct,
             d.blocks,
             beat,
-            d.path.display()
+            d.path.display(),
+            d.host
+                .as_deref()
+                .map(|h| format!("  (copies of host {h})"))
+                .unwrap_or_default()
         );
     }
     Ok(ExitCode::SUCCESS)

@@ -175,15 +175,25 @@ pub fn spec(a: &MountArgs) -> Result<MountSpec, String> {
         }
         datanodes.push(c);
     }
-    let replication = a.replication.unwrap_or(datanodes.len().min(3));
+    // With host-local copies only object stores count toward R (the
+    // mount's directories hold this host's copies).
+    let counted = if opts.local_copy {
+        local_copy_checks(etcd.is_some(), &datanodes)?
+    } else {
+        datanodes.len()
+    };
+    let replication = a.replication.unwrap_or(counted.min(3));
     if replication == 0 {
         return Err("replication must be at least 1".into());
     }
-    if replication > datanodes.len() {
-        return Err(format!(
-            "replication {replication} is larger than the number of datanodes ({})",
-            datanodes.len()
-        ));
+    if replication > counted {
+        return Err(if opts.local_copy {
+            format!(
+                "replication {replication} is larger than the number of object-store datanodes ({counted}); with -o local_copy only they count"
+            )
+        } else {
+            format!("replication {replication} is larger than the number of datanodes ({counted})")
+        });
     }
     Ok(MountSpec {
         mountpoint,
@@ -194,6 +204,30 @@ pub fn spec(a: &MountArgs) -> Result<MountSpec, String> {
         etcd,
         prefix: a.prefix.clone(),
     })
+}
+
+/// What `-o local_copy` needs: a namespace over etcd (host-local copies
+/// mean something only to daemons on several hosts; a SQLite store serves
+/// one) and at least one object-store datanode, the shared storage every
+/// host reads. Returns how many datanodes count toward R.
+fn local_copy_checks(over_etcd: bool, datanodes: &[PathBuf]) -> Result<usize, String> {
+    if !over_etcd {
+        return Err(format!(
+            "-o local_copy: {}",
+            crate::meta::sqlite::LOCAL_COPY_NEEDS_ETCD
+        ));
+    }
+    let shared = datanodes
+        .iter()
+        .filter(|d| crate::storage::s3::is_s3(d))
+        .count();
+    if shared == 0 {
+        return Err(
+            "-o local_copy needs an object-store datanode (--datanode s3://BUCKET/PREFIX): the directories of such a mount hold this host's copies only"
+                .into(),
+        );
+    }
+    Ok(shared)
 }
 
 pub fn run(a: MountArgs) -> ExitCode {

@@ -150,10 +150,16 @@ impl Daemon {
         // any order); recorded datanodes left out are dead for this mount.
         // How object-store datanodes are reached, for every attach.
         crate::storage::s3::settings::install(spec.opts.s3.clone());
+        // This host, for host-local copies (its own, and other hosts' it
+        // never attaches).
+        let here =
+            crate::pipeline::copies::resolve(spec.opts.host_id.as_deref(), spec.opts.local_copy)
+                .map_err(|e| FsError::Invalid(e.to_string()))?;
         let dns = Arc::new(crate::pipeline::attach::attach(
             &*meta,
             &spec.datanodes,
             spec.replication,
+            &here,
         )?);
         dns.heartbeat();
         meta.set_replication(spec.replication)?;

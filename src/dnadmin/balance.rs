@@ -192,7 +192,9 @@ fn survey(core: &Core) -> Result<(Vec<Node>, Vec<BlockRow>), FsError> {
         .dns()
         .statuses()
         .into_iter()
-        .filter(|d| d.state == Health::Live && d.admin.in_service())
+        // Shared datanodes only: a host's copies are placed with their
+        // blocks and never moved.
+        .filter(|d| d.state == Health::Live && d.admin.in_service() && d.host.is_none())
         .filter_map(|d| {
             let node = core.dns().get(d.id)?;
             let capacity = capacity(node.root()).filter(|c| *c > 0)?;

@@ -75,7 +75,8 @@ pub struct DatanodeInfo {
     pub storage_id: Option<String>,
     pub path: PathBuf,
     /// `live`, `full` or `dead`; while it is alive, `decommissioning` or
-    /// `decommissioned` when the operator made it so.
+    /// `decommissioned` when the operator made it so; `elsewhere` for
+    /// another host's copies.
     pub state: String,
     pub health: Health,
     pub admin: AdminState,
@@ -90,6 +91,9 @@ pub struct DatanodeInfo {
     /// Wall-clock ms of its last good heartbeat on this daemon.
     pub last_heartbeat_ms: Option<u64>,
     pub detail: Option<String>,
+    /// The host whose copies it holds (`None`: shared).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
 }
 
 /// How far a decommission is.
@@ -224,6 +228,7 @@ impl Admin {
                     blocks,
                     last_heartbeat_ms: d.last_heartbeat_ms,
                     detail: d.detail,
+                    host: d.host,
                 }
             })
             .collect())
@@ -242,12 +247,19 @@ impl Admin {
         let id = self.resolve(dir)?;
         let dns = self.core.dns();
         if dns.admin(id).in_service() {
+            // Shared datanodes alive and in service besides it (a host's
+            // copies count toward nothing; one of them may always go).
             let left = dns
                 .statuses()
                 .iter()
-                .filter(|d| d.id != id && d.admin.in_service() && d.state != Health::Dead)
+                .filter(|d| {
+                    d.id != id
+                        && d.host.is_none()
+                        && d.admin.in_service()
+                        && matches!(d.state, Health::Live | Health::Full)
+                })
                 .count();
-            if left < dns.replication {
+            if left < dns.replication && !dns.is_copy(id) {
                 return Err(AdminError::TooFew {
                     path: dir.to_path_buf(),
                     left,
@@ -291,7 +303,7 @@ impl Admin {
             targets: dns
                 .statuses()
                 .iter()
-                .filter(|d| d.admin.in_service() && d.state == Health::Live)
+                .filter(|d| d.host.is_none() && d.admin.in_service() && d.state == Health::Live)
                 .count(),
             replication: dns.replication,
         };
@@ -372,12 +384,14 @@ impl Admin {
     }
 }
 
-/// Whether block `b` has a good replica on a datanode other than `id`: a
-/// live (or full) one whose replica is there at the block's generation
-/// stamp (and length, once finalized).
+/// Whether block `b` has a good replica on a shared datanode other than
+/// `id` (a host's copy does not keep a block: other hosts cannot read
+/// it): a live (or full) one whose replica is there at the block's
+/// generation stamp (and length, once finalized).
 fn held_elsewhere(core: &Core, b: &BlockRow, id: DnId) -> bool {
     b.replicas.iter().any(|&dn| {
         dn != id
+            && !core.dns().is_copy(dn)
             && core.dns().is_alive(dn)
             && core
                 .dns()

@@ -3,9 +3,13 @@
 //! and, with repair, the block made whole under a pin that keeps writers
 //! off its file: lagging replicas settled, bad ones replaced by copies,
 //! and a block no replica holds whole cut back to what survives.
+//! Host-local copies (`-o local_copy`) count toward nothing: they are
+//! neither counted, nor reported, nor replaced, and a repair keeps them
+//! in the row; this host's good ones may be the source of a repair.
 
 use super::{Check, Problem, ProblemKind, Report, replicate};
 use crate::meta::{BlockRow, Change, Counter, DnId};
+use crate::pipeline::copies::Role;
 use crate::pipeline::datanodes::Health;
 use crate::storage::StorageError;
 
@@ -27,6 +31,12 @@ struct Inspection {
     /// `bad` has an entry too): what a bump made on disk before its record
     /// leaves, as versions before this one did.
     leading: Vec<(DnId, u64)>,
+    /// Replicas on host-local copies (this host's or another's): kept as
+    /// they are, whatever their state.
+    copies: Vec<DnId>,
+    /// Of those, this host's that hold the block whole: a source for a
+    /// repair when no shared replica is good.
+    copy_sources: Vec<DnId>,
 }
 
 fn inspect(c: &Check<'_>, b: &BlockRow) -> Inspection {
@@ -34,6 +44,13 @@ fn inspect(c: &Check<'_>, b: &BlockRow) -> Inspection {
     for &dn in &b.replicas {
         // A removed datanode's entry means nothing (see DatanodeRegistry::remove_datanode).
         if !c.dns.is_recorded(dn) {
+            continue;
+        }
+        if c.dns.is_copy(dn) {
+            ins.copies.push(dn);
+            if c.dns.role(dn) == Role::Here && copy_is_whole(c, b, dn) {
+                ins.copy_sources.push(dn);
+            }
             continue;
         }
         if c.dns.health(dn) == Health::Dead {
@@ -100,6 +117,23 @@ fn inspect(c: &Check<'_>, b: &BlockRow) -> Inspection {
         }
     }
     ins
+}
+
+/// Whether this host's copy `dn` of `b` is readable at the block's stamp
+/// (and, finalized, its length; verified when deep or suspect).
+fn copy_is_whole(c: &Check<'_>, b: &BlockRow, dn: DnId) -> bool {
+    let Some(node) = c.dns.get(dn).filter(|_| c.dns.is_alive(dn)) else {
+        return false;
+    };
+    match node.stat_replica(b.block_id, b.gs) {
+        Ok(st) if !b.finalized => st.data_len > 0 || b.len == 0,
+        Ok(st) if st.data_len != b.len => false,
+        Ok(_) if c.deep || c.suspect.contains(&(b.block_id, dn)) => node
+            .valid_prefix(b.block_id, b.gs)
+            .is_ok_and(|n| n >= b.len),
+        Ok(_) => true,
+        Err(_) => false,
+    }
 }
 
 /// Checks (and with repair, fixes) one block; returns how many good
@@ -185,6 +219,9 @@ fn report(
     }
     let lagging = if lagging_ok { ins.lagging.len() } else { 0 };
     let usable = ins.good.len() + lagging;
+    // This host's good copy keeps the block from being missing (a repair
+    // copies it back), never makes it count.
+    let readable = usable + ins.copy_sources.len();
     let serving = in_service(c, &ins.good) + lagging;
     let retiring: Vec<DnId> = ins
         .good
@@ -193,11 +230,11 @@ fn report(
         .filter(|d| !c.dns.admin(*d).in_service())
         .collect();
     let have = fixed.map_or(serving, |f| f.good_now);
-    if usable > 0 && have < want {
+    if readable > 0 && have < want {
         r.under_replicated += 1;
         r.under_replicated_bytes += b.len;
     }
-    if usable == 0 {
+    if readable == 0 {
         let detail = if ins.dead.is_empty() {
             "no good replica left".to_string()
         } else {
@@ -297,8 +334,10 @@ fn repair_block(
     let mut added = Vec::new();
     // Copies exist before the commit below lists them.
     let _hold = c.dns.hold(b.block_id);
-    if c.copy && !ins.good.is_empty() && serving < want {
-        added = replicate(c.dns, b, &ins.good, want - serving);
+    // Good shared replicas first; this host's copy when none is left.
+    let sources: Vec<DnId> = ins.good.iter().chain(&ins.copy_sources).copied().collect();
+    if c.copy && b.finalized && !sources.is_empty() && serving < want {
+        added = replicate(c.dns, b, &sources, want - serving);
     }
     let mut done = Repaired::default();
     // Lagging replicas are settled only when none is at the recorded stamp
@@ -377,6 +416,12 @@ fn repair_block(
     // power cut took their bytes); one whose datanodes were all removed
     // by the operator stays missing, for fsck to name.
     let on_recorded = b.replicas.iter().any(|d| c.dns.is_recorded(*d));
+    if ins.good.is_empty() && !added.is_empty() {
+        // Copied back from this host's copy: the copies are the block's
+        // shared replicas now.
+        ins.good.clone_from(&added);
+        added.clear();
+    }
     if ins.good.is_empty() && ins.dead.is_empty() && on_recorded {
         match cut_lost_tail(c, b, path) {
             Some(detail) => r.problems.push(Problem {
@@ -400,6 +445,8 @@ fn repair_block(
     let mut row = b.clone();
     row.replicas = ins.good.clone();
     row.replicas.extend(&added);
+    // Host copies stay as they are: counted nowhere, each its host's.
+    row.replicas.extend(&ins.copies);
     done.good_now = in_service(c, &ins.good) + added.len();
     if done.good_now < want {
         // Still short: the dead datanodes' copies stay recorded, for

@@ -16,8 +16,17 @@ pub trait DatanodeRegistry: Send + Sync {
     fn datanode_records(&self) -> FsResult<Vec<DatanodeRecord>>;
     /// Records that storage `storage_id`, whose identity file is on disk,
     /// was attached at `path`; returns its id, a new one for a storage not
-    /// seen before. An `upgrading` record of it becomes `normal`. Durable.
-    fn register_datanode(&self, storage_id: &str, path: &Path) -> FsResult<DnId>;
+    /// seen before. An `upgrading` record of it becomes `normal`. `host`:
+    /// it holds the host-local copies of that host (`-o local_copy`), or
+    /// is shared (`None`); recorded with the path, in the same step, so
+    /// that no other daemon ever takes a host's copy for a shared
+    /// datanode. Durable.
+    fn register_datanode(
+        &self,
+        storage_id: &str,
+        path: &Path,
+        host: Option<&str>,
+    ) -> FsResult<DnId>;
     /// Gives the positional-layout datanode `id` the storage ID
     /// `storage_id`, unless it has one already (another daemon's, or an
     /// interrupted upgrade's); returns the one it has afterwards. Durable:

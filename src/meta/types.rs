@@ -93,6 +93,14 @@ pub struct DatanodeRecord {
     /// Where the directory was last attached.
     pub path: PathBuf,
     pub state: AdminState,
+    /// The host whose copies it holds (a directory of a mount with `-o
+    /// local_copy`, by that host's id): such a datanode counts toward
+    /// nothing and is only ever attached by its own host. `None`: a shared
+    /// datanode, counted toward the replication factor (docs/SEMANTICS.md,
+    /// "Host-local copies"). Left out of the JSON when `None`, so records
+    /// of earlier releases read the same.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
 }
 
 /// What an operator (or an upgrade) made of a datanode; whether it is up

@@ -188,7 +188,14 @@ pub const NAMES: &[&Name] = &[
 ];
 
 /// The states `leasefs_datanode_state` always lists.
-const DN_STATES: &[&str] = &["live", "full", "dead", "decommissioning", "decommissioned"];
+const DN_STATES: &[&str] = &[
+    "live",
+    "full",
+    "dead",
+    "decommissioning",
+    "decommissioned",
+    "elsewhere",
+];
 
 /// The snapshot of one scrape.
 #[derive(Debug)]

@@ -7,14 +7,17 @@
 //! file) is upgraded in place; one that cannot be read (a failed disk) is
 //! left out. Recorded datanodes left out of the list are dead for this
 //! mount. `leasefs datanode add` attaches one more directory the same way
-//! while the daemon runs ([`attach_one`]). The rules are in
-//! docs/SEMANTICS.md, "Replication and faults" and "Datanode
-//! administration".
+//! while the daemon runs ([`attach_one`]). A mount with `-o local_copy`
+//! records its directories as its host's copies; a datanode recorded as
+//! another host's copies is never attached ([`super::copies`]). The rules
+//! are in docs/SEMANTICS.md, "Replication and faults", "Datanode
+//! administration" and "Host-local copies".
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
-use super::datanodes::{Absent, Attached, Datanodes};
+use super::copies::{HostCopies, Role};
+use super::datanodes::{Absent, Attached, Datanodes, elsewhere_why};
 use crate::error::FsError;
 use crate::meta::{AdminState, DatanodeRecord, DnId, Meta};
 use crate::storage::identity::{self, Identity};
@@ -130,11 +133,12 @@ struct Identified {
 
 /// Attaches the mount's `--datanode` directories (see the module doc) and
 /// returns every datanode the filesystem records, those not in `dirs` as
-/// dead.
+/// dead (or, another host's copies, as elsewhere), seen from host `here`.
 pub fn attach(
     meta: &dyn Meta,
     dirs: &[PathBuf],
     replication: usize,
+    here: &HostCopies,
 ) -> Result<Datanodes, AttachError> {
     let fsid = meta.filesystem_id()?;
     let records = meta.datanode_records()?;
@@ -213,7 +217,8 @@ pub fn attach(
         let id = upgrade_layout(&dir, id)?;
         // Known: its id (an interrupted upgrade is finished here). Unknown:
         // its file was written but the mount stopped before registering it.
-        let dn = meta.register_datanode(&id.storage_id, &dir)?;
+        // Its host is this mount's to say: a directory found here is here.
+        let dn = meta.register_datanode(&id.storage_id, &dir, here.tag_for(&dir))?;
         attached.push(Identified {
             id: dn,
             root: dir,
@@ -221,7 +226,7 @@ pub fn attach(
         });
     }
     for Pair { dir, rec } in matched.pairs {
-        attached.push(upgrade(meta, &fsid, &dir, rec)?);
+        attached.push(upgrade(meta, &fsid, &dir, rec, here.tag_for(&dir))?);
     }
     for dir in fresh {
         let id = create_identity(&dir, &Identity::new(&fsid)).map_err(storage(&dir))?;
@@ -232,7 +237,7 @@ pub fn attach(
                 ours: fsid,
             });
         }
-        let dn = meta.register_datanode(&id.storage_id, &dir)?;
+        let dn = meta.register_datanode(&id.storage_id, &dir, here.tag_for(&dir))?;
         tracing::info!(datanode = %dn, storage = %id.storage_id, path = %dir.display(), "new datanode registered");
         attached.push(Identified {
             id: dn,
@@ -242,12 +247,7 @@ pub fn attach(
     }
     // Registrations above changed the records: read them again.
     let records = meta.datanode_records()?;
-    let state_of = |id: DnId| {
-        records
-            .iter()
-            .find(|r| r.id == id)
-            .map_or(AdminState::Normal, |r| r.state)
-    };
+    let record = |id: DnId| records.iter().find(|r| r.id == id);
     let mut ids: HashSet<DnId> = HashSet::new();
     let mut nodes = Vec::new();
     for a in attached {
@@ -256,7 +256,8 @@ pub fn attach(
                 ids.insert(a.id);
                 nodes.push(Attached {
                     node,
-                    admin: state_of(a.id),
+                    admin: record(a.id).map_or(AdminState::Normal, |r| r.state),
+                    host: record(a.id).and_then(|r| r.host.clone()),
                 });
             }
             Err(e) => unusable.push(Unusable::new(a.root, e)),
@@ -269,6 +270,11 @@ pub fn attach(
         .into_iter()
         .filter(|r| !ids.contains(&r.id) && r.state != AdminState::Removed)
         .map(|record| {
+            if here.role(record.host.as_deref()) == Role::Elsewhere {
+                let why = elsewhere_why(record.host.as_deref());
+                tracing::info!(datanode = %record.id, path = %record.path.display(), "recorded datanode not attached: {why}");
+                return Absent { record, why };
+            }
             let why = match unusable.iter().find(|u| u.dir == record.path) {
                 Some(u) => format!("cannot be read at mount: {}", u.why),
                 None if dirs.contains(&record.path) => {
@@ -284,7 +290,7 @@ pub fn attach(
             Absent { record, why }
         })
         .collect();
-    Ok(Datanodes::new(nodes, absent, replication))
+    Ok(Datanodes::new(nodes, absent, replication).on_host(here.clone()))
 }
 
 /// Attaches `dir` to the running daemon's datanodes `dns` (`leasefs
@@ -340,7 +346,8 @@ pub fn attach_one(meta: &dyn Meta, dns: &Datanodes, dir: &Path) -> Result<DnId, 
         });
     }
     let id = upgrade_layout(dir, id)?;
-    let dn = meta.register_datanode(&id.storage_id, dir)?;
+    let host = dns.host().tag_for(dir);
+    let dn = meta.register_datanode(&id.storage_id, dir, host)?;
     let node = open_node(dn, dir, Some(id.clone())).map_err(storage(dir))?;
     // Added back: in service again (a decommission is cancelled).
     meta.set_datanode_state(
@@ -349,7 +356,7 @@ pub fn attach_one(meta: &dyn Meta, dns: &Datanodes, dir: &Path) -> Result<DnId, 
         AdminState::Normal,
     )?;
     tracing::info!(datanode = %dn, storage = %id.storage_id, path = %dir.display(), "datanode added");
-    dns.insert(node, AdminState::Normal);
+    dns.insert(node, AdminState::Normal, host.map(str::to_string));
     Ok(dn)
 }
 
@@ -543,6 +550,7 @@ fn upgrade(
     fsid: &str,
     dir: &Path,
     rec: &DatanodeRecord,
+    host: Option<&str>,
 ) -> Result<Identified, AttachError> {
     let sid = meta.claim_legacy_datanode(rec.id, &identity::new_storage_id())?;
     let id = identity::create(dir, &Identity::of(sid.clone(), fsid)).map_err(storage(dir))?;
@@ -563,7 +571,7 @@ fn upgrade(
             },
         });
     }
-    let dn = meta.register_datanode(&sid, dir)?;
+    let dn = meta.register_datanode(&sid, dir, host)?;
     tracing::info!(
         datanode = %dn,
         storage = %sid,
@@ -610,7 +618,11 @@ pub fn recorded(meta: &dyn Meta, replication: usize) -> Result<Datanodes, Attach
             }
         };
         match opened {
-            Some(node) => nodes.push(Attached { node, admin: state }),
+            Some(node) => nodes.push(Attached {
+                node,
+                admin: state,
+                host: None,
+            }),
             None => absent.push(Absent {
                 record: rec,
                 why: "its directory is missing, or holds another identity file".into(),
@@ -665,7 +677,7 @@ mod tests {
         m.claim_legacy_datanode(DnId(1), "DS-b").unwrap();
         identity::create(&d[1], &Identity::of("DS-b".into(), &fsid)).unwrap();
         for _ in 0..2 {
-            let dns = attach(&m, &[d[1].clone(), d[0].clone()], 2).unwrap();
+            let dns = attach(&m, &[d[1].clone(), d[0].clone()], 2, &HostCopies::default()).unwrap();
             assert_eq!(dns.get(DnId(0)).unwrap().root(), d[0]);
             assert_eq!(dns.get(DnId(1)).unwrap().root(), d[1]);
             let sids: Vec<String> = d
@@ -687,17 +699,23 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let d = mkdirs(&t, &["a", "b", "foreign", "copy", "new"]);
         let m = MetaStore::open(&t.path().join("meta.db"), 0, 0).unwrap();
-        let dns = attach(&m, &d[..2], 2).unwrap();
+        let dns = attach(&m, &d[..2], 2, &HostCopies::default()).unwrap();
         assert_eq!(dns.get(DnId(1)).unwrap().root(), d[1]);
         // Reversed: the same ids.
-        let dns = attach(&m, &[d[1].clone(), d[0].clone()], 2).unwrap();
+        let dns = attach(&m, &[d[1].clone(), d[0].clone()], 2, &HostCopies::default()).unwrap();
         assert_eq!(dns.get(DnId(0)).unwrap().root(), d[0]);
         // One left out is recorded, and dead.
-        let dns = attach(&m, &d[1..2], 1).unwrap();
+        let dns = attach(&m, &d[1..2], 1, &HostCopies::default()).unwrap();
         assert_eq!((dns.len(), dns.is_alive(DnId(0))), (2, false));
 
         identity::create(&d[2], &Identity::new("FS-other")).unwrap();
-        let e = attach(&m, &[d[4].clone(), d[0].clone(), d[2].clone()], 2).unwrap_err();
+        let e = attach(
+            &m,
+            &[d[4].clone(), d[0].clone(), d[2].clone()],
+            2,
+            &HostCopies::default(),
+        )
+        .unwrap_err();
         assert!(matches!(e, AttachError::Foreign { .. }), "{e}");
         // A refused mount changed nothing: the new directory is untouched.
         assert_eq!(std::fs::read_dir(&d[4]).unwrap().count(), 0);
@@ -706,7 +724,7 @@ mod tests {
             d[3].join(identity::FILE_NAME),
         )
         .unwrap();
-        let e = attach(&m, &[d[0].clone(), d[3].clone()], 2).unwrap_err();
+        let e = attach(&m, &[d[0].clone(), d[3].clone()], 2, &HostCopies::default()).unwrap_err();
         assert!(matches!(e, AttachError::Duplicate { .. }), "{e}");
         assert_eq!(m.datanode_records().unwrap().len(), 2, "nothing registered");
     }

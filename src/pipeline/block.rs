@@ -61,7 +61,14 @@ fn open_new(f: &StreamFile, idx: u64, start: u64) -> FsResult<OpenBlock> {
             }
         }
     }
-    if replicas.is_empty() {
+    if !dns.any_shared(&datanodes_of(&replicas)) {
+        // A host's copy alone is no block (it counts toward nothing).
+        for r in replicas {
+            if let Some(node) = dns.get(r.dn) {
+                drop(r.w);
+                let _ = node.delete(block_id);
+            }
+        }
         return Err(FsError::Io("no datanode could take a new block".into()));
     }
     let row = BlockRow {
@@ -117,14 +124,24 @@ pub(crate) fn write_whole(
                 tracing::warn!(datanode = %dn, "cannot write replica: {e}");
                 dns.mark_failed(dn, &e);
                 let room = data.len() as u64 + FULL_BELOW;
-                if let Some(&spare) = dns.choose_with_room(1, &tried, room).first() {
+                // A failed host copy is not replaced (it counts toward
+                // nothing); a shared replica is, by a shared spare.
+                let spare = (!dns.is_copy(dn))
+                    .then(|| dns.choose_with_room(1, &tried, room).first().copied())
+                    .flatten();
+                if let Some(spare) = spare {
                     tried.push(spare);
                     todo.push(spare);
                 }
             }
         }
     }
-    if ok.is_empty() {
+    if !dns.any_shared(&ok) {
+        for dn in ok {
+            if let Some(node) = dns.get(dn) {
+                let _ = node.delete(block_id);
+            }
+        }
         return Err(FsError::Io("no datanode could take a new block".into()));
     }
     ok.reverse();
@@ -184,7 +201,9 @@ fn reopen(f: &StreamFile, row: BlockRow, start: u64, len: u64) -> FsResult<OpenB
             Err(e) => tracing::warn!(datanode = %dn, "replica not reopened for append: {e}"),
         }
     }
-    if replicas.is_empty() {
+    // Another host's copy is not reachable here: it leaves the block (a
+    // stale copy its host's sweep removes). Copies alone are no pipeline.
+    if !dns.any_shared(&datanodes_of(&replicas)) {
         return Err(FsError::Io(format!(
             "no replica of block {} could be reopened for append",
             row.block_id
@@ -223,7 +242,7 @@ pub(crate) fn finalize(
             Err(e) => tracing::warn!(datanode = %dn, "finalize failed: {e}"),
         }
     }
-    if ok.is_empty() {
+    if !f.ctx.dns.any_shared(&ok) {
         return Err(FsError::Io(format!(
             "no replica of block {} finalized",
             b.row.block_id

@@ -5,12 +5,15 @@
 //! made of it (in service, decommissioning, decommissioned), and which are
 //! chosen for a new replica. The set changes while the daemon runs:
 //! `leasefs datanode add` and `remove`, and over etcd other daemons'
-//! changes of the registry (see [`Datanodes::reconcile`]).
+//! changes of the registry (see [`Datanodes::reconcile`]). With host-local
+//! copies ([`super::copies`]) it also knows which datanodes are shared
+//! (counted toward the replication factor) and which hold a host's copies.
 
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use super::copies::{HostCopies, Role};
 use super::fs_sync::FsSyncs;
 use super::in_flight::{Hold, InFlight};
 use super::placement::{self, Candidate};
@@ -33,6 +36,9 @@ pub enum Health {
     Full,
     /// Failed its heartbeat, or is recorded but not attached: nothing.
     Dead,
+    /// Holds another host's copies (`-o local_copy` there): never
+    /// attached here, and nothing is expected of it here.
+    Elsewhere,
 }
 
 impl Health {
@@ -49,6 +55,7 @@ impl Health {
             Health::Live => "live",
             Health::Full => "full",
             Health::Dead => "dead",
+            Health::Elsewhere => "elsewhere",
         }
     }
 }
@@ -95,6 +102,10 @@ pub struct DatanodeStatus {
     pub last_heartbeat_ms: Option<u64>,
     /// Why it is dead, when it is.
     pub detail: Option<String>,
+    /// The host whose copies it holds (`None`: shared, counted toward
+    /// the replication factor).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
 }
 
 impl DatanodeStatus {
@@ -102,6 +113,7 @@ impl DatanodeStatus {
     /// then what the operator made of it, then live or full.
     pub fn state_name(&self) -> &'static str {
         match (self.state, self.admin) {
+            (Health::Elsewhere, _) => "elsewhere",
             (Health::Dead, _) => "dead",
             (_, AdminState::Decommissioning) => "decommissioning",
             (_, AdminState::Decommissioned) => "decommissioned",
@@ -124,11 +136,13 @@ struct Slot {
     beat_ms: AtomicU64,
     /// Why a datanode that is not attached is not.
     absent: Option<String>,
+    /// The host whose copies it holds (`None`: shared).
+    host: Option<String>,
 }
 
 impl Slot {
     fn attached(a: Attached) -> Slot {
-        let Attached { node, admin } = a;
+        let Attached { node, admin, host } = a;
         Slot {
             id: node.id(),
             storage_id: node.storage_id().map(str::to_string),
@@ -139,6 +153,7 @@ impl Slot {
             free: AtomicU64::new(u64::MAX),
             beat_ms: AtomicU64::new(0),
             absent: None,
+            host,
         }
     }
 
@@ -153,6 +168,7 @@ impl Slot {
             free: AtomicU64::new(0),
             beat_ms: AtomicU64::new(0),
             absent: Some(a.why),
+            host: a.record.host,
         }
     }
 
@@ -165,10 +181,23 @@ impl Slot {
     }
 }
 
-/// A datanode attached in this mount, and what the operator made of it.
+/// A datanode attached in this mount, what the operator made of it, and
+/// the host whose copies it holds (`None`: shared).
 pub struct Attached {
     pub node: Arc<dyn Storage>,
     pub admin: AdminState,
+    pub host: Option<String>,
+}
+
+impl Attached {
+    /// A shared datanode in service (tests, tools).
+    pub fn shared(node: Arc<dyn Storage>) -> Attached {
+        Attached {
+            node,
+            admin: AdminState::Normal,
+            host: None,
+        }
+    }
 }
 
 /// A recorded datanode this mount could not attach, and why.
@@ -189,6 +218,8 @@ pub struct Datanodes {
     in_flight: Arc<InFlight>,
     /// Each datanode filesystem's grouped `syncfs`.
     pub fs_syncs: FsSyncs,
+    /// This host, and whether this mount's directories hold its copies.
+    here: HostCopies,
 }
 
 impl Datanodes {
@@ -205,7 +236,70 @@ impl Datanodes {
             replication,
             in_flight: Arc::default(),
             fs_syncs: FsSyncs::default(),
+            here: HostCopies::default(),
         }
+    }
+
+    /// The same datanodes seen from host `here` (its copies and other
+    /// hosts'; see [`super::copies`]). Without it every datanode recorded
+    /// with a host is another host's.
+    pub fn on_host(mut self, here: HostCopies) -> Datanodes {
+        self.here = here;
+        self
+    }
+
+    /// This host, and whether this mount's directories hold its copies.
+    pub fn host(&self) -> &HostCopies {
+        &self.here
+    }
+
+    fn role_of(&self, s: &Slot) -> Role {
+        self.here.role(s.host.as_deref())
+    }
+
+    /// What datanode `id` is to this daemon (`Shared` if not recorded).
+    pub fn role(&self, id: DnId) -> Role {
+        self.slot(id).map_or(Role::Shared, |s| self.role_of(&s))
+    }
+
+    /// Whether datanode `id` holds a host's copies (this host's or
+    /// another's): its replicas count toward nothing.
+    pub fn is_copy(&self, id: DnId) -> bool {
+        self.role(id) != Role::Shared
+    }
+
+    /// Whether `replicas` hold at least one replica on a shared datanode:
+    /// a block is never left with copies alone (they count toward
+    /// nothing, and other hosts cannot read them).
+    pub fn any_shared(&self, replicas: &[DnId]) -> bool {
+        replicas.iter().any(|d| !self.is_copy(*d))
+    }
+
+    /// How many of `replicas` are on shared datanodes.
+    pub fn shared_count(&self, replicas: &[DnId]) -> usize {
+        replicas.iter().filter(|d| !self.is_copy(**d)).count()
+    }
+
+    /// `replicas` in the order a read tries them: on a mount with
+    /// host-local copies, this host's copies first (a local read), then
+    /// the rest as listed; else as listed (no allocation on the read path).
+    pub fn read_order<'a>(&self, replicas: &'a [DnId]) -> std::borrow::Cow<'a, [DnId]> {
+        if !self.here.local_copy {
+            return std::borrow::Cow::Borrowed(replicas);
+        }
+        let mut v = replicas.to_vec();
+        v.sort_by_key(|d| self.role(*d) != Role::Here);
+        std::borrow::Cow::Owned(v)
+    }
+
+    /// The attached datanodes holding this host's copies (each daemon
+    /// sweeps its own host's, whoever leads housekeeping).
+    pub fn copies_here(&self) -> Vec<Arc<dyn Storage>> {
+        self.snapshot()
+            .iter()
+            .filter(|s| self.role_of(s) == Role::Here)
+            .filter_map(|s| s.node.clone())
+            .collect()
     }
 
     /// Datanodes at `dirs` with ids 0, 1, ... in that order and no
@@ -215,10 +309,7 @@ impl Datanodes {
         let mut nodes = Vec::new();
         for (i, d) in dirs.iter().enumerate() {
             let node = crate::storage::Datanode::open(DnId(i as u32), d, None)?;
-            nodes.push(Attached {
-                node: Arc::new(node),
-                admin: AdminState::Normal,
-            });
+            nodes.push(Attached::shared(Arc::new(node)));
         }
         Ok(Datanodes::new(nodes, Vec::new(), replication))
     }
@@ -226,13 +317,7 @@ impl Datanodes {
     /// The given datanodes (e.g. faulty ones), all in service.
     #[cfg(test)]
     pub fn of(nodes: Vec<Arc<dyn Storage>>, replication: usize) -> Datanodes {
-        let nodes = nodes
-            .into_iter()
-            .map(|node| Attached {
-                node,
-                admin: AdminState::Normal,
-            })
-            .collect();
+        let nodes = nodes.into_iter().map(Attached::shared).collect();
         Datanodes::new(nodes, Vec::new(), replication)
     }
 
@@ -301,7 +386,14 @@ impl Datanodes {
     }
 
     pub fn health(&self, id: DnId) -> Health {
-        self.slot(id).map_or(Health::Dead, |s| s.health())
+        self.slot(id).map_or(Health::Dead, |s| self.health_of(&s))
+    }
+
+    fn health_of(&self, s: &Slot) -> Health {
+        match self.role_of(s) {
+            Role::Elsewhere => Health::Elsewhere,
+            _ => s.health(),
+        }
     }
 
     /// The operator's state of datanode `id` (`Removed` if not recorded).
@@ -312,14 +404,17 @@ impl Datanodes {
     /// Live or full: its replicas can be read (also while it is being
     /// decommissioned, or decommissioned and not yet removed).
     pub fn is_alive(&self, id: DnId) -> bool {
-        self.health(id) != Health::Dead
+        matches!(self.health(id), Health::Live | Health::Full)
     }
 
-    /// Alive and in service: its replicas count toward the replication
-    /// factor.
+    /// Alive, in service and shared (not a host's copy): its replicas
+    /// count toward the replication factor.
     pub fn counts(&self, id: DnId) -> bool {
-        self.slot(id)
-            .is_some_and(|s| s.health() != Health::Dead && s.admin().in_service())
+        self.slot(id).is_some_and(|s| {
+            self.role_of(&s) == Role::Shared
+                && matches!(s.health(), Health::Live | Health::Full)
+                && s.admin().in_service()
+        })
     }
 
     /// Records the operator's state of datanode `id` in this daemon's view.
@@ -336,9 +431,9 @@ impl Datanodes {
     /// datanode another daemon added): it replaces the slot of the same
     /// id, if the datanode was recorded but absent. Its first heartbeat
     /// runs here, so placement knows its free space at once.
-    pub fn insert(&self, node: Arc<dyn Storage>, admin: AdminState) {
+    pub fn insert(&self, node: Arc<dyn Storage>, admin: AdminState, host: Option<String>) {
         let id = node.id();
-        let slot = Arc::new(Slot::attached(Attached { node, admin }));
+        let slot = Arc::new(Slot::attached(Attached { node, admin, host }));
         self.beat(&slot);
         self.change(|v| {
             v.retain(|s| s.id != id);
@@ -347,13 +442,13 @@ impl Datanodes {
     }
 
     /// Records a datanode another daemon registered that this one cannot
-    /// attach (dead here).
+    /// attach (dead here, or another host's copies), in place of what this
+    /// daemon knew of it.
     pub fn insert_absent(&self, a: Absent) {
         let id = a.record.id;
         self.change(|v| {
-            if !v.iter().any(|s| s.id == id) {
-                v.push(Arc::new(Slot::absent(a)));
-            }
+            v.retain(|s| s.id != id);
+            v.push(Arc::new(Slot::absent(a)));
         });
     }
 
@@ -366,25 +461,39 @@ impl Datanodes {
     /// Brings this daemon's view in line with the registry `records`:
     /// admin states, removed datanodes, and datanodes registered since
     /// (by another daemon), which `open` tries to attach at their recorded
-    /// path (`Err(why)`: dead here). Datanodes recorded at mount but left
-    /// out of this daemon's list stay out.
+    /// path (`Err(why)`: dead here). Another host's copies are never
+    /// opened, whatever their path is here; a datanode whose host changed
+    /// (a directory a mount of another host took as its copy) is seen
+    /// anew. Datanodes recorded at mount but left out of this daemon's
+    /// list stay out.
     pub fn reconcile(
         &self,
         records: &[DatanodeRecord],
         open: impl Fn(&DatanodeRecord) -> Result<Arc<dyn Storage>, String>,
     ) {
         for r in records {
-            match (self.slot(r.id), r.state) {
+            let slot = self.slot(r.id);
+            match (slot, r.state) {
                 (Some(_), AdminState::Removed) => {
                     tracing::warn!(datanode = %r.id, path = %r.path.display(), "datanode removed from the filesystem");
                     self.remove(r.id)
                 }
                 (None, AdminState::Removed) => {}
-                (Some(_), a) => self.set_admin(r.id, a),
-                (None, a) => match open(r) {
+                (Some(s), a) if s.host == r.host => self.set_admin(r.id, a),
+                (_, a) if self.here.role(r.host.as_deref()) == Role::Elsewhere => {
+                    tracing::info!(datanode = %r.id, path = %r.path.display(), host = r.host.as_deref().unwrap_or_default(), "datanode holds another host's copies: not attached here");
+                    self.insert_absent(Absent {
+                        record: DatanodeRecord {
+                            state: a,
+                            ..r.clone()
+                        },
+                        why: elsewhere_why(r.host.as_deref()),
+                    })
+                }
+                (_, a) => match open(r) {
                     Ok(node) => {
                         tracing::info!(datanode = %r.id, path = %r.path.display(), "datanode added by another daemon attached");
-                        self.insert(node, a)
+                        self.insert(node, a, r.host.clone())
                     }
                     Err(why) => {
                         tracing::warn!(datanode = %r.id, path = %r.path.display(), "datanode added by another daemon cannot be attached here: {why}");
@@ -417,6 +526,8 @@ impl Datanodes {
             (_, Health::Live) => {
                 tracing::info!(datanode = %id, "datanode healthy again; rejoins pipelines")
             }
+            // Never stored: another host's copies are never attached.
+            (_, Health::Elsewhere) => {}
         }
     }
 
@@ -484,15 +595,23 @@ impl Datanodes {
             .map(|s| s.free.load(Ordering::Relaxed))
     }
 
-    /// Chooses up to `n` distinct live, in-service datanodes not in
-    /// `exclude` with at least `room` bytes free (as of their last
-    /// heartbeat), weighted by free space (see [`placement`]).
+    /// Chooses up to `n` distinct live, in-service shared datanodes not
+    /// in `exclude` with at least `room` bytes free (as of their last
+    /// heartbeat), weighted by free space (see [`placement`]). A host's
+    /// copies are never chosen here: a copy is made only with a new block
+    /// ([`Self::choose_pipeline`]), never as a spare or by a repair.
     pub fn choose_with_room(&self, n: usize, exclude: &[DnId], room: u64) -> Vec<DnId> {
+        self.pick(Role::Shared, n, exclude, room)
+    }
+
+    /// Up to `n` of the live, in-service datanodes of `role` with room.
+    fn pick(&self, role: Role, n: usize, exclude: &[DnId], room: u64) -> Vec<DnId> {
         let cands = self
             .snapshot()
             .iter()
             .filter(|s| {
                 s.node.is_some()
+                    && self.role_of(s) == role
                     && s.health() == Health::Live
                     && s.admin().in_service()
                     && s.free.load(Ordering::Relaxed) >= room
@@ -522,7 +641,12 @@ impl Datanodes {
         let mut free: Vec<u64> = self
             .snapshot()
             .iter()
-            .filter(|s| s.node.is_some() && s.health() == Health::Live && s.admin().in_service())
+            .filter(|s| {
+                s.node.is_some()
+                    && self.role_of(s) == Role::Shared
+                    && s.health() == Health::Live
+                    && s.admin().in_service()
+            })
             .map(|s| s.free.load(Ordering::Relaxed))
             .collect();
         free.sort_unstable_by(|a, b| b.cmp(a));
@@ -533,18 +657,20 @@ impl Datanodes {
         }
     }
 
-    /// Chooses a full pipeline for a new block, failing when no datanode
-    /// can take it (with `ENOSPC` when those left in service are full).
+    /// Chooses a full pipeline for a new block: R shared datanodes, then,
+    /// on a mount with host-local copies, one of this host's copy
+    /// datanodes (live, in service, with room) when there is one. Fails
+    /// when no shared datanode can take it (with `ENOSPC` when those left
+    /// in service are full); a missing copy costs speed only.
     pub fn choose_pipeline(&self) -> FsResult<Vec<DnId>> {
-        let v = self.choose(self.replication, &[]);
+        let mut v = self.choose(self.replication, &[]);
         if !v.is_empty() {
+            v.extend(self.pick(Role::Here, 1, &[], 0));
             return Ok(v);
         }
-        if self
-            .snapshot()
-            .iter()
-            .any(|s| s.health() == Health::Full && s.admin().in_service())
-        {
+        if self.snapshot().iter().any(|s| {
+            self.role_of(s) == Role::Shared && s.health() == Health::Full && s.admin().in_service()
+        }) {
             return Err(FsError::NoSpace);
         }
         Err(FsError::Io(
@@ -572,7 +698,7 @@ impl Datanodes {
         self.snapshot()
             .iter()
             .map(|s| {
-                let state = s.health();
+                let state = self.health_of(s);
                 DatanodeStatus {
                     id: s.id,
                     storage_id: s.storage_id.clone(),
@@ -590,10 +716,19 @@ impl Datanodes {
                         (None, Health::Dead) => Some("failed its heartbeat".into()),
                         _ => None,
                     },
+                    host: s.host.clone(),
                 }
             })
             .collect()
     }
+}
+
+/// Why a datanode is not attached: it holds another host's copies.
+pub fn elsewhere_why(host: Option<&str>) -> String {
+    format!(
+        "holds the copies of host {} (-o local_copy there): read and swept by that host only",
+        host.unwrap_or("?")
+    )
 }
 
 #[cfg(test)]
@@ -643,13 +778,11 @@ mod tests {
                 storage_id: Some("DS-x".into()),
                 path: dir.path().join("gone"),
                 state: AdminState::Normal,
+                host: None,
             },
             why: "not in the --datanode list".into(),
         };
-        let node = Attached {
-            node: Arc::new(node),
-            admin: AdminState::Normal,
-        };
+        let node = Attached::shared(Arc::new(node));
         let dns = Datanodes::new(vec![node], vec![absent], 1);
         assert_eq!(dns.len(), 2);
         assert!(dns.get(DnId(1)).is_none());
@@ -663,5 +796,82 @@ mod tests {
             vec![(DnId(1), Health::Dead), (DnId(3), Health::Full)]
         );
         assert_eq!(st[0].detail.as_deref(), Some("not in the --datanode list"));
+    }
+
+    #[test]
+    fn another_hosts_copies_are_never_attached_counted_or_chosen() {
+        let dir = tempfile::tempdir().unwrap();
+        let shared = crate::storage::Datanode::open(DnId(0), &dir.path().join("s"), None).unwrap();
+        let here = HostCopies {
+            host: Some("a".into()),
+            local_copy: true,
+        };
+        let dns =
+            Datanodes::new(vec![Attached::shared(Arc::new(shared))], Vec::new(), 1).on_host(here);
+        let rec = |id: u32, host: Option<&str>| DatanodeRecord {
+            id: DnId(id),
+            storage_id: Some(format!("DS-{id}")),
+            path: dir.path().join(format!("dn{id}")),
+            state: AdminState::Normal,
+            host: host.map(str::to_string),
+        };
+        let mut records = vec![rec(0, None), rec(1, Some("a")), rec(2, Some("b"))];
+        let opened = crate::sync::Mutex::new(Vec::new());
+        let open = |r: &DatanodeRecord| -> Result<Arc<dyn Storage>, String> {
+            crate::sync::lock(&opened).push(r.id);
+            crate::storage::Datanode::open(r.id, &r.path, None)
+                .map(|d| Arc::new(d) as Arc<dyn Storage>)
+                .map_err(|e| e.to_string())
+        };
+        dns.reconcile(&records, open);
+        assert_eq!(
+            *crate::sync::lock(&opened),
+            [DnId(1)],
+            "opened another host's copy"
+        );
+        assert_eq!(dns.health(DnId(2)), Health::Elsewhere);
+        assert!(!dns.is_alive(DnId(2)) && !dns.counts(DnId(2)));
+        assert!(
+            dns.is_alive(DnId(1)) && !dns.counts(DnId(1)),
+            "a copy counts"
+        );
+        assert!(dns.counts(DnId(0)));
+        let st = dns.statuses();
+        assert_eq!(
+            st.iter().map(|s| s.state_name()).collect::<Vec<_>>(),
+            ["live", "live", "elsewhere"]
+        );
+        assert!(st[2].detail.as_deref().unwrap_or("").contains("host b"));
+        assert_eq!(
+            dns.copies_here().iter().map(|n| n.id()).collect::<Vec<_>>(),
+            [DnId(1)]
+        );
+        for _ in 0..10 {
+            assert_eq!(dns.choose_pipeline().unwrap(), [DnId(0), DnId(1)]);
+            assert_eq!(dns.choose(3, &[]), [DnId(0)]);
+        }
+        assert_eq!(
+            dns.read_order(&[DnId(0), DnId(2), DnId(1)]).into_owned(),
+            [DnId(1), DnId(0), DnId(2)]
+        );
+        // Reconciled again: nothing new is opened (no attempt per
+        // heartbeat at another host's path).
+        dns.reconcile(&records, open);
+        assert_eq!(crate::sync::lock(&opened).len(), 1);
+        // A mount of this host took host b's directory as its copy, then
+        // host b took it back: attached, then left alone again.
+        records[2].host = Some("a".into());
+        dns.reconcile(&records, open);
+        assert!(dns.get(DnId(2)).is_some());
+        assert_eq!(dns.health(DnId(2)), Health::Live);
+        records[2].host = Some("b".into());
+        dns.reconcile(&records, open);
+        assert!(dns.get(DnId(2)).is_none());
+        assert_eq!(dns.health(DnId(2)), Health::Elsewhere);
+        // Copies alone are no pipeline: with the shared one dead, a new
+        // block fails rather than go to this host's copy.
+        dns.mark_dead(DnId(0));
+        assert!(dns.choose_pipeline().is_err());
+        assert!(!dns.any_shared(&[DnId(1), DnId(2)]));
     }
 }

@@ -15,12 +15,14 @@
 //! | [`budget`] | the mount's write buffer |
 //! | [`ctx`] | what every stream shares |
 //! | [`datanodes`], [`placement`], [`attach`] | the mount's datanodes, where replicas go, which directory is which |
+//! | [`copies`] | host-local copies (`-o local_copy`): which datanodes are shared, which a host's |
 //! | [`in_flight`] | blocks written or copied but not yet recorded (no sweep deletes them) |
 //! | [`reader`], [`recovery`] | the read path; lease recovery |
 
 pub mod attach;
 pub mod block;
 pub mod budget;
+pub mod copies;
 pub mod ctx;
 pub mod datanodes;
 pub mod durable;

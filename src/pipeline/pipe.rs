@@ -128,7 +128,9 @@ impl OpenBlock {
         f.ctx.metrics.pipeline_recovery();
         let dns = &f.ctx.dns;
         let block = self.row.block_id;
-        if self.replicas.is_empty() {
+        // A host's copy alone does not carry on a block: it counts toward
+        // nothing and no other host can read it.
+        if !dns.any_shared(&datanodes_of(&self.replicas)) {
             return Err(all_failed(block));
         }
         // Recorded first, durably: the new stamp, and the survivors as the
@@ -159,14 +161,14 @@ impl OpenBlock {
         let mut used = datanodes_of(&replicas);
         used.push(bad_dn);
         if let Some(src_dn) = replicas.first().map(|r| r.dn)
-            && replicas.len() < dns.replication
+            && dns.shared_count(&datanodes_of(&replicas)) < dns.replication
         {
             // Spares with room for the acknowledged prefix and more, tried
             // in turn until the pipeline is whole again (a full datanode is
             // left out, and one that fills during the copy is passed over).
             let room = acked.saturating_add(FULL_BELOW);
             for spare in dns.choose_with_room(dns.len(), &used, room) {
-                if replicas.len() >= dns.replication {
+                if dns.shared_count(&datanodes_of(&replicas)) >= dns.replication {
                     break;
                 }
                 let (Some(src), Some(dst)) = (dns.get(src_dn), dns.get(spare)) else {
@@ -186,7 +188,7 @@ impl OpenBlock {
                 }
             }
         }
-        if replicas.is_empty() {
+        if !dns.any_shared(&datanodes_of(&replicas)) {
             return Err(all_failed(block));
         }
         self.row.replicas = datanodes_of(&replicas);

@@ -253,7 +253,8 @@ fn read_block(
     }
     let mut last_err = None;
     let mut moved = false;
-    for &dn in &b.replicas {
+    // This host's copy first: a local read (see `copies`).
+    for &dn in dns.read_order(&b.replicas).iter() {
         let Some(node) = dns.get(dn) else { continue };
         // An rbw replica may be appended to while we read it: its last
         // chunk's data and checksum are written one after the other, so a

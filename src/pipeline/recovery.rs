@@ -12,6 +12,12 @@
 //! or when it holds exactly the bytes the up-to-date replicas agree on
 //! (never one whose stamp leads it; a replica dropped from a pipeline
 //! leaves the list: the list is the membership).
+//!
+//! Host-local copies follow the shared replicas: the length is the one the
+//! shared survivors agree on (a copy shorter than that leaves the block
+//! rather than cutting it), and copies alone never close a block whose
+//! shared replicas are out of reach. Another host's copy is out of reach
+//! here and simply leaves the block (its host's sweep removes it).
 
 use super::datanodes::Datanodes;
 use crate::error::{FsError, FsResult};
@@ -186,7 +192,11 @@ pub fn recover_file(meta: &dyn Meta, dns: &Datanodes, ino: u64, how: Recovery) -
         .iter()
         .filter(|d| dns.is_recorded(**d) && (dns.get(**d).is_none() || !dns.is_alive(**d)))
         .collect();
-    if survivors.is_empty() && !unreachable.is_empty() {
+    // Copies alone (the shared replicas out of reach) are no survivors
+    // either: the store may hold more than this host's copy.
+    let shared_out_of_reach = !survivors.iter().any(|r| !dns.is_copy(r.dn))
+        && unreachable.iter().any(|d| !dns.is_copy(**d));
+    if (survivors.is_empty() && !unreachable.is_empty()) || shared_out_of_reach {
         return Err(FsError::Io(format!(
             "no replica of block {} could be read, and some are on dead datanodes ({}): recovery waits for them",
             last.block_id,
@@ -196,6 +206,22 @@ pub fn recover_file(meta: &dyn Meta, dns: &Datanodes, ino: u64, how: Recovery) -
                 .collect::<Vec<_>>()
                 .join(", ")
         )));
+    }
+    // The shared replicas decide the length: a copy that holds less (its
+    // host lost unsynced bytes) leaves the block instead of cutting it.
+    if let Some(shared) = survivors
+        .iter()
+        .filter(|r| !dns.is_copy(r.dn))
+        .map(|r| r.valid)
+        .min()
+    {
+        survivors.retain(|r| {
+            let keep = !dns.is_copy(r.dn) || r.valid >= shared;
+            if !keep {
+                tracing::warn!(datanode = %r.dn, valid = r.valid, agreed = shared, "host copy shorter than the shared replicas left out of recovery");
+            }
+            keep
+        });
     }
     let len = survivors.iter().map(|r| r.valid).min().unwrap_or(0);
     if len == 0 {

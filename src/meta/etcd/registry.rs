@@ -30,8 +30,13 @@ impl DatanodeRegistry for EtcdMeta {
         })
     }
 
-    fn register_datanode(&self, storage_id: &str, path: &Path) -> FsResult<DnId> {
-        self.run(|s| register_datanode(s, storage_id, path))
+    fn register_datanode(
+        &self,
+        storage_id: &str,
+        path: &Path,
+        host: Option<&str>,
+    ) -> FsResult<DnId> {
+        self.run(|s| register_datanode(s, storage_id, path, host))
     }
 
     fn claim_legacy_datanode(&self, id: DnId, storage_id: &str) -> FsResult<String> {
@@ -102,6 +107,7 @@ pub(super) fn upgrade_positional_datanodes(s: &mut Stm<'_>) -> FsResult<()> {
                 storage_id: None,
                 path: dir.into(),
                 state: AdminState::Upgrading,
+                host: None,
             };
             s.put_json(&datanode_key(id), &rec)?;
         }
@@ -119,7 +125,12 @@ pub(super) fn upgrade_positional_datanodes(s: &mut Stm<'_>) -> FsResult<()> {
 const REPLICATION: &str = "replication";
 
 /// [`DatanodeRegistry::register_datanode`] in one attempt.
-fn register_datanode(s: &mut Stm<'_>, storage_id: &str, path: &Path) -> FsResult<DnId> {
+fn register_datanode(
+    s: &mut Stm<'_>,
+    storage_id: &str,
+    path: &Path,
+    host: Option<&str>,
+) -> FsResult<DnId> {
     let all: Vec<DatanodeRecord> = s
         .scan_json(DATANODES)?
         .into_iter()
@@ -135,9 +146,11 @@ fn register_datanode(s: &mut Stm<'_>, storage_id: &str, path: &Path) -> FsResult
             storage_id: Some(storage_id.to_string()),
             path: path.to_path_buf(),
             state: AdminState::Normal,
+            host: None,
         },
     };
     rec.path = path.to_path_buf();
+    rec.host = host.map(str::to_string);
     if rec.state == AdminState::Upgrading {
         rec.state = AdminState::Normal;
     }

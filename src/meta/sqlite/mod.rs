@@ -36,6 +36,8 @@ mod registry;
 mod schema;
 mod tx;
 
+pub use registry::LOCAL_COPY_NEEDS_ETCD;
+
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::backend::Meta;

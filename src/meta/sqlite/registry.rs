@@ -23,7 +23,17 @@ impl DatanodeRegistry for MetaStore {
         records(&lock(&self.conn))
     }
 
-    fn register_datanode(&self, storage_id: &str, path: &Path) -> FsResult<DnId> {
+    /// Host-local copies are refused: they mean something only to
+    /// daemons on several hosts, which share a namespace over etcd.
+    fn register_datanode(
+        &self,
+        storage_id: &str,
+        path: &Path,
+        host: Option<&str>,
+    ) -> FsResult<DnId> {
+        if host.is_some() {
+            return Err(FsError::Invalid(LOCAL_COPY_NEEDS_ETCD.into()));
+        }
         self.durable(|tx| register(tx, storage_id, path))
     }
 
@@ -87,6 +97,9 @@ pub(super) fn init(c: &Connection) -> FsResult<()> {
     Ok(())
 }
 
+/// Why a SQLite store records no host-local copy.
+pub const LOCAL_COPY_NEEDS_ETCD: &str = "host-local copies (-o local_copy) need a namespace shared over etcd (--meta etcd://...): a SQLite store serves one host";
+
 fn row_to_record(r: &rusqlite::Row<'_>) -> rusqlite::Result<DatanodeRecord> {
     let state: String = r.get(3)?;
     Ok(DatanodeRecord {
@@ -96,6 +109,7 @@ fn row_to_record(r: &rusqlite::Row<'_>) -> rusqlite::Result<DatanodeRecord> {
         // An unknown state (a later release's) keeps the datanode out of
         // any upgrade.
         state: AdminState::parse(&state).unwrap_or(AdminState::Normal),
+        host: None,
     })
 }
 

@@ -22,6 +22,8 @@ use crate::sync::{Arc, Mutex, lock};
 
 const PACKET: usize = 4096;
 const BLOCK: u64 = 64 << 10;
+/// The host the rigs run on, for host-local copies.
+const HERE: &str = "here";
 
 /// One thing the stream reported, as the tests look at it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -231,6 +233,19 @@ impl Rig {
     }
 
     fn with(n: u32, replication: usize, max_in_flight: usize, sync_by_fs: bool) -> Rig {
+        let hosts = vec![None; n as usize];
+        Rig::on_hosts(&hosts, replication, max_in_flight, sync_by_fs)
+    }
+
+    /// Datanodes recorded with `hosts` (`None`: shared; `Some(h)`: host
+    /// `h`'s copies), seen from host [`HERE`] with `-o local_copy`.
+    fn on_hosts(
+        hosts: &[Option<&str>],
+        replication: usize,
+        max_in_flight: usize,
+        sync_by_fs: bool,
+    ) -> Rig {
+        let n = hosts.len() as u32;
         let dir = tempfile::tempdir().unwrap();
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -244,14 +259,33 @@ impl Rig {
                 Arc::new(Faulty::new(Datanode::open(DnId(i), &root, None).unwrap()))
             })
             .collect();
-        let attached = nodes
+        let (attached, absent): (Vec<_>, Vec<_>) = nodes
             .iter()
-            .map(|f| Attached {
-                node: f.clone() as Arc<dyn Storage>,
-                admin: AdminState::Normal,
+            .zip(hosts)
+            .map(|(f, h)| Attached {
+                host: h.map(str::to_string),
+                ..Attached::shared(f.clone() as Arc<dyn Storage>)
+            })
+            .partition(|a| a.host.as_deref().is_none_or(|h| h == HERE));
+        // Another host's copies are recorded, never attached.
+        let absent = absent
+            .into_iter()
+            .map(|a| super::datanodes::Absent {
+                record: crate::meta::DatanodeRecord {
+                    id: a.node.id(),
+                    storage_id: None,
+                    path: a.node.root().to_path_buf(),
+                    state: AdminState::Normal,
+                    host: a.host,
+                },
+                why: "elsewhere".into(),
             })
             .collect();
-        let dns = Arc::new(Datanodes::new(attached, Vec::new(), replication));
+        let here = super::copies::HostCopies {
+            host: Some(HERE.into()),
+            local_copy: hosts.iter().any(Option::is_some),
+        };
+        let dns = Arc::new(Datanodes::new(attached, absent, replication).on_host(here));
         dns.heartbeat();
         let inode = meta
             .create(
@@ -724,6 +758,7 @@ fn a_truncation_is_recorded_durably_before_any_replica_is_cut() {
     assert_eq!(rig.read(5000), want);
 }
 
+mod copies;
 mod in_flight;
 mod sync_faults;
 mod synced_cache;
