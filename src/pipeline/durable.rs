@@ -264,11 +264,16 @@ pub(crate) fn drop_failed(
             }
             ctx.dns.mark_dead(*dn);
         }
-        if row
-            .replicas
-            .iter()
-            .all(|d| failed.iter().any(|f| f.dn == *d))
-        {
+        // Every replica failed, or every shared one (a host's copies do
+        // not keep a block: they count toward nothing).
+        let lost = |d: &DnId| failed.iter().any(|f| f.dn == *d);
+        let shared_lost = ctx.dns.any_shared(&row.replicas)
+            && row
+                .replicas
+                .iter()
+                .filter(|d| !ctx.dns.is_copy(**d))
+                .all(lost);
+        if row.replicas.iter().all(lost) || shared_lost {
             ctx.ledger.failed(failed.iter().map(|f| Replica {
                 block: row.block_id,
                 dn: f.dn,

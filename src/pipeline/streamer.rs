@@ -361,7 +361,7 @@ impl DataStreamer {
                     Err(e) => tracing::warn!(datanode = %dn, "replica truncate failed: {e}"),
                 }
             }
-            if ok.is_empty() {
+            if !f.ctx.dns.any_shared(&ok) {
                 return Err(FsError::Io("no replica could be truncated".into()));
             }
             self.unsynced.push(rec.block_id);

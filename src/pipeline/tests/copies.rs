@@ -355,3 +355,28 @@ fn copies_alone_do_not_close_a_block_whose_shared_replica_is_out_of_reach() {
     assert_eq!(len, 10_000);
     assert_eq!(rig.blocks()[0].replicas, [DnId(0), DnId(2)]);
 }
+
+#[test]
+fn an_append_here_drops_another_hosts_copy_from_the_block() {
+    let rig = Rig::on_hosts(&[None, Some("b")], 1, 8, true);
+    let data = bytes(30_000, 9);
+    write_file(&rig, &data[..20_000]);
+    // Host b wrote the block with its copy.
+    let row = rig.blocks().remove(0);
+    let mut theirs = row.clone();
+    theirs.replicas.push(DnId(1));
+    rig.meta
+        .commit(
+            &[Change::PutBlockIf {
+                expect: row,
+                row: theirs,
+            }],
+            true,
+        )
+        .unwrap();
+    write_file(&rig, &data[20_000..]);
+    let row = rig.blocks().remove(0);
+    assert_eq!(row.replicas, [DnId(0)], "{row:?}");
+    assert_eq!(row.len, 30_000);
+    assert_eq!(rig.read(30_000), data);
+}
