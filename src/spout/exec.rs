@@ -638,30 +638,54 @@ mod tests {
     /// reads a line at a time and exits 0 acknowledged exactly the lines
     /// it read: the spout commits there, and a takeover neither loses nor
     /// repeats a line. Before, only fd 3 counted: it acknowledged none.
+    ///
+    /// The command reads nothing until the test says so, and the stop
+    /// comes once more than the pipe holds was emitted, so lines are held
+    /// back whatever the scheduler does. (A
+    /// stop on a timer, against a command reading all along, found the
+    /// pipe with room now and then: nothing held back, and the test
+    /// failed on a loaded machine.)
     #[test]
     fn stopped_with_lines_held_back_an_exit_0_acknowledges_what_it_read() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicU64, Ordering};
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("out");
+        let go = dir.path().join("go");
         let mut e = ExecEmitter::new(&format!(
-            "while IFS= read -r l; do printf '%s\\n' \"$l\"; done > '{}'",
+            "while [ ! -e '{}' ]; do sleep 0.01; done; \
+             while IFS= read -r l; do printf '%s\\n' \"$l\"; done > '{}'",
+            go.display(),
             out.display()
         ));
         let w = Watch::new(None);
         e.watch(&w);
         e.begin_file(file()).unwrap();
+        let given = Arc::new(AtomicU64::new(0));
         let stopper = {
-            let w = w.clone();
+            let (w, given) = (w.clone(), given.clone());
             std::thread::spawn(move || {
-                std::thread::sleep(Duration::from_millis(100));
+                // The spout's first write is of 64 KiB and a line, more
+                // than the pipe holds (64 KiB at most by default): the
+                // loop stays in that write, which sees the stop, until
+                // the command reads.
+                while given.load(Ordering::Relaxed) < 64 * 1024 {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
                 w.request_stop();
             })
         };
         let mut n = 0u64;
         while !w.stop_requested() {
-            e.emit(format!("line {n:08}").as_bytes()).unwrap();
+            let line = format!("line {n:08}");
+            given.fetch_add(line.len() as u64 + 1, Ordering::Relaxed);
+            e.emit(line.as_bytes()).unwrap();
             n += 1;
         }
         stopper.join().unwrap();
+        // What the spout still buffers meets the full pipe: held back.
+        e.flush().unwrap();
+        std::fs::write(&go, b"").unwrap();
         let acked = match e.end_file() {
             Err(EmitError::Stopped { acked, .. }) => acked,
             other => panic!("lines were held back, yet: {other:?}"),
