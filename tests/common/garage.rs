@@ -203,6 +203,66 @@ impl Garage {
         self.curl(node, "GET", key, None)
     }
 
+    /// The store's own client as the ceiling of a mount's figures: one
+    /// curl process (one connection, as the daemon keeps) PUTs then GETs
+    /// one object of `mib` MiB, then PUTs `n` objects of 4 KiB one after
+    /// the other. Returns (write MB/s, read MB/s, 4 KiB PUT p50 ms, 4 KiB
+    /// PUTs per second).
+    pub fn client_figures(&self, mib: usize, n: usize) -> (f64, f64, f64, f64) {
+        let big = self.dir().join("fig-big");
+        let small = self.dir().join("fig-small");
+        std::fs::write(&big, vec![7u8; mib << 20]).expect("write the big body");
+        std::fs::write(&small, vec![7u8; 4096]).expect("write the small body");
+        let base = format!("{}/{}", self.endpoints[0], self.bucket);
+        let common = format!(
+            "user = \"{}:{}\"\naws-sigv4 = \"aws:amz:{}:s3\"\nheader = \"x-amz-content-sha256: UNSIGNED-PAYLOAD\"\nsilent\nshow-error\nfail\nwrite-out = \"%{{time_total}}\\n\"\noutput = \"/dev/null\"\n",
+            self.access_key, self.secret_key, self.region
+        );
+        let mut cfg = format!(
+            "{common}upload-file = \"{}\"\nurl = \"{base}/fig/big\"\nnext\n{common}url = \"{base}/fig/big\"\n",
+            big.display()
+        );
+        for i in 0..n {
+            cfg.push_str(&format!(
+                "next\n{common}upload-file = \"{}\"\nurl = \"{base}/fig/s{i}\"\n",
+                small.display()
+            ));
+        }
+        let mut child = Command::new("curl")
+            .args(["-K", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("cannot run curl");
+        child
+            .stdin
+            .take()
+            .expect("curl's stdin")
+            .write_all(cfg.as_bytes())
+            .expect("write curl's config");
+        let out = child.wait_with_output().expect("curl");
+        assert!(
+            out.status.success(),
+            "curl: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let t: Vec<f64> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| l.trim().parse().expect("curl's time_total"))
+            .collect();
+        assert_eq!(t.len(), n + 2, "one time per transfer");
+        let mut puts = t[2..].to_vec();
+        let total: f64 = puts.iter().sum();
+        puts.sort_by(f64::total_cmp);
+        (
+            mib as f64 / t[0],
+            mib as f64 / t[1],
+            puts[n / 2] * 1e3,
+            n as f64 / total,
+        )
+    }
+
     fn down(dir: &Path) {
         let out = Command::new(script())
             .arg("down")
