@@ -112,7 +112,10 @@ fn figures_object_store_vs_local_directory() {
     let mut rows = Vec::new();
     for (name, path) in [
         ("local directory", local.path().join("dn")),
-        ("the bucket", PathBuf::from(format!("s3://{}/fig", g.bucket))),
+        (
+            "the bucket",
+            PathBuf::from(format!("s3://{}/fig", g.bucket)),
+        ),
     ] {
         let mut o = s3_opts(&g);
         o.push(format!("packet_size={packet}"));

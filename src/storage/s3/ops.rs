@@ -69,6 +69,7 @@ impl ObjectDatanode {
             ext: self.extents(block, gs, g)?,
             io: self.io.clone(),
             path: self.bucket.path_of(&keys::gen_dir(block, gs)),
+            ahead: Default::default(),
         })
     }
 
