@@ -93,8 +93,8 @@ fn fsynced_files_on_object_store_datanodes_survive_kill9() {
 /// Figures (run by hand: `cargo test --release --test s3_mount figures --
 /// --ignored --nocapture`, `S3_FIG_PACKET=1M` for 1 MiB packets), in one
 /// run against the same store: 64 MiB sequential write+fsync and read
-/// (after a remount, so from the datanodes), small files (create + 4 KiB
-/// + close, without and with fsync) per second, and the p50 of fsync after
+/// (after a remount, so from the datanodes), small files (create, 4 KiB,
+/// close; without and with fsync) per second, and the p50 of fsync after
 /// 4 KiB appends, for a mount on a local directory and one on the bucket
 /// alone (R=1); then the store's own client (curl, one connection) doing
 /// the same requests directly as the ceiling: one PUT and one GET of 64
