@@ -57,6 +57,9 @@ pub struct S3Options {
     pub endpoint: Option<String>,
     pub region: Option<String>,
     pub credentials: Option<std::path::PathBuf>,
+    /// `s3_retry_timeout=`: how long a request is retried while the store
+    /// cannot be reached (`None`: the default of `storage::s3::settings`).
+    pub retry_timeout: Option<Duration>,
 }
 
 impl Default for MountOptions {
@@ -86,7 +89,7 @@ impl Default for MountOptions {
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum OptionError {
     #[error(
-        "unknown mount option '{0}' (known: soft_limit, hard_limit, monitor_interval, lease_wait, block_size, packet_size, max_packets_in_flight, write_buffer, log_size, housekeeping_interval, replica_sync, fuse_uring, metrics, s3_endpoint, s3_region, s3_credentials, local_copy, host_id)"
+        "unknown mount option '{0}' (known: soft_limit, hard_limit, monitor_interval, lease_wait, block_size, packet_size, max_packets_in_flight, write_buffer, log_size, housekeeping_interval, replica_sync, fuse_uring, metrics, s3_endpoint, s3_region, s3_credentials, s3_retry_timeout, local_copy, host_id)"
     )]
     Unknown(String),
     #[error("mount option '{key}' has a bad value '{value}': {why}")]
@@ -189,6 +192,13 @@ impl MountOptions {
                     self.s3.endpoint = Some(value.to_string())
                 }
                 "s3_region" if !value.is_empty() => self.s3.region = Some(value.to_string()),
+                "s3_retry_timeout" => {
+                    let d = parse_secs(value).map_err(bad)?;
+                    if d.is_zero() {
+                        return Err(bad("must be > 0".into()));
+                    }
+                    self.s3.retry_timeout = Some(d)
+                }
                 "s3_credentials" => {
                     let p = std::path::PathBuf::from(value);
                     if !p.is_absolute() {
@@ -335,9 +345,14 @@ mod tests {
             "s3_endpoint=127.0.0.1:3900",
             "s3_credentials=rel/path",
             "s3_region=",
+            "s3_retry_timeout=0",
+            "s3_retry_timeout=soon",
         ] {
             assert!(o.apply(bad).is_err(), "{bad}");
         }
+        assert_eq!(o.s3.retry_timeout, None);
+        o.apply("s3_retry_timeout=2.5").unwrap();
+        assert_eq!(o.s3.retry_timeout, Some(Duration::from_millis(2500)));
     }
 
     #[test]

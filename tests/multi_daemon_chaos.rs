@@ -30,14 +30,14 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use common::elect::{Candidate, history};
 use common::etcd::{EtcdServer, daemon_at, shared_datanodes};
+use common::proxy::Proxy;
 use common::*;
 
 static SLOT: Mutex<()> = Mutex::new(());
@@ -124,61 +124,6 @@ fn monotonic_ns() -> u64 {
     // SAFETY: a valid timespec to fill.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-// ---- the proxy ---------------------------------------------------------------
-
-/// `testkit proxy` between a daemon and etcd; killed (its own pid) on drop.
-struct Proxy {
-    child: Child,
-    stdin: ChildStdin,
-    out: BufReader<std::process::ChildStdout>,
-    port: u16,
-}
-
-impl Proxy {
-    fn start(target: &str) -> Proxy {
-        let mut child = Command::new(testkit())
-            .args(["proxy", target])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("spawn testkit proxy");
-        let stdin = child.stdin.take().expect("stdin");
-        let mut out = BufReader::new(child.stdout.take().expect("stdout"));
-        let mut line = String::new();
-        out.read_line(&mut line).expect("proxy's first line");
-        let port = line
-            .trim()
-            .strip_prefix("listening ")
-            .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| panic!("proxy said {line:?}"));
-        Proxy {
-            child,
-            stdin,
-            out,
-            port,
-        }
-    }
-
-    fn endpoint(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
-    }
-
-    /// `pause`, `resume`, `cut` or `heal`, in force when this returns.
-    fn send(&mut self, cmd: &str) {
-        writeln!(self.stdin, "{cmd}").expect("write to the proxy");
-        let mut line = String::new();
-        self.out.read_line(&mut line).expect("the proxy's answer");
-        assert_eq!(line.trim(), "ok", "proxy answered {line:?} to {cmd}");
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// A daemon the test stopped: continued on drop, in every path.

@@ -21,6 +21,7 @@ fn opts(g: &Garage) -> S3Options {
         endpoint: Some(g.endpoint.clone()),
         region: Some(g.region.clone()),
         credentials: Some(g.dir().join("env")),
+        ..S3Options::default()
     }
 }
 

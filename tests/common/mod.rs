@@ -14,6 +14,7 @@ pub mod etcd;
 pub mod faults;
 pub mod garage;
 pub mod powercut;
+pub mod proxy;
 pub mod spout;
 
 use std::path::{Path, PathBuf};

@@ -8,9 +8,10 @@
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
-use object_store::ObjectStore;
 use object_store::aws::AmazonS3Builder;
+use object_store::{BackoffConfig, ObjectStore, RetryConfig};
 
 use crate::storage::StorageError;
 use crate::sync::Arc;
@@ -86,6 +87,36 @@ pub fn parse_url(s: &str) -> Result<S3Url, String> {
     })
 }
 
+/// How long a request is retried while the store cannot be reached, unless
+/// `-o s3_retry_timeout=` says otherwise.
+pub const DEFAULT_RETRY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The client's retry policy: by time, not by count. `object_store`'s
+/// default stops after 10 retries, and its backoff (a random step between
+/// 100 ms and twice the last one) makes those 10 last about 3 s: a store
+/// unreachable for 3 s then failed every packet in flight, and with it
+/// every writer of a bucket-only mount on that host (`tests/s3_hosts.rs`,
+/// a 4 s cut of one host's connection: `EIO` after 2.96 s). Retried until
+/// `timeout` instead, each wait at most 1 s, so a writer rides out an
+/// outage shorter than the timeout and goes on at most a second after the
+/// store is back; a longer one fails the request, and the replica, as an
+/// I/O error (docs/SEMANTICS.md "Object-store datanodes", *Losing the
+/// store*). Only what `object_store` deems safe is retried: any request
+/// that was not sent, and idempotent ones (PUT, GET, LIST, DELETE, COPY)
+/// after a timeout or a reset too.
+pub fn retry_config(timeout: Duration) -> RetryConfig {
+    RetryConfig {
+        backoff: BackoffConfig {
+            init_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(1),
+            base: 2.0,
+        },
+        // The timeout bounds the retries; no count cuts them short.
+        max_retries: usize::MAX,
+        retry_timeout: timeout,
+    }
+}
+
 /// Credentials read from a file.
 #[derive(Default)]
 struct Creds {
@@ -139,7 +170,11 @@ fn read_credentials(path: &Path) -> Result<Creds, StorageError> {
 /// The client for `url` with `opts`: the environment first, then the
 /// credentials file, then the mount options.
 pub fn build_store(url: &S3Url, opts: &S3Options) -> Result<Arc<dyn ObjectStore>, StorageError> {
-    let mut b = AmazonS3Builder::from_env().with_bucket_name(&url.bucket);
+    let mut b = AmazonS3Builder::from_env()
+        .with_bucket_name(&url.bucket)
+        .with_retry(retry_config(
+            opts.retry_timeout.unwrap_or(DEFAULT_RETRY_TIMEOUT),
+        ));
     let mut endpoint = std::env::var("AWS_ENDPOINT").ok();
     if let Some(path) = &opts.credentials {
         let c = read_credentials(path)?;
@@ -202,6 +237,18 @@ mod tests {
         ] {
             assert!(parse_url(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn requests_are_retried_for_a_time_not_a_count() {
+        let r = retry_config(DEFAULT_RETRY_TIMEOUT);
+        assert_eq!(r.retry_timeout, Duration::from_secs(30));
+        // At 100 ms a retry at the very least, a count cannot end the
+        // retries before the timeout does.
+        assert!(r.max_retries as u128 >= r.retry_timeout.as_millis() / 100);
+        // Back within a second of the store.
+        assert!(r.backoff.max_backoff <= Duration::from_secs(1));
+        assert!(r.backoff.init_backoff <= r.backoff.max_backoff);
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! `testkit proxy TARGET`: a TCP proxy on loopback between one daemon and
-//! etcd, for the partition tests. It prints `listening PORT` once bound,
+//! `testkit proxy TARGET`: a TCP proxy on loopback between one daemon and a
+//! service it needs (etcd, an S3 endpoint), for the partition tests
+//! (`tests/common/proxy.rs` drives it). It prints `listening PORT` once bound,
 //! then takes one command a line on standard input and answers `ok` once
 //! it is in force:
 //!
