@@ -6,13 +6,13 @@
 //!   cache) and no datanode directory at all: its only datanode is the
 //!   bucket, `s3://BUCKET/PREFIX`, the same on every host, at
 //!   `--replication 1` (the store keeps three copies itself). A local
-//!   directory beside the bucket would be a replica the other hosts cannot
-//!   read, and each daemon would count the others' directories, recorded in
-//!   the shared registry, as dead datanodes to re-replicate from (README
-//!   "Hosts that share nothing but etcd and a bucket");
+//!   directory beside the bucket without `-o local_copy` would count
+//!   toward R while the other hosts cannot read it; with it, it is a
+//!   host-local copy, which `tests/s3_local_copy.rs` covers. Here nothing
+//!   but the bucket holds data, so every promise rests on it alone;
 //! - its own way to the services: a `testkit proxy` to etcd and one to a
-//!   Garage node of its own (host i talks to node i), which the tests pause
-//!   or cut to take one host's network away and give it back.
+//!   Garage node of its own (host i talks to node i), which the tests cut
+//!   to take one host's network away and heal to give it back.
 //!
 //! Network namespaces (`unshare --net` with veth pairs) would isolate the
 //! hosts further, but would need routes and addresses set up per test for
@@ -32,10 +32,11 @@
 //! hosts with its leader's daemon killed, `datanode list`, `stats` and
 //! `fsck` on every host, and a host losing the store or etcd for a while.
 //!
-//! Each test starts its own Garage cluster (a few seconds) and etcd, and
-//! the tests run one at a time ([`SLOT`]): three daemons, three store
-//! nodes and etcd on a 2-core machine leave no room for a second test's
-//! timing. Skipped, with a message, where Garage is not installed.
+//! Each test starts its own Garage cluster (about 2 s) and etcd, and the
+//! tests run one at a time ([`SLOT`]): three daemons, three store nodes
+//! and etcd on a 2-core machine leave no room for a second test's timing.
+//! The file takes about two minutes. Skipped, with a message, where Garage
+//! is not installed.
 
 mod common;
 
