@@ -5,6 +5,7 @@
 //! bucket. Skipped, with a message, where Garage is not installed.
 
 mod common;
+use common::faults::{blocks_of, drop_caches, problems, wait_closed};
 use common::garage::Garage;
 use common::{Mount, Opts};
 
@@ -88,6 +89,70 @@ fn fsynced_files_on_object_store_datanodes_survive_kill9() {
         2,
     );
     eprintln!("local + bucket, R=2: {:.2} s", t0.elapsed().as_secs_f64());
+}
+
+/// A byte flipped in the bucket's replica of a block (its slice object) is
+/// found by fsck, named with the bucket's datanode, and repaired from the
+/// directory's replica; the file reads back whole before and after.
+#[test]
+fn a_corrupt_slice_in_the_bucket_is_reported_by_fsck_and_repaired_from_the_directory() {
+    if !Garage::installed() {
+        eprintln!("skipped: garage not installed (mount-scripts/garage.sh install)");
+        return;
+    }
+    let g = Garage::start();
+    let local = tempfile::tempdir().unwrap();
+    let m = Mount::with_datanode_paths(
+        Opts {
+            replication: Some(2),
+            o: s3_opts(&g),
+            ..Opts::default()
+        },
+        vec![
+            local.path().join("dn"),
+            PathBuf::from(format!("s3://{}/fix", g.bucket)),
+        ],
+    );
+    let data = bytes(300_000, 9);
+    m.put("f", &data);
+    let b = wait_closed(&m, "f");
+    assert_eq!((b.len(), b[0].replicas.len()), (1, 2), "{b:?}");
+    // The bucket is datanode 1 (its place in the list on a fresh mount).
+    let slices: Vec<String> = g
+        .list(0, &format!("fix/blk/{}/", b[0].id))
+        .unwrap()
+        .into_iter()
+        .filter(|k| k.rsplit('/').next().is_some_and(|n| n.starts_with('s')))
+        .collect();
+    assert!(!slices.is_empty(), "no slice object of block {}", b[0].id);
+    for key in &slices {
+        let mut obj = g.get(0, key).unwrap();
+        let last = obj.len() - 1;
+        obj[last] ^= 0x40;
+        g.put(0, key, &obj).unwrap();
+    }
+    let (code, rep) = m.fsck_json();
+    assert_eq!(code, 1, "fsck found nothing wrong: {rep}");
+    assert!(
+        problems(&rep)
+            .iter()
+            .any(|(_, block, dn)| *block == Some(b[0].id) && *dn == Some(1)),
+        "fsck does not name the bucket's replica of block {}: {rep}",
+        b[0].id
+    );
+    assert!(m.read("f") == data, "a read served the corrupt slice");
+    let f = m.fsck(&["--repair"]);
+    assert_eq!(f.code, 0, "fsck --repair left problems: {f:?}");
+    let (code, rep) = m.fsck_json();
+    assert_eq!(code, 0, "still unhealthy after the repair: {rep}");
+    let now = blocks_of(&m, "f");
+    assert_eq!(now[0].replicas.len(), 2, "{now:?}");
+    assert!(
+        now[0].replicas.contains(&1),
+        "the bucket lost its replica: {now:?}"
+    );
+    drop_caches();
+    assert!(m.read("f") == data);
 }
 
 /// Figures (run by hand: `cargo test --release --test s3_mount figures --

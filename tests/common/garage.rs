@@ -195,6 +195,20 @@ impl Garage {
         }
     }
 
+    /// The keys under `prefix` (one LIST of up to 1,000 keys).
+    pub fn list(&self, node: usize, prefix: &str) -> Result<Vec<String>, String> {
+        // SigV4 signs the query as sent: `/` must be percent-encoded.
+        let q = prefix.replace('/', "%2F");
+        let xml = self.curl(node, "GET", &format!("?list-type=2&prefix={q}"), None)?;
+        let xml = String::from_utf8_lossy(&xml);
+        Ok(xml
+            .split("<Key>")
+            .skip(1)
+            .filter_map(|s| s.split("</Key>").next())
+            .map(str::to_string)
+            .collect())
+    }
+
     pub fn put(&self, node: usize, key: &str, body: &[u8]) -> Result<(), String> {
         self.curl(node, "PUT", key, Some(body)).map(|_| ())
     }
