@@ -26,6 +26,8 @@ struct State {
     started: u64,
     finished: u64,
     running: bool,
+    /// Callers waiting for a sync under way.
+    waiting: usize,
     /// The first error: the filesystem is synced file by file from then on.
     error: Option<FsError>,
 }
@@ -83,7 +85,9 @@ impl FsSync {
             if !st.running {
                 break;
             }
+            st.waiting += 1;
             st = self.done.wait(st).unwrap_or_else(|e| e.into_inner());
+            st.waiting -= 1;
         }
         st.running = true;
         st.started += 1;
@@ -133,14 +137,17 @@ mod tests {
     use super::*;
     use std::sync::Barrier;
     use std::sync::atomic::AtomicBool;
+    use std::thread::JoinHandle;
     use std::time::Duration;
 
-    #[test]
-    fn fsyncs_that_meet_share_one_syncfs_started_after_they_asked() {
-        let g = Arc::new(FsSync::default());
+    /// A sync under way on `g` (started before anyone else asks) that
+    /// ends with `result` once `release` is set.
+    fn under_way(
+        g: &Arc<FsSync>,
+        result: FsResult<()>,
+    ) -> (JoinHandle<FsResult<bool>>, Arc<AtomicBool>) {
         let first_in = Arc::new(Barrier::new(2));
         let release = Arc::new(AtomicBool::new(false));
-        // A sync under way, started before the others asked.
         let h = {
             let (g, first_in, release) = (g.clone(), first_in.clone(), release.clone());
             std::thread::spawn(move || {
@@ -149,13 +156,22 @@ mod tests {
                     while !release.load(Ordering::Relaxed) {
                         std::thread::sleep(Duration::from_millis(1));
                     }
-                    Ok(())
+                    result
                 })
             })
         };
         first_in.wait();
-        let syncs = Arc::new(AtomicU64::new(0));
-        let waiters: Vec<_> = (0..6)
+        (h, release)
+    }
+
+    /// `n` callers of `g`, each counting its own sync in `syncs`; returns
+    /// once all of them wait for the sync under way.
+    fn waiters(
+        g: &Arc<FsSync>,
+        n: usize,
+        syncs: &Arc<AtomicU64>,
+    ) -> Vec<JoinHandle<FsResult<bool>>> {
+        let hs = (0..n)
             .map(|_| {
                 let (g, syncs) = (g.clone(), syncs.clone());
                 std::thread::spawn(move || {
@@ -167,14 +183,25 @@ mod tests {
                 })
             })
             .collect();
-        std::thread::sleep(Duration::from_millis(50));
+        while lock(&g.state).waiting < n {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        hs
+    }
+
+    #[test]
+    fn fsyncs_that_meet_share_one_syncfs_started_after_they_asked() {
+        let g = Arc::new(FsSync::default());
+        let (h, release) = under_way(&g, Ok(()));
+        let syncs = Arc::new(AtomicU64::new(0));
+        let ws = waiters(&g, 6, &syncs);
         release.store(true, Ordering::Relaxed);
         assert!(h.join().unwrap().is_ok());
-        for w in waiters {
+        for w in ws {
             assert!(w.join().unwrap().is_ok());
         }
         // Not covered by the sync that was running when they asked, so
-        // at least one more ran; all six met behind it: one.
+        // one more ran; all six met behind it: one.
         assert_eq!(syncs.load(Ordering::Relaxed), 1);
         assert_eq!(g.counts(), (2, 5));
     }
@@ -182,35 +209,17 @@ mod tests {
     #[test]
     fn an_error_goes_to_every_fsync_it_covered_and_marks_the_filesystem() {
         let g = Arc::new(FsSync::default());
-        let first_in = Arc::new(Barrier::new(2));
-        let release = Arc::new(AtomicBool::new(false));
-        let h = {
-            let (g, first_in, release) = (g.clone(), first_in.clone(), release.clone());
-            std::thread::spawn(move || {
-                g.run(|| {
-                    first_in.wait();
-                    while !release.load(Ordering::Relaxed) {
-                        std::thread::sleep(Duration::from_millis(1));
-                    }
-                    Err(FsError::Io("EIO".into()))
-                })
-            })
-        };
-        first_in.wait();
-        let waiters: Vec<_> = (0..3)
-            .map(|_| {
-                let g = g.clone();
-                std::thread::spawn(move || g.run(|| Ok(())))
-            })
-            .collect();
-        std::thread::sleep(Duration::from_millis(30));
+        let (h, release) = under_way(&g, Err(FsError::Io("EIO".into())));
+        let syncs = Arc::new(AtomicU64::new(0));
+        let ws = waiters(&g, 3, &syncs);
         release.store(true, Ordering::Relaxed);
         assert!(h.join().unwrap().is_err());
         // The waiters asked while the failing sync ran: it did not cover
-        // them, but its error may be theirs; each gets it.
-        for w in waiters {
+        // them, but its error may be theirs; each gets it, none syncs.
+        for w in ws {
             assert!(w.join().unwrap().is_err());
         }
+        assert_eq!(syncs.load(Ordering::Relaxed), 0);
         assert!(g.failed());
         // Later fsyncs too, without a syncfs.
         let mut ran = false;

@@ -212,32 +212,22 @@ fn a_failed_sync_of_a_closed_file_is_never_reported_as_success() {
     }
 }
 
+/// A `syncfs` error of another file costs no replica: the replica's own
+/// syncs say it is durable. But it may belong to pages whose fsync comes
+/// later (written back, and failed, before it): the filesystem is synced
+/// file by file from then on, so the later fsync sees its file's own
+/// error. Had it gone through `syncfs` again, that call (its error
+/// already reported) would have succeeded: a dropped sync error.
 #[test]
-fn a_syncfs_error_of_another_file_costs_no_replica() {
+fn a_syncfs_error_costs_no_replica_and_later_fsyncs_there_sync_file_by_file() {
     let rig = Rig::with(3, 3, 16, true);
     let log = rig.log();
     let mut data = Vec::new();
     let s = prepare(&rig, &log, Path::ByFs, &mut data);
     rig.nodes[0].arm(Op::SyncFs, Fault::Fail(libc::EIO), 0);
     wait(|d| s.sync(d)).unwrap();
-    // The replica's own syncs said it is durable.
     assert_eq!(rig.blocks()[0].replicas.len(), 3);
     assert!(rig.nodes[0].calls(Op::FileSync) > 0);
-}
-
-/// A `syncfs` error may belong to pages whose fsync comes later (written
-/// back, and failed, before it): the filesystem is synced file by file
-/// from then on, so the later fsync sees its file's own error. Had it
-/// gone through `syncfs` again, that call (its error already reported)
-/// would have succeeded: a dropped sync error.
-#[test]
-fn after_a_syncfs_error_later_fsyncs_there_sync_file_by_file() {
-    let rig = Rig::with(3, 3, 16, true);
-    let log = rig.log();
-    let mut data = Vec::new();
-    let s = prepare(&rig, &log, Path::ByFs, &mut data);
-    rig.nodes[0].arm(Op::SyncFs, Fault::Fail(libc::EIO), 0);
-    wait(|d| s.sync(d)).unwrap();
     wait(|d| s.close(d)).unwrap();
     let syncfs_before = rig.nodes[0].calls(Op::SyncFs);
     // The replica's pages on datanode 0 failed their writeback since.
