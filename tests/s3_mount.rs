@@ -45,6 +45,19 @@ fn survives_kill9(g: &Garage, paths: Vec<PathBuf>, replication: usize) {
         "cp {} f && sync f && echo small > s && sync s && printf 'more' >> s && sync s",
         src.display()
     ));
+    // The packets cp queued while a slice PUT was out went to the bucket
+    // as one PUT (Storage::merge_writes), on the bucket alone and beside
+    // a directory: 5 MB is 77 packets of 64 KiB, sent in a few PUTs.
+    let st = m.leasefs(&["stats", m.mnt.to_str().unwrap(), "--once", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&st.stdout).expect("stats --json");
+    assert!(
+        v["packets_merged"].as_u64() > Some(0),
+        "no packets merged into one PUT: {v}"
+    );
+    eprintln!(
+        "packets acked {}, merged into the write before them {}",
+        v["packets_acked"], v["packets_merged"]
+    );
     let out = m.leasefs(&["datanode", "list", &m.mnt.display().to_string()]);
     let listed = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(

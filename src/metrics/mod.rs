@@ -168,6 +168,7 @@ pub struct Metrics {
     fsync: Histogram,
     recoveries: [AtomicU64; Recovery::ALL.len()],
     packets_acked: AtomicU64,
+    packets_merged: AtomicU64,
     pipeline_recoveries: AtomicU64,
 }
 
@@ -182,6 +183,7 @@ impl Default for Metrics {
             fsync: Histogram::new(histogram::FSYNC_BUCKETS),
             recoveries: std::array::from_fn(|_| AtomicU64::new(0)),
             packets_acked: AtomicU64::new(0),
+            packets_merged: AtomicU64::new(0),
             pipeline_recoveries: AtomicU64::new(0),
         }
     }
@@ -223,6 +225,13 @@ impl Metrics {
         self.packets_acked.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// `n` queued packets went to the replicas as one write (an object
+    /// store's one PUT): the `n - 1` after the first count.
+    pub fn packets_merged(&self, n: u64) {
+        self.packets_merged
+            .fetch_add(n.saturating_sub(1), Ordering::Relaxed);
+    }
+
     /// A pipeline was rebuilt around a failed replica.
     pub fn pipeline_recovery(&self) {
         self.pipeline_recoveries.fetch_add(1, Ordering::Relaxed);
@@ -245,6 +254,7 @@ impl Metrics {
             .map(|r| (r.name().to_string(), get(&self.recoveries[*r as usize])))
             .collect();
         s.packets_acked = get(&self.packets_acked);
+        s.packets_merged = get(&self.packets_merged);
         s.pipeline_recoveries = get(&self.pipeline_recoveries);
     }
 }

@@ -87,6 +87,12 @@ pub const PACKETS_ACKED: Name = counter(
     "leasefs_packets_acked",
     "Packets acknowledged by every replica of their pipeline",
 );
+/// Packets that went to the replicas in one write with the one before
+/// them (an object store's one PUT for several queued packets).
+pub const PACKETS_MERGED: Name = counter(
+    "leasefs_packets_merged",
+    "Packets written to replicas together with the packet before them",
+);
 /// A replica failed mid-write and its pipeline was rebuilt without it.
 pub const PIPELINE_RECOVERIES: Name = counter(
     "leasefs_pipeline_recoveries",
@@ -170,6 +176,7 @@ pub const NAMES: &[&Name] = &[
     &STREAMS,
     &IN_FLIGHT,
     &PACKETS_ACKED,
+    &PACKETS_MERGED,
     &PIPELINE_RECOVERIES,
     &DN_STATE,
     &DN_CAPACITY,
@@ -263,6 +270,7 @@ impl Collector for Scrape {
         one_gauge(&mut enc, &STREAMS, gauge_of(s.streams_open))?;
         one_gauge(&mut enc, &IN_FLIGHT, gauge_of(s.packets_in_flight))?;
         one_counter(&mut enc, &PACKETS_ACKED, s.packets_acked)?;
+        one_counter(&mut enc, &PACKETS_MERGED, s.packets_merged)?;
         one_counter(&mut enc, &PIPELINE_RECOVERIES, s.pipeline_recoveries)?;
         self.encode_datanodes(&mut enc)
     }

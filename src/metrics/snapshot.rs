@@ -75,6 +75,9 @@ pub struct Snapshot {
     /// Packets sent and not yet acknowledged by every replica, all files.
     pub packets_in_flight: u64,
     pub packets_acked: u64,
+    /// Packets written to replicas in one write with the packet before
+    /// them (see `Storage::merge_writes`).
+    pub packets_merged: u64,
     /// Pipelines rebuilt around a failed replica.
     pub pipeline_recoveries: u64,
     pub datanodes: Vec<DatanodeStats>,

@@ -139,6 +139,14 @@ pub(crate) struct StreamState {
     /// Packets sealed and not yet acknowledged (in either queue).
     in_flight: usize,
     peak_in_flight: usize,
+    /// The open block's replicas take queued packets merged into one
+    /// write (see [`Self::merge_following`]): the bound is then twice
+    /// `max_in_flight`, so that one write's worth of packets queues while
+    /// the one before is out. Else each merged write was followed by one
+    /// of the packet or two the writer had sealed in the meantime, and a
+    /// sequential writer to an object store sent every other PUT nearly
+    /// empty.
+    merging: bool,
     /// Units of the write buffer handed to this stream and not yet used.
     units: Vec<Unit>,
     /// Queued for a unit of the write buffer.
@@ -166,6 +174,7 @@ impl StreamState {
             ack_queue: VecDeque::new(),
             in_flight: 0,
             peak_in_flight: 0,
+            merging: false,
             units: Vec::new(),
             wants_unit: false,
             running: false,
@@ -210,6 +219,17 @@ impl StreamState {
         self.peak_in_flight
     }
 
+    /// Packets that may be in flight now.
+    pub fn in_flight_bound(&self) -> usize {
+        self.limits.max_in_flight * if self.merging { 2 } else { 1 }
+    }
+
+    /// Whether the block being written merges queued packets (the
+    /// streamer's word, before each job it takes).
+    pub fn set_merging(&mut self, on: bool) {
+        self.merging = on;
+    }
+
     /// Whether a write at `offset` (`None`: at the end, O_APPEND) may go
     /// on: not on a failed stream, and only at the stream's end.
     pub fn check_write(&self, offset: Option<u64>) -> FsResult<()> {
@@ -252,7 +272,8 @@ impl StreamState {
 
     /// Copies as much of `data` into packets as the in-flight bound and
     /// the write buffer allow; returns how many bytes it took. A full
-    /// packet is sealed only while fewer than `max_in_flight` are
+    /// packet is sealed only while fewer than the bound
+    /// ([`Self::in_flight_bound`]) are
     /// unacknowledged, and, unless it is the stream's only one in flight,
     /// with a unit of the write buffer.
     fn copy_in(&mut self, data: &[u8], take_unit: TakeUnit<'_>) -> usize {
@@ -260,7 +281,7 @@ impl StreamState {
         loop {
             if !self.packet.is_empty() && self.packet_room(self.packet_off, self.packet.len()) == 0
             {
-                if self.in_flight >= self.limits.max_in_flight || !self.may_seal(take_unit) {
+                if self.in_flight >= self.in_flight_bound() || !self.may_seal(take_unit) {
                     return taken;
                 }
                 self.seal_packet();
@@ -472,6 +493,47 @@ impl StreamState {
         }
     }
 
+    /// Appends to `p` (the packet the streamer just took) the packets
+    /// queued right behind it that continue it, up to `cap` bytes in all
+    /// and never past the end of `block` (the range of the block `p` goes
+    /// into), so that a datanode that charges per request writes them as
+    /// one. Each keeps its own place in the ack queue; returns the ends
+    /// of `p` as taken and of each packet added, in order, for the caller
+    /// to acknowledge one by one once the merged write is done. Stops at
+    /// the first barrier.
+    pub fn merge_following(
+        &mut self,
+        p: &mut Packet,
+        cap: usize,
+        block: std::ops::Range<u64>,
+    ) -> Vec<u64> {
+        let mut ends = vec![p.end()];
+        while let Some(Queued {
+            job: Job::Packet(next),
+            ..
+        }) = self.data_queue.front()
+        {
+            if next.off != p.end() || next.end() > block.end || p.data.len() + next.data.len() > cap
+            {
+                break;
+            }
+            let Some(Queued {
+                job: Job::Packet(next),
+                unit,
+            }) = self.data_queue.pop_front()
+            else {
+                break;
+            };
+            p.data.extend_from_slice(&next.data);
+            ends.push(next.end());
+            self.ack_queue.push_back(Unacked {
+                end: next.end(),
+                _unit: unit,
+            });
+        }
+        ends
+    }
+
     /// Every replica wrote the packet ending at `end` (the oldest
     /// unacknowledged one): it is visible, its unit goes back to the write
     /// buffer, and a blocked write may go on (its completion is returned).
@@ -646,6 +708,73 @@ mod tests {
             !s.is_streaming(),
             "the streamer stops when the queue is empty"
         );
+    }
+
+    #[test]
+    fn queued_packets_that_continue_one_merge_up_to_the_cap_and_the_block_end_and_each_is_acknowledged()
+     {
+        let buf = Buffer::new(100);
+        let calls = Calls::default();
+        let mut s = StreamState::new(limits(10), 0);
+        call(
+            s.accept(&[7; 450], calls.done("w1"), 1, &mut buf.take()),
+            Ok(()),
+        );
+        assert!(matches!(
+            s.barrier(Barrier::Flush, calls.done("flush")),
+            Enqueued::Queued
+        ));
+        call(
+            s.accept(&[8; 50], calls.done("w2"), 2, &mut buf.take()),
+            Ok(()),
+        );
+        assert!(s.claim_streamer());
+        let Next::Job(Job::Packet(mut p)) = s.next_job() else {
+            panic!("a packet first")
+        };
+        // Capped at 200 bytes: the first two packets.
+        assert_eq!(s.merge_following(&mut p, 200, 0..250), [100, 200]);
+        assert_eq!((p.off, p.data.len()), (0, 200));
+        for end in [100, 200] {
+            call(s.ack(end, &mut buf.take()), Ok(()));
+        }
+        assert_eq!(s.visible_len(), 200);
+        // The block ends at 250: the packet up to it, not the one after.
+        let Next::Job(Job::Packet(mut p)) = s.next_job() else {
+            panic!("the block's last packet")
+        };
+        assert_eq!(s.merge_following(&mut p, 1 << 20, 0..250), [250]);
+        call(s.ack(250, &mut buf.take()), Ok(()));
+        // The next block's packets merge up to the barrier, never past it.
+        let Next::Job(Job::Packet(mut p)) = s.next_job() else {
+            panic!("the next block")
+        };
+        assert_eq!(s.merge_following(&mut p, 1 << 20, 250..500), [350, 450]);
+        assert!(matches!(s.next_job(), Next::Job(Job::Flush(_))));
+        assert_eq!(s.in_flight(), 2 + 1, "one more packet behind the barrier");
+    }
+
+    #[test]
+    fn a_merging_block_lets_twice_the_bound_in_flight() {
+        let buf = Buffer::new(100);
+        let calls = Calls::default();
+        let big = Limits {
+            block_size: 1 << 20,
+            ..limits(2)
+        };
+        let mut s = StreamState::new(big, 0);
+        assert!(
+            s.accept(&[1; 450], calls.done("w"), 1, &mut buf.take())
+                .is_none()
+        );
+        assert_eq!((s.in_flight(), s.in_flight_bound()), (2, 2));
+        let mut s = StreamState::new(big, 0);
+        s.set_merging(true);
+        assert!(
+            s.accept(&[1; 450], calls.done("w"), 1, &mut buf.take())
+                .is_some()
+        );
+        assert_eq!((s.in_flight(), s.in_flight_bound()), (4, 4));
     }
 
     #[test]

@@ -100,7 +100,7 @@ impl OutputStream {
             acked: s.visible_len(),
             in_flight: s.in_flight(),
             peak_in_flight: s.peak_in_flight(),
-            max_in_flight: self.ctx.max_in_flight,
+            max_in_flight: s.in_flight_bound(),
         }
     }
 
@@ -177,8 +177,11 @@ impl OutputStream {
     fn drain(self: Arc<Self>) {
         let mut streamer = lock(&self.streamer);
         loop {
+            let merge = streamer.merge_into();
+            let mut ends = Vec::new();
             let job = {
                 let mut s = lock(&self.st);
+                s.set_merging(merge.is_some());
                 match s.next_job() {
                     Next::Job(Job::Packet(p)) if streamer.takes_whole(&p) => match s.take_close() {
                         Some(d) => {
@@ -188,6 +191,14 @@ impl OutputStream {
                         }
                         None => Job::Packet(p),
                     },
+                    Next::Job(Job::Packet(mut p)) => {
+                        if let Some((block, cap)) = &merge
+                            && block.contains(&p.off)
+                        {
+                            ends = s.merge_following(&mut p, *cap, block.clone());
+                        }
+                        Job::Packet(p)
+                    }
                     Next::Job(j) => j,
                     Next::Idle => {
                         self.idle.notify_all();
@@ -204,7 +215,7 @@ impl OutputStream {
                 }
             };
             match job {
-                Job::Packet(p) => self.send(&mut streamer, p),
+                Job::Packet(p) => self.send(&mut streamer, p, &ends),
                 Job::Flush(d) => d(self.contained(|| self.publish_length(&streamer))),
                 Job::Sync(d) => {
                     // A failed sync is final: the stream is done (its
@@ -292,25 +303,37 @@ impl OutputStream {
         self.closed(r, Some(end), done)
     }
 
-    /// One packet through the pipeline, then its acknowledgement (which
-    /// may let a blocked write go on).
-    fn send(&self, streamer: &mut DataStreamer, p: Packet) {
+    /// One packet through the pipeline, then the acknowledgement of each
+    /// packet it holds (`merged`: the ends of the queued packets merged
+    /// into it, [`StreamState::merge_following`]; empty for a packet
+    /// alone), which may let a blocked write go on.
+    fn send(&self, streamer: &mut DataStreamer, p: Packet, merged: &[u64]) {
         let end = p.end();
+        let ends = if merged.is_empty() {
+            std::slice::from_ref(&end)
+        } else {
+            merged
+        };
         let r = self.contained(|| streamer.send(&p));
         let mut s = lock(&self.st);
         let wake = match r {
             Ok(()) => {
-                self.ctx.metrics.packet_acked();
-                s.ack(end, &mut || self.take_unit())
+                self.ctx.metrics.packets_merged(ends.len() as u64);
+                let mut wake = Vec::new();
+                for &end in ends {
+                    self.ctx.metrics.packet_acked();
+                    wake.extend(s.ack(end, &mut || self.take_unit()));
+                }
+                wake
             }
             Err(e) => {
                 tracing::error!(ino = self.ino, "write pipeline failed: {e}");
                 s.fail(e);
-                None
+                Vec::new()
             }
         };
         drop(s);
-        if let Some(d) = wake {
+        for d in wake {
             d(Ok(()));
         }
     }

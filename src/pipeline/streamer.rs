@@ -99,6 +99,22 @@ impl DataStreamer {
         b.write(&self.file, boff, &p.data, &self.crcs)
     }
 
+    /// The open block's range of file offsets, and how many bytes of
+    /// queued packets may go to its replicas as one write (the most any
+    /// of its datanodes asks for, [`crate::storage::Storage::merge_writes`]:
+    /// a directory beside a bucket takes the larger writes as they come);
+    /// `None` when no block is open or nothing is merged.
+    pub fn merge_into(&self) -> Option<(std::ops::Range<u64>, usize)> {
+        let b = self.block.as_ref()?;
+        let dns = &self.file.ctx.dns;
+        let cap = b
+            .replicas
+            .iter()
+            .map(|r| dns.get(r.dn).map_or(0, |n| n.merge_writes()))
+            .max()?;
+        (cap > 0).then(|| (b.start..b.start + self.file.block_size, cap))
+    }
+
     /// `len` zeros at `off` (within one block), as a hole on the replicas
     /// (see [`Self::grow`]).
     fn send_zeros(&mut self, off: u64, len: u64) -> FsResult<()> {

@@ -340,6 +340,15 @@ pub trait Storage: Send + Sync + fmt::Debug {
     /// filesystems (btrfs, zfs) nor on FUSE, where neither reaches a disk
     /// the way it must.
     fn ranged_sync(&self) -> bool;
+    /// Up to how many bytes of packets queued one behind the other a
+    /// stream may write to a replica here as one write. A store that
+    /// charges a round trip per request (an object store: one PUT each)
+    /// wants them merged, or a stream writes one packet per round trip; a
+    /// directory gains nothing (each packet is one write into the page
+    /// cache) and keeps them apart (0).
+    fn merge_writes(&self) -> usize {
+        0
+    }
     /// The heartbeat probe: still this datanode, and writable; returns the
     /// bytes free. A full disk gives [`StorageError::NoSpace`].
     fn heartbeat(&self) -> Result<u64, StorageError>;

@@ -462,6 +462,10 @@ impl Storage for Faulty {
         self.inner.ranged_sync()
     }
 
+    fn merge_writes(&self) -> usize {
+        self.inner.merge_writes()
+    }
+
     fn heartbeat(&self) -> Result<u64, StorageError> {
         self.check(Op::Heartbeat)?;
         self.inner.heartbeat()

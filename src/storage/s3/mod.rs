@@ -63,6 +63,10 @@ pub fn connect(url: &S3Url, opts: &S3Options) -> Result<Arc<Bucket>, StorageErro
     )?))
 }
 
+/// The most bytes of queued packets one slice PUT carries (the in-flight
+/// bound, 80 packets of 64 KiB by default, is below it).
+const MERGE_WRITES: usize = 8 << 20;
+
 /// The identity object of the prefix, if any.
 pub fn read_identity(b: &Bucket) -> Result<Option<Identity>, StorageError> {
     match b.get(keys::VERSION)? {
@@ -322,6 +326,12 @@ impl Storage for ObjectDatanode {
 
     fn ranged_sync(&self) -> bool {
         false
+    }
+
+    /// Queued packets go as one slice: a PUT costs a round trip (about
+    /// 50 ms on a store nearby) whatever its size up to megabytes.
+    fn merge_writes(&self) -> usize {
+        MERGE_WRITES
     }
 
     /// Reads the identity object back (still this datanode) and writes a

@@ -11,10 +11,14 @@ use super::writer::{ObjectWriter, encode_slice};
 
 const CS: u64 = CHUNK_SIZE as u64;
 
-/// More slices than this in a replica being finalized are merged into one
-/// object (reads of a replica written by small appends would otherwise
-/// cost a request per append).
+/// More slices than this in a replica being finalized, smaller than
+/// `MERGE_BELOW` on average, are merged into one object (reads of a
+/// replica written by small appends would otherwise cost a request per
+/// append). Larger slices (a fast writer's merged packets) are left as
+/// they are: a read costs a request per megabytes, and merging would move
+/// the whole block through the daemon once more.
 pub(super) const MERGE_OVER: usize = 16;
+const MERGE_BELOW: u64 = 1 << 20;
 
 impl ObjectDatanode {
     /// One listing of the block's objects.
@@ -231,7 +235,8 @@ impl ObjectDatanode {
         let objs = self.scan(block)?;
         let g = self.current_at(&objs, block, gs)?;
         let (mut g, _) = self.cut(block, gs, &g, len)?;
-        if g.slices.len() > MERGE_OVER {
+        let n = g.slices.len();
+        if n > MERGE_OVER && len < MERGE_BELOW * n as u64 {
             let r = self.reader_of(block, gs, &g)?;
             let mut data = vec![0u8; len as usize];
             let n = r.read(0, &mut data)?;
