@@ -208,6 +208,14 @@ fn figures_object_store_vs_local_directory() {
         let t = Instant::now();
         m.sh_ok("dd if=/dev/zero of=big bs=1M count=64 conv=fsync status=none");
         let w = 64.0 / t.elapsed().as_secs_f64();
+        let st = m.leasefs(&["stats", m.mnt.to_str().unwrap(), "--once", "--json"]);
+        let v: serde_json::Value = serde_json::from_slice(&st.stdout).expect("stats --json");
+        let (acked, merged) = (v["packets_acked"].as_u64(), v["packets_merged"].as_u64());
+        eprintln!(
+            "{name}: 64 MiB in {} packets, {} writes to the replicas",
+            acked.unwrap_or(0),
+            acked.unwrap_or(0) - merged.unwrap_or(0)
+        );
         m.unmount();
         m.mount();
         let t = Instant::now();
