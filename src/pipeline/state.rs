@@ -225,9 +225,16 @@ impl StreamState {
     }
 
     /// Whether the block being written merges queued packets (the
-    /// streamer's word, before each job it takes).
-    pub fn set_merging(&mut self, on: bool) {
+    /// streamer's word, before each job it takes). A bound that grew lets
+    /// a blocked write go on (its completion is returned).
+    pub fn set_merging(&mut self, on: bool, take_unit: TakeUnit<'_>) -> Option<Done> {
+        let grew = on && !self.merging;
         self.merging = on;
+        if grew && self.failed.is_none() {
+            self.resume_blocked(take_unit)
+        } else {
+            None
+        }
     }
 
     /// Whether a write at `offset` (`None`: at the end, O_APPEND) may go
@@ -769,7 +776,7 @@ mod tests {
         );
         assert_eq!((s.in_flight(), s.in_flight_bound()), (2, 2));
         let mut s = StreamState::new(big, 0);
-        s.set_merging(true);
+        assert!(s.set_merging(true, &mut buf.take()).is_none());
         assert!(
             s.accept(&[1; 450], calls.done("w"), 1, &mut buf.take())
                 .is_some()

@@ -178,10 +178,13 @@ impl OutputStream {
         let mut streamer = lock(&self.streamer);
         loop {
             let merge = streamer.merge_into();
+            let grew = lock(&self.st).set_merging(merge.is_some(), &mut || self.take_unit());
+            if let Some(d) = grew {
+                d(Ok(()));
+            }
             let mut ends = Vec::new();
             let job = {
                 let mut s = lock(&self.st);
-                s.set_merging(merge.is_some());
                 match s.next_job() {
                     Next::Job(Job::Packet(p)) if streamer.takes_whole(&p) => match s.take_close() {
                         Some(d) => {

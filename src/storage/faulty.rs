@@ -144,6 +144,9 @@ pub struct Faulty {
     faults: Arc<Faults>,
     /// The filesystem it says it is on (0: the real one's).
     fs_id: AtomicU64,
+    /// What it says of [`Storage::merge_writes`] (0: the real one's), so
+    /// that a stream's merged writes are tested without an object store.
+    merge: AtomicU64,
 }
 
 impl Faulty {
@@ -152,7 +155,14 @@ impl Faulty {
             inner,
             faults: Arc::default(),
             fs_id: AtomicU64::new(0),
+            merge: AtomicU64::new(0),
         }
+    }
+
+    /// Makes it ask for queued packets merged into writes of up to
+    /// `bytes`, as an object store does.
+    pub fn merge_writes_up_to(&self, bytes: u64) {
+        self.merge.store(bytes, Ordering::Relaxed);
     }
 
     /// Makes it say it is on a filesystem of its own, so that it gets a
@@ -463,7 +473,10 @@ impl Storage for Faulty {
     }
 
     fn merge_writes(&self) -> usize {
-        self.inner.merge_writes()
+        match self.merge.load(Ordering::Relaxed) {
+            0 => self.inner.merge_writes(),
+            n => usize::try_from(n).unwrap_or(usize::MAX),
+        }
     }
 
     fn heartbeat(&self) -> Result<u64, StorageError> {

@@ -665,6 +665,63 @@ fn a_replica_that_does_not_answer_holds_its_writer_at_the_in_flight_bound() {
     assert!(s.stats().peak_in_flight <= 3);
 }
 
+/// A datanode that asks for merged writes (an object store) gets the
+/// packets that queued behind a slow write as one write, beside a
+/// directory that takes it as it comes; every packet is acknowledged, the
+/// stream may hold twice its bound meanwhile, and both replicas hold
+/// every byte.
+#[test]
+fn packets_queued_behind_a_slow_write_go_to_a_merging_datanode_as_one_write() {
+    let rig = Rig::new(2, 2, 8);
+    rig.nodes[0].merge_writes_up_to(4 * PACKET as u64);
+    let log = rig.log();
+    let s = rig.stream(&log);
+    let data = bytes(12 * PACKET, 8);
+    // The first packet opens the block; the second one's write is held
+    // while the writer queues every other packet behind it: 11 in flight,
+    // past the bound of 8 (twice it on a merging block).
+    rig.nodes[0].arm(Op::Write, Fault::Hold, 1);
+    // Let the held write go even when an assertion fails, so that the test
+    // fails rather than hangs.
+    struct Heal<'a>(&'a Faulty);
+    impl Drop for Heal<'_> {
+        fn drop(&mut self) {
+            self.0.heal()
+        }
+    }
+    let _heal = Heal(&rig.nodes[0]);
+    write(&s, &data).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while s.stats().in_flight < 11 || rig.nodes[0].calls(Op::Write) < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "never 11 packets in flight: {:?}",
+            s.stats()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(s.stats().max_in_flight, 16, "twice the bound");
+    rig.nodes[0].heal();
+    wait(|d| s.flush(d)).unwrap();
+    assert_eq!(s.visible_len(), data.len() as u64);
+    // 12 packets: the first alone, the held one with what had queued
+    // behind it when it was taken, then at most 4 a write.
+    for n in &rig.nodes {
+        let writes = n.calls(Op::Write);
+        assert!((4..=5).contains(&writes), "{writes} writes for 12 packets");
+    }
+    wait(|d| s.close(d)).unwrap();
+    let row = rig.blocks().remove(0);
+    for n in &rig.nodes {
+        assert_eq!(
+            n.valid_prefix(row.block_id, row.gs).unwrap(),
+            data.len() as u64
+        );
+    }
+    assert_eq!(rig.read(data.len() as u64), data);
+    assert_unbroken(&log);
+}
+
 #[test]
 fn an_append_records_its_new_stamp_durably_before_any_replica_carries_it() {
     let rig = Rig::new(2, 2, 8);
