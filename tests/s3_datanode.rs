@@ -85,6 +85,7 @@ fn object_datanode_keeps_hdfs_replica_semantics_on_garage() {
     delete_list_copy_quarantine(&g);
     heartbeat_checks_the_identity(&g);
     requests_per_operation(&g);
+    a_new_prefix_gets_one_identity_when_two_daemons_attach_it_at_once(&g);
 }
 
 /// What each operation costs in requests (printed; the layout's costs in
@@ -373,4 +374,47 @@ fn heartbeat_checks_the_identity(g: &Garage) {
         a.heartbeat(),
         Err(StorageError::OtherIdentity { .. })
     ));
+}
+
+/// Two daemons of one filesystem (one namespace: here one SQLite store,
+/// across hosts etcd) attach the same empty prefix at the same moment,
+/// each with its own client, the second a little later each round (0 to
+/// 39 ms), so that one's GET, PUT and read-back fall between the
+/// other's. Both must end holding the identity object the store keeps:
+/// a daemon holding another storage ID than the object's would fail its
+/// heartbeats (`OtherIdentity`), and before that write replicas the
+/// registry records under an ID no prefix carries.
+fn a_new_prefix_gets_one_identity_when_two_daemons_attach_it_at_once(g: &Garage) {
+    use leasefs::meta::{DatanodeRegistry, MetaStore};
+    use leasefs::pipeline::attach;
+    s3::settings::install(opts(g));
+    let t = tempfile::tempdir().unwrap();
+    let meta = MetaStore::open(&t.path().join("meta.db"), 0, 0).unwrap();
+    let fsid = meta.filesystem_id().unwrap();
+    let mut split = Vec::new();
+    for round in 0..40u64 {
+        let dir = std::path::PathBuf::from(format!("s3://{}/race/{round}", g.bucket));
+        let start = std::sync::Barrier::new(2);
+        let attach_after = |lag: Duration| {
+            start.wait();
+            std::thread::sleep(lag);
+            attach::create_identity(&meta, &dir, &fsid).expect("create the identity")
+        };
+        let (a, b) = std::thread::scope(|s| {
+            let a = s.spawn(|| attach_after(Duration::ZERO));
+            let b = s.spawn(|| attach_after(Duration::from_millis(round)));
+            (a.join().unwrap(), b.join().unwrap())
+        });
+        let url = s3::parse_url(dir.to_str().unwrap()).unwrap();
+        let kept = s3::read_identity(&s3::connect(&url, &opts(g)).unwrap())
+            .unwrap()
+            .expect("an identity object");
+        if a != kept || b != kept {
+            split.push((round, a.storage_id, b.storage_id, kept.storage_id));
+        }
+    }
+    assert!(
+        split.is_empty(),
+        "rounds where a daemon holds another identity than the prefix's (round, a, b, kept): {split:?}"
+    );
 }

@@ -229,7 +229,7 @@ pub fn attach(
         attached.push(upgrade(meta, &fsid, &dir, rec, here.tag_for(&dir))?);
     }
     for dir in fresh {
-        let id = create_identity(&dir, &Identity::new(&fsid)).map_err(storage(&dir))?;
+        let id = create_identity(meta, &dir, &fsid)?;
         if id.filesystem_id != fsid {
             return Err(AttachError::Foreign {
                 path: dir,
@@ -312,7 +312,7 @@ pub fn attach_one(meta: &dyn Meta, dns: &Datanodes, dir: &Path) -> Result<DnId, 
                     path: dir.to_path_buf(),
                 });
             }
-            create_identity(dir, &Identity::new(&fsid)).map_err(storage(dir))?
+            create_identity(meta, dir, &fsid)?
         }
     };
     if id.filesystem_id != fsid {
@@ -391,12 +391,17 @@ fn read_identity(dir: &Path) -> Result<Option<Identity>, StorageError> {
     check_dirs(dir).and_then(|()| identity::read(dir))
 }
 
-/// Writes a new datanode's identity (file or object); returns what is there.
-fn create_identity(dir: &Path, id: &Identity) -> Result<Identity, StorageError> {
+/// Writes a new datanode's identity (file or object) of filesystem
+/// `fsid`; returns what is there after.
+pub fn create_identity(meta: &dyn Meta, dir: &Path, fsid: &str) -> Result<Identity, AttachError> {
+    let _ = meta;
+    let id = Identity::new(fsid);
     if s3::is_s3(dir) {
-        return s3::create_identity(&*s3_bucket(dir)?, id);
+        return s3_bucket(dir)
+            .and_then(|b| s3::create_identity(&b, &id))
+            .map_err(storage(dir));
     }
-    identity::create(dir, id)
+    identity::create(dir, &id).map_err(storage(dir))
 }
 
 /// Whether a datanode without an identity holds replicas already.
