@@ -100,6 +100,7 @@ conformance! {
         racing_renames_keep_tree_consistent,
         racing_dir_swaps_make_no_cycle,
         listing_survives_changes,
+        one_storage_id_per_new_object_store_prefix,
     ]
 }
 
@@ -1158,6 +1159,23 @@ fn datanode_registry_and_replication(m: &dyn Meta) {
     // Only a datanode awaiting its identity takes a new storage ID.
     assert_eq!(m.claim_legacy_datanode(a, "DS-other").unwrap(), "DS-a");
     assert!(m.claim_legacy_datanode(DnId(7), "DS-x").is_err());
+}
+
+/// Daemons attaching one new object-store prefix each claim a storage ID
+/// for it and get the first claim's, until a datanode registers it (then
+/// the prefix was that datanode's, emptied since: a new claim wins).
+fn one_storage_id_per_new_object_store_prefix(a: &dyn Meta, b: &dyn Meta) {
+    let url = Path::new("s3://bucket/new");
+    assert_eq!(a.claim_storage_id(url, "DS-1").unwrap(), "DS-1");
+    assert_eq!(b.claim_storage_id(url, "DS-2").unwrap(), "DS-1");
+    assert_eq!(
+        b.claim_storage_id(Path::new("s3://bucket/other"), "DS-3")
+            .unwrap(),
+        "DS-3"
+    );
+    b.register_datanode("DS-1", url, None).unwrap();
+    assert_eq!(a.claim_storage_id(url, "DS-4").unwrap(), "DS-4");
+    assert_eq!(b.claim_storage_id(url, "DS-5").unwrap(), "DS-4");
 }
 
 /// Admin states change only from the states asked for; a removal leaves a

@@ -32,6 +32,16 @@ pub trait DatanodeRegistry: Send + Sync {
     /// interrupted upgrade's); returns the one it has afterwards. Durable:
     /// the identity file is written only after this.
     fn claim_legacy_datanode(&self, id: DnId, storage_id: &str) -> FsResult<String>;
+    /// The storage ID the new datanode at `path` (an object-store prefix
+    /// without an identity object yet) is to carry: the one claimed for
+    /// `path` before, unless a registered datanode carries it already
+    /// (then it was that datanode's, whose prefix has been emptied since),
+    /// else `storage_id`, claimed now. Durable: the identity object is
+    /// written only after this, so daemons sharing the namespace that
+    /// attach one prefix at once write one identity (a store's PUT cannot
+    /// be made conditional everywhere: docs/SEMANTICS.md, "Object-store
+    /// datanodes", *Identity*).
+    fn claim_storage_id(&self, path: &Path, storage_id: &str) -> FsResult<String>;
     /// Moves datanode `id` to admin state `to` if it is in one of `from`
     /// (durably); returns the state it was in, changed or not, so the
     /// caller sees whether it won (`NotFound` if it is not recorded).

@@ -392,16 +392,22 @@ fn read_identity(dir: &Path) -> Result<Option<Identity>, StorageError> {
 }
 
 /// Writes a new datanode's identity (file or object) of filesystem
-/// `fsid`; returns what is there after.
+/// `fsid`; returns what is there after. A directory's file is linked into
+/// place, which only one daemon can do. An object store's PUT cannot be
+/// made conditional on every store, so its storage ID is claimed in the
+/// namespace first: daemons sharing it that attach one new prefix at once
+/// all write the same identity, whichever PUT the store keeps.
 pub fn create_identity(meta: &dyn Meta, dir: &Path, fsid: &str) -> Result<Identity, AttachError> {
-    let _ = meta;
-    let id = Identity::new(fsid);
     if s3::is_s3(dir) {
-        return s3_bucket(dir)
-            .and_then(|b| s3::create_identity(&b, &id))
-            .map_err(storage(dir));
+        let b = s3_bucket(dir).map_err(storage(dir))?;
+        let sid = meta.claim_storage_id(dir, &identity::new_storage_id())?;
+        // Read again after the claim: an object written before it (by a
+        // daemon that had registered the claimed ID, so this claim is a
+        // new one) wins; this claim is then left for the next new prefix
+        // at this URL.
+        return s3::create_identity(&b, &Identity::of(sid, fsid)).map_err(storage(dir));
     }
-    identity::create(dir, &id).map_err(storage(dir))
+    identity::create(dir, &Identity::new(fsid)).map_err(storage(dir))
 }
 
 /// Whether a datanode without an identity holds replicas already.

@@ -17,6 +17,8 @@
 //! | `a/<election hex>/<seq>`          | [`AuditEvent`] (JSON)           |
 //! | `fsid`                            | the filesystem ID               |
 //! | `dn/<id>`                         | [`DatanodeRecord`] (JSON)       |
+//! | `dnclaim/<path hex>`              | the storage ID claimed for a    |
+//! |                                   | new object-store datanode       |
 //! | `dn`                              | [`PositionalDatanodes`] (JSON): |
 //! |                                   | the positional layout's list,   |
 //! |                                   | turned into `dn/` at open       |
@@ -106,6 +108,9 @@ pub(super) fn block_index_key(block_id: u64) -> String {
 }
 pub(super) fn uc_key(ino: u64) -> String {
     format!("uc/{ino:016x}")
+}
+pub(super) fn claim_key(path: &std::path::Path) -> String {
+    format!("dnclaim/{}", hex(path.as_os_str().as_encoded_bytes()))
 }
 pub(super) fn datanode_key(id: DnId) -> String {
     format!("{DATANODES}{:016x}", id.0)

@@ -43,6 +43,10 @@ impl DatanodeRegistry for EtcdMeta {
         self.run(|s| claim_legacy_datanode(s, id, storage_id))
     }
 
+    fn claim_storage_id(&self, path: &Path, storage_id: &str) -> FsResult<String> {
+        self.run(|s| claim_storage_id(s, path, storage_id))
+    }
+
     fn set_datanode_state(
         &self,
         id: DnId,
@@ -169,6 +173,26 @@ fn claim_legacy_datanode(s: &mut Stm<'_>, id: DnId, storage_id: &str) -> FsResul
     }
     rec.storage_id = Some(storage_id.to_string());
     s.put_json(&key, &rec)?;
+    Ok(storage_id.to_string())
+}
+
+/// [`DatanodeRegistry::claim_storage_id`] in one attempt (key
+/// `dnclaim/<path hex>`; the registry is read in the same transaction,
+/// so a claim and a registration never cross).
+fn claim_storage_id(s: &mut Stm<'_>, path: &Path, storage_id: &str) -> FsResult<String> {
+    let key = claim_key(path);
+    if let Some(v) = s.get(&key)? {
+        let sid = String::from_utf8(v)
+            .map_err(|_| FsError::Meta(format!("corrupt datanode claim {key}")))?;
+        let taken = s
+            .scan_json::<DatanodeRecord>(DATANODES)?
+            .iter()
+            .any(|(_, r)| r.storage_id.as_deref() == Some(&*sid));
+        if !taken {
+            return Ok(sid);
+        }
+    }
+    s.put(&key, storage_id.as_bytes().to_vec());
     Ok(storage_id.to_string())
 }
 

@@ -41,6 +41,10 @@ impl DatanodeRegistry for MetaStore {
         self.durable(|tx| claim_legacy(tx, id, storage_id))
     }
 
+    fn claim_storage_id(&self, path: &Path, storage_id: &str) -> FsResult<String> {
+        self.durable(|tx| claim_new(tx, path, storage_id))
+    }
+
     fn set_datanode_state(
         &self,
         id: DnId,
@@ -170,6 +174,28 @@ fn claim_legacy(tx: &Connection, id: DnId, storage_id: &str) -> FsResult<String>
     .optional()?
     .flatten()
     .ok_or_else(|| FsError::Meta(format!("datanode {id} is not recorded")))
+}
+
+/// [`DatanodeRegistry::claim_storage_id`], in transaction `tx` (table
+/// `datanode_claims`).
+fn claim_new(tx: &Connection, path: &Path, storage_id: &str) -> FsResult<String> {
+    let path = path.to_string_lossy();
+    let open: Option<String> = tx
+        .query_row(
+            "SELECT storage_id FROM datanode_claims c WHERE path = ?1
+               AND NOT EXISTS (SELECT 1 FROM datanodes d WHERE d.storage_id = c.storage_id)",
+            [&path],
+            |r| r.get(0),
+        )
+        .optional()?;
+    if let Some(sid) = open {
+        return Ok(sid);
+    }
+    tx.execute(
+        "INSERT OR REPLACE INTO datanode_claims(path, storage_id) VALUES(?1, ?2)",
+        params![path, storage_id],
+    )?;
+    Ok(storage_id.to_string())
 }
 
 /// [`DatanodeRegistry::set_datanode_state`], in transaction `tx`.

@@ -88,6 +88,10 @@ CREATE TABLE IF NOT EXISTS datanodes(
   path TEXT NOT NULL,
   state TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS datanode_claims(
+  path TEXT PRIMARY KEY,
+  storage_id TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS settings(
   name TEXT PRIMARY KEY,
   value TEXT NOT NULL

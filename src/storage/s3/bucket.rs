@@ -11,7 +11,7 @@ use std::path::PathBuf;
 
 use futures::TryStreamExt;
 use object_store::path::Path as Key;
-use object_store::{ObjectStore, PutPayload};
+use object_store::{ObjectStore, PutMode, PutOptions, PutPayload};
 
 use crate::storage::StorageError;
 use crate::sync::Arc;
@@ -151,6 +151,25 @@ impl Bucket {
         self.run(self.store.put(&key, PutPayload::from(body)))
             .map(|_| ())
             .map_err(|e| self.err(rel, e))
+    }
+
+    /// PUT unless the object exists (`If-None-Match: *`); `false` when the
+    /// store says it does. A store that ignores the header (Garage 2.5.0:
+    /// docs/SEMANTICS.md, "Object-store datanodes", *Identity*) overwrites
+    /// as a plain PUT; one that refuses it is sent a plain PUT instead.
+    pub fn put_new(&self, rel: &str, body: Vec<u8>) -> Result<bool, StorageError> {
+        let key = self.key(rel);
+        bump(&self.counts.put, 1);
+        let opts = PutOptions::from(PutMode::Create);
+        let payload = PutPayload::from(body.clone());
+        match self.run(self.store.put_opts(&key, payload, opts)) {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::AlreadyExists { .. }) => Ok(false),
+            Err(e) => {
+                tracing::debug!(key = %key, "conditional PUT refused ({e}): a plain PUT instead");
+                self.put(rel, body).map(|()| true)
+            }
+        }
     }
 
     /// The whole object; `None` when there is none.

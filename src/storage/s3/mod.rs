@@ -83,13 +83,19 @@ pub fn read_identity(b: &Bucket) -> Result<Option<Identity>, StorageError> {
 }
 
 /// Writes the identity object unless one is there, and returns the one
-/// that is there after (another daemon's, if it came first: it is read
-/// back after the write, so two daemons agree on the last one written).
+/// that is there after (read back after the write). The PUT is
+/// conditional: on a store that honours `If-None-Match` only the first
+/// writer creates it. Garage 2.5.0 ignores the header (the last PUT wins),
+/// so there two daemons that attach a new prefix at once agree only
+/// because they write the same `id`: the daemons of one filesystem take
+/// it from the namespace's claim (`DatanodeRegistry::claim_storage_id`)
+/// before calling this (docs/SEMANTICS.md, "Object-store datanodes",
+/// *Identity*).
 pub fn create_identity(b: &Bucket, id: &Identity) -> Result<Identity, StorageError> {
     if let Some(found) = read_identity(b)? {
         return Ok(found);
     }
-    b.put(keys::VERSION, id.encode().into_bytes())?;
+    b.put_new(keys::VERSION, id.encode().into_bytes())?;
     read_identity(b)?.ok_or_else(|| StorageError::BadIdentity {
         path: b.path_of(keys::VERSION),
         reason: "written, then not found".into(),
