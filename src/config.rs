@@ -60,6 +60,10 @@ pub struct S3Options {
     /// `s3_retry_timeout=`: how long a request is retried while the store
     /// cannot be reached (`None`: the default of `storage::s3::settings`).
     pub retry_timeout: Option<Duration>,
+    /// `s3_capacity=`: the bytes each object-store datanode may hold, as
+    /// `df` shows it (a store has no size a client can ask); `None`:
+    /// unbounded (docs/SEMANTICS.md, "Object-store datanodes", *Capacity*).
+    pub capacity: Option<u64>,
 }
 
 impl Default for MountOptions {
@@ -89,7 +93,7 @@ impl Default for MountOptions {
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum OptionError {
     #[error(
-        "unknown mount option '{0}' (known: soft_limit, hard_limit, monitor_interval, lease_wait, block_size, packet_size, max_packets_in_flight, write_buffer, log_size, housekeeping_interval, replica_sync, fuse_uring, metrics, s3_endpoint, s3_region, s3_credentials, s3_retry_timeout, local_copy, host_id)"
+        "unknown mount option '{0}' (known: soft_limit, hard_limit, monitor_interval, lease_wait, block_size, packet_size, max_packets_in_flight, write_buffer, log_size, housekeeping_interval, replica_sync, fuse_uring, metrics, s3_endpoint, s3_region, s3_credentials, s3_retry_timeout, s3_capacity, local_copy, host_id)"
     )]
     Unknown(String),
     #[error("mount option '{key}' has a bad value '{value}': {why}")]
@@ -100,7 +104,7 @@ pub enum OptionError {
     },
 }
 
-/// Parses a size such as `4096`, `64K`, `64M`, `1G` (binary multiples).
+/// Parses a size such as `4096`, `64K`, `64M`, `1G`, `2T` (binary multiples).
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let s = s.trim();
     let (num, mult) = match s.char_indices().last() {
@@ -109,7 +113,8 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
                 'K' => 1u64 << 10,
                 'M' => 1 << 20,
                 'G' => 1 << 30,
-                _ => return Err("size suffix must be K, M or G".into()),
+                'T' => 1 << 40,
+                _ => return Err("size suffix must be K, M, G or T".into()),
             };
             (&s[..i], m)
         }
@@ -117,7 +122,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     };
     let n: u64 = num
         .parse()
-        .map_err(|_| "expected a whole number with an optional K/M/G suffix".to_string())?;
+        .map_err(|_| "expected a whole number with an optional K/M/G/T suffix".to_string())?;
     n.checked_mul(mult)
         .ok_or_else(|| "size too large".to_string())
 }
@@ -198,6 +203,13 @@ impl MountOptions {
                         return Err(bad("must be > 0".into()));
                     }
                     self.s3.retry_timeout = Some(d)
+                }
+                "s3_capacity" => {
+                    let n = parse_size(value).map_err(bad)?;
+                    if n == 0 {
+                        return Err(bad("must be > 0".into()));
+                    }
+                    self.s3.capacity = Some(n)
                 }
                 "s3_credentials" => {
                     let p = std::path::PathBuf::from(value);
@@ -301,6 +313,7 @@ mod tests {
     fn sizes_accept_binary_suffixes() {
         assert_eq!(parse_size("64K"), Ok(65536));
         assert_eq!(parse_size("1g"), Ok(1 << 30));
+        assert_eq!(parse_size("2T"), Ok(2 << 40));
         assert_eq!(parse_size("512"), Ok(512));
         assert!(parse_size("12X").is_err());
         assert!(parse_size("").is_err());
@@ -347,12 +360,17 @@ mod tests {
             "s3_region=",
             "s3_retry_timeout=0",
             "s3_retry_timeout=soon",
+            "s3_capacity=0",
+            "s3_capacity=lots",
         ] {
             assert!(o.apply(bad).is_err(), "{bad}");
         }
         assert_eq!(o.s3.retry_timeout, None);
         o.apply("s3_retry_timeout=2.5").unwrap();
         assert_eq!(o.s3.retry_timeout, Some(Duration::from_millis(2500)));
+        assert_eq!(o.s3.capacity, None, "unbounded by default");
+        o.apply("s3_capacity=10T").unwrap();
+        assert_eq!(o.s3.capacity, Some(10 << 40));
     }
 
     #[test]

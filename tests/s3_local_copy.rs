@@ -26,7 +26,7 @@ fn bytes(n: usize, seed: u32) -> Vec<u8> {
 
 /// A daemon for host `host` of filesystem `prefix`: its directory `local`
 /// (its copies) and the bucket, reached through `endpoint` (each host
-/// talks to its own Garage node).
+/// talks to its own Garage node), with the mount options `more`.
 fn host(
     etcd: &EtcdServer,
     g: &Garage,
@@ -34,6 +34,7 @@ fn host(
     prefix: &str,
     host: &str,
     local: &Path,
+    more: &str,
 ) -> Mount {
     Mount::with_datanode_paths(
         Opts {
@@ -44,7 +45,7 @@ fn host(
                     g.region,
                     g.dir().join("env").display()
                 ),
-                format!("local_copy,host_id={host},housekeeping_interval=1"),
+                format!("local_copy,host_id={host},housekeeping_interval=1{more}"),
             ],
             args: vec![
                 "--meta".into(),
@@ -109,6 +110,16 @@ fn bytes_read(m: &Mount, path: &str) -> u64 {
         .unwrap_or_else(|| panic!("no datanode {path} in {v}"))
 }
 
+/// `df`'s size and used bytes of the filesystem at `mnt` (statvfs).
+fn df(mnt: &Path) -> (u64, u64) {
+    let s = nix::sys::statvfs::statvfs(mnt).expect("statvfs of the mount");
+    let unit = s.fragment_size();
+    (
+        s.blocks() * unit,
+        (s.blocks() - s.blocks_available()) * unit,
+    )
+}
+
 /// Block ids with replica files in directory datanode `dn`.
 fn blocks_in(dn: &Path) -> BTreeSet<u64> {
     let mut ids = BTreeSet::new();
@@ -164,8 +175,16 @@ fn two_hosts_keep_their_own_copies_and_share_the_bucket() {
     let prefix = format!("local-copy-{}", std::process::id());
     let dirs = tempfile::tempdir().unwrap();
     let (dir_a, dir_b) = (dirs.path().join("a-dn"), dirs.path().join("b-dn"));
-    let mut a = host(&etcd, &g, &g.endpoints[0], &prefix, "a", &dir_a);
-    let b = host(&etcd, &g, &g.endpoints[1], &prefix, "b", &dir_b);
+    let mut a = host(
+        &etcd,
+        &g,
+        &g.endpoints[0],
+        &prefix,
+        "a",
+        &dir_a,
+        ",s3_capacity=10G",
+    );
+    let b = host(&etcd, &g, &g.endpoints[1], &prefix, "b", &dir_b, "");
     let dir_a = std::fs::canonicalize(&dir_a).unwrap();
 
     // Written and fsynced on A: one replica in the bucket (R=1) and A's
@@ -183,6 +202,20 @@ fn two_hosts_keep_their_own_copies_and_share_the_bucket() {
     assert!(std::fs::read(b.path("f")).unwrap() == data, "f read on B");
     assert_eq!(std::fs::read_to_string(b.path("s")).unwrap(), "small\n");
     assert!(blocks_in(&dir_b).is_empty(), "B wrote nothing");
+
+    // df: the bucket (the one datanode that counts) as `s3_capacity` on
+    // A, as 1 PiB (unbounded) on B, less the bytes of the files on both;
+    // the copies count for nothing.
+    for (m, size) in [(&a, 10u64 << 30), (&b, 1 << 50)] {
+        let (total, used) = df(&m.mnt);
+        let files = data.len() as u64 + 6;
+        assert_eq!(total, size, "df size on {}", m.mnt.display());
+        assert!(
+            (files..files + (64 << 10)).contains(&used),
+            "df used {used} on {}, files {files}",
+            m.mnt.display()
+        );
+    }
 
     // B shows A's directory as A's copies, never attached, not dead; its
     // fsck is healthy and neither counts nor reports them.

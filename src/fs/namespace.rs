@@ -7,7 +7,13 @@ use super::attr::Attr;
 use super::core::{Caller, Core, Opened, Reply};
 use crate::error::{FsError, FsResult};
 use crate::meta::{AttrChange, DirEntry, FIRST_COOKIE, Inode, Kind, NewNode};
+use crate::storage::Capacity;
 use crate::sync::Arc;
+
+/// The size `df` shows for an object-store datanode without
+/// `-o s3_capacity=` (1 PiB, the free space its heartbeat reports): large
+/// enough never to be the bound, and round enough to read as "no limit".
+pub const UNBOUNDED: u64 = crate::storage::s3::FREE_BYTES;
 
 const NAME_MAX: usize = 255;
 
@@ -305,29 +311,40 @@ impl Core {
     }
 
     /// Sizes in 4 KiB blocks, from the fullest live datanode in service
-    /// (every block needs room on several of them; decommissioning ones
-    /// take no new block); free is also at most what the metadata store's
-    /// filesystem has left, since nothing can be created once that is full.
+    /// that counts toward the replication factor (every block needs room
+    /// on several of them; decommissioning ones and host-local copies take
+    /// no block that counts); free is also at most what the metadata
+    /// store's filesystem has left, since nothing can be created once that
+    /// is full. An object store counts as its `-o s3_capacity=` (unbounded:
+    /// [`UNBOUNDED`]) less the bytes of the filesystem's files, at most
+    /// one replica of each of which it holds (docs/SEMANTICS.md,
+    /// "Object-store datanodes", *Capacity*).
     pub fn statfs(&self) -> FsResult<Statfs> {
-        let (files, _) = self.meta().usage()?;
+        let (files, bytes) = self.meta().usage()?;
+        let bs = u64::from(Statfs::BLOCK_SIZE);
         let mut total = u64::MAX;
         let mut free = u64::MAX;
         for dn in self.dns().attached() {
-            if self.dns().counts(dn.id())
-                && let Ok(s) = nix::sys::statvfs::statvfs(dn.root())
-            {
-                let f = s.fragment_size();
-                let bs = u64::from(Statfs::BLOCK_SIZE);
-                total = total.min(s.blocks() * f / bs);
-                free = free.min(s.blocks_available() * f / bs);
+            if !self.dns().counts(dn.id()) {
+                continue;
             }
+            let (t, f) = match dn.capacity() {
+                Capacity::Fs { total, free } => (total, free),
+                Capacity::Store { quota } => {
+                    let t = quota.unwrap_or(UNBOUNDED);
+                    (t, t.saturating_sub(bytes))
+                }
+                Capacity::Unknown => continue,
+            };
+            total = total.min(t / bs);
+            free = free.min(f / bs);
         }
         if total == u64::MAX {
             total = 0;
             free = 0;
         }
         if let Some(m) = self.meta().space()? {
-            free = free.min(m.avail_bytes / u64::from(Statfs::BLOCK_SIZE));
+            free = free.min(m.avail_bytes / bs);
         }
         Ok(Statfs {
             blocks: total,

@@ -352,4 +352,30 @@ pub trait Storage: Send + Sync + fmt::Debug {
     /// The heartbeat probe: still this datanode, and writable; returns the
     /// bytes free. A full disk gives [`StorageError::NoSpace`].
     fn heartbeat(&self) -> Result<u64, StorageError>;
+    /// What `df` counts for this datanode: the filesystem under its
+    /// directory (by default), or what an object store is said to hold.
+    fn capacity(&self) -> Capacity {
+        match nix::sys::statvfs::statvfs(self.root()) {
+            Ok(s) => Capacity::Fs {
+                total: s.blocks().saturating_mul(s.fragment_size()),
+                free: s.blocks_available().saturating_mul(s.fragment_size()),
+            },
+            Err(_) => Capacity::Unknown,
+        }
+    }
+}
+
+/// How much a datanode can hold, as `df` on the mount shows it
+/// (docs/SEMANTICS.md, "Object-store datanodes", *Capacity*).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Capacity {
+    /// A directory's filesystem: its size and what an unprivileged user
+    /// may still write there, in bytes.
+    Fs { total: u64, free: u64 },
+    /// An object store, which has no size a client can ask: the bytes
+    /// `-o s3_capacity=` allows it, `None` when unbounded. What the prefix
+    /// holds is not listed for this (a LIST per thousand objects).
+    Store { quota: Option<u64> },
+    /// Not known now (the directory cannot be read).
+    Unknown,
 }

@@ -48,7 +48,7 @@ mod tests;
 pub mod trust;
 pub mod writer;
 
-pub use api::{ReplicaWrite, Storage, SyncPlan, SyncStep, SyncTask};
+pub use api::{Capacity, ReplicaWrite, Storage, SyncPlan, SyncStep, SyncTask};
 pub use checksum::ChunkAccumulator;
 pub use datanode::Datanode;
 pub use error::StorageError;

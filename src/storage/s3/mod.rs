@@ -24,7 +24,7 @@ pub mod writer;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::api::{ReplicaWrite, Storage};
+use super::api::{Capacity, ReplicaWrite, Storage};
 use super::error::StorageError;
 use super::identity::Identity;
 use super::layout::{DnId, ReplicaInfo, ReplicaStat, ReplicaState};
@@ -51,6 +51,8 @@ pub struct ObjectDatanode {
     /// A number of its own for [`Storage::fs_id`] (no device is shared
     /// with a directory's).
     fs_id: u64,
+    /// `-o s3_capacity=` of the mount that opened it (`None`: unbounded).
+    quota: Option<u64>,
 }
 
 /// Opens the bucket of `url` with `opts` (no request yet).
@@ -125,6 +127,7 @@ impl ObjectDatanode {
             identity,
             io: Arc::default(),
             fs_id,
+            quota: settings::installed().capacity,
         }
     }
 
@@ -338,6 +341,10 @@ impl Storage for ObjectDatanode {
     /// 50 ms on a store nearby) whatever its size up to megabytes.
     fn merge_writes(&self) -> usize {
         MERGE_WRITES
+    }
+
+    fn capacity(&self) -> Capacity {
+        Capacity::Store { quota: self.quota }
     }
 
     /// Reads the identity object back (still this datanode) and writes a
