@@ -107,6 +107,9 @@ fn fsynced_files_on_object_store_datanodes_survive_kill9() {
 /// A byte flipped in the bucket's replica of a block (its slice object) is
 /// found by fsck, named with the bucket's datanode, and repaired from the
 /// directory's replica; the file reads back whole before and after.
+/// Unmounted, `fsck --data` reaches the bucket as the mount did (the
+/// options it recorded, no `AWS_*` in the environment), and its own `-o`
+/// replaces them.
 #[test]
 fn a_corrupt_slice_in_the_bucket_is_reported_by_fsck_and_repaired_from_the_directory() {
     if !Garage::installed() {
@@ -115,7 +118,7 @@ fn a_corrupt_slice_in_the_bucket_is_reported_by_fsck_and_repaired_from_the_direc
     }
     let g = Garage::start();
     let local = tempfile::tempdir().unwrap();
-    let m = Mount::with_datanode_paths(
+    let mut m = Mount::with_datanode_paths(
         Opts {
             replication: Some(2),
             o: s3_opts(&g),
@@ -166,6 +169,39 @@ fn a_corrupt_slice_in_the_bucket_is_reported_by_fsck_and_repaired_from_the_direc
     );
     drop_caches();
     assert!(m.read("f") == data);
+
+    m.unmount();
+    let offline = |o: &[&str]| {
+        let mut cmd = std::process::Command::new(common::bin());
+        cmd.arg("fsck").arg("--data").arg(&m.data).arg("--json").args(o);
+        for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("AWS_")) {
+            cmd.env_remove(k);
+        }
+        let out = cmd.output().expect("run leasefs fsck --data");
+        let rep: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "fsck --data printed no JSON ({e}): {}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        let bucket = rep["datanode_states"]
+            .as_array()
+            .and_then(|a| a.iter().find(|d| d["id"] == 1))
+            .map(|d| d["state"].clone());
+        (out.status.code(), bucket, rep)
+    };
+    let (code, bucket, rep) = offline(&[]);
+    assert_eq!(
+        (code, bucket),
+        (Some(0), Some("live".into())),
+        "fsck --data: {rep}"
+    );
+    let (code, bucket, rep) = offline(&["-o", "s3_endpoint=http://127.0.0.1:1,s3_retry_timeout=1"]);
+    assert_eq!(
+        (code, bucket),
+        (Some(1), Some("dead".into())),
+        "fsck --data, the bucket's endpoint replaced by a closed port: {rep}"
+    );
 }
 
 /// Figures (run by hand: `cargo test --release --test s3_mount figures --

@@ -1,4 +1,5 @@
-//! `leasefs fsck (MOUNTPOINT | --data DIR) [--json] [--repair] [--shallow]`.
+//! `leasefs fsck (MOUNTPOINT | --data DIR [-o s3_key=value,...]) [--json]
+//! [--repair] [--shallow]`.
 //! Exit codes: 0 healthy (with --repair: everything found was repaired),
 //! 1 problems remain, 2 could not run.
 
@@ -14,17 +15,19 @@ use crate::meta::{DatanodeRegistry, MetaStore};
 use crate::pipeline::Health;
 
 /// What to do besides checking.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct How {
     pub repair: bool,
     /// Read every replica's checksums (online: root and the mounter only).
     pub deep: bool,
+    /// Offline: `-o` options saying how to reach object-store datanodes.
+    pub s3: Vec<String>,
 }
 
 pub fn run(mountpoint: Option<&Path>, data: Option<&Path>, as_json: bool, how: How) -> ExitCode {
     let report = match (mountpoint, data) {
         (Some(m), None) => online(m, how),
-        (None, Some(d)) => offline(d, how.repair),
+        (None, Some(d)) => offline(d, &how),
         _ => Err("give a mountpoint or --data DIR".to_string()),
     };
     let report = match report {
@@ -85,7 +88,32 @@ fn online(m: &Path, how: How) -> Result<Report, String> {
         .map_err(|e| format!("bad fsck answer from the daemon: {e}"))
 }
 
-fn offline(data: &Path, repair: bool) -> Result<Report, String> {
+/// How the offline check reaches object-store datanodes: what the last
+/// mount of `data` recorded (`DATA/s3-options`: the endpoint, region and
+/// credentials file it was given, never a secret), each `-o` key given
+/// here replacing the recorded one; the `AWS_*` environment under both,
+/// as for a mount.
+fn s3_options(data: &Path, given: &[String]) -> Result<crate::config::S3Options, String> {
+    use crate::storage::s3::settings;
+    let mut o = crate::config::MountOptions {
+        s3: settings::recorded(data)?.unwrap_or_default(),
+        ..Default::default()
+    };
+    for list in given {
+        for item in list.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            if !item.starts_with("s3_") {
+                return Err(format!(
+                    "fsck --data takes only the s3_ options of a mount with -o (not {item})"
+                ));
+            }
+        }
+        o.apply(list).map_err(|e| e.to_string())?;
+    }
+    Ok(o.s3)
+}
+
+fn offline(data: &Path, how: &How) -> Result<Report, String> {
+    let repair = how.repair;
     let db = data.join("meta.db");
     if !db.exists() {
         if data.join("instance").exists() {
@@ -98,6 +126,7 @@ fn offline(data: &Path, repair: bool) -> Result<Report, String> {
     }
     let _lock = crate::daemon::lock_data_dir(data)
         .map_err(|e| format!("{e}; run fsck on its mountpoint instead"))?;
+    crate::storage::s3::settings::install(s3_options(data, &how.s3)?);
     let meta = MetaStore::open(&db, 0, 0).map_err(|e| e.to_string())?;
     let replication = meta.replication().map_err(|e| e.to_string())?;
     let mut dns = crate::pipeline::attach::recorded(&meta, 1).map_err(|e| e.to_string())?;

@@ -54,6 +54,12 @@ pub enum Cmd {
         /// one is for root and the user who mounted).
         #[arg(long, conflicts_with = "data")]
         shallow: bool,
+        /// With --data: how to reach object-store datanodes (the s3_
+        /// options of a mount: `s3_endpoint`, `s3_region`,
+        /// `s3_credentials`, ...), over what the last mount of DIR
+        /// recorded (DIR/s3-options).
+        #[arg(short = 'o', requires = "data", value_name = "s3_key=value,...")]
+        o: Vec<String>,
     },
     /// Recover a file's lease now and report whether the file is closed.
     RecoverLease {
@@ -123,6 +129,7 @@ pub fn run() -> ExitCode {
             json,
             repair,
             shallow,
+            o,
         } => fsck::run(
             mountpoint.as_deref(),
             data.as_deref(),
@@ -130,6 +137,7 @@ pub fn run() -> ExitCode {
             fsck::How {
                 repair,
                 deep: !shallow,
+                s3: o,
             },
         ),
     }

@@ -150,6 +150,13 @@ impl Daemon {
         // any order); recorded datanodes left out are dead for this mount.
         // How object-store datanodes are reached, for every attach.
         crate::storage::s3::settings::install(spec.opts.s3.clone());
+        // ...and for tools run without the daemon (`fsck --data`).
+        if let Err(e) = crate::storage::s3::settings::record(&spec.data, &spec.opts.s3) {
+            tracing::warn!(
+                "cannot record the object-store options in {}: {e}",
+                spec.data.display()
+            );
+        }
         // This host, for host-local copies (its own, and other hosts' it
         // never attaches).
         let here =

@@ -611,8 +611,9 @@ pub fn recorded(meta: &dyn Meta, replication: usize) -> Result<Datanodes, Attach
         }
         let state = rec.state;
         let path = rec.path.clone();
-        // An object store is reached with the credentials of the
-        // environment (no mount options here).
+        // An object store is reached with the options installed (`fsck
+        // --data`: those the last mount recorded, and its own `-o`) over
+        // the environment.
         let opened: Option<Arc<dyn Storage>> = if s3::is_s3(&path) {
             open_recorded(&fsid, &rec).ok()
         } else {

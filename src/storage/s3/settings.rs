@@ -36,6 +36,81 @@ pub fn installed() -> S3Options {
     OPTIONS.get().cloned().unwrap_or_default()
 }
 
+/// The file in a data directory that records how the last mount reached
+/// its object stores (see [`record`]).
+pub const RECORD_FILE: &str = "s3-options";
+
+/// `opts` as the `-o` options that give them, one per entry: the URL, the
+/// region, the credentials file's path (never what it holds), the retry
+/// timeout and the capacity.
+pub fn as_mount_options(opts: &S3Options) -> Vec<String> {
+    let mut v = Vec::new();
+    if let Some(e) = &opts.endpoint {
+        v.push(format!("s3_endpoint={e}"));
+    }
+    if let Some(r) = &opts.region {
+        v.push(format!("s3_region={r}"));
+    }
+    if let Some(c) = &opts.credentials {
+        v.push(format!("s3_credentials={}", c.display()));
+    }
+    if let Some(t) = opts.retry_timeout {
+        v.push(format!("s3_retry_timeout={}", t.as_secs_f64()));
+    }
+    if let Some(c) = opts.capacity {
+        v.push(format!("s3_capacity={c}"));
+    }
+    v
+}
+
+/// Records the mount's options in `DATA/s3-options` (one `-o` option a
+/// line, mode 0600, replaced whole), so that tools run without the daemon
+/// (`leasefs fsck --data DATA`) reach the stores as the mount did. Holds
+/// no secret: the credentials stay in the file `s3_credentials` names.
+/// Without any such option the file is removed (the environment is used).
+pub fn record(data: &Path, opts: &S3Options) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = data.join(RECORD_FILE);
+    let lines = as_mount_options(opts);
+    if lines.is_empty() {
+        return match std::fs::remove_file(&path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        };
+    }
+    let tmp = data.join(format!("{RECORD_FILE}.tmp"));
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    f.write_all(format!("{}\n", lines.join("\n")).as_bytes())?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, &path)
+}
+
+/// The options [`record`] left in `data` (`None`: no file; the
+/// environment alone then says how to reach the stores).
+pub fn recorded(data: &Path) -> Result<Option<S3Options>, String> {
+    let path = data.join(RECORD_FILE);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    };
+    let mut o = crate::config::MountOptions::default();
+    for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        if !line.starts_with("s3_") {
+            return Err(format!("{}: not an s3_ option: {line}", path.display()));
+        }
+        o.apply(line)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(Some(o.s3))
+}
+
 /// A bucket and the prefix in it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct S3Url {
@@ -249,6 +324,29 @@ mod tests {
         // Back within a second of the store.
         assert!(r.backoff.max_backoff <= Duration::from_secs(1));
         assert!(r.backoff.init_backoff <= r.backoff.max_backoff);
+    }
+
+    #[test]
+    fn recorded_options_come_back_as_they_were_given() {
+        let d = tempfile::tempdir().unwrap();
+        assert_eq!(recorded(d.path()), Ok(None));
+        let opts = S3Options {
+            endpoint: Some("http://127.0.0.1:3900".into()),
+            region: Some("garage".into()),
+            credentials: Some("/etc/leasefs/s3.env".into()),
+            retry_timeout: Some(Duration::from_millis(2500)),
+            capacity: Some(10 << 30),
+        };
+        record(d.path(), &opts).unwrap();
+        assert_eq!(recorded(d.path()), Ok(Some(opts)));
+        let text = std::fs::read_to_string(d.path().join(RECORD_FILE)).unwrap();
+        assert!(text.contains("s3_credentials=/etc/leasefs/s3.env\n"), "{text}");
+        let mode = std::fs::metadata(d.path().join(RECORD_FILE))
+            .unwrap()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        record(d.path(), &S3Options::default()).unwrap();
+        assert_eq!(recorded(d.path()), Ok(None), "no options, no file");
     }
 
     #[test]
