@@ -120,30 +120,12 @@ impl Housekeeper {
             sweep_copies(core);
             return false;
         }
-        let Some(live) = core.live_files() else {
+        let recover = |ino| core.recover(ino, crate::lease::RecoveryReason::HolderGone);
+        let pin = |ino| core.pin(ino);
+        let Some(mut c) = repairs(core, &pin, &recover) else {
             return false;
         };
-        let busy = core.busy_blocks(&live);
-        let suspect: HashSet<(u64, crate::meta::DnId)> = core.bad().list().into_iter().collect();
-        let c = Check {
-            meta: &**core.meta(),
-            dns: core.dns(),
-            repair: true,
-            live_leases: live,
-            busy_blocks: busy,
-            progress: false,
-            deep: false,
-            suspect: suspect.clone(),
-            orphans: true,
-            excess: true,
-            orphan_grace: fsck::ORPHAN_GRACE,
-            grace_finalized: true,
-            shared: core.cluster.is_some(),
-            copy: true,
-            pin: &|ino| core.pin(ino),
-            recover: &|ino| core.recover(ino, crate::lease::RecoveryReason::HolderGone),
-            cancelled: &fsck::never_cancelled,
-        };
+        c.suspect = core.bad().list().into_iter().collect();
         // Quarantined replicas past their retention (leader only: one
         // daemon removes them).
         for node in core.dns().attached() {
@@ -156,7 +138,7 @@ impl Housekeeper {
                 for p in r.problems.iter().filter(|p| p.repaired) {
                     tracing::info!(kind = ?p.kind, path = %p.path, block = ?p.block, "housekeeping repaired: {}", p.detail);
                 }
-                for (b, dn) in suspect {
+                for &(b, dn) in &c.suspect {
                     core.bad().clear(b, dn);
                 }
                 finish_decommissions(core, &r)
@@ -178,33 +160,19 @@ fn sweep_copies(core: &Arc<Core>) {
     if copies.is_empty() {
         return;
     }
-    let Some(live) = core.live_files() else {
+    let pin = |ino| core.pin(ino);
+    let not_leader = |_| {
+        Err(crate::error::FsError::NotPermitted(
+            "not the housekeeping leader",
+        ))
+    };
+    let Some(mut c) = repairs(core, &pin, &not_leader) else {
         return;
     };
-    let busy = core.busy_blocks(&live);
-    let c = Check {
-        meta: &**core.meta(),
-        dns: core.dns(),
-        repair: true,
-        live_leases: live,
-        busy_blocks: busy,
-        progress: false,
-        deep: false,
-        suspect: HashSet::new(),
-        orphans: true,
-        excess: true,
-        orphan_grace: fsck::ORPHAN_GRACE,
-        grace_finalized: true,
-        shared: true,
-        copy: false,
-        pin: &|ino| core.pin(ino),
-        recover: &|_| {
-            Err(crate::error::FsError::NotPermitted(
-                "not the housekeeping leader",
-            ))
-        },
-        cancelled: &fsck::never_cancelled,
-    };
+    // Copies exist only over a shared namespace; a daemon that does not
+    // lead copies no block.
+    c.shared = true;
+    c.copy = false;
     for node in &copies {
         if let Err(e) = node.expire_quarantine(crate::storage::quarantine::RETENTION) {
             tracing::warn!(datanode = %node.id(), "cannot expire the quarantine: {e}");
@@ -218,6 +186,41 @@ fn sweep_copies(core: &Arc<Core>) {
         }
         Err(e) => tracing::warn!("sweep of this host's copies failed: {e}"),
     }
+}
+
+/// The check of a housekeeping round (the leader's, and each daemon's
+/// sweep of its host's copies): repairs with the conservative rules of
+/// automatic housekeeping (the orphan grace for every replica, excess
+/// copies too, checksums read only for suspect replicas), copying blocks
+/// short of R, shared when the namespace is, never under a writer.
+/// `None` when the files being written cannot be known now (then nothing
+/// may be repaired).
+fn repairs<'a>(
+    core: &'a Core,
+    pin: &'a dyn Fn(u64) -> Option<fsck::Pinned<'a>>,
+    recover: &'a dyn Fn(u64) -> crate::error::FsResult<u64>,
+) -> Option<Check<'a>> {
+    let live = core.live_files()?;
+    let busy = core.busy_blocks(&live);
+    Some(Check {
+        meta: &**core.meta(),
+        dns: core.dns(),
+        repair: true,
+        live_leases: live,
+        busy_blocks: busy,
+        progress: false,
+        deep: false,
+        suspect: HashSet::new(),
+        orphans: true,
+        excess: true,
+        orphan_grace: fsck::ORPHAN_GRACE,
+        grace_finalized: true,
+        shared: core.cluster.is_some(),
+        copy: true,
+        pin,
+        recover,
+        cancelled: &fsck::never_cancelled,
+    })
 }
 
 /// Each datanode's admin state as this daemon sees it.

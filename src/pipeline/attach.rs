@@ -614,31 +614,32 @@ pub fn recorded(meta: &dyn Meta, replication: usize) -> Result<Datanodes, Attach
         // An object store is reached with the options installed (`fsck
         // --data`: those the last mount recorded, and its own `-o`) over
         // the environment.
-        let opened: Option<Arc<dyn Storage>> = if s3::is_s3(&path) {
-            open_recorded(&fsid, &rec).ok()
+        let missing = || "its directory is missing, or holds another identity file".to_string();
+        let opened: Result<Arc<dyn Storage>, String> = if s3::is_s3(&path) {
+            open_recorded(&fsid, &rec)
         } else {
             let found = identity::read(&path);
             match (found, &rec.storage_id, rec.state) {
-                _ if !path.is_dir() => None,
-                (Ok(None), _, AdminState::Upgrading) => open_node(rec.id, &path, None).ok(),
+                _ if !path.is_dir() => Err(missing()),
+                (Ok(None), _, AdminState::Upgrading) => {
+                    open_node(rec.id, &path, None).map_err(|e| e.to_string())
+                }
                 (Ok(Some(id)), Some(sid), _)
                     if id.storage_id == *sid && id.filesystem_id == fsid =>
                 {
-                    open_node(rec.id, &path, Some(id)).ok()
+                    open_node(rec.id, &path, Some(id)).map_err(|e| e.to_string())
                 }
-                _ => None,
+                _ => Err(missing()),
             }
         };
         match opened {
-            Some(node) => nodes.push(Attached {
+            Ok(node) => nodes.push(Attached {
                 node,
                 admin: state,
                 host: None,
             }),
-            None => absent.push(Absent {
-                record: rec,
-                why: "its directory is missing, or holds another identity file".into(),
-            }),
+            // An object store says why (out of reach, another identity).
+            Err(why) => absent.push(Absent { record: rec, why }),
         }
     }
     Ok(Datanodes::new(nodes, absent, replication))
