@@ -173,7 +173,11 @@ fn a_corrupt_slice_in_the_bucket_is_reported_by_fsck_and_repaired_from_the_direc
     m.unmount();
     let offline = |o: &[&str]| {
         let mut cmd = std::process::Command::new(common::bin());
-        cmd.arg("fsck").arg("--data").arg(&m.data).arg("--json").args(o);
+        cmd.arg("fsck")
+            .arg("--data")
+            .arg(&m.data)
+            .arg("--json")
+            .args(o);
         for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("AWS_")) {
             cmd.env_remove(k);
         }

@@ -340,7 +340,10 @@ mod tests {
         record(d.path(), &opts).unwrap();
         assert_eq!(recorded(d.path()), Ok(Some(opts)));
         let text = std::fs::read_to_string(d.path().join(RECORD_FILE)).unwrap();
-        assert!(text.contains("s3_credentials=/etc/leasefs/s3.env\n"), "{text}");
+        assert!(
+            text.contains("s3_credentials=/etc/leasefs/s3.env\n"),
+            "{text}"
+        );
         let mode = std::fs::metadata(d.path().join(RECORD_FILE))
             .unwrap()
             .mode();
