@@ -128,11 +128,7 @@ impl Housekeeper {
         c.suspect = core.bad().list().into_iter().collect();
         // Quarantined replicas past their retention (leader only: one
         // daemon removes them).
-        for node in core.dns().attached() {
-            if let Err(e) = node.expire_quarantine(crate::storage::quarantine::RETENTION) {
-                tracing::warn!(datanode = %node.id(), "cannot expire the quarantine: {e}");
-            }
-        }
+        expire_quarantines(&core.dns().attached());
         match fsck::run(&c) {
             Ok(r) => {
                 for p in r.problems.iter().filter(|p| p.repaired) {
@@ -173,11 +169,7 @@ fn sweep_copies(core: &Arc<Core>) {
     // lead copies no block.
     c.shared = true;
     c.copy = false;
-    for node in &copies {
-        if let Err(e) = node.expire_quarantine(crate::storage::quarantine::RETENTION) {
-            tracing::warn!(datanode = %node.id(), "cannot expire the quarantine: {e}");
-        }
-    }
+    expire_quarantines(&copies);
     match fsck::sweep_copies(&c) {
         Ok(r) => {
             for p in r.problems.iter().filter(|p| p.repaired) {
@@ -290,5 +282,14 @@ fn audit(log: &dyn AuditLog, event: &str, why: &str) {
     // The daemon's own events count as root's.
     if let Err(err) = log.audit(&e, 0) {
         tracing::warn!("cannot record housekeeping {event}: {err}");
+    }
+}
+
+/// Removes the quarantined replicas of `nodes` past their retention.
+fn expire_quarantines(nodes: &[Arc<dyn crate::storage::Storage>]) {
+    for node in nodes {
+        if let Err(e) = node.expire_quarantine(crate::storage::quarantine::RETENTION) {
+            tracing::warn!(datanode = %node.id(), "cannot expire the quarantine: {e}");
+        }
     }
 }
