@@ -53,6 +53,7 @@ impl Core {
                     chunks_batched: fast.chunks_batched,
                     readers_reused: fast.readers_reused,
                     syncfs_shared: fast.syncfs_shared,
+                    wal_by_syncfs: fast.wal_by_syncfs,
                 }
             })
             .collect();

@@ -70,6 +70,19 @@ pub trait BlockMap: Send + Sync {
     fn sync_pending(&self) -> bool {
         true
     }
+    /// The filesystem (`st_dev`) where one `syncfs` makes every commit so
+    /// far durable, and how many commits that is now. An fsync that runs
+    /// that `syncfs` for its replicas anyway then needs no sync of the
+    /// store of its own: one flush of the device where there were two.
+    /// `None` where no such filesystem is (etcd) or the store's own syncs
+    /// must tell (one failed).
+    fn commits_on_fs(&self) -> Option<(u64, u64)> {
+        None
+    }
+    /// A `syncfs` of that filesystem that started after
+    /// [`Self::commits_on_fs`] counted `commits` succeeded: they are
+    /// durable.
+    fn synced_by_fs(&self, _commits: u64) {}
     fn blocks(&self, ino: u64) -> FsResult<Vec<BlockRow>>;
     /// Every block of every file, ordered by (ino, idx).
     fn all_blocks(&self) -> FsResult<Vec<BlockRow>>;

@@ -266,7 +266,7 @@ pub struct IoCounters {
     written: AtomicU64,
     read: AtomicU64,
     errors: AtomicU64,
-    fast: [AtomicU64; 7],
+    fast: [AtomicU64; 8],
 }
 
 /// Which way replicas were made durable here: the figures that show a
@@ -293,6 +293,10 @@ pub struct FastPaths {
     /// fsyncs whose replicas here were made durable by a `syncfs` that a
     /// concurrent fsync ran ([`crate::pipeline::fs_sync`]).
     pub syncfs_shared: u64,
+    /// fsyncs whose metadata commits a `syncfs` of this datanode's
+    /// filesystem made durable (the metadata store's WAL lives there too),
+    /// with no sync of the WAL of their own.
+    pub wal_by_syncfs: u64,
 }
 
 /// Indexes into [`IoCounters::fast`].
@@ -305,6 +309,7 @@ pub enum Fast {
     ChunksBatched,
     ReaderReused,
     SyncfsShared,
+    WalBySyncfs,
 }
 
 impl IoCounters {
@@ -342,6 +347,7 @@ impl IoCounters {
             chunks_batched: get(Fast::ChunksBatched),
             readers_reused: get(Fast::ReaderReused),
             syncfs_shared: get(Fast::SyncfsShared),
+            wal_by_syncfs: get(Fast::WalBySyncfs),
         }
     }
 

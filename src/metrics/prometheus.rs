@@ -162,6 +162,10 @@ pub const DN_SYNCFS_SHARED: Name = counter(
     "leasefs_datanode_syncfs_shared",
     "fsyncs whose replicas here a syncfs run by a concurrent fsync made durable",
 );
+pub const DN_WAL_BY_SYNCFS: Name = counter(
+    "leasefs_datanode_wal_by_syncfs",
+    "fsyncs whose metadata commits a syncfs of this datanode's filesystem made durable",
+);
 
 /// Every metric, in the order they are exposed.
 pub const NAMES: &[&Name] = &[
@@ -192,6 +196,7 @@ pub const NAMES: &[&Name] = &[
     &DN_CHUNKS_BATCHED,
     &DN_READERS_REUSED,
     &DN_SYNCFS_SHARED,
+    &DN_WAL_BY_SYNCFS,
 ];
 
 /// The states `leasefs_datanode_state` always lists.
@@ -314,7 +319,7 @@ impl Scrape {
                 }
             }
         }
-        let counters: [(&Name, Field); 10] = [
+        let counters: [(&Name, Field); 11] = [
             (&DN_WRITTEN, |d| Some(d.bytes_written)),
             (&DN_READ, |d| Some(d.bytes_read)),
             (&DN_ERRORS, |d| Some(d.errors)),
@@ -325,6 +330,7 @@ impl Scrape {
             (&DN_CHUNKS_BATCHED, |d| Some(d.chunks_batched)),
             (&DN_READERS_REUSED, |d| Some(d.readers_reused)),
             (&DN_SYNCFS_SHARED, |d| Some(d.syncfs_shared)),
+            (&DN_WAL_BY_SYNCFS, |d| Some(d.wal_by_syncfs)),
         ];
         for (n, get) in counters {
             let mut m = metric(enc, n)?;

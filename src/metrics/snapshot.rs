@@ -46,6 +46,9 @@ pub struct DatanodeStats {
     /// fsyncs whose replicas there were made durable by a `syncfs` that
     /// another fsync ran (grouped, `pipeline::fs_sync`).
     pub syncfs_shared: u64,
+    /// fsyncs whose metadata commits a `syncfs` of this datanode's
+    /// filesystem made durable (the WAL on the same filesystem).
+    pub wal_by_syncfs: u64,
 }
 
 /// Every counter and gauge of a mount. Counters only grow while the

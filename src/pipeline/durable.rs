@@ -116,16 +116,6 @@ pub(crate) fn sync_replicas(
         !failed
     });
     let mut jobs: Vec<SyncJob> = Vec::new();
-    if ctx.meta.sync_pending() {
-        let meta = ctx.meta.clone();
-        jobs.push(Box::new(move || {
-            vec![Synced {
-                who: None,
-                result: meta.sync_if_needed(),
-                shared: false,
-            }]
-        }));
-    }
     jobs.extend(extra);
     let mut groups: Vec<FsGroup> = Vec::new();
     for who in replicas {
@@ -145,8 +135,34 @@ pub(crate) fn sync_replicas(
             None => jobs.extend(per_file(who)?),
         }
     }
+    // The metadata store's commits: by a replica's `syncfs` when the
+    // store's WAL is on that filesystem (one device flush for both),
+    // else by a sync of their own, in parallel with the replicas'.
+    let mut meta_by_fs = if ctx.meta.sync_pending() {
+        match ctx.meta.commits_on_fs() {
+            Some((dev, commits)) if groups.iter().any(|g| g.node.fs_id() == dev) => {
+                Some((dev, commits))
+            }
+            _ => {
+                let meta = ctx.meta.clone();
+                jobs.push(Box::new(move || {
+                    vec![Synced {
+                        who: None,
+                        result: meta.sync_if_needed(),
+                        shared: false,
+                    }]
+                }));
+                None
+            }
+        }
+    } else {
+        None
+    };
     for FsGroup { node, members } in groups {
         let group = ctx.dns.fs_syncs.of(node.fs_id());
+        let meta = meta_by_fs
+            .take_if(|(dev, _)| *dev == node.fs_id())
+            .map(|(_, commits)| (ctx.meta.clone(), commits));
         jobs.push(Box::new(move || {
             let r = group
                 .run(|| node.sync_fs().map_err(FsError::from))
@@ -161,14 +177,32 @@ pub(crate) fn sync_replicas(
                     "syncfs failed, syncing file by file: {e}"
                 );
             }
-            members
+            let mut out: Vec<Synced> = members
                 .into_iter()
                 .map(|w| Synced {
                     who: Some(w),
                     result: r.clone(),
                     shared: true,
                 })
-                .collect()
+                .collect();
+            if let Some((meta, commits)) = meta {
+                // The syncfs began after the commits were counted. Its
+                // error may be anyone's: the store's own sync then tells.
+                let result = match &r {
+                    Ok(()) => {
+                        meta.synced_by_fs(commits);
+                        node.io().fast(Fast::WalBySyncfs);
+                        Ok(())
+                    }
+                    Err(_) => meta.sync_if_needed(),
+                };
+                out.push(Synced {
+                    who: None,
+                    result,
+                    shared: false,
+                });
+            }
+            out
         }));
     }
     let mut again: Vec<SyncJob> = Vec::new();

@@ -55,6 +55,17 @@ impl PowerCut {
     /// Mounts leasefs with `o` (its data directory and three datanodes on
     /// the powercut filesystem).
     pub fn new(o: Opts) -> PowerCut {
+        PowerCut::on_disks(o, false)
+    }
+
+    /// As [`Self::new`], with the data directory and every datanode on one
+    /// disk, as most mounts have them (the metadata store's WAL then
+    /// shares the datanodes' `syncfs`).
+    pub fn one_disk(o: Opts) -> PowerCut {
+        PowerCut::on_disks(o, true)
+    }
+
+    fn on_disks(o: Opts, one: bool) -> PowerCut {
         let dir = tempfile::Builder::new()
             .prefix("leasefs-powercut")
             .tempdir()
@@ -62,14 +73,32 @@ impl PowerCut {
         let disk = dir.path().join("disk");
         std::fs::create_dir_all(&disk).expect("mkdir disk");
         let fs = test_fs();
-        let disks: Vec<String> = std::iter::once("data".to_string())
+        let names: Vec<String> = std::iter::once("data".to_string())
             .chain((1..=o.datanodes).map(|i| format!("dn{i}")))
             .collect();
+        let disks = if one {
+            vec!["all".to_string()]
+        } else {
+            names.clone()
+        };
         let pc = start_disks(dir.path(), fs.as_deref(), &disks);
-        let dns = (1..=o.datanodes)
-            .map(|i| disk.join(format!("dn{i}")))
-            .collect();
-        let m = Mount::with_paths(o, disk.join("data"), dns);
+        let under = |name: &str| match one {
+            true => disk.join("all").join(name),
+            false => disk.join(name),
+        };
+        if one {
+            // Made durable before any cut: `syncfs` of the disk.
+            for n in &names {
+                std::fs::create_dir_all(under(n)).expect("mkdir on the disk");
+            }
+            let synced = Command::new("sync")
+                .arg("-f")
+                .arg(disk.join("all"))
+                .status();
+            assert!(synced.is_ok_and(|s| s.success()), "sync -f the disk");
+        }
+        let dns = names[1..].iter().map(|n| under(n)).collect();
+        let m = Mount::with_paths(o, under("data"), dns);
         PowerCut {
             m,
             dir,

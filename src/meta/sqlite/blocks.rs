@@ -161,6 +161,26 @@ impl BlockMap for MetaStore {
         self.synced.load(Ordering::Acquire) < self.commits.load(Ordering::Acquire)
     }
 
+    /// Every commit counted wrote its frames to the WAL (`write`, into
+    /// the page cache of the WAL's filesystem) before it was counted, so a
+    /// `syncfs` of that filesystem begun after the count makes them
+    /// durable as an `fdatasync` of the WAL would. Not once a sync of the
+    /// WAL failed: that error stays the store's answer.
+    fn commits_on_fs(&self) -> Option<(u64, u64)> {
+        if lock(&self.sync_failed).is_some() {
+            return None;
+        }
+        #[cfg(test)]
+        if lock(&self.sync_fault).is_some() || !lock(&self.sync_delay).is_zero() {
+            return None;
+        }
+        Some((self.dev, self.commits.load(Ordering::Acquire)))
+    }
+
+    fn synced_by_fs(&self, commits: u64) {
+        self.synced.fetch_max(commits, Ordering::AcqRel);
+    }
+
     fn blocks(&self, ino: u64) -> FsResult<Vec<BlockRow>> {
         blocks_in(&lock(&self.conn), ino)
     }

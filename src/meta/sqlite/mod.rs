@@ -53,6 +53,9 @@ pub struct MetaStore {
     wal: PathBuf,
     /// The directory of the database, whose filesystem `statfs` counts.
     dir: PathBuf,
+    /// The filesystem of the database and its WAL (`st_dev`): a `syncfs`
+    /// of it makes the commits durable (`BlockMap::commits_on_fs`).
+    dev: u64,
     /// Commits made, and how many of them are known durable.
     commits: AtomicU64,
     synced: AtomicU64,
@@ -183,10 +186,15 @@ impl MetaStore {
             .filter(|p| !p.as_os_str().is_empty())
             .unwrap_or(Path::new("."))
             .to_path_buf();
+        let dev = std::os::unix::fs::MetadataExt::dev(
+            &std::fs::metadata(path)
+                .map_err(|e| FsError::Io(format!("cannot stat {}: {e}", path.display())))?,
+        );
         Ok(MetaStore {
             conn: Mutex::new(conn),
             wal: wal.into(),
             dir,
+            dev,
             commits: AtomicU64::new(1),
             synced: AtomicU64::new(0),
             pool: Mutex::new(IdPool::default()),
@@ -206,6 +214,12 @@ impl MetaStore {
     #[cfg(test)]
     pub(crate) fn fail_syncs(&self, errno: Option<i32>) {
         *lock(&self.sync_fault) = errno;
+    }
+
+    /// Unit tests: syncs of the WAL run so far.
+    #[cfg(test)]
+    pub(crate) fn syncs_run(&self) -> u64 {
+        self.syncs_run.load(Ordering::Acquire)
     }
 
     fn with_tx<T>(&self, f: impl FnOnce(&Connection) -> FsResult<T>) -> FsResult<T> {

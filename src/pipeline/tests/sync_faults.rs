@@ -314,3 +314,68 @@ fn lease_recovery_keeps_what_was_fsynced_when_appended_checksums_outran_their_by
     assert_eq!(size, 1000);
     assert_eq!(rig.read(size), data[..1000]);
 }
+
+/// The metadata store's WAL on the filesystem of a datanode that `syncfs`
+/// makes durable (one disk for both, as most mounts have it): that `syncfs`
+/// makes the store's commits durable too, with no sync of the WAL of its
+/// own (one device flush where there were two). When it fails, the error
+/// may be anyone's: the store's own sync runs and tells.
+#[test]
+fn a_syncfs_of_the_wal_s_filesystem_makes_the_metadata_durable_without_a_sync_of_its_own() {
+    let rig = Rig::new(1, 1, 8);
+    let node = &rig.nodes[0];
+    if !node.syncfs_is_barrier() {
+        eprintln!("skipped: the test directory is on a filesystem syncfs does not make durable");
+        return;
+    }
+    let log = rig.log();
+    let s = rig.stream(&log);
+    // A commit the fsync must make durable, made after the stream's block
+    // is open (opening it may reserve ids, durably, on its own).
+    let commit = |name: &[u8]| {
+        rig.meta
+            .create(
+                ROOT_INO,
+                name,
+                NewNode {
+                    kind: Kind::File,
+                    mode: 0o644,
+                    uid: 0,
+                    gid: 0,
+                    rdev: 0,
+                    target: None,
+                    block_size: BLOCK,
+                    xattrs: Vec::new(),
+                },
+            )
+            .unwrap();
+        assert!(rig.meta.sync_pending());
+    };
+    write(&s, &bytes(PACKET, 1)).unwrap();
+    wait(|d| s.flush(d)).unwrap();
+    commit(b"g1");
+    let before = rig.store.syncs_run();
+    wait(|d| s.sync(d)).unwrap();
+    assert!(!rig.meta.sync_pending(), "the store's commits are durable");
+    assert_eq!(
+        rig.store.syncs_run(),
+        before,
+        "the WAL was synced on its own"
+    );
+    assert_eq!(node.io().fast_paths().wal_by_syncfs, 1);
+
+    // The next block's replicas go through `syncfs` too; it fails.
+    write(&s, &bytes(BLOCK as usize, 2)).unwrap();
+    wait(|d| s.flush(d)).unwrap();
+    commit(b"g2");
+    let before = rig.store.syncs_run();
+    node.arm(Op::SyncFs, Fault::Fail(libc::EIO), 0);
+    wait(|d| s.sync(d)).unwrap();
+    assert!(!rig.meta.sync_pending());
+    assert_eq!(
+        rig.store.syncs_run(),
+        before + 1,
+        "the store's own sync ran"
+    );
+    assert_eq!(node.io().fast_paths().wal_by_syncfs, 1);
+}
