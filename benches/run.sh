@@ -412,7 +412,11 @@ fig_seq() { # RUN TARGET DIR
     fi
     # A second read of the closed file by a new process, caches kept: what
     # `cat f` after `cp f` does (fio above drops the file's own pages).
+    # Issue 28 asks that it stay a page-cache read: on leasefs, the bytes
+    # the daemon served meanwhile (`stats`) are recorded too, and must be 0.
     cat "$f" >/dev/null 2>&1
+    local served_before=""
+    case $t in leasefs-* | before-*) served_before=$(daemon_bytes_read "$t") ;; esac
     record "$run" "$t" seq_read_again "$(python3 - "$f" <<'PY'
 import os, sys, time
 t0 = time.perf_counter()
@@ -426,7 +430,19 @@ with open(sys.argv[1], "rb", buffering=0) as f:
 print(round(n / (time.perf_counter() - t0) / 1e6, 1))
 PY
     )" || record "$run" "$t" seq_read_again NA
+    if [[ -n $served_before ]]; then
+        local served_after
+        served_after=$(daemon_bytes_read "$t")
+        if [[ -n $served_after ]]; then
+            record "$run" "$t" seq_read_again_daemon $(((served_after - served_before) >> 20))
+        fi
+    fi
     rm -f "$f"
+}
+
+daemon_bytes_read() { # TARGET -> bytes its daemon has returned by read() so far
+    "$(bin_of "$1")" stats --once --json "$work/$1/mnt" 2>/dev/null |
+        python3 -c 'import json, sys; print(json.load(sys.stdin)["bytes_read"])' 2>/dev/null
 }
 
 fig_small_files() { # RUN TARGET DIR
@@ -748,7 +764,7 @@ fig_memory() {
 }
 
 declare -A group_figures=(
-    [seq]="seq_write seq_read_cold seq_read_warm seq_read_daemon seq_read_again" [create]="create_4k durable_4k_1 durable_4k_4"
+    [seq]="seq_write seq_read_cold seq_read_warm seq_read_daemon seq_read_again seq_read_again_daemon" [create]="create_4k durable_4k_1 durable_4k_4"
     [fsync]="fsync_p50 fsync_p99" [open]="open_w open_r open_ratio"
     [tree]="tar_x rm_rf" [ls]="ls_l" [writers]="writers_few writers_many writers_ratio"
 )
@@ -877,6 +893,9 @@ def ge(fig, t, base, k):
 def le(fig, t, base, k):
     return lambda: rel(fig, t, base, k, "<=")
 
+def zero(fig, t):
+    return lambda: None if med.get((fig, t)) is None else med[(fig, t)] == 0
+
 def tick_flat():
     a, b = med.get(("lease_tick_1000000", "lease")), med.get(("lease_tick_1000", "lease"))
     return None if a is None or b is None else a <= 2 * b
@@ -905,8 +924,9 @@ rows = [
      [ge("seq_read_warm", R1, NAT, 0.9), ge("seq_read_warm", R3, NAT, 0.9)], None),
     ("seq_read_daemon", "seq read, file's pages dropped MB/s", "higher", ">=0.9xfc",
      [ge("seq_read_daemon", R1, FC, 0.9), ge("seq_read_daemon", R3, FC, 0.9)], None),
-    ("seq_read_again", "seq read again, new process MB/s", "higher", ">=0.9xnative",
-     [ge("seq_read_again", R1, NAT, 0.9), ge("seq_read_again", R3, NAT, 0.9)], None),
+    ("seq_read_again", "seq read again, new process MB/s", "higher", "-", [], None),
+    ("seq_read_again_daemon", "  of it served by the daemon, MiB", "lower", "0: page cache",
+     [zero("seq_read_again_daemon", R1), zero("seq_read_again_daemon", R3)], None),
     ("durable_4k_1", "create+4K write+fsync+close files/s", "higher",
      "R1>=1xbindfs; R3>=0.7xbindfs",
      [ge("durable_4k_1", R1, BF, 1.0), ge("durable_4k_1", R3, BF, 0.7)], None),
@@ -945,7 +965,7 @@ rows = [
 ]
 # Rows of the mount figures not asked for (--rows) are left out.
 group_of = {"seq_write": "seq", "seq_read_cold": "seq", "seq_read_warm": "seq", "seq_read_daemon": "seq",
-            "seq_read_again": "seq", "durable_4k_1": "create", "durable_4k_4": "create",
+            "seq_read_again": "seq", "seq_read_again_daemon": "seq", "durable_4k_1": "create", "durable_4k_4": "create",
             "create_4k": "create", "fsync_p50": "fsync", "fsync_p99": "fsync",
             "open_w": "open", "open_r": "open", "open_ratio": "open",
             "tar_x": "tree", "rm_rf": "tree", "ls_l": "ls",
