@@ -307,6 +307,25 @@ fn fsync_through_a_write_descriptor_that_wrote_nothing_makes_the_file_durable() 
     healthy(&pc);
 }
 
+/// The power cut: everything not made durable dropped (`None`), or (`Some`
+/// seed) the daemon killed, the disks' dirty pages written back without a
+/// flush, and a random subset of those pending writes kept: the torn state
+/// a real disk can be left in.
+fn cut_keeping(pc: &mut PowerCut, seed: Option<u64>) {
+    match seed {
+        Some(s) => {
+            pc.m.crash();
+            // The unsynced pages (and their checksums) reach the disk,
+            // not its platter: the cut keeps some.
+            pc.write_back_unflushed();
+            let dropped = pc.control(&format!("cut --subset {s}"));
+            eprintln!("cut --subset {s}: {dropped}");
+            pc.power_cycle();
+        }
+        None => drop(pc.cut()),
+    }
+}
+
 /// The fast-path counters of the mount, summed over its datanodes:
 /// (ranged syncs, full syncs, zero fills, one-step replicas).
 fn fast_paths(pc: &PowerCut) -> [u64; 4] {
@@ -383,20 +402,7 @@ fn appends_fsynced_by_ranged_syncs_into_zero_filled_replicas_survive_a_power_cut
                 "ranged syncs {ranged}, zero fills {fills}"
             );
         }
-        match seed {
-            Some(s) => {
-                pc.m.crash();
-                // The unsynced tail's pages (and their checksums) reach
-                // the disk, not its platter: the cut keeps some.
-                pc.write_back_unflushed();
-                let dropped = pc.control(&format!("cut --subset {s}"));
-                eprintln!("cut --subset {s}: {dropped}");
-                pc.power_cycle();
-            }
-            None => {
-                pc.cut();
-            }
-        }
+        cut_keeping(&mut pc, seed);
         drop(f);
         reads_back(&pc, "f", &all, synced);
         healthy(&pc);
@@ -438,18 +444,7 @@ fn truncate_growth_as_holes_then_fsynced_appends_survive_a_power_cut() {
         // Not fsynced: may be lost, never zeros.
         f.write_all(&tail[72_000..]).unwrap();
         all.extend_from_slice(&tail[72_000..]);
-        match seed {
-            Some(s) => {
-                pc.m.crash();
-                pc.write_back_unflushed();
-                let dropped = pc.control(&format!("cut --subset {s}"));
-                eprintln!("cut --subset {s}: {dropped}");
-                pc.power_cycle();
-            }
-            None => {
-                pc.cut();
-            }
-        }
+        cut_keeping(&mut pc, seed);
         drop(f);
         reads_back(&pc, "f", &all, synced);
         healthy(&pc);
@@ -560,16 +555,7 @@ fn durable_small_files_with_the_wal_beside_the_datanode_survive_a_power_cut() {
         } else {
             assert!(by_syncfs >= 40, "only {by_syncfs} of 40 fsyncs");
         }
-        match seed {
-            None => drop(pc.cut()),
-            Some(s) => {
-                pc.m.crash();
-                pc.write_back_unflushed();
-                let dropped = pc.control(&format!("cut --subset {s}"));
-                eprintln!("cut --subset {s}: {dropped}");
-                pc.power_cycle();
-            }
-        }
+        cut_keeping(&mut pc, seed);
         for (name, data) in &acked {
             reads_back(&pc, name, data, data.len());
         }

@@ -211,6 +211,20 @@ impl FileLog for TestLog {
     }
 }
 
+/// A regular file of root's, in blocks of [`BLOCK`].
+fn file_node() -> NewNode<'static> {
+    NewNode {
+        kind: Kind::File,
+        mode: 0o644,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        target: None,
+        block_size: BLOCK,
+        xattrs: Vec::new(),
+    }
+}
+
 /// A file in a metadata store and datanodes that fail on request.
 struct Rig {
     ctx: Arc<StreamCtx>,
@@ -287,22 +301,7 @@ impl Rig {
         };
         let dns = Arc::new(Datanodes::new(attached, absent, replication).on_host(here));
         dns.heartbeat();
-        let inode = meta
-            .create(
-                ROOT_INO,
-                b"f",
-                NewNode {
-                    kind: Kind::File,
-                    mode: 0o644,
-                    uid: 0,
-                    gid: 0,
-                    rdev: 0,
-                    target: None,
-                    block_size: BLOCK,
-                    xattrs: Vec::new(),
-                },
-            )
-            .unwrap();
+        let inode = meta.create(ROOT_INO, b"f", file_node()).unwrap();
         let ctx = Arc::new(StreamCtx {
             meta: meta.clone(),
             dns: dns.clone(),

@@ -333,22 +333,7 @@ fn a_syncfs_of_the_wal_s_filesystem_makes_the_metadata_durable_without_a_sync_of
     // A commit the fsync must make durable, made after the stream's block
     // is open (opening it may reserve ids, durably, on its own).
     let commit = |name: &[u8]| {
-        rig.meta
-            .create(
-                ROOT_INO,
-                name,
-                NewNode {
-                    kind: Kind::File,
-                    mode: 0o644,
-                    uid: 0,
-                    gid: 0,
-                    rdev: 0,
-                    target: None,
-                    block_size: BLOCK,
-                    xattrs: Vec::new(),
-                },
-            )
-            .unwrap();
+        rig.meta.create(ROOT_INO, name, file_node()).unwrap();
         assert!(rig.meta.sync_pending());
     };
     write(&s, &bytes(PACKET, 1)).unwrap();
