@@ -170,6 +170,7 @@ impl BlockMap for MetaStore {
         if lock(&self.sync_failed).is_some() {
             return None;
         }
+        // Unit tests that fail or slow the WAL's syncs need them to run.
         #[cfg(test)]
         if lock(&self.sync_fault).is_some() || !lock(&self.sync_delay).is_zero() {
             return None;
