@@ -68,6 +68,16 @@ const SLACK: usize = 256;
 const START: usize = 16;
 const GROW_BY: usize = 16;
 const MAX_ENTRIES: usize = 1024;
+/// READs of at least this many bytes are served with the ring's thread
+/// moved off its CPU, onto the others, and it goes back once their replies
+/// are submitted. The kernel queues a request on the ring of the CPU that
+/// issued it, and a reader that reads ahead keeps that CPU busy copying
+/// the previous request's pages: served there, the large read waits for
+/// it, with the other CPUs idle (a daemon-served 1 GiB sequential read
+/// measured 1.2–1.5 GB/s pinned against 2.0–2.4 moved, on 2 vCPUs). Small
+/// requests stay on the issuer's CPU, where the ring saves them a
+/// cross-CPU wake-up each way.
+const MOVE_READS_FROM: u32 = 256 << 10;
 /// `user_data` of the eventfd read; entries use their index.
 const WAKE: u64 = u64::MAX;
 
@@ -402,6 +412,7 @@ pub(crate) fn start<FS: Filesystem + 'static>(
             sender: ch.sender(),
             shared: shared.clone(),
             max_payload,
+            cpus,
             busy: 0,
             wake_buf: Box::new(0),
             early: Vec::new(),
@@ -444,6 +455,8 @@ struct Queue<FS: Filesystem> {
     sender: ChannelSender,
     shared: Arc<SharedHandle>,
     max_payload: usize,
+    /// The possible CPUs (one queue each).
+    cpus: usize,
     /// Entries handed to userspace and not committed yet.
     busy: usize,
     /// Where the eventfd read lands.
@@ -535,6 +548,7 @@ impl<FS: Filesystem + 'static> Queue<FS> {
 
     fn serve(&mut self, ring: &mut Ring) -> io::Result<()> {
         let mut local: Vec<Pending> = Vec::new();
+        let mut moved = false;
         ON_RING.with(|r| r.borrow_mut().0 = Arc::as_ptr(&self.shared) as usize);
         loop {
             // Completions found at the start are served before waiting.
@@ -568,11 +582,21 @@ impl<FS: Filesystem + 'static> Queue<FS> {
                     }
                 }
                 self.busy += 1;
+                // A large read is served off the reader's CPU (see
+                // `MOVE_READS_FROM`), then the thread goes home.
+                if !moved && self.large_read(idx) {
+                    moved = self.pin(false);
+                }
                 self.dispatch(idx);
                 ON_RING.with(|r| local.append(&mut r.borrow_mut().1));
             }
             for (idx, copy) in local.drain(..) {
                 self.commit(ring, idx, copy)?;
+            }
+            if moved {
+                ring.submit()?;
+                self.pin(true);
+                moved = false;
             }
             let free = self.shared.0.entries.lock().len() - self.busy;
             let want = START.max(self.busy);
@@ -581,6 +605,29 @@ impl<FS: Filesystem + 'static> Queue<FS> {
                 self.grow(ring, n)?;
             }
         }
+    }
+
+    /// Whether entry `idx` holds a READ of at least [`MOVE_READS_FROM`].
+    fn large_read(&self, idx: usize) -> bool {
+        let e = self.shared.0.entries.lock()[idx].clone();
+        // SAFETY: the kernel handed the entry back; only this thread reads it.
+        let h = unsafe { &*e.header.get() };
+        let op = u32::from_ne_bytes([h.in_out[4], h.in_out[5], h.in_out[6], h.in_out[7]]);
+        let size = u32::from_ne_bytes([h.op_in[16], h.op_in[17], h.op_in[18], h.op_in[19]]);
+        op == ll::fuse_abi::fuse_opcode::FUSE_READ as u32 && size >= MOVE_READS_FROM
+    }
+
+    /// Pins the thread to its CPU (`home`), or to every other CPU; false
+    /// if that is not possible (one CPU, or not allowed).
+    fn pin(&self, home: bool) -> bool {
+        let mut set = nix::sched::CpuSet::new();
+        let mut any = false;
+        for c in 0..self.cpus {
+            if (c == self.qid as usize) == home && set.set(c).is_ok() {
+                any = true;
+            }
+        }
+        any && nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).is_ok()
     }
 
     /// Rebuilds the request in entry `idx` in the classic layout, in front
