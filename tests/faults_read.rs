@@ -327,6 +327,62 @@ fn a_flipped_byte_is_never_served_through_a_replica_reader_kept_open() {
     }
 }
 
+/// Drops the kernel's pages of one open file of the mount (what fio's
+/// `--invalidate` does), leaving the replicas' pages where they are: the
+/// next read of it goes to the daemon, which finds the replicas in memory.
+fn drop_file_pages(f: &std::fs::File) {
+    nix::fcntl::posix_fadvise(f, 0, 0, nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED)
+        .unwrap();
+}
+
+// A read whose replica bytes are in memory is served on the request
+// thread (issue 28), and verified there as every read: a flip written into
+// a replica's cached pages after the handle kept its reader fails that
+// read's checksums, the request goes the ordinary way, the replica is
+// reported, and the bytes come from a good replica.
+#[test]
+fn a_flipped_byte_in_memory_is_never_served_by_a_request_thread() {
+    const MIB: usize = 1 << 20;
+    let m = Mount::new();
+    let src = pattern(4 * MIB, 24);
+    put(&m, "f", &src);
+    wait_finalized(&m, 1);
+    let f = std::fs::File::open(m.path("f")).unwrap();
+    assert!(pread(&f, 0, 4 * MIB) == src, "first read");
+    drop_file_pages(&f);
+    let before = dn_counter(&m, "reads_in_memory");
+    assert!(pread(&f, 0, 4 * MIB) == src, "second read");
+    let fast = dn_counter(&m, "reads_in_memory");
+    assert!(
+        fast > before,
+        "no read of replica bytes in memory was served on a request thread"
+    );
+    // One flip per replica, each in a MiB of its own (see the test above),
+    // written through the replica's page cache, which nothing drops.
+    let mut origs = Vec::new();
+    for (i, dn) in m.datanodes.iter().enumerate() {
+        let (data, _) = finalized(dn)[0].clone();
+        let orig = std::fs::read(&data).unwrap();
+        let at = (i + 1) * MIB + MIB / 2 + 100;
+        let file = std::fs::OpenOptions::new().write(true).open(&data).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&file, &[orig[at] ^ 0x5a], at as u64).unwrap();
+        origs.push((data, orig));
+    }
+    drop_file_pages(&f);
+    assert!(
+        pread(&f, MIB as u64, 3 * MIB) == src[MIB..],
+        "a flipped byte was served through the open handle"
+    );
+    let log = m.log();
+    assert!(
+        (0..3).any(|i| bad_replica_lines(&log, i) > 0),
+        "no flipped replica was reported:\n{log}"
+    );
+    for (data, orig) in origs {
+        std::fs::write(data, orig).unwrap();
+    }
+}
+
 // An append after a read moves the last block to a new generation stamp:
 // an open handle that kept a reader of the block as it was reads the
 // appended bytes, exactly, afterwards.

@@ -614,12 +614,43 @@ impl Core {
                     reply(r.and_then(|_| me.read(fh, offset, size)))
                 }));
             }
-            _ => {
-                self.ctx
-                    .rt
-                    .spawn_blocking(move || reply(me.read(fh, offset, size)));
-            }
+            _ => match self.read_in_memory(&h, offset, size) {
+                Some(d) => reply(Ok(d)),
+                None => {
+                    self.ctx
+                        .rt
+                        .spawn_blocking(move || reply(me.read(fh, offset, size)));
+                }
+            },
         }
+    }
+
+    /// A read served on the request thread: only of a file nobody writes,
+    /// with a local metadata store (whose reads every lookup makes on a
+    /// request thread too), through replica readers the handle keeps, and
+    /// only if every byte and checksum it needs is in memory
+    /// (`reader::read_cached`). A hand-off to the blocking pool and back
+    /// cost a served 1 MiB read more than its copies (benches/PROFILE.md,
+    /// "Reads, issue 28"); a read that would wait for a disk still goes
+    /// there.
+    fn read_in_memory(&self, h: &Handle, offset: u64, size: u32) -> Option<Vec<u8>> {
+        if self.cluster.is_some()
+            || h.stream.is_some()
+            || h.replicas.is_empty()
+            || self.stream_of(h.ino).is_some()
+        {
+            return None;
+        }
+        let inode = self.meta().get(h.ino).ok()?;
+        let blocks = self.meta().blocks(h.ino).ok()?;
+        let bs = if inode.block_size == 0 {
+            self.opts.block_size
+        } else {
+            inode.block_size
+        };
+        let d = reader::read_cached(&h.replicas, &blocks, bs, inode.size, offset, size as usize)?;
+        self.ctx.metrics.read(d.len() as u64);
+        Some(d)
     }
 
     /// fsync of a directory: the metadata store's log made durable, on the

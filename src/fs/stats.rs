@@ -54,6 +54,7 @@ impl Core {
                     readers_reused: fast.readers_reused,
                     syncfs_shared: fast.syncfs_shared,
                     wal_by_syncfs: fast.wal_by_syncfs,
+                    reads_in_memory: fast.reads_in_memory,
                 }
             })
             .collect();

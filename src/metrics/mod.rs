@@ -266,7 +266,7 @@ pub struct IoCounters {
     written: AtomicU64,
     read: AtomicU64,
     errors: AtomicU64,
-    fast: [AtomicU64; 8],
+    fast: [AtomicU64; 9],
 }
 
 /// Which way replicas were made durable here: the figures that show a
@@ -297,6 +297,9 @@ pub struct FastPaths {
     /// filesystem made durable (the metadata store's WAL lives there too),
     /// with no sync of the WAL of their own.
     pub wal_by_syncfs: u64,
+    /// Reads a request thread served from replica bytes and checksums
+    /// already in memory, without the blocking pool (`Core::read_any`).
+    pub reads_in_memory: u64,
 }
 
 /// Indexes into [`IoCounters::fast`].
@@ -310,6 +313,7 @@ pub enum Fast {
     ReaderReused,
     SyncfsShared,
     WalBySyncfs,
+    ReadInMemory,
 }
 
 impl IoCounters {
@@ -348,6 +352,7 @@ impl IoCounters {
             readers_reused: get(Fast::ReaderReused),
             syncfs_shared: get(Fast::SyncfsShared),
             wal_by_syncfs: get(Fast::WalBySyncfs),
+            reads_in_memory: get(Fast::ReadInMemory),
         }
     }
 

@@ -166,6 +166,10 @@ pub const DN_WAL_BY_SYNCFS: Name = counter(
     "leasefs_datanode_wal_by_syncfs",
     "fsyncs whose metadata commits a syncfs of this datanode's filesystem made durable",
 );
+pub const DN_READS_IN_MEMORY: Name = counter(
+    "leasefs_datanode_reads_in_memory",
+    "Replica reads a request thread served from bytes in memory, without the blocking pool",
+);
 
 /// Every metric, in the order they are exposed.
 pub const NAMES: &[&Name] = &[
@@ -197,6 +201,7 @@ pub const NAMES: &[&Name] = &[
     &DN_READERS_REUSED,
     &DN_SYNCFS_SHARED,
     &DN_WAL_BY_SYNCFS,
+    &DN_READS_IN_MEMORY,
 ];
 
 /// The states `leasefs_datanode_state` always lists.
@@ -319,7 +324,7 @@ impl Scrape {
                 }
             }
         }
-        let counters: [(&Name, Field); 11] = [
+        let counters: [(&Name, Field); 12] = [
             (&DN_WRITTEN, |d| Some(d.bytes_written)),
             (&DN_READ, |d| Some(d.bytes_read)),
             (&DN_ERRORS, |d| Some(d.errors)),
@@ -331,6 +336,7 @@ impl Scrape {
             (&DN_READERS_REUSED, |d| Some(d.readers_reused)),
             (&DN_SYNCFS_SHARED, |d| Some(d.syncfs_shared)),
             (&DN_WAL_BY_SYNCFS, |d| Some(d.wal_by_syncfs)),
+            (&DN_READS_IN_MEMORY, |d| Some(d.reads_in_memory)),
         ];
         for (n, get) in counters {
             let mut m = metric(enc, n)?;

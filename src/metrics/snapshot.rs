@@ -49,6 +49,8 @@ pub struct DatanodeStats {
     /// fsyncs whose metadata commits a `syncfs` of this datanode's
     /// filesystem made durable (the WAL on the same filesystem).
     pub wal_by_syncfs: u64,
+    /// Reads served on a request thread from replica bytes in memory.
+    pub reads_in_memory: u64,
 }
 
 /// Every counter and gauge of a mount. Counters only grow while the

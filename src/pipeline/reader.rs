@@ -144,6 +144,12 @@ impl OpenReplicas {
         }
     }
 
+    /// Whether no reader is kept (a read through this handle then has
+    /// nothing to serve from memory).
+    pub fn is_empty(&self) -> bool {
+        lock(&self.readers).is_empty()
+    }
+
     fn forget(&self, dn: DnId, block: u64) {
         lock(&self.readers).retain(|(d, k)| !(*d == dn && k.r.block() == block));
     }
@@ -196,6 +202,51 @@ pub fn read(
         pos += n as u64;
     }
     Ok(out)
+}
+
+/// [`read`] of a range whose bytes and checksums are all in memory, through
+/// readers `open` keeps, for a request thread: `None` as soon as anything
+/// would wait for a disk, or is not as the fast case wants it (a block not
+/// finalized or without a kept reader, any error). [`read`] then serves
+/// the request on the blocking pool, and finds and reports whatever went
+/// wrong. Every chunk served is verified, as by [`read`].
+pub fn read_cached(
+    open: &OpenReplicas,
+    blocks: &[BlockRow],
+    block_size: u64,
+    len: u64,
+    offset: u64,
+    size: usize,
+) -> Option<Vec<u8>> {
+    if offset >= len {
+        return Some(Vec::new());
+    }
+    let end = len.min(offset + size as u64);
+    // Every byte is written below before it is returned (see `read`).
+    let mut out = spare_buffer((end - offset) as usize);
+    let mut pos = offset;
+    while pos < end {
+        let idx = pos / block_size;
+        let bstart = idx * block_size;
+        let n = ((bstart + block_size).min(end) - pos) as usize;
+        let dst = &mut out[(pos - offset) as usize..][..n];
+        let got = match blocks.iter().find(|b| b.idx == idx) {
+            None => {
+                dst.fill(0);
+                Some(n)
+            }
+            Some(b) if b.finalized => open
+                .get(b)
+                .and_then(|(_, r)| r.read_cached(pos - bstart, dst).ok().flatten()),
+            Some(_) => None,
+        };
+        if got != Some(n) {
+            recycle(out);
+            return None;
+        }
+        pos += n as u64;
+    }
+    Some(out)
 }
 
 /// Read buffers kept for the next read on the same thread (the blocking

@@ -70,12 +70,21 @@ pub enum StorageError {
     /// A packet that does not continue the replica (caller bug).
     #[error("bad packet for {}: {reason}", .path.display())]
     BadPacket { path: PathBuf, reason: String },
+    /// A read that was not to wait for the disk would have (see
+    /// `fsops::Wait::No`): the caller reads again where it may wait.
+    #[error("the bytes are not in memory")]
+    WouldBlock,
 }
 
 impl StorageError {
     /// Wraps an I/O error on `path`; `ENOSPC` and `EDQUOT` become
     /// [`StorageError::NoSpace`].
     pub fn io(path: &Path, source: io::Error) -> Self {
+        if source.raw_os_error().is_none() && source.kind() == io::ErrorKind::WouldBlock {
+            // Only `fsops::preadv_full_as` makes one (an errno is kept
+            // as the errno it is).
+            return StorageError::WouldBlock;
+        }
         match source.raw_os_error() {
             Some(libc::ENOSPC) | Some(libc::EDQUOT) => StorageError::NoSpace {
                 path: path.to_path_buf(),
@@ -91,6 +100,7 @@ impl StorageError {
     pub fn errno(&self) -> i32 {
         match self {
             StorageError::NoSpace { .. } => libc::ENOSPC,
+            StorageError::WouldBlock => libc::EAGAIN,
             StorageError::Io { .. }
             | StorageError::Corrupt { .. }
             | StorageError::Missing { .. }

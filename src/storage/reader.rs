@@ -17,7 +17,7 @@ use super::checksum::{
     longest_matching_prefix,
 };
 use super::error::StorageError;
-use super::fsops::{file_len, preadv_full, read_full_at};
+use super::fsops::{Wait, file_len, preadv_full_as, read_full_at, read_full_at_as};
 use super::layout::{Layout, Located, ReplicaState, data_name, meta_name};
 use super::locate::{Opened, missing_or_stale, open_first};
 use super::note::Note;
@@ -177,8 +177,21 @@ impl ReplicaReader {
     /// caller reads afresh.
     pub fn read_kept(&self, offset: u64, buf: &mut [u8]) -> Result<usize, StorageError> {
         match &self.0 {
-            Backend::File(r) => r.read_kept(offset, buf),
+            Backend::File(r) => r.read_kept(offset, buf, Wait::Yes),
             Backend::Object(r) => r.read(offset, buf),
+        }
+    }
+
+    /// [`ReplicaReader::read_kept`] of bytes the page cache holds, without
+    /// waiting for a disk: `Ok(None)` where it would wait (an object
+    /// replica always would: its bytes are a network request away).
+    pub fn read_cached(&self, offset: u64, buf: &mut [u8]) -> Result<Option<usize>, StorageError> {
+        match &self.0 {
+            Backend::File(r) => match r.read_kept(offset, buf, Wait::No) {
+                Err(StorageError::WouldBlock) => Ok(None),
+                r => r.map(Some),
+            },
+            Backend::Object(_) => Ok(None),
         }
     }
 
@@ -296,7 +309,7 @@ impl FileReader {
     /// written, at the end of what the checksums cover. A mismatch gives
     /// [`StorageError::Corrupt`] with the offset of the bad chunk.
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<usize, StorageError> {
-        let r = self.read_verified(offset, buf);
+        let r = self.read_verified(offset, buf, Wait::Yes);
         if let Ok(n) = r
             && n >= READ_AHEAD_FROM
         {
@@ -314,14 +327,24 @@ impl FileReader {
 
     /// [`ReplicaReader::read`] through a reader kept open from an earlier
     /// read: the same verification, counted as a reuse, and no explicit
-    /// read-ahead (the kernel's own follows this descriptor).
-    pub fn read_kept(&self, offset: u64, buf: &mut [u8]) -> Result<usize, StorageError> {
-        let r = self.read_verified(offset, buf);
+    /// read-ahead (the kernel's own follows this descriptor). With
+    /// `Wait::No`, [`StorageError::WouldBlock`] where a byte it needs (data
+    /// or checksum) is not in the page cache.
+    pub(crate) fn read_kept(
+        &self,
+        offset: u64,
+        buf: &mut [u8],
+        wait: Wait,
+    ) -> Result<usize, StorageError> {
+        let r = self.read_verified(offset, buf, wait);
         // A failure is not counted here: the caller drops this reader and
         // reads the replica afresh, which counts it.
         if let Ok(n) = &r {
             self.io.read(*n as u64);
             self.io.fast(Fast::ReaderReused);
+            if wait == Wait::No {
+                self.io.fast(Fast::ReadInMemory);
+            }
         }
         r
     }
@@ -345,7 +368,12 @@ impl FileReader {
         advise(&self.meta, crc_offset(first), chunk_count(len) * CRC_LEN);
     }
 
-    fn read_verified(&self, offset: u64, buf: &mut [u8]) -> Result<usize, StorageError> {
+    fn read_verified(
+        &self,
+        offset: u64,
+        buf: &mut [u8],
+        wait: Wait,
+    ) -> Result<usize, StorageError> {
         if buf.is_empty() {
             return Ok(0);
         }
@@ -371,7 +399,7 @@ impl FileReader {
             &mut big
         };
         let meta_at = if first == 0 { 0 } else { crc_offset(first) };
-        let mgot = read_full_at(&self.meta, mbuf, meta_at)
+        let mgot = read_full_at_as(&self.meta, mbuf, meta_at, wait)
             .map_err(|e| StorageError::io(&self.meta_at.path, e))?;
         if hdr > 0 {
             check_header_at(&mbuf[..mgot.min(hdr)], &self.meta_at.path)?;
@@ -390,7 +418,7 @@ impl FileReader {
                 IoSliceMut::new(buf),
                 IoSliceMut::new(&mut tail[..tail_len]),
             ];
-            preadv_full(&self.data, &mut iov, chunk_start)
+            preadv_full_as(&self.data, &mut iov, chunk_start, wait)
                 .map_err(|e| StorageError::io(&self.data_at.path, e))?
         };
 
