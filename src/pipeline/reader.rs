@@ -241,6 +241,7 @@ pub fn read_cached(
             Some(_) => None,
         };
         if got != Some(n) {
+            tracing::trace!(offset, pos, n, ?got, "not served from memory");
             recycle(out);
             return None;
         }
