@@ -78,6 +78,26 @@ impl ReplySender {
         }
     }
 
+    /// The buffer a reply of up to `len` payload bytes leaves from, to be
+    /// written in place, where the transport has one (a ring entry).
+    pub(crate) fn lend(&self, len: usize) -> Option<&mut [u8]> {
+        match self {
+            #[cfg(target_os = "linux")]
+            ReplySender::Ring(sender) => sender.lend(len),
+            _ => None,
+        }
+    }
+
+    /// Sends a reply whose `n` payload bytes [`ReplySender::lend`]'s buffer
+    /// holds, under `header` (a `fuse_out_header`).
+    pub(crate) fn send_lent(&self, header: &[u8], n: usize) -> std::io::Result<()> {
+        match self {
+            #[cfg(target_os = "linux")]
+            ReplySender::Ring(sender) => sender.send_lent(header, n),
+            _ => Err(std::io::Error::from_raw_os_error(libc::EIO)),
+        }
+    }
+
     /// Open a backing file
     pub(crate) fn open_backing(&self, fd: BorrowedFd<'_>) -> std::io::Result<BackingId> {
         match self {
@@ -230,6 +250,30 @@ impl ReplyData {
     /// Reply to a request with the given data
     pub fn data(self, data: &[u8]) {
         self.reply.send_ll(&ll::ResponseSlice(data));
+    }
+
+    /// The buffer this reply leaves from, `len` bytes of it, where the
+    /// transport has one (a FUSE io_uring entry's payload buffer; `None`
+    /// over `/dev/fuse`): data written there and sent with
+    /// [`ReplyData::data_in_buffer`] is not copied once more on its way
+    /// to the kernel. Its contents are unspecified until written.
+    pub fn buffer(&mut self, len: usize) -> Option<&mut [u8]> {
+        self.reply.sender.as_ref()?.lend(len)
+    }
+
+    /// Replies with the first `n` bytes of [`ReplyData::buffer`] (which
+    /// must have been asked for at least `n` bytes).
+    pub fn data_in_buffer(mut self, n: usize) {
+        let Some(sender) = self.reply.sender.take() else {
+            return;
+        };
+        let len = (std::mem::size_of::<ll::fuse_abi::fuse_out_header>() + n) as u32;
+        let mut header = [0u8; 16];
+        header[..4].copy_from_slice(&len.to_ne_bytes());
+        header[8..].copy_from_slice(&self.reply.unique.0.to_ne_bytes());
+        if let Err(err) = sender.send_lent(&header, n) {
+            error!("Failed to send FUSE reply: {err}");
+        }
     }
 
     /// Reply to a request with the given error code

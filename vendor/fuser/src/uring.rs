@@ -213,6 +213,28 @@ impl Entry {
         !self.dispatching.load(Ordering::Acquire) || self.req_payload.load(Ordering::Acquire) == 0
     }
 
+    /// The payload area, for a reply of `len` bytes written in place.
+    /// Only while [`Entry::reply_fits`], or after dispatch.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn payload(&self, len: usize) -> &mut [u8] {
+        // SAFETY: `[SLACK, SLACK + max_payload)` lies in the buffer, and
+        // the caller holds the reply, the area's only user now.
+        unsafe { std::slice::from_raw_parts_mut(self.base.add(SLACK), len.min(self.max_payload)) }
+    }
+
+    /// Writes a reply's `fuse_out_header` whose `payload` bytes are
+    /// already in the payload area. As [`Entry::payload`].
+    unsafe fn put_header(&self, header: &[u8], payload: usize) {
+        let h = self.header.get();
+        let n = header.len().min(OUT_HEADER);
+        // SAFETY: within `in_out` (128 bytes) and a field of the header
+        // the request does not borrow.
+        unsafe {
+            std::ptr::copy_nonoverlapping(header.as_ptr(), (&raw mut (*h).in_out).cast::<u8>(), n);
+            (*h).ent.payload_sz = payload.min(self.max_payload) as u32;
+        }
+    }
+
     /// Writes a reply (`fuse_out_header`, then its payload) into the
     /// buffers. Only while [`Entry::reply_fits`], or after dispatch.
     unsafe fn put_reply(&self, reply: &[IoSlice<'_>]) {
@@ -326,6 +348,41 @@ impl RingSender {
             }
             Some(copy)
         };
+        self.deliver(pending);
+        Ok(())
+    }
+
+    /// The entry's payload area for a reply of up to `len` bytes written
+    /// in place, sparing the copy [`RingSender::send`] makes: `None` when
+    /// it is too small, or the request being dispatched still borrows it.
+    /// The caller holds the reply: nothing else uses the area until it is
+    /// sent.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) fn lend(&self, len: usize) -> Option<&mut [u8]> {
+        let e = &self.entry.0;
+        if len > e.max_payload || !e.reply_fits() {
+            return None;
+        }
+        // SAFETY: see above; `reply_fits` holds until the reply is sent.
+        Some(unsafe { e.payload(len) })
+    }
+
+    /// Sends the reply whose `n` payload bytes [`RingSender::lend`]'s area
+    /// holds, under `header`.
+    pub(crate) fn send_lent(&self, header: &[u8], n: usize) -> io::Result<()> {
+        if self.shared.0.stopped.load(Ordering::Acquire) {
+            return Err(io::Error::from_raw_os_error(libc::ENOTCONN));
+        }
+        // SAFETY: as in `lend`: the request borrows nothing of the entry.
+        unsafe { self.entry.0.put_header(header, n) };
+        self.deliver(None);
+        Ok(())
+    }
+
+    /// Has the ring's thread commit the reply in the entry's buffers (or
+    /// `pending`, a copy of it).
+    fn deliver(&self, pending: Option<Vec<u8>>) {
+        let shared = &self.shared.0;
         // From the ring's own thread it is committed once dispatch
         // returns; from any other, the ring's thread is woken for it.
         let me = Arc::as_ptr(&self.shared) as usize;
@@ -341,7 +398,6 @@ impl RingSender {
         if let Some(p) = pending {
             shared.post(self.idx, p);
         }
-        Ok(())
     }
 }
 
