@@ -600,8 +600,17 @@ impl Core {
     /// every other reader sees the visible length.
     ///
     /// The replicas are read on the blocking pool, never on a request
-    /// thread: a slow or failing datanode disk then stalls only its readers.
-    pub fn read_any(self: &Arc<Self>, fh: u64, offset: u64, size: u32, reply: Reply<Vec<u8>>) {
+    /// thread: a slow or failing datanode disk then stalls only its readers;
+    /// with `in_memory`, bytes in memory are read first on this thread
+    /// ([`Core::read_in_memory`]; false when the caller tried already).
+    pub fn read_any(
+        self: &Arc<Self>,
+        fh: u64,
+        offset: u64,
+        size: u32,
+        in_memory: bool,
+        reply: Reply<Vec<u8>>,
+    ) {
         let h = match self.handles.get(fh) {
             Ok(h) => h,
             Err(e) => return reply(Err(e)),
@@ -614,26 +623,37 @@ impl Core {
                     reply(r.and_then(|_| me.read(fh, offset, size)))
                 }));
             }
-            _ => match self.read_in_memory(&h, offset, size) {
-                Some(d) => reply(Ok(d)),
-                None => {
-                    self.ctx
-                        .rt
-                        .spawn_blocking(move || reply(me.read(fh, offset, size)));
+            _ => {
+                if in_memory {
+                    let mut d = reader::spare_buffer(size as usize);
+                    if let Some(n) = self.read_in_memory_of(&h, offset, &mut d) {
+                        d.truncate(n);
+                        return reply(Ok(d));
+                    }
+                    reader::recycle(d);
                 }
-            },
+                self.ctx
+                    .rt
+                    .spawn_blocking(move || reply(me.read(fh, offset, size)));
+            }
         }
     }
 
-    /// A read served on the request thread: only of a file nobody writes,
-    /// with a local metadata store (whose reads every lookup makes on a
-    /// request thread too), through replica readers the handle keeps, and
-    /// only if every byte and checksum it needs is in memory
-    /// (`reader::read_cached`). A hand-off to the blocking pool and back
-    /// cost a served 1 MiB read more than its copies (benches/PROFILE.md,
-    /// "Reads, issue 28"); a read that would wait for a disk still goes
-    /// there.
-    fn read_in_memory(&self, h: &Handle, offset: u64, size: u32) -> Option<Vec<u8>> {
+    /// A read served on the request thread, into `out` (as many bytes as
+    /// the request asks): only of a file nobody writes, with a local
+    /// metadata store (whose reads every lookup makes on a request thread
+    /// too), through replica readers the handle keeps, and only if every
+    /// byte and checksum it needs is in memory (`reader::read_cached`).
+    /// How many bytes it read, or `None`: the request then goes to
+    /// [`Core::read_any`], which reads it on the blocking pool. A hand-off
+    /// to the pool and back cost a served 1 MiB read more than its copies
+    /// (benches/PROFILE.md, "Reads, issue 28").
+    pub fn read_in_memory(&self, fh: u64, offset: u64, out: &mut [u8]) -> Option<usize> {
+        let h = self.handles.get(fh).ok()?;
+        self.read_in_memory_of(&h, offset, out)
+    }
+
+    fn read_in_memory_of(&self, h: &Handle, offset: u64, out: &mut [u8]) -> Option<usize> {
         if self.cluster.is_some()
             || h.stream.is_some()
             || h.replicas.is_empty()
@@ -648,9 +668,9 @@ impl Core {
         } else {
             inode.block_size
         };
-        let d = reader::read_cached(&h.replicas, &blocks, bs, inode.size, offset, size as usize)?;
-        self.ctx.metrics.read(d.len() as u64);
-        Some(d)
+        let n = reader::read_cached(&h.replicas, &blocks, bs, inode.size, offset, out)?;
+        self.ctx.metrics.read(n as u64);
+        Some(n)
     }
 
     /// fsync of a directory: the metadata store's log made durable, on the

@@ -189,7 +189,7 @@ impl TestFs {
     }
 
     pub fn read(&self, fh: u64, at: u64, size: u32) -> FsResult<Vec<u8>> {
-        wait(|r| self.core.read_any(fh, at, size, r))
+        wait(|r| self.core.read_any(fh, at, size, true, r))
     }
 
     pub fn fsync(&self, fh: u64) -> FsResult<()> {

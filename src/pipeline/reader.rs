@@ -204,26 +204,25 @@ pub fn read(
     Ok(out)
 }
 
-/// [`read`] of a range whose bytes and checksums are all in memory, through
-/// readers `open` keeps, for a request thread: `None` as soon as anything
-/// would wait for a disk, or is not as the fast case wants it (a block not
-/// finalized or without a kept reader, any error). [`read`] then serves
-/// the request on the blocking pool, and finds and reports whatever went
-/// wrong. Every chunk served is verified, as by [`read`].
+/// [`read`] of a range whose bytes and checksums are all in memory, into
+/// `out` (as many bytes as asked), through readers `open` keeps, for a
+/// request thread: how many bytes it holds then, or `None` as soon as
+/// anything would wait for a disk or is not as the fast case wants it (a
+/// block not finalized or without a kept reader, any error). [`read`] then
+/// serves the request on the blocking pool, and finds and reports whatever
+/// went wrong. Every chunk served is verified, as by [`read`].
 pub fn read_cached(
     open: &OpenReplicas,
     blocks: &[BlockRow],
     block_size: u64,
     len: u64,
     offset: u64,
-    size: usize,
-) -> Option<Vec<u8>> {
+    out: &mut [u8],
+) -> Option<usize> {
     if offset >= len {
-        return Some(Vec::new());
+        return Some(0);
     }
-    let end = len.min(offset + size as u64);
-    // Every byte is written below before it is returned (see `read`).
-    let mut out = spare_buffer((end - offset) as usize);
+    let end = len.min(offset + out.len() as u64);
     let mut pos = offset;
     while pos < end {
         let idx = pos / block_size;
@@ -242,12 +241,11 @@ pub fn read_cached(
         };
         if got != Some(n) {
             tracing::trace!(offset, pos, n, ?got, "not served from memory");
-            recycle(out);
             return None;
         }
         pos += n as u64;
     }
-    Some(out)
+    Some((end - offset) as usize)
 }
 
 /// Read buffers kept for the next read on the same thread (the blocking
@@ -267,7 +265,7 @@ mod spare {
 
 /// A buffer of `len` bytes of unspecified contents: this thread's spare if
 /// it has one.
-fn spare_buffer(len: usize) -> Vec<u8> {
+pub fn spare_buffer(len: usize) -> Vec<u8> {
     let mut v = spare::BUF.with(|b| std::mem::take(&mut *b.borrow_mut()));
     v.resize(len, 0);
     v
