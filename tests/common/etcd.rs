@@ -271,4 +271,19 @@ impl EtcdServer {
             .expect("revoke the claim's lease");
         id
     }
+
+    /// [`EtcdServer::revoke_claim`] of a claim that may come and go
+    /// meanwhile (its writer opens and closes the file): `None` when there
+    /// was none, or its lease ended between the read and the revoke.
+    pub fn try_revoke_claim(&self, prefix: &str, ino: u64) -> Option<i64> {
+        let id = self.claim(prefix, ino)?["lease_id"]
+            .as_i64()
+            .expect("the claim's lease id");
+        let etcd = self.connect_to(prefix);
+        match etcd.run(|mut c| async move { c.lease_revoke(id).await }) {
+            Ok(_) => Some(id),
+            Err(e) if e.to_string().contains("lease not found") => None,
+            Err(e) => panic!("revoke the claim's lease: {e}"),
+        }
+    }
 }
