@@ -188,6 +188,24 @@ pub fn read(
     // Every byte of it is written below (a hole as zeros) before it is
     // returned, so a recycled buffer's old contents never reach a reader.
     let mut out = spare_buffer((end - offset) as usize);
+    by_block(blocks, block_size, offset, &mut out, |b, off, dst| {
+        read_block(dns, bad, open, b, off, dst, skipped)
+    })?;
+    Ok(out)
+}
+
+/// Splits `out`, the file's bytes from `offset` on, at block boundaries
+/// and has `f` fill each piece from its block (with the offset in the
+/// block); a hole (grown by truncate before any block existed) reads as
+/// zeros.
+fn by_block<E>(
+    blocks: &[BlockRow],
+    block_size: u64,
+    offset: u64,
+    out: &mut [u8],
+    mut f: impl FnMut(&BlockRow, u64, &mut [u8]) -> Result<(), E>,
+) -> Result<(), E> {
+    let end = offset + out.len() as u64;
     let mut pos = offset;
     while pos < end {
         let idx = pos / block_size;
@@ -195,13 +213,12 @@ pub fn read(
         let n = ((bstart + block_size).min(end) - pos) as usize;
         let dst = &mut out[(pos - offset) as usize..][..n];
         match blocks.iter().find(|b| b.idx == idx) {
-            // A hole (grown by truncate before any block existed) reads as zeros.
             None => dst.fill(0),
-            Some(b) => read_block(dns, bad, open, b, pos - bstart, dst, skipped)?,
+            Some(b) => f(b, pos - bstart, dst)?,
         }
         pos += n as u64;
     }
-    Ok(out)
+    Ok(())
 }
 
 /// [`read`] of a range whose bytes and checksums are all in memory, into
@@ -222,30 +239,28 @@ pub fn read_cached(
     if offset >= len {
         return Some(0);
     }
-    let end = len.min(offset + out.len() as u64);
-    let mut pos = offset;
-    while pos < end {
-        let idx = pos / block_size;
-        let bstart = idx * block_size;
-        let n = ((bstart + block_size).min(end) - pos) as usize;
-        let dst = &mut out[(pos - offset) as usize..][..n];
-        let got = match blocks.iter().find(|b| b.idx == idx) {
-            None => {
-                dst.fill(0);
-                Some(n)
-            }
-            Some(b) if b.finalized => open
-                .get(b)
-                .and_then(|(_, r)| r.read_cached(pos - bstart, dst).ok().flatten()),
-            Some(_) => None,
+    let n = (len.min(offset + out.len() as u64) - offset) as usize;
+    by_block(blocks, block_size, offset, &mut out[..n], |b, off, dst| {
+        let got = if b.finalized {
+            open.get(b)
+                .and_then(|(_, r)| r.read_cached(off, dst).ok().flatten())
+        } else {
+            None
         };
-        if got != Some(n) {
-            tracing::trace!(offset, pos, n, ?got, "not served from memory");
-            return None;
+        if got == Some(dst.len()) {
+            return Ok(());
         }
-        pos += n as u64;
-    }
-    Some((end - offset) as usize)
+        tracing::trace!(
+            offset,
+            block = b.block_id,
+            off,
+            ?got,
+            "not served from memory"
+        );
+        Err(())
+    })
+    .ok()?;
+    Some(n)
 }
 
 /// Read buffers kept for the next read on the same thread (the blocking
