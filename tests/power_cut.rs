@@ -342,6 +342,27 @@ fn counters(pc: &PowerCut) -> [u64; 5] {
 /// [`counters`], and fsyncs whose metadata a datanode's `syncfs` made
 /// durable.
 fn all_counters(pc: &PowerCut) -> [u64; 6] {
+    sums(
+        pc,
+        [
+            "syncs_ranged",
+            "syncs_full",
+            "zero_fills",
+            "one_step_replicas",
+            "syncfs_shared",
+            "wal_by_syncfs",
+        ],
+    )
+}
+
+/// Small files whose fsync wrote their replicas whole, before the close.
+fn one_step_synced(pc: &PowerCut) -> u64 {
+    let [n] = sums(pc, ["one_step_synced"]);
+    n
+}
+
+/// The datanode counters `keys` of `stats --json`, summed over datanodes.
+fn sums<const N: usize>(pc: &PowerCut, keys: [&str; N]) -> [u64; N] {
     let mnt = pc.m.path("");
     let out =
         pc.m.leasefs(&["stats", "--once", "--json", &mnt.to_string_lossy()]);
@@ -351,19 +372,9 @@ fn all_counters(pc: &PowerCut) -> [u64; 6] {
             String::from_utf8_lossy(&out.stdout)
         )
     });
-    let mut sum = [0; 6];
+    let mut sum = [0; N];
     for d in v["datanodes"].as_array().expect("datanodes") {
-        for (i, k) in [
-            "syncs_ranged",
-            "syncs_full",
-            "zero_fills",
-            "one_step_replicas",
-            "syncfs_shared",
-            "wal_by_syncfs",
-        ]
-        .iter()
-        .enumerate()
-        {
+        for (i, k) in keys.iter().enumerate() {
             sum[i] += d[k].as_u64().expect(k);
         }
     }
@@ -390,6 +401,9 @@ fn appends_fsynced_by_ranged_syncs_into_zero_filled_replicas_survive_a_power_cut
         // Written after the last fsync: may be lost, never zeros.
         f.write_all(&all[synced..synced + 30_000]).unwrap();
         let [ranged, _, fills, _] = fast_paths(&pc);
+        // The first fsync wrote the replicas whole; the appends after it
+        // reopened them (docs/SEMANTICS.md, "Durability").
+        assert!(one_step_synced(&pc) >= 1, "the first fsync was not whole");
         if pc.on_fuse() {
             assert_eq!(
                 (ranged, fills),
@@ -506,6 +520,10 @@ fn durable_small_files_of_concurrent_writers_survive_a_power_cut() {
     });
     let [.., shared] = counters(&pc);
     eprintln!("fsyncs covered by another's syncfs: {shared}");
+    // Each file's fsync wrote its replicas whole (docs/SEMANTICS.md,
+    // "Durability"): the path this test guards.
+    let whole = one_step_synced(&pc);
+    assert!(whole >= 160, "replicas written whole by an fsync: {whole}");
     if pc.on_fuse() {
         assert_eq!(shared, 0, "no syncfs on a FUSE datanode");
     } else {
@@ -550,6 +568,8 @@ fn durable_small_files_with_the_wal_beside_the_datanode_survive_a_power_cut() {
         }
         let [.., by_syncfs] = all_counters(&pc);
         eprintln!("fsyncs whose metadata a syncfs made durable: {by_syncfs}");
+        let whole = one_step_synced(&pc);
+        assert!(whole >= 40, "replicas written whole by an fsync: {whole}");
         if pc.on_fuse() {
             assert_eq!(by_syncfs, 0, "no syncfs on a FUSE datanode");
         } else {

@@ -61,7 +61,9 @@ fn changes(ino: u64, what: FileOutcome<'_>, uc: impl FnOnce() -> Option<Change>)
     match what {
         FileOutcome::Opened(row) => uc().into_iter().chain([put(row)]).collect(),
         FileOutcome::Changed(rows) => rows.iter().map(put).collect(),
-        FileOutcome::Finished { row, size: n } => vec![put(row), size(n, None)],
+        FileOutcome::Finished { row, size: n } => {
+            uc().into_iter().chain([put(row), size(n, None)]).collect()
+        }
         FileOutcome::Closed {
             last,
             size: n,

@@ -50,6 +50,7 @@ impl Core {
                     syncs_full: fast.syncs_full,
                     zero_fills: fast.zero_fills,
                     one_step_replicas: fast.one_step_replicas,
+                    one_step_synced: fast.one_step_synced,
                     chunks_batched: fast.chunks_batched,
                     readers_reused: fast.readers_reused,
                     syncfs_shared: fast.syncfs_shared,

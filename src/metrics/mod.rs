@@ -266,7 +266,7 @@ pub struct IoCounters {
     written: AtomicU64,
     read: AtomicU64,
     errors: AtomicU64,
-    fast: [AtomicU64; 9],
+    fast: [AtomicU64; 10],
 }
 
 /// Which way replicas were made durable here: the figures that show a
@@ -283,6 +283,9 @@ pub struct FastPaths {
     /// Replicas written whole into `finalized/` by the one-step small-file
     /// path.
     pub one_step_replicas: u64,
+    /// Replicas of a small file written whole into `finalized/` by its
+    /// fsync, before its close (the close then touches no replica).
+    pub one_step_synced: u64,
     /// 512-byte chunks read here whose checksums were verified three at a
     /// time ([`crate::storage::checksum::crc3`]).
     pub chunks_batched: u64,
@@ -309,6 +312,7 @@ pub enum Fast {
     SyncFull,
     ZeroFill,
     OneStep,
+    OneStepSynced,
     ChunksBatched,
     ReaderReused,
     SyncfsShared,
@@ -348,6 +352,7 @@ impl IoCounters {
             syncs_full: get(Fast::SyncFull),
             zero_fills: get(Fast::ZeroFill),
             one_step_replicas: get(Fast::OneStep),
+            one_step_synced: get(Fast::OneStepSynced),
             chunks_batched: get(Fast::ChunksBatched),
             readers_reused: get(Fast::ReaderReused),
             syncfs_shared: get(Fast::SyncfsShared),

@@ -150,6 +150,11 @@ pub const DN_ONE_STEP: Name = counter(
     "Replicas of small files written whole into finalized/",
 );
 
+pub const DN_ONE_STEP_SYNCED: Name = counter(
+    "leasefs_datanode_one_step_synced",
+    "Replicas of small files written whole into finalized/ by their fsync, before close",
+);
+
 pub const DN_CHUNKS_BATCHED: Name = counter(
     "leasefs_datanode_chunks_batched",
     "Replica chunks read whose checksums were verified three at a time",
@@ -197,6 +202,7 @@ pub const NAMES: &[&Name] = &[
     &DN_SYNCS_FULL,
     &DN_ZERO_FILLS,
     &DN_ONE_STEP,
+    &DN_ONE_STEP_SYNCED,
     &DN_CHUNKS_BATCHED,
     &DN_READERS_REUSED,
     &DN_SYNCFS_SHARED,
@@ -324,7 +330,7 @@ impl Scrape {
                 }
             }
         }
-        let counters: [(&Name, Field); 12] = [
+        let counters: [(&Name, Field); 13] = [
             (&DN_WRITTEN, |d| Some(d.bytes_written)),
             (&DN_READ, |d| Some(d.bytes_read)),
             (&DN_ERRORS, |d| Some(d.errors)),
@@ -332,6 +338,7 @@ impl Scrape {
             (&DN_SYNCS_FULL, |d| Some(d.syncs_full)),
             (&DN_ZERO_FILLS, |d| Some(d.zero_fills)),
             (&DN_ONE_STEP, |d| Some(d.one_step_replicas)),
+            (&DN_ONE_STEP_SYNCED, |d| Some(d.one_step_synced)),
             (&DN_CHUNKS_BATCHED, |d| Some(d.chunks_batched)),
             (&DN_READERS_REUSED, |d| Some(d.readers_reused)),
             (&DN_SYNCFS_SHARED, |d| Some(d.syncfs_shared)),

@@ -39,6 +39,8 @@ pub struct DatanodeStats {
     pub syncs_full: u64,
     pub zero_fills: u64,
     pub one_step_replicas: u64,
+    /// Of small files written whole by their fsync, before the close.
+    pub one_step_synced: u64,
     /// Reads' fast paths there: chunks verified three at a time, reads
     /// through a replica reader kept open by the handle.
     pub chunks_batched: u64,

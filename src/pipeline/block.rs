@@ -91,18 +91,21 @@ fn open_new(f: &StreamFile, idx: u64, start: u64) -> FsResult<OpenBlock> {
 }
 
 /// A new block `idx` starting at file offset `start`, written whole:
-/// `data` is all it will hold (the last packet of a file being closed, and
-/// its first). Each replica goes straight into `finalized/`; a datanode
-/// that fails is replaced by a spare where one has room. Nothing is
-/// recorded here: the caller records the block with the file's close, in
-/// one commit, so the file is never under construction on its account.
-/// The block stays in flight (no sweep deletes its replicas) while the
-/// returned hold lives: the caller drops it once the commit returned.
+/// `data` is all it will hold (the last packet of a file being closed or
+/// fsynced, and its first; `path` counts which). Each replica goes
+/// straight into `finalized/`; a datanode that fails is replaced by a
+/// spare where one has room. Nothing is recorded here: the caller records
+/// the block in one commit, with the file's close (so the file is never
+/// under construction on its account) or as the finished block of the
+/// file its fsync makes durable. The block stays in flight (no sweep
+/// deletes its replicas) while the returned hold lives: the caller drops
+/// it once the commit returned.
 pub(crate) fn write_whole(
     f: &StreamFile,
     idx: u64,
     data: &[u8],
     crcs: &mut Vec<u32>,
+    path: crate::metrics::Fast,
 ) -> FsResult<(BlockRow, Hold)> {
     let dns = &f.ctx.dns;
     let mut tried = dns.choose_pipeline()?;
@@ -117,7 +120,7 @@ pub(crate) fn write_whole(
         let Some(node) = dns.get(dn) else { continue };
         match node.write_finalized(block_id, gs, data, crcs) {
             Ok(()) => {
-                node.io().fast(crate::metrics::Fast::OneStep);
+                node.io().fast(path);
                 ok.push(dn)
             }
             Err(e) => {

@@ -25,8 +25,10 @@ pub enum FileOutcome<'a> {
     /// Blocks' stamps or replicas changed (pipeline recovery, a sync that
     /// dropped a replica): their rows.
     Changed(&'a [BlockRow]),
-    /// A full block was finalised: its row, and the length of the file,
-    /// which ends with it.
+    /// A block was finalised: a full one, or the only one of a small file
+    /// written whole by its fsync. Its row, and the length of the file,
+    /// which ends with it. The file is under construction from then on
+    /// (until it is closed), as from an `Opened`.
     Finished { row: &'a BlockRow, size: u64 },
     /// The file was closed: its last block finalised (if one was open),
     /// its length and modification time. It is no longer under

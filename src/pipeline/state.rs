@@ -54,6 +54,13 @@ pub(crate) enum Job {
     Truncate(u64, Done),
 }
 
+/// The barrier right behind a stream's last packet that the streamer
+/// completes together with it ([`StreamState::take_ending`]).
+pub(crate) enum Ending {
+    Close(Done),
+    Sync(Done),
+}
+
 /// A barrier: completes once everything written before it is
 /// acknowledged (and, for `Sync`, durable; for `Close`, recorded closed).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -480,18 +487,22 @@ impl StreamState {
         }
     }
 
-    /// The close queued right after the packet the streamer just took, if
-    /// that packet is the stream's last (nothing written after it): the
-    /// streamer may then write the packet and close the file in one step.
-    /// The close is taken off the queue; its completion is the caller's.
-    pub fn take_close(&mut self) -> Option<Done> {
+    /// The close or fsync queued right after the packet the streamer just
+    /// took, if that packet is the stream's last (nothing written after
+    /// it): the streamer may then write the packet whole and close the
+    /// file, or make it durable, in one step. The barrier is taken off the
+    /// queue; its completion is the caller's.
+    pub fn take_ending(&mut self) -> Option<Ending> {
         if !self.packet.is_empty() || self.blocked.is_some() || self.data_queue.len() != 1 {
             return None;
         }
         match self.data_queue.pop_front() {
             Some(Queued {
                 job: Job::Close(d), ..
-            }) => Some(d),
+            }) => Some(Ending::Close(d)),
+            Some(Queued {
+                job: Job::Sync(d), ..
+            }) => Some(Ending::Sync(d)),
             Some(q) => {
                 self.data_queue.push_front(q);
                 None

@@ -14,7 +14,7 @@ use std::sync::Weak;
 use super::budget::{Unit, UnitWaiter};
 use super::ctx::{Done, StreamCtx, StreamFile};
 use super::outcome::FileLog;
-use super::state::{Barrier, Enqueued, Job, Limits, Next, Packet, StreamState};
+use super::state::{Barrier, Ending, Enqueued, Job, Limits, Next, Packet, StreamState};
 use super::streamer::DataStreamer;
 use crate::error::{FsError, FsResult};
 use crate::meta::now_ns;
@@ -186,14 +186,21 @@ impl OutputStream {
             let job = {
                 let mut s = lock(&self.st);
                 match s.next_job() {
-                    Next::Job(Job::Packet(p)) if streamer.takes_whole(&p) => match s.take_close() {
-                        Some(d) => {
-                            drop(s);
-                            self.send_whole(&mut streamer, p, d);
-                            continue;
+                    Next::Job(Job::Packet(p)) if streamer.takes_whole(&p) => {
+                        match s.take_ending() {
+                            Some(Ending::Close(d)) => {
+                                drop(s);
+                                self.send_whole(&mut streamer, p, d);
+                                continue;
+                            }
+                            Some(Ending::Sync(d)) => {
+                                drop(s);
+                                self.sync_whole(&mut streamer, p, d);
+                                continue;
+                            }
+                            None => Job::Packet(p),
                         }
-                        None => Job::Packet(p),
-                    },
+                    }
                     Next::Job(Job::Packet(mut p)) => {
                         if let Some((block, cap)) = &merge
                             && block.contains(&p.off)
@@ -304,6 +311,34 @@ impl OutputStream {
             streamer.record_closed(Some(row), end, s.mtime())
         });
         self.closed(r, Some(end), done)
+    }
+
+    /// The fsync of a file whose last block is all in `p`, its only packet
+    /// (every small file made durable before its close): the replicas are
+    /// written whole into `finalized/` and the block recorded finished,
+    /// then all of it is made durable as any fsync does. The close that
+    /// usually follows has no replica left to finalise. A failed fsync
+    /// fails the stream, as on the packet path.
+    fn sync_whole(&self, streamer: &mut DataStreamer, p: Packet, done: Done) {
+        let end = p.end();
+        let r = self.contained(|| streamer.sync_whole(&p));
+        let mut s = lock(&self.st);
+        let wake = match &r {
+            Ok(()) => {
+                self.ctx.metrics.packet_acked();
+                s.ack(end, &mut || self.take_unit())
+            }
+            Err(e) => {
+                tracing::error!(ino = self.ino, "fsync failed: {e}");
+                s.fail_first(e.clone());
+                None
+            }
+        };
+        drop(s);
+        if let Some(w) = wake {
+            w(Ok(()));
+        }
+        done(r)
     }
 
     /// One packet through the pipeline, then the acknowledgement of each

@@ -162,10 +162,48 @@ impl DataStreamer {
     /// commit returned.
     pub fn write_whole(&mut self, p: &Packet) -> FsResult<(BlockRow, Hold)> {
         let idx = p.off / self.file.block_size;
-        let (row, hold) = block::write_whole(&self.file, idx, &p.data, &mut self.crcs)?;
+        let (row, hold) = block::write_whole(
+            &self.file,
+            idx,
+            &p.data,
+            &mut self.crcs,
+            crate::metrics::Fast::OneStep,
+        )?;
         // Closing promises no durability: a later fsync syncs it.
         self.unsynced.push(row.block_id);
         Ok((row, hold))
+    }
+
+    /// The fsync of a file whose last block is all in `p`, its only
+    /// packet: the block's replicas are written whole, straight into
+    /// `finalized/` (as a close does, [`Self::write_whole`]), recorded as a
+    /// finished block of the file under construction (one commit, as the
+    /// block's opening would be), and synced with the metadata store as
+    /// any fsync syncs a finished block. The file stays under
+    /// construction, its writer's: a close records it closed without
+    /// touching a replica, and a later write reopens the block for append
+    /// as on a closed file.
+    pub fn sync_whole(&mut self, p: &Packet) -> FsResult<()> {
+        let bs = self.file.block_size;
+        let (row, _hold) = block::write_whole(
+            &self.file,
+            p.off / bs,
+            &p.data,
+            &mut self.crcs,
+            crate::metrics::Fast::OneStepSynced,
+        )?;
+        self.unsynced.push(row.block_id);
+        let finished = FileOutcome::Finished {
+            row: &row,
+            size: p.end(),
+        };
+        self.file.log.record(finished, false)?;
+        self.sent += p.data.len() as u64;
+        self.new_from = Some(p.end().div_ceil(bs));
+        self.sync()?;
+        // A sync of this stream, for telling one that syncs often.
+        self.syncs += 1;
+        Ok(())
     }
 
     /// Finalises a full block and reports it with the length it implies.

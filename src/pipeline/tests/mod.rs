@@ -141,6 +141,7 @@ impl FileLog for TestLog {
                 }
             }
             FileOutcome::Finished { row, size } => {
+                put_uc(&mut building, &mut ch);
                 ch.push(Change::PutBlock(row.clone()));
                 ch.push(Change::SetSize {
                     ino,
@@ -506,6 +507,93 @@ fn a_file_that_fits_in_its_first_packet_is_closed_in_one_record_with_no_rbw_repl
     assert_eq!(rig.meta.get(rig.ino).unwrap().size, 3100);
     assert_eq!(rig.blocks().len(), 1);
     assert_unbroken(&log);
+}
+
+#[test]
+fn a_small_file_fsynced_before_its_close_is_written_whole_and_its_close_touches_no_replica() {
+    let rig = Rig::new(3, 3, 8);
+    // One `syncfs` each, so that every replica's sync shows.
+    for n in &rig.nodes {
+        n.own_filesystem();
+    }
+    let log = rig.log();
+    let s = rig.stream(&log);
+    let data = bytes(3000, 6);
+    write(&s, &data).unwrap();
+    wait(|d| s.sync(d)).unwrap();
+    assert_eq!(s.visible_len(), 3000);
+    // One record: the finished block of a file still under construction.
+    assert_eq!(seen(&log), [Seen::Finished]);
+    assert!(rig.meta.uc(rig.ino).unwrap().is_some());
+    assert_eq!(rig.meta.get(rig.ino).unwrap().size, 3000);
+    let rows = rig.blocks();
+    assert_eq!(rows.len(), 1);
+    assert!(rows[0].finalized);
+    assert_eq!(rows[0].len, 3000);
+    assert_eq!(sorted(&rows[0].replicas), [DnId(0), DnId(1), DnId(2)]);
+    let calls = |op| rig.nodes.iter().map(|n| n.calls(op)).collect::<Vec<u64>>();
+    let (syncs, creates) = (calls(Op::Sync), calls(Op::Create));
+    for n in &rig.nodes {
+        let r = n.find(rows[0].block_id).unwrap();
+        assert_eq!((r.state, r.data_len), (ReplicaState::Finalized, 3000));
+        assert!(n.calls(Op::Sync) > 0, "the fsync synced every replica");
+        assert_eq!(n.io().fast_paths().one_step_synced, 1);
+        assert_eq!(n.io().fast_paths().one_step_replicas, 0);
+        let rbw = std::fs::read_dir(n.root().join("rbw")).unwrap().count();
+        assert_eq!(rbw, 0);
+    }
+    // The close records the file closed and touches no replica.
+    wait(|d| s.close(d)).unwrap();
+    assert_eq!(seen(&log), [Seen::Finished, Seen::Closed { size: 3000 }]);
+    assert!(rig.meta.uc(rig.ino).unwrap().is_none());
+    for n in &rig.nodes {
+        assert_eq!(n.calls(Op::Finalize), 0, "no rename from rbw/");
+    }
+    assert_eq!((calls(Op::Sync), calls(Op::Create)), (syncs, creates));
+    assert_eq!(rig.blocks(), rows);
+    assert_eq!(rig.read(3000), data);
+    assert_unbroken(&log);
+    // A write after such an fsync reopens the block for append, under a
+    // new stamp recorded first, and a second fsync syncs it as any other.
+    let rig = Rig::new(2, 2, 8);
+    let log = rig.log();
+    let s = rig.stream(&log);
+    write(&s, &data[..1000]).unwrap();
+    wait(|d| s.sync(d)).unwrap();
+    let first = rig.blocks()[0].gs;
+    write(&s, &data[1000..]).unwrap();
+    wait(|d| s.sync(d)).unwrap();
+    assert_eq!(s.visible_len(), 3000);
+    let Seen::Opened { gs, durable: true } = seen(&log)[1] else {
+        panic!("{:?}", seen(&log))
+    };
+    assert!(gs > first);
+    wait(|d| s.close(d)).unwrap();
+    assert_eq!(rig.read(3000), data);
+    assert_eq!(rig.meta.get(rig.ino).unwrap().size, 3000);
+    assert!(rig.meta.uc(rig.ino).unwrap().is_none());
+    assert_unbroken(&log);
+}
+
+#[test]
+fn a_failed_sync_of_a_small_file_written_whole_fails_its_fsync_and_the_stream() {
+    let rig = Rig::new(2, 2, 8);
+    let log = rig.log();
+    let s = rig.stream(&log);
+    for n in &rig.nodes {
+        n.arm(Op::Sync, Fault::Fail(libc::EIO), 0);
+    }
+    write(&s, &bytes(2000, 7)).unwrap();
+    let r = wait(|d| s.sync(d));
+    assert!(r.is_err(), "{r:?}");
+    for n in &rig.nodes {
+        assert_eq!(n.io().fast_paths().one_step_synced, 1);
+    }
+    // Nothing is acknowledged, and the stream stays failed: a later fsync
+    // cannot report success for what the failed one did not make durable.
+    assert_eq!(s.visible_len(), 0);
+    assert!(wait(|d| s.sync(d)).is_err());
+    assert!(wait(|d| s.close(d)).is_err());
 }
 
 #[test]

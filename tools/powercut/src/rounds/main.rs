@@ -155,17 +155,19 @@ struct Run {
     counts: BTreeMap<&'static str, usize>,
     dropped: Vec<String>,
     /// Fast-path counters summed over the rounds' daemons (read before
-    /// each cut): ranged syncs, full syncs, zero fills, one-step replicas.
-    fast: [u64; 4],
+    /// each cut): ranged syncs, full syncs, zero fills, one-step replicas
+    /// at close and at fsync.
+    fast: [u64; 5],
     /// Rounds whose cut kept a random subset of the pending sectors.
     subset_cuts: usize,
 }
 
-const FAST: [&str; 4] = [
+const FAST: [&str; 5] = [
     "ranged syncs",
     "full syncs",
     "zero fills",
     "one-step replicas",
+    "one-step fsyncs",
 ];
 
 fn run(
@@ -199,7 +201,7 @@ fn run(
         spout_checked: Default::default(),
         counts: BTreeMap::new(),
         dropped: Vec::new(),
-        fast: [0; 4],
+        fast: [0; 5],
         subset_cuts: 0,
     };
     r.rig.power_on()?;

@@ -238,25 +238,27 @@ impl Rig {
     }
 
     /// The daemon's fast-path counters, summed over its datanodes:
-    /// (ranged syncs, full syncs, zero fills, one-step replicas).
-    pub fn fast_paths(&self) -> [u64; 4] {
+    /// (ranged syncs, full syncs, zero fills, one-step replicas at close
+    /// and at fsync).
+    pub fn fast_paths(&self) -> [u64; 5] {
         let Ok(out) = Command::new(&self.leasefs)
             .args(["stats", "--once", "--json"])
             .arg(&self.mnt)
             .output()
         else {
-            return [0; 4];
+            return [0; 5];
         };
         let Ok(v) = serde_json::from_slice::<serde_json::Value>(&out.stdout) else {
-            return [0; 4];
+            return [0; 5];
         };
-        let mut sum = [0u64; 4];
+        let mut sum = [0u64; 5];
         for dn in v["datanodes"].as_array().into_iter().flatten() {
             for (i, key) in [
                 "syncs_ranged",
                 "syncs_full",
                 "zero_fills",
                 "one_step_replicas",
+                "one_step_synced",
             ]
             .iter()
             .enumerate()
