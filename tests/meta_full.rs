@@ -2,7 +2,8 @@
 //! directory on a small tmpfs that the test fills up. Namespace changes
 //! fail with `ENOSPC`, not `EIO`; a `close()` whose final metadata commit
 //! fails reports `ENOSPC` instead of succeeding; once there is room again,
-//! the file is closed by lease recovery with every acknowledged byte.
+//! the file is closed by lease recovery with every acknowledged byte (a
+//! small file fsynced whole and appended to: every fsynced byte).
 
 mod common;
 use common::faults::Tmpfs;
@@ -40,10 +41,18 @@ fn a_full_metadata_filesystem_gives_enospc_and_close_reports_it() {
         },
         tmpfs.path.join("data"),
     );
+    // f: more than one packet, so its block is being written (rbw) at the
+    // fsync. g: a small file, written whole into finalized/ by its fsync
+    // (docs/SEMANTICS.md "Layout"), whose next write must first record
+    // the block reopened under a new stamp.
     let mut w = Agent::spawn(&m.mnt);
     w.ok("open f wc");
-    w.ok("rep 1000 acknowledged");
+    w.ok("rep 6000 acknowledged");
     w.ok("fsync");
+    let mut small = Agent::spawn(&m.mnt);
+    small.ok("open g wc");
+    small.ok("rep 1000 synced");
+    small.ok("fsync");
     let filler = fill(&tmpfs.path);
 
     // Namespace changes until one fails: its errno is ENOSPC. (The store's
@@ -67,21 +76,40 @@ fn a_full_metadata_filesystem_gives_enospc_and_close_reports_it() {
     w.ok("write unflushed but acknowledged at close");
     let r = w.cmd("close");
     assert_eq!(err_name(&r), Some("ENOSPC"), "close on a full store: {r}");
+    // g's append cannot record its new stamp: no replica takes it, and
+    // close() says so.
+    small.ok("write appended to a full store");
+    let r = small.cmd("close");
+    assert_eq!(
+        err_name(&r),
+        Some("ENOSPC"),
+        "close of g on a full store: {r}"
+    );
 
-    // Room again: the file is closed by recovery (housekeeping) with every
-    // byte its replicas acknowledged, and the mount works on.
+    // Room again: each file is closed by recovery (housekeeping) with
+    // every byte its replicas acknowledged (g: every fsynced byte), and
+    // the mount works on.
     std::fs::remove_file(&filler).expect("remove filler");
     let want = format!(
         "{}unflushed but acknowledged at close\n",
-        "acknowledged\n".repeat(1000)
+        "acknowledged\n".repeat(6000)
     );
+    let want_g = "synced\n".repeat(1000);
     assert!(
         wait_until(Duration::from_secs(20), || {
-            m.lease_state("f") == "free" && m.read_string("f") == want
+            m.lease_state("f") == "free"
+                && m.read_string("f") == want
+                && m.lease_state("g") == "free"
+                && m.read_string("g") == want_g
+                // g reads whole before its recovery (its blocks are all
+                // finalized): the recovery shows in fsck.
+                && m.fsck(&[]).code == 0
         }),
-        "file not recovered: state {}, {} bytes",
+        "files not recovered: f {} with {} bytes, g {} with {} bytes",
         m.lease_state("f"),
-        m.read_string("f").len()
+        m.read_string("f").len(),
+        m.lease_state("g"),
+        m.read_string("g").len()
     );
     let f = m.fsck(&[]);
     assert_eq!(f.code, 0, "fsck after recovery: {}", f.stdout);

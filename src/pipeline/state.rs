@@ -491,8 +491,9 @@ impl StreamState {
     /// took, if that packet is the stream's last (nothing written after
     /// it): the streamer may then write the packet whole and close the
     /// file, or make it durable, in one step. The barrier is taken off the
-    /// queue; its completion is the caller's.
-    pub fn take_ending(&mut self) -> Option<Ending> {
+    /// queue; its completion is the caller's. `sync`: an fsync may be
+    /// taken too.
+    pub fn take_ending(&mut self, sync: bool) -> Option<Ending> {
         if !self.packet.is_empty() || self.blocked.is_some() || self.data_queue.len() != 1 {
             return None;
         }
@@ -502,7 +503,7 @@ impl StreamState {
             }) => Some(Ending::Close(d)),
             Some(Queued {
                 job: Job::Sync(d), ..
-            }) => Some(Ending::Sync(d)),
+            }) if sync => Some(Ending::Sync(d)),
             Some(q) => {
                 self.data_queue.push_front(q);
                 None

@@ -187,7 +187,7 @@ impl OutputStream {
                 let mut s = lock(&self.st);
                 match s.next_job() {
                     Next::Job(Job::Packet(p)) if streamer.takes_whole(&p) => {
-                        match s.take_ending() {
+                        match s.take_ending(streamer.syncs_whole()) {
                             Some(Ending::Close(d)) => {
                                 drop(s);
                                 self.send_whole(&mut streamer, p, d);

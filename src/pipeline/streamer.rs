@@ -53,6 +53,8 @@ pub(crate) struct DataStreamer {
     /// An fsync of this stream went through: every block it did not write
     /// itself since (`unsynced` has those) is durable.
     synced_once: bool,
+    /// See [`Self::syncs_whole`].
+    syncs_whole: bool,
 }
 
 /// The block holding the new end of a file being shrunk: its row as it
@@ -66,6 +68,12 @@ impl DataStreamer {
     /// The streamer of a stream starting on `file`, `size` bytes long.
     pub fn new(file: StreamFile, size: u64) -> DataStreamer {
         let new_from = Some(size.div_ceil(file.block_size));
+        let syncs_whole = file
+            .ctx
+            .dns
+            .attached()
+            .iter()
+            .all(|n| n.merge_writes() == 0);
         DataStreamer {
             file,
             block: None,
@@ -75,6 +83,7 @@ impl DataStreamer {
             sent: 0,
             syncs: 0,
             synced_once: false,
+            syncs_whole,
         }
     }
 
@@ -87,9 +96,7 @@ impl DataStreamer {
 
     /// Streams one packet through the pipeline (see [`OpenBlock::write`]).
     pub fn send(&mut self, p: &Packet) -> FsResult<()> {
-        crate::fault::panic_if("stream", || {
-            p.data.starts_with(crate::fault::TRIGGER.as_bytes())
-        });
+        trip(p);
         self.open_block_at(p.off)?;
         let b = self.block.as_mut().expect("opened above");
         self.sent += p.data.len() as u64;
@@ -154,6 +161,17 @@ impl DataStreamer {
             && self.new_from.is_some_and(|n| p.off / bs >= n)
     }
 
+    /// Whether an fsync right after a packet that [`Self::takes_whole`]
+    /// writes it whole ([`Self::sync_whole`]): only where every datanode
+    /// is a directory. On an object store a write after such an fsync
+    /// would reopen the block by reading its tail back from the store
+    /// (a GET, on the path of a write that a store cut then fails); there
+    /// the block is opened for writing at the fsync, as before.
+    /// Decided when the stream starts, from the datanodes attached then.
+    pub fn syncs_whole(&self) -> bool {
+        self.syncs_whole
+    }
+
     /// The close of a file whose last block is all in `p`, its only
     /// packet (every small file): the block's replicas are written whole,
     /// straight into `finalized/`, and returned for [`Self::record_closed`],
@@ -161,6 +179,7 @@ impl DataStreamer {
     /// The hold keeps the replicas from every sweep until the caller's
     /// commit returned.
     pub fn write_whole(&mut self, p: &Packet) -> FsResult<(BlockRow, Hold)> {
+        trip(p);
         let idx = p.off / self.file.block_size;
         let (row, hold) = block::write_whole(
             &self.file,
@@ -184,6 +203,7 @@ impl DataStreamer {
     /// touching a replica, and a later write reopens the block for append
     /// as on a closed file.
     pub fn sync_whole(&mut self, p: &Packet) -> FsResult<()> {
+        trip(p);
         let bs = self.file.block_size;
         let (row, _hold) = block::write_whole(
             &self.file,
@@ -449,6 +469,14 @@ impl DataStreamer {
         };
         self.file.log.record(grown, false).map(drop)
     }
+}
+
+/// The test hook that panics the stream's worker on a packet starting
+/// with the trigger (tests/panics.rs), on every path a packet takes.
+fn trip(p: &Packet) {
+    crate::fault::panic_if("stream", || {
+        p.data.starts_with(crate::fault::TRIGGER.as_bytes())
+    });
 }
 
 /// Zeros of a truncate growth sent to the replicas at once: their
