@@ -29,6 +29,9 @@ pub struct Bucket {
     /// Requests sent, by kind (what the store bills and what the layout
     /// costs; docs/SEMANTICS.md, "Object-store datanodes").
     counts: Requests,
+    /// How long a PUT whose connection failed is sent again (see
+    /// [`Bucket::put`]); the client's own retries have the same bound.
+    retry_for: std::time::Duration,
 }
 
 /// Requests sent to the store, by kind.
@@ -47,6 +50,25 @@ impl Requests {
         [&self.put, &self.get, &self.list, &self.delete, &self.copy]
             .map(|c| c.load(Ordering::Relaxed))
     }
+}
+
+/// Whether a request failed on its connection (reset, closed, refused,
+/// timed out) rather than with an answer from the store: the error says
+/// so through an I/O error among its causes, or through the HTTP client's
+/// error (`object_store` shows it as "HTTP error: ..."; a status from the
+/// store reads "Server returned ...").
+fn connection_failed(e: &object_store::Error) -> bool {
+    if !matches!(e, object_store::Error::Generic { .. }) {
+        return false;
+    }
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cause {
+        if c.is::<io::Error>() {
+            return true;
+        }
+        cause = c.source();
+    }
+    e.to_string().contains("HTTP error: ")
 }
 
 fn bump(c: &AtomicU64, n: u64) {
@@ -95,7 +117,15 @@ impl Bucket {
             url,
             prefix: prefix.trim_matches('/').to_string(),
             counts: Requests::default(),
+            retry_for: std::time::Duration::ZERO,
         })
+    }
+
+    /// The bucket, its PUTs sent again for up to `d` after a connection
+    /// failure (`-o s3_retry_timeout=`).
+    pub fn retrying_for(mut self, d: std::time::Duration) -> Bucket {
+        self.retry_for = d;
+        self
     }
 
     /// Requests sent so far.
@@ -145,12 +175,54 @@ impl Bucket {
     }
 
     /// PUT: returns once the store acknowledged the whole object.
+    ///
+    /// Sent again, until `retry_for` after the first try, when it failed
+    /// on its connection rather than with an answer from the store: the
+    /// client retries some of those itself but gives up at once on others
+    /// (a connection it classes as failing in an unknown way: a 4 s cut
+    /// of the store's connection failed a PUT after 2.4 s of a 30 s
+    /// timeout, tests/s3_hosts.rs). Every key leasefs PUTs to is written
+    /// with the same bytes each time (a slice, a marker, an identity
+    /// object), so sending one again changes nothing but the outcome.
     pub fn put(&self, rel: &str, body: Vec<u8>) -> Result<(), StorageError> {
         let key = self.key(rel);
-        bump(&self.counts.put, 1);
-        self.run(self.store.put(&key, PutPayload::from(body)))
-            .map(|_| ())
-            .map_err(|e| self.err(rel, e))
+        let payload = PutPayload::from(body);
+        let start = std::time::Instant::now();
+        let mut wait = std::time::Duration::from_millis(100);
+        let mut again = false;
+        loop {
+            bump(&self.counts.put, 1);
+            let put = self.store.put(&key, payload.clone());
+            let r = if again {
+                // A PUT sent again ends with the first one's time: the
+                // client's own retries inside it are cut there.
+                let left = self.retry_for.saturating_sub(start.elapsed());
+                match self.run(async { tokio::time::timeout(left, put).await }) {
+                    Ok(r) => r,
+                    Err(_) => {
+                        return Err(StorageError::Io {
+                            path: self.path_of(rel),
+                            source: io::Error::new(
+                                io::ErrorKind::TimedOut,
+                                format!("PUT not acknowledged in {:?}", self.retry_for),
+                            ),
+                        });
+                    }
+                }
+            } else {
+                self.run(put)
+            };
+            match r {
+                Ok(_) => return Ok(()),
+                Err(e) if connection_failed(&e) && start.elapsed() + wait < self.retry_for => {
+                    tracing::info!(key = %key, "PUT failed on its connection, sent again in {wait:?}: {e}");
+                    std::thread::sleep(wait);
+                    wait = (wait * 2).min(std::time::Duration::from_secs(1));
+                    again = true;
+                }
+                Err(e) => return Err(self.err(rel, e)),
+            }
+        }
     }
 
     /// PUT unless the object exists (`If-None-Match: *`); `false` when the
@@ -242,5 +314,34 @@ impl Bucket {
                 })
             })
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn generic(source: Box<dyn std::error::Error + Send + Sync>) -> object_store::Error {
+        object_store::Error::Generic {
+            store: "S3",
+            source,
+        }
+    }
+
+    #[test]
+    fn only_a_failed_connection_sends_a_put_again() {
+        let reset = io::Error::new(io::ErrorKind::ConnectionReset, "reset by peer");
+        assert!(connection_failed(&generic(Box::new(reset))));
+        // The client's error as `object_store` shows it, no I/O cause.
+        let http = "Error performing PUT in 2.3s - HTTP error: error sending request";
+        assert!(connection_failed(&generic(http.into())));
+        // An answer from the store is no connection failure.
+        let status = "Server returned non-2xx status code: 403 Forbidden";
+        assert!(!connection_failed(&generic(status.into())));
+        let gone = object_store::Error::NotFound {
+            path: "k".into(),
+            source: Box::new(io::Error::other("404")),
+        };
+        assert!(!connection_failed(&gone));
     }
 }

@@ -58,11 +58,12 @@ pub struct ObjectDatanode {
 /// Opens the bucket of `url` with `opts` (no request yet).
 pub fn connect(url: &S3Url, opts: &S3Options) -> Result<Arc<Bucket>, StorageError> {
     let store = settings::build_store(url, opts)?;
-    Ok(Arc::new(Bucket::new(
-        store,
-        url.to_url(),
-        url.prefix.clone(),
-    )?))
+    let retry = opts
+        .retry_timeout
+        .unwrap_or(settings::DEFAULT_RETRY_TIMEOUT);
+    Ok(Arc::new(
+        Bucket::new(store, url.to_url(), url.prefix.clone())?.retrying_for(retry),
+    ))
 }
 
 /// The most bytes of queued packets one slice PUT carries (the in-flight
