@@ -237,21 +237,16 @@ mod reader {
         // Not in memory: not served, nothing waited for.
         let path = dn.layout().data_path(ReplicaState::Finalized, 4);
         let meta = dn.layout().meta_path(ReplicaState::Finalized, 4, 2);
-        drop_pages(&path);
-        assert_eq!(
-            r.read_cached(50_000, &mut buf).unwrap(),
-            None,
-            "data dropped"
-        );
-        assert_eq!(r.read_kept(50_000, &mut buf).unwrap(), 100_000);
+        // `file`'s pages dropped: the read is refused, and a read that may
+        // wait (which brings them back) serves it.
+        let dropped = |file: &std::path::Path, what: &str, buf: &mut [u8]| {
+            drop_pages(file);
+            assert_eq!(r.read_cached(50_000, buf).unwrap(), None, "{what} dropped");
+            assert_eq!(r.read_kept(50_000, buf).unwrap(), 100_000);
+        };
+        dropped(&path, "data", &mut buf);
         assert_eq!(r.read_cached(50_000, &mut buf).unwrap(), Some(100_000));
-        drop_pages(&meta);
-        assert_eq!(
-            r.read_cached(50_000, &mut buf).unwrap(),
-            None,
-            "checksums dropped"
-        );
-        assert_eq!(r.read_kept(50_000, &mut buf).unwrap(), 100_000);
+        dropped(&meta, "checksums", &mut buf);
         // A flip in memory fails the read as any other.
         flip_byte(&path, 120_000);
         assert!(matches!(
