@@ -44,7 +44,9 @@ fn a_full_metadata_filesystem_gives_enospc_and_close_reports_it() {
     // f: more than one packet, so its block is being written (rbw) at the
     // fsync. g: a small file, written whole into finalized/ by its fsync
     // (docs/SEMANTICS.md "Layout"), whose next write must first record
-    // the block reopened under a new stamp.
+    // the block reopened under a new stamp. h: a small file fsynced whole
+    // and closed with nothing more written: its close is one commit, made
+    // on the request's thread (the counter `closes_on_caller`).
     let mut w = Agent::spawn(&m.mnt);
     w.ok("open f wc");
     w.ok("rep 6000 acknowledged");
@@ -53,6 +55,10 @@ fn a_full_metadata_filesystem_gives_enospc_and_close_reports_it() {
     small.ok("open g wc");
     small.ok("rep 1000 synced");
     small.ok("fsync");
+    let mut quiet = Agent::spawn(&m.mnt);
+    quiet.ok("open h wc");
+    quiet.ok("rep 500 kept");
+    quiet.ok("fsync");
     let filler = fill(&tmpfs.path);
 
     // Namespace changes until one fails: its errno is ENOSPC. (The store's
@@ -85,6 +91,16 @@ fn a_full_metadata_filesystem_gives_enospc_and_close_reports_it() {
         Some("ENOSPC"),
         "close of g on a full store: {r}"
     );
+    // h's close has only its commit to make, on the request's thread:
+    // that commit fails as any other, and close() says so.
+    let before = m.stats_counter("closes_on_caller");
+    let r = quiet.cmd("close");
+    assert_eq!(
+        err_name(&r),
+        Some("ENOSPC"),
+        "close of h on a full store: {r}"
+    );
+    assert_eq!(m.stats_counter("closes_on_caller"), before + 1);
 
     // Room again: each file is closed by recovery (housekeeping) with
     // every byte its replicas acknowledged (g: every fsynced byte), and
@@ -95,21 +111,26 @@ fn a_full_metadata_filesystem_gives_enospc_and_close_reports_it() {
         "acknowledged\n".repeat(6000)
     );
     let want_g = "synced\n".repeat(1000);
+    let want_h = "kept\n".repeat(500);
     assert!(
         wait_until(Duration::from_secs(20), || {
             m.lease_state("f") == "free"
                 && m.read_string("f") == want
                 && m.lease_state("g") == "free"
                 && m.read_string("g") == want_g
+                && m.lease_state("h") == "free"
+                && m.read_string("h") == want_h
                 // g reads whole before its recovery (its blocks are all
                 // finalized): the recovery shows in fsck.
                 && m.fsck(&[]).code == 0
         }),
-        "files not recovered: f {} with {} bytes, g {} with {} bytes",
+        "files not recovered: f {} with {} bytes, g {} with {} bytes, h {} with {} bytes",
         m.lease_state("f"),
         m.read_string("f").len(),
         m.lease_state("g"),
-        m.read_string("g").len()
+        m.read_string("g").len(),
+        m.lease_state("h"),
+        m.read_string("h").len()
     );
     let f = m.fsck(&[]);
     assert_eq!(f.code, 0, "fsck after recovery: {}", f.stdout);

@@ -363,15 +363,7 @@ fn one_step_synced(pc: &PowerCut) -> u64 {
 
 /// The datanode counters `keys` of `stats --json`, summed over datanodes.
 fn sums<const N: usize>(pc: &PowerCut, keys: [&str; N]) -> [u64; N] {
-    let mnt = pc.m.path("");
-    let out =
-        pc.m.leasefs(&["stats", "--once", "--json", &mnt.to_string_lossy()]);
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "stats --json: {e}: {}",
-            String::from_utf8_lossy(&out.stdout)
-        )
-    });
+    let v = pc.m.stats_json();
     let mut sum = [0; N];
     for d in v["datanodes"].as_array().expect("datanodes") {
         for (i, k) in keys.iter().enumerate() {
@@ -524,6 +516,15 @@ fn durable_small_files_of_concurrent_writers_survive_a_power_cut() {
     // "Durability"): the path this test guards.
     let whole = one_step_synced(&pc);
     assert!(whole >= 160, "replicas written whole by an fsync: {whole}");
+    // A close after such an fsync is its one commit, on the request's
+    // thread: the cut comes after closes made that way. Not all 160: a
+    // child this test binary forks meanwhile (other tests run commands)
+    // inherits the writers' descriptors, and its exec closes them, which
+    // closes the file mid-write through the worker (the writer's own close
+    // then has nothing left to record).
+    let quiet = pc.m.stats_counter("closes_on_caller");
+    eprintln!("closes committed on the caller's thread: {quiet}");
+    assert!(quiet > 0, "no close committed on the caller's thread");
     if pc.on_fuse() {
         assert_eq!(shared, 0, "no syncfs on a FUSE datanode");
     } else {
@@ -570,6 +571,9 @@ fn durable_small_files_with_the_wal_beside_the_datanode_survive_a_power_cut() {
         eprintln!("fsyncs whose metadata a syncfs made durable: {by_syncfs}");
         let whole = one_step_synced(&pc);
         assert!(whole >= 40, "replicas written whole by an fsync: {whole}");
+        // Closes on the request's thread (not all 40: see above).
+        let quiet = pc.m.stats_counter("closes_on_caller");
+        assert!(quiet > 0, "no close committed on the caller's thread");
         if pc.on_fuse() {
             assert_eq!(by_syncfs, 0, "no syncfs on a FUSE datanode");
         } else {

@@ -62,13 +62,7 @@ fn sum(s: &Scrape, name: &str, has: &str) -> f64 {
 }
 
 fn stats_json(m: &Mount) -> serde_json::Value {
-    let out = m.leasefs(&["stats", m.mnt.to_str().unwrap(), "--once", "--json"]);
-    assert!(
-        out.status.success(),
-        "stats --once --json: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("one JSON object")
+    m.stats_json()
 }
 
 /// A writer that holds `rel` open for append.

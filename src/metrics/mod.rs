@@ -170,6 +170,7 @@ pub struct Metrics {
     packets_acked: AtomicU64,
     packets_merged: AtomicU64,
     pipeline_recoveries: AtomicU64,
+    closes_on_caller: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -185,6 +186,7 @@ impl Default for Metrics {
             packets_acked: AtomicU64::new(0),
             packets_merged: AtomicU64::new(0),
             pipeline_recoveries: AtomicU64::new(0),
+            closes_on_caller: AtomicU64::new(0),
         }
     }
 }
@@ -232,6 +234,12 @@ impl Metrics {
             .fetch_add(n.saturating_sub(1), Ordering::Relaxed);
     }
 
+    /// A close with nothing to send or finalise was committed on the
+    /// caller's thread (see `OutputStream::close`).
+    pub fn closed_on_caller(&self) {
+        self.closes_on_caller.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// A pipeline was rebuilt around a failed replica.
     pub fn pipeline_recovery(&self) {
         self.pipeline_recoveries.fetch_add(1, Ordering::Relaxed);
@@ -256,6 +264,7 @@ impl Metrics {
         s.packets_acked = get(&self.packets_acked);
         s.packets_merged = get(&self.packets_merged);
         s.pipeline_recoveries = get(&self.pipeline_recoveries);
+        s.closes_on_caller = get(&self.closes_on_caller);
     }
 }
 

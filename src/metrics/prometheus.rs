@@ -93,6 +93,12 @@ pub const PACKETS_MERGED: Name = counter(
     "leasefs_packets_merged",
     "Packets written to replicas together with the packet before them",
 );
+/// Closes with nothing left to send or finalise, committed on the
+/// request's thread.
+pub const CLOSES_ON_CALLER: Name = counter(
+    "leasefs_closes_on_caller",
+    "Closes with nothing to send or finalise, committed on the request's thread",
+);
 /// A replica failed mid-write and its pipeline was rebuilt without it.
 pub const PIPELINE_RECOVERIES: Name = counter(
     "leasefs_pipeline_recoveries",
@@ -288,6 +294,7 @@ impl Collector for Scrape {
         one_counter(&mut enc, &PACKETS_ACKED, s.packets_acked)?;
         one_counter(&mut enc, &PACKETS_MERGED, s.packets_merged)?;
         one_counter(&mut enc, &PIPELINE_RECOVERIES, s.pipeline_recoveries)?;
+        one_counter(&mut enc, &CLOSES_ON_CALLER, s.closes_on_caller)?;
         self.encode_datanodes(&mut enc)
     }
 }

@@ -87,6 +87,9 @@ pub struct Snapshot {
     pub packets_merged: u64,
     /// Pipelines rebuilt around a failed replica.
     pub pipeline_recoveries: u64,
+    /// Closes with nothing to send or finalise (a small file after its
+    /// whole fsync), committed on the request's thread.
+    pub closes_on_caller: u64,
     pub datanodes: Vec<DatanodeStats>,
 }
 

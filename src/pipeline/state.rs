@@ -419,6 +419,51 @@ impl StreamState {
         true
     }
 
+    /// The streamer stops here if nothing is queued and the stream has not
+    /// failed (a failed stream's queued callbacks are the streamer's to
+    /// fail, through [`Self::next_job`]), as [`Self::next_job`] would stop
+    /// it on its next call.
+    pub fn idle_if_drained(&mut self) -> bool {
+        if self.failed.is_none() && self.data_queue.is_empty() {
+            self.running = false;
+            return true;
+        }
+        false
+    }
+
+    /// Claims the streamer for a close made on the caller's thread: only
+    /// when the stream was written since its last close, and everything
+    /// written is acknowledged, with nothing buffered, queued, blocked or
+    /// failed (then the close has no packet to send; whether it has a
+    /// block to finalise is the streamer's to say). Released by
+    /// [`Self::release_after_close`].
+    pub fn claim_for_close(&mut self) -> bool {
+        let quiet = self.dirty
+            && self.failed.is_none()
+            && !self.running
+            && self.packet.is_empty()
+            && self.blocked.is_none()
+            && self.data_queue.is_empty()
+            && self.ack_queue.is_empty()
+            && self.acked == self.pos;
+        if quiet {
+            self.running = true;
+        }
+        quiet
+    }
+
+    /// The close made on the caller's thread is over: true if jobs were
+    /// queued meanwhile (the streamer stays claimed, for a worker to
+    /// drain them, or to fail them if the close failed), else the
+    /// streamer is free again.
+    pub fn release_after_close(&mut self) -> bool {
+        if self.data_queue.is_empty() {
+            self.running = false;
+            return false;
+        }
+        true
+    }
+
     pub fn is_streaming(&self) -> bool {
         self.running
     }
@@ -727,6 +772,54 @@ mod tests {
             !s.is_streaming(),
             "the streamer stops when the queue is empty"
         );
+    }
+
+    #[test]
+    fn only_a_written_stream_with_everything_acknowledged_is_closed_by_its_caller() {
+        let buf = Buffer::new(100);
+        let calls = Calls::default();
+        let mut s = StreamState::new(limits(10), 0);
+        assert!(!s.claim_for_close(), "nothing written: nothing to record");
+        call(
+            s.accept(&[7; 50], calls.done("w"), 1, &mut buf.take()),
+            Ok(()),
+        );
+        assert!(!s.claim_for_close(), "a packet is still buffered");
+        assert!(matches!(
+            s.barrier(Barrier::Sync, calls.done("sync")),
+            Enqueued::Queued
+        ));
+        assert!(!s.claim_for_close(), "a job is queued");
+        assert!(s.claim_streamer());
+        let Next::Job(Job::Packet(p)) = s.next_job() else {
+            panic!("the packet first")
+        };
+        assert!(!s.claim_for_close(), "the streamer runs");
+        call(s.ack(p.end(), &mut buf.take()), Ok(()));
+        let Next::Job(Job::Sync(d)) = s.next_job() else {
+            panic!("then the sync")
+        };
+        d(Ok(()));
+        assert!(matches!(s.next_job(), Next::Idle));
+        // Everything acknowledged, nothing queued: the close is the caller's.
+        assert!(s.claim_for_close());
+        assert!(s.is_streaming(), "a write meanwhile waits for the close");
+        assert!(!s.claim_streamer());
+        assert!(!s.release_after_close());
+        assert!(!s.is_streaming());
+        // A write queued while the caller closed starts a worker after it.
+        assert!(s.claim_for_close());
+        call(
+            s.accept(&[8; 50], calls.done("w2"), 2, &mut buf.take()),
+            Ok(()),
+        );
+        assert!(matches!(
+            s.barrier(Barrier::Flush, calls.done("flush")),
+            Enqueued::Queued
+        ));
+        assert!(s.release_after_close(), "the streamer stays claimed");
+        assert!(s.is_streaming());
+        assert_eq!(calls.seen(), ["w: ok", "sync: ok", "w2: ok"]);
     }
 
     #[test]

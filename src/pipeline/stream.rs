@@ -195,7 +195,12 @@ impl OutputStream {
                             }
                             Some(Ending::Sync(d)) => {
                                 drop(s);
-                                self.sync_whole(&mut streamer, p, d);
+                                let (r, idle) = self.sync_whole(&mut streamer, p);
+                                if idle {
+                                    drop(streamer);
+                                    return d(r);
+                                }
+                                d(r);
                                 continue;
                             }
                             None => Job::Packet(p),
@@ -318,8 +323,12 @@ impl OutputStream {
     /// written whole into `finalized/` and the block recorded finished,
     /// then all of it is made durable as any fsync does. The close that
     /// usually follows has no replica left to finalise. A failed fsync
-    /// fails the stream, as on the packet path.
-    fn sync_whole(&self, streamer: &mut DataStreamer, p: Packet, done: Done) {
+    /// fails the stream, as on the packet path. Returns the fsync's
+    /// result, and whether the worker went idle (nothing else queued): the
+    /// fsync's caller is then answered with the streamer already free, so
+    /// that the close right behind it finds nothing running and is made on
+    /// its own thread ([`Self::close_here`]).
+    fn sync_whole(&self, streamer: &mut DataStreamer, p: Packet) -> (FsResult<()>, bool) {
         let end = p.end();
         let r = self.contained(|| streamer.sync_whole(&p));
         let mut s = lock(&self.st);
@@ -334,11 +343,15 @@ impl OutputStream {
                 None
             }
         };
+        let idle = s.idle_if_drained();
         drop(s);
+        if idle {
+            self.idle.notify_all();
+        }
         if let Some(w) = wake {
             w(Ok(()));
         }
-        done(r)
+        (r, idle)
     }
 
     /// One packet through the pipeline, then the acknowledgement of each
@@ -439,7 +452,49 @@ impl OutputStream {
     /// The stream stays usable; a close with nothing written since the
     /// last one does nothing.
     pub fn close(self: &Arc<Self>, done: Done) {
-        self.barrier(Barrier::Close, done)
+        match self.close_here(done) {
+            Some(done) => self.barrier(Barrier::Close, done),
+            None => self.ctx.metrics.closed_on_caller(),
+        }
+    }
+
+    /// A close with nothing to send or finalise (every byte acknowledged,
+    /// no block open: a small file after its whole fsync) is one metadata
+    /// commit, as any namespace change is: made here, on the caller's
+    /// thread, rather than handed to a worker whose reply comes back to
+    /// the request's thread (two wake-ups, most of such a close's time).
+    /// Gives `done` back when the close must go through the worker.
+    fn close_here(self: &Arc<Self>, done: Done) -> Option<Done> {
+        let mut s = lock(&self.st);
+        if !s.claim_for_close() {
+            return Some(done);
+        }
+        // Unclaimed by a worker, the streamer is free; were it not, the
+        // close goes the usual way.
+        let streamer = match self.streamer.try_lock() {
+            Ok(g) if !g.block_open() => Some(g),
+            _ => None,
+        };
+        let Some(mut streamer) = streamer else {
+            s.release_after_close();
+            return Some(done);
+        };
+        drop(s);
+        let r = self.contained(|| self.close_now(&mut streamer));
+        drop(streamer);
+        self.closed(r, None, done);
+        // A write queued meanwhile found the streamer claimed: its worker
+        // starts now.
+        let mut s = lock(&self.st);
+        let more = s.release_after_close();
+        if !more {
+            self.idle.notify_all();
+        }
+        drop(s);
+        if more {
+            self.spawn_worker();
+        }
+        None
     }
 
     /// Shrinks (or grows with zeros) the file after everything before it.

@@ -150,6 +150,12 @@ impl DataStreamer {
         Ok(())
     }
 
+    /// No block open: a close has nothing to finalise, only its record
+    /// to commit (no replica I/O, no wait but the metadata store's).
+    pub fn block_open(&self) -> bool {
+        self.block.is_some()
+    }
+
     /// Whether `p` can be written as a whole block at once (see
     /// [`Self::write_whole`]): it starts a block that no replica holds yet
     /// and none is open.

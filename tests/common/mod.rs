@@ -392,6 +392,24 @@ impl Mount {
         String::from_utf8_lossy(&o.stdout).into_owned()
     }
 
+    /// `leasefs stats --once --json` of this mount.
+    pub fn stats_json(&self) -> serde_json::Value {
+        let out = self.leasefs(&["stats", self.mnt.to_str().unwrap(), "--once", "--json"]);
+        assert!(
+            out.status.success(),
+            "stats --once --json: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).expect("one JSON object")
+    }
+
+    /// A mount-wide counter of `stats --json`.
+    pub fn stats_counter(&self, key: &str) -> u64 {
+        self.stats_json()[key]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no counter {key} in stats --json"))
+    }
+
     pub fn leasefs(&self, args: &[&str]) -> Output {
         Command::new(bin())
             .args(args)

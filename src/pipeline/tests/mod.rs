@@ -407,6 +407,13 @@ fn wait(f: impl FnOnce(Done)) -> FsResult<()> {
         .expect("the stream never completed")
 }
 
+/// Closes committed on their caller's thread (`OutputStream::close`).
+fn closes_on_caller(rig: &Rig) -> u64 {
+    let mut snap = crate::metrics::Snapshot::default();
+    rig.ctx.metrics.fill(&mut snap);
+    snap.closes_on_caller
+}
+
 fn write(s: &Arc<OutputStream>, data: &[u8]) -> FsResult<()> {
     wait(|d| s.write(None, data, d))
 }
@@ -542,8 +549,14 @@ fn a_small_file_fsynced_before_its_close_is_written_whole_and_its_close_touches_
         let rbw = std::fs::read_dir(n.root().join("rbw")).unwrap().count();
         assert_eq!(rbw, 0);
     }
-    // The close records the file closed and touches no replica.
-    wait(|d| s.close(d)).unwrap();
+    // The close records the file closed and touches no replica: one
+    // commit, made on the caller's thread (done before `close` returns).
+    let (tx, rx) = std::sync::mpsc::channel();
+    s.close(Box::new(move |r| {
+        let _ = tx.send(r);
+    }));
+    assert!(matches!(rx.try_recv(), Ok(Ok(()))), "closed by its caller");
+    assert_eq!(closes_on_caller(&rig), 1);
     assert_eq!(seen(&log), [Seen::Finished, Seen::Closed { size: 3000 }]);
     assert!(rig.meta.uc(rig.ino).unwrap().is_none());
     for n in &rig.nodes {
@@ -568,7 +581,9 @@ fn a_small_file_fsynced_before_its_close_is_written_whole_and_its_close_touches_
         panic!("{:?}", seen(&log))
     };
     assert!(gs > first);
+    // Its block is open again: this close finalises it, through the worker.
     wait(|d| s.close(d)).unwrap();
+    assert_eq!(closes_on_caller(&rig), 0);
     assert_eq!(rig.read(3000), data);
     assert_eq!(rig.meta.get(rig.ino).unwrap().size, 3000);
     assert!(rig.meta.uc(rig.ino).unwrap().is_none());
