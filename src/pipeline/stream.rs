@@ -280,14 +280,30 @@ impl OutputStream {
     /// `done` gets the result.
     fn closed(&self, r: FsResult<()>, acked: Option<u64>, done: Done) {
         let mut s = lock(&self.st);
-        let mut wake = None;
-        match &r {
+        let wake = self.settle_close(&mut s, &r, acked);
+        drop(s);
+        if let Some(w) = wake {
+            w(Ok(()));
+        }
+        done(r)
+    }
+
+    /// The stream's state after a close with result `r`; returns a
+    /// blocked write the acknowledgement of `acked` lets go on.
+    fn settle_close(
+        &self,
+        s: &mut StreamState,
+        r: &FsResult<()>,
+        acked: Option<u64>,
+    ) -> Option<Done> {
+        match r {
             Ok(()) => {
-                if let Some(end) = acked {
+                let wake = acked.and_then(|end| {
                     self.ctx.metrics.packet_acked();
-                    wake = s.ack(end, &mut || self.take_unit());
-                }
-                s.closed()
+                    s.ack(end, &mut || self.take_unit())
+                });
+                s.closed();
+                wake
             }
             // The file's close is not recorded: the descriptor is done
             // (later calls get the same error) and its release closes the
@@ -295,13 +311,9 @@ impl OutputStream {
             Err(e) => {
                 tracing::error!(ino = self.ino, "close failed: {e}");
                 s.fail(e.clone());
+                None
             }
         }
-        drop(s);
-        if let Some(w) = wake {
-            w(Ok(()));
-        }
-        done(r)
     }
 
     /// The close of a file whose last block is all in `p`: its replicas
@@ -487,18 +499,20 @@ impl OutputStream {
         drop(s);
         let r = self.contained(|| self.close_now(&mut streamer));
         drop(streamer);
-        self.closed(r, None, done);
-        // A write queued meanwhile found the streamer claimed: its worker
-        // starts now.
+        // The streamer is given back before `done` runs (which may act on
+        // the stream again); a write queued meanwhile found it claimed,
+        // and its worker starts now.
         let mut s = lock(&self.st);
+        let wake = self.settle_close(&mut s, &r, None);
+        debug_assert!(wake.is_none(), "nothing was acknowledged here");
         let more = s.release_after_close();
-        if !more {
-            self.idle.notify_all();
-        }
         drop(s);
         if more {
             self.spawn_worker();
+        } else {
+            self.idle.notify_all();
         }
+        done(r);
         None
     }
 
