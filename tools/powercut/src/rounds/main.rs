@@ -156,18 +156,19 @@ struct Run {
     dropped: Vec<String>,
     /// Fast-path counters summed over the rounds' daemons (read before
     /// each cut): ranged syncs, full syncs, zero fills, one-step replicas
-    /// at close and at fsync.
-    fast: [u64; 5],
+    /// at close and at fsync, closes committed on the request's thread.
+    fast: [u64; FAST.len()],
     /// Rounds whose cut kept a random subset of the pending sectors.
     subset_cuts: usize,
 }
 
-const FAST: [&str; 5] = [
+const FAST: [&str; 6] = [
     "ranged syncs",
     "full syncs",
     "zero fills",
     "one-step replicas",
     "one-step fsyncs",
+    "closes on the caller's thread",
 ];
 
 fn run(
@@ -201,7 +202,7 @@ fn run(
         spout_checked: Default::default(),
         counts: BTreeMap::new(),
         dropped: Vec::new(),
-        fast: [0; 5],
+        fast: [0; FAST.len()],
         subset_cuts: 0,
     };
     r.rig.power_on()?;

@@ -239,19 +239,21 @@ impl Rig {
 
     /// The daemon's fast-path counters, summed over its datanodes:
     /// (ranged syncs, full syncs, zero fills, one-step replicas at close
-    /// and at fsync).
-    pub fn fast_paths(&self) -> [u64; 5] {
+    /// and at fsync), then the mount's closes committed on the request's
+    /// thread.
+    pub fn fast_paths(&self) -> [u64; 6] {
         let Ok(out) = Command::new(&self.leasefs)
             .args(["stats", "--once", "--json"])
             .arg(&self.mnt)
             .output()
         else {
-            return [0; 5];
+            return [0; 6];
         };
         let Ok(v) = serde_json::from_slice::<serde_json::Value>(&out.stdout) else {
-            return [0; 5];
+            return [0; 6];
         };
-        let mut sum = [0u64; 5];
+        let mut sum = [0u64; 6];
+        sum[5] = v["closes_on_caller"].as_u64().unwrap_or(0);
         for dn in v["datanodes"].as_array().into_iter().flatten() {
             for (i, key) in [
                 "syncs_ranged",
