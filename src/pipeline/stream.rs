@@ -464,9 +464,8 @@ impl OutputStream {
     /// The stream stays usable; a close with nothing written since the
     /// last one does nothing.
     pub fn close(self: &Arc<Self>, done: Done) {
-        match self.close_here(done) {
-            Some(done) => self.barrier(Barrier::Close, done),
-            None => self.ctx.metrics.closed_on_caller(),
+        if let Some(done) = self.close_here(done) {
+            self.barrier(Barrier::Close, done)
         }
     }
 
@@ -512,6 +511,8 @@ impl OutputStream {
         } else {
             self.idle.notify_all();
         }
+        // Counted before the caller hears of it.
+        self.ctx.metrics.closed_on_caller();
         done(r);
         None
     }

@@ -134,30 +134,40 @@ pub struct Extent {
     pub size: u64,
 }
 
-/// A replica's bytes: where each stretch is. `Err(at)`: a slice starts
-/// after the end of what came before it (a gap, which a writer never
-/// leaves): the replica is damaged at `at`.
+/// A replica's bytes: where each stretch is. Each slice, in seq order,
+/// replaces the replica from its start on. `Err(at)`: the bytes that
+/// result have a gap at `at` (a slice starts past the end of what came
+/// before it, and no later slice covers that: a writer never leaves one,
+/// so the replica is damaged there). A gap a later slice covers is no
+/// damage: it is what a half-done prune leaves (a merged slice from 0,
+/// and some of the small slices it replaced, the first ones deleted), and
+/// what a store whose listing still shows some deleted slices lists.
 pub fn resolve(g: &Gen) -> Result<Vec<Extent>, u64> {
     let mut ext: Vec<Extent> = Vec::new();
     for (s, size) in g.slices.values() {
-        let cur = ext.last().map_or(0, |e| e.end);
-        if s.start > cur {
-            return Err(cur);
-        }
         while ext.last().is_some_and(|e| e.slice.start >= s.start) {
             ext.pop();
         }
         if let Some(e) = ext.last_mut() {
             e.end = e.end.min(s.start);
         }
-        if s.end > s.start {
-            ext.push(Extent {
-                slice: *s,
-                end: s.end,
-                size: *size,
-            });
-        }
+        // An empty slice (a cut) stays until the check below: a cut
+        // past the end is a gap too.
+        ext.push(Extent {
+            slice: *s,
+            end: s.end,
+            size: *size,
+        });
     }
+    // Every stretch starts where the one before it ends, the first at 0.
+    let mut at = 0;
+    for e in &ext {
+        if e.slice.start != at {
+            return Err(at);
+        }
+        at = e.end;
+    }
+    ext.retain(|e| e.end > e.slice.start);
     Ok(ext)
 }
 
@@ -265,6 +275,29 @@ mod tests {
         // A gap is damage.
         let g = gen_of(&[(0, 0, 512), (1, 1024, 2048)]);
         assert_eq!(resolve(&g).unwrap_err(), 512);
+        let g = gen_of(&[(1, 1024, 2048)]);
+        assert_eq!(resolve(&g).unwrap_err(), 0);
+        // A later slice that starts at or before the gap covers it.
+        let g = gen_of(&[(0, 0, 512), (1, 1024, 2048), (2, 256, 4096)]);
+        let e = resolve(&g).unwrap();
+        assert_eq!(len_of(&e), 4096);
+        assert_eq!((e[0].slice.seq, e[0].end), (0, 256));
+        assert_eq!((e[1].slice.seq, e[1].end), (2, 4096));
+        // An empty slice past a gap cuts nothing into existence.
+        let g = gen_of(&[(0, 0, 512), (1, 1024, 1024)]);
+        assert_eq!(resolve(&g).unwrap_err(), 512);
+    }
+
+    #[test]
+    fn a_half_done_prune_of_merged_slices_leaves_a_whole_replica() {
+        // Finalize merged slices 0..4 into slice 4, and the prune that
+        // deletes the small ones in order stopped (or the store's listing
+        // still shows some of them) after the first two.
+        let g = gen_of(&[(2, 128, 192), (3, 192, 256), (4, 0, 256)]);
+        let e = resolve(&g).unwrap();
+        assert_eq!(len_of(&e), 256);
+        assert_eq!(e.len(), 1);
+        assert_eq!(e[0].slice.seq, 4);
     }
 
     #[test]
