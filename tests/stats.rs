@@ -61,10 +61,6 @@ fn sum(s: &Scrape, name: &str, has: &str) -> f64 {
         .sum()
 }
 
-fn stats_json(m: &Mount) -> serde_json::Value {
-    m.stats_json()
-}
-
 /// A writer that holds `rel` open for append.
 fn writer(m: &Mount, rel: &str) -> Agent {
     let mut w = Agent::spawn(&m.mnt);
@@ -82,7 +78,7 @@ fn step(w: &mut Agent) {
 #[test]
 fn metrics_scraped_during_a_write_move_and_follow_the_lease() {
     let m = Mount::with_o("metrics=127.0.0.1:0,lease_wait=30");
-    let addr = stats_json(&m)["metrics_address"]
+    let addr = m.stats_json()["metrics_address"]
         .as_str()
         .expect("the endpoint's address in stats --json")
         .to_string();
@@ -221,7 +217,7 @@ fn closed_by(s: &mut TcpStream, deadline: Instant) -> bool {
 fn slow_and_idle_clients_cannot_keep_a_scrape_out() {
     use leasefs::metrics::http::{HEADER_TIMEOUT, MAX_CONNECTIONS, MAX_REQUESTS};
     let m = Mount::with_o("metrics=127.0.0.1:0");
-    let addr = stats_json(&m)["metrics_address"]
+    let addr = m.stats_json()["metrics_address"]
         .as_str()
         .expect("the endpoint's address in stats --json")
         .to_string();
