@@ -1029,7 +1029,12 @@ fn a_host_cut_off_from_the_store_waits_or_fails_then_recovers() {
         "the fsync succeeded {took:?} after the cut began, before the store was back"
     );
     w.ok("write after-the-cut");
-    w.ok("close");
+    let r = w.cmd("close");
+    assert!(
+        r.starts_with("ok"),
+        "close on A just after the cut: {r}\n{}",
+        h.logs()
+    );
     let want = before.clone() + &during + "after-the-cut\n";
     for i in 0..3 {
         let mut got = String::new();

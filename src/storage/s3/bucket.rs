@@ -29,8 +29,8 @@ pub struct Bucket {
     /// Requests sent, by kind (what the store bills and what the layout
     /// costs; docs/SEMANTICS.md, "Object-store datanodes").
     counts: Requests,
-    /// How long a PUT whose connection failed is sent again (see
-    /// [`Bucket::put`]); the client's own retries have the same bound.
+    /// How long a request whose connection failed is sent again (see
+    /// [`Bucket::retried`]); the client's own retries have the same bound.
     retry_for: std::time::Duration,
 }
 
@@ -121,8 +121,8 @@ impl Bucket {
         })
     }
 
-    /// The bucket, its PUTs sent again for up to `d` after a connection
-    /// failure (`-o s3_retry_timeout=`).
+    /// The bucket, its requests sent again for up to `d` after a
+    /// connection failure (`-o s3_retry_timeout=`).
     pub fn retrying_for(mut self, d: std::time::Duration) -> Bucket {
         self.retry_for = d;
         self
@@ -174,55 +174,76 @@ impl Bucket {
         }
     }
 
-    /// PUT: returns once the store acknowledged the whole object.
-    ///
-    /// Sent again, until `retry_for` after the first try, when it failed
-    /// on its connection rather than with an answer from the store: the
-    /// client retries some of those itself but gives up at once on others
-    /// (a connection it classes as failing in an unknown way: a 4 s cut
-    /// of the store's connection failed a PUT after 2.4 s of a 30 s
-    /// timeout, tests/s3_hosts.rs). Every key leasefs PUTs to is written
-    /// with the same bytes each time (a slice, a marker, an identity
-    /// object), so sending one again changes nothing but the outcome.
-    pub fn put(&self, rel: &str, body: Vec<u8>) -> Result<(), StorageError> {
-        let key = self.key(rel);
-        let payload = PutPayload::from(body);
+    /// Runs the request `go` makes, counted in `count`, and sends it again,
+    /// until `retry_for` after the first try, when it failed on its
+    /// connection rather than with an answer from the store: the client
+    /// retries some of those itself but gives up at once on others (a
+    /// connection it classes as failing in an unknown way: a 4 s cut of the
+    /// store's connection failed a PUT after 2.4 s of a 30 s timeout, and
+    /// a host's `close` right after such a cut once failed with `EIO`,
+    /// tests/s3_hosts.rs). Every request leasefs sends may be sent again:
+    /// each key it PUTs is written with the same bytes each time (a slice,
+    /// a marker, an identity object), a GET, a listing or a copy changes
+    /// nothing, and a DELETE of what is gone succeeds. A request sent again
+    /// ends with the first one's time: the client's own retries inside it
+    /// are cut there.
+    fn retried<T, F, Fut>(
+        &self,
+        count: &AtomicU64,
+        verb: &str,
+        key: &Key,
+        mut go: F,
+    ) -> object_store::Result<T>
+    where
+        T: Send,
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = object_store::Result<T>> + Send,
+    {
         let start = std::time::Instant::now();
         let mut wait = std::time::Duration::from_millis(100);
         let mut again = false;
         loop {
-            bump(&self.counts.put, 1);
-            let put = self.store.put(&key, payload.clone());
+            bump(count, 1);
+            let request = go();
             let r = if again {
-                // A PUT sent again ends with the first one's time: the
-                // client's own retries inside it are cut there.
                 let left = self.retry_for.saturating_sub(start.elapsed());
-                match self.run(async { tokio::time::timeout(left, put).await }) {
+                match self.run(async { tokio::time::timeout(left, request).await }) {
                     Ok(r) => r,
                     Err(_) => {
-                        return Err(StorageError::Io {
-                            path: self.path_of(rel),
-                            source: io::Error::new(
+                        return Err(object_store::Error::Generic {
+                            store: "S3",
+                            source: Box::new(io::Error::new(
                                 io::ErrorKind::TimedOut,
-                                format!("PUT not acknowledged in {:?}", self.retry_for),
-                            ),
+                                format!("{verb} not answered in {:?}", self.retry_for),
+                            )),
                         });
                     }
                 }
             } else {
-                self.run(put)
+                self.run(request)
             };
             match r {
-                Ok(_) => return Ok(()),
                 Err(e) if connection_failed(&e) && start.elapsed() + wait < self.retry_for => {
-                    tracing::info!(key = %key, "PUT failed on its connection, sent again in {wait:?}: {e}");
+                    tracing::info!(key = %key, "{verb} failed on its connection, sent again in {wait:?}: {e}");
                     std::thread::sleep(wait);
                     wait = (wait * 2).min(std::time::Duration::from_secs(1));
                     again = true;
                 }
-                Err(e) => return Err(self.err(rel, e)),
+                r => return r,
             }
         }
+    }
+
+    /// PUT: returns once the store acknowledged the whole object (sent
+    /// again after a failed connection: [`Bucket::retried`]).
+    pub fn put(&self, rel: &str, body: Vec<u8>) -> Result<(), StorageError> {
+        let key = self.key(rel);
+        let payload = PutPayload::from(body);
+        self.retried(&self.counts.put, "PUT", &key, || {
+            self.store.put(&key, payload.clone())
+        })
+        .map(|_| ())
+        .map_err(|e| self.err(rel, e))
     }
 
     /// PUT unless the object exists (`If-None-Match: *`); `false` when the
@@ -247,8 +268,7 @@ impl Bucket {
     /// The whole object; `None` when there is none.
     pub fn get(&self, rel: &str) -> Result<Option<Vec<u8>>, StorageError> {
         let key = self.key(rel);
-        bump(&self.counts.get, 1);
-        let r = self.run(async {
+        let r = self.retried(&self.counts.get, "GET", &key, || async {
             let got = self.store.get(&key).await?;
             got.bytes().await
         });
@@ -266,17 +286,20 @@ impl Bucket {
         ranges: &[Range<u64>],
     ) -> Result<Vec<Vec<u8>>, StorageError> {
         let key = self.key(rel);
-        bump(&self.counts.get, ranges.len() as u64);
-        self.run(self.store.get_ranges(&key, ranges))
-            .map(|v| v.into_iter().map(|b| b.to_vec()).collect())
-            .map_err(|e| self.err(rel, e))
+        bump(&self.counts.get, (ranges.len() as u64).saturating_sub(1));
+        self.retried(&self.counts.get, "GET", &key, || {
+            self.store.get_ranges(&key, ranges)
+        })
+        .map(|v| v.into_iter().map(|b| b.to_vec()).collect())
+        .map_err(|e| self.err(rel, e))
     }
 
     /// Removes the object (absent: no error).
     pub fn delete(&self, rel: &str) -> Result<(), StorageError> {
         let key = self.key(rel);
-        bump(&self.counts.delete, 1);
-        match self.run(self.store.delete(&key)) {
+        match self.retried(&self.counts.delete, "DELETE", &key, || {
+            self.store.delete(&key)
+        }) {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(self.err(rel, e)),
         }
@@ -285,8 +308,7 @@ impl Bucket {
     /// A server-side copy (no bytes through the daemon).
     pub fn copy(&self, from: &str, to: &str) -> Result<(), StorageError> {
         let (f, t) = (self.key(from), self.key(to));
-        bump(&self.counts.copy, 1);
-        self.run(self.store.copy(&f, &t))
+        self.retried(&self.counts.copy, "COPY", &f, || self.store.copy(&f, &t))
             .map_err(|e| self.err(from, e))
     }
 
@@ -299,9 +321,10 @@ impl Bucket {
         } else {
             format!("{}/", self.prefix)
         };
-        bump(&self.counts.list, 1);
         let metas: Vec<object_store::ObjectMeta> = self
-            .run(self.store.list(Some(&key)).try_collect())
+            .retried(&self.counts.list, "LIST", &key, || {
+                self.store.list(Some(&key)).try_collect()
+            })
             .map_err(|e| self.err(rel, e))?;
         Ok(metas
             .into_iter()
@@ -326,6 +349,134 @@ mod tests {
             store: "S3",
             source,
         }
+    }
+
+    /// An in-memory store whose first `fail` requests of every kind fail
+    /// on their connection (a reset), as the first requests on connections
+    /// a cut left behind do.
+    #[derive(Debug)]
+    struct Flaky {
+        inner: object_store::memory::InMemory,
+        fail: AtomicU64,
+    }
+
+    impl std::fmt::Display for Flaky {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "Flaky")
+        }
+    }
+
+    impl Flaky {
+        fn cut(&self) -> object_store::Result<()> {
+            if self.fail.load(Ordering::Relaxed) == 0 {
+                return Ok(());
+            }
+            self.fail.fetch_sub(1, Ordering::Relaxed);
+            let reset = io::Error::new(io::ErrorKind::ConnectionReset, "reset by peer");
+            Err(generic(Box::new(reset)))
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl ObjectStore for Flaky {
+        async fn put_opts(
+            &self,
+            k: &Key,
+            p: PutPayload,
+            o: PutOptions,
+        ) -> object_store::Result<object_store::PutResult> {
+            self.cut()?;
+            self.inner.put_opts(k, p, o).await
+        }
+        async fn put_multipart_opts(
+            &self,
+            k: &Key,
+            o: object_store::PutMultipartOptions,
+        ) -> object_store::Result<Box<dyn object_store::MultipartUpload>> {
+            self.cut()?;
+            self.inner.put_multipart_opts(k, o).await
+        }
+        async fn get_opts(
+            &self,
+            k: &Key,
+            o: object_store::GetOptions,
+        ) -> object_store::Result<object_store::GetResult> {
+            self.cut()?;
+            self.inner.get_opts(k, o).await
+        }
+        async fn delete(&self, k: &Key) -> object_store::Result<()> {
+            self.cut()?;
+            self.inner.delete(k).await
+        }
+        fn list(
+            &self,
+            prefix: Option<&Key>,
+        ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::ObjectMeta>>
+        {
+            match self.cut() {
+                Ok(()) => self.inner.list(prefix),
+                Err(e) => Box::pin(futures::stream::once(async { Err(e) })),
+            }
+        }
+        async fn list_with_delimiter(
+            &self,
+            prefix: Option<&Key>,
+        ) -> object_store::Result<object_store::ListResult> {
+            self.cut()?;
+            self.inner.list_with_delimiter(prefix).await
+        }
+        async fn copy(&self, from: &Key, to: &Key) -> object_store::Result<()> {
+            self.cut()?;
+            self.inner.copy(from, to).await
+        }
+        async fn copy_if_not_exists(&self, from: &Key, to: &Key) -> object_store::Result<()> {
+            self.cut()?;
+            self.inner.copy_if_not_exists(from, to).await
+        }
+    }
+
+    fn flaky_bucket(retry: std::time::Duration) -> (Arc<Flaky>, Bucket) {
+        let store = Arc::new(Flaky {
+            inner: object_store::memory::InMemory::new(),
+            fail: AtomicU64::new(0),
+        });
+        let b = Bucket::new(store.clone(), "s3://b/p".into(), "p".into())
+            .unwrap()
+            .retrying_for(retry);
+        (store, b)
+    }
+
+    // Every kind of request rides out connections a cut left behind, not
+    // only a PUT: a `close` right after a cut of the store failed with `EIO`
+    // once in CI (tests/s3_hosts.rs), on requests the client gave up on.
+    #[test]
+    fn every_request_that_failed_on_its_connection_is_sent_again() {
+        let (store, b) = flaky_bucket(std::time::Duration::from_secs(10));
+        let again = |n| store.fail.store(n, Ordering::Relaxed);
+        again(2);
+        b.put("blk/1", b"one".to_vec()).unwrap();
+        again(2);
+        assert_eq!(b.get("blk/1").unwrap().as_deref(), Some(&b"one"[..]));
+        again(2);
+        assert_eq!(
+            b.get_ranges("blk/1", &[0..2, 1..3]).unwrap(),
+            vec![b"on".to_vec(), b"ne".to_vec()]
+        );
+        again(2);
+        b.copy("blk/1", "blk/2").unwrap();
+        again(2);
+        let listed = b.list("blk").unwrap();
+        assert_eq!(listed.len(), 2, "{listed:?}");
+        again(2);
+        b.delete("blk/1").unwrap();
+        assert_eq!(b.get("blk/1").unwrap(), None);
+        // Each failed try is a request sent (put, get, list, delete, copy;
+        // the two ranges count as two GETs, their failed tries as one).
+        assert_eq!(b.requests().snapshot(), [3, 8, 3, 3, 3]);
+        // Without time to retry the failure is the caller's.
+        let (store, b) = flaky_bucket(std::time::Duration::ZERO);
+        store.fail.store(1, Ordering::Relaxed);
+        assert!(b.list("blk").is_err());
     }
 
     #[test]
