@@ -34,6 +34,10 @@ pub struct MountOptions {
     /// with the `fuse` module's `enable_uring` set); `off`: through
     /// `/dev/fuse` always.
     pub fuse_uring: bool,
+    /// `fuse_uring_poll=MICROSECONDS`: the most a ring's thread polls for
+    /// a reply another thread owes it (an fsync's) before it sleeps; 0:
+    /// never polls. See `fuser::Config::io_uring_poll`.
+    pub fuse_uring_poll: Duration,
     /// Generic mount flags (`ro`, `noexec`, ...) passed to the kernel.
     pub kernel_flags: Vec<fuser::MountOption>,
     /// `s3_endpoint=`, `s3_region=`, `s3_credentials=`: how object-store
@@ -82,6 +86,7 @@ impl Default for MountOptions {
             sync_by_fs: true,
             metrics: None,
             fuse_uring: true,
+            fuse_uring_poll: Duration::from_micros(1000),
             kernel_flags: Vec::new(),
             s3: S3Options::default(),
             local_copy: false,
@@ -93,7 +98,7 @@ impl Default for MountOptions {
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum OptionError {
     #[error(
-        "unknown mount option '{0}' (known: soft_limit, hard_limit, monitor_interval, lease_wait, block_size, packet_size, max_packets_in_flight, write_buffer, log_size, housekeeping_interval, replica_sync, fuse_uring, metrics, s3_endpoint, s3_region, s3_credentials, s3_retry_timeout, s3_capacity, local_copy, host_id)"
+        "unknown mount option '{0}' (known: soft_limit, hard_limit, monitor_interval, lease_wait, block_size, packet_size, max_packets_in_flight, write_buffer, log_size, housekeeping_interval, replica_sync, fuse_uring, fuse_uring_poll, metrics, s3_endpoint, s3_region, s3_credentials, s3_retry_timeout, s3_capacity, local_copy, host_id)"
     )]
     Unknown(String),
     #[error("mount option '{key}' has a bad value '{value}': {why}")]
@@ -235,6 +240,14 @@ impl MountOptions {
                         "off" => false,
                         _ => return Err(bad("expected auto or off".into())),
                     }
+                }
+                "fuse_uring_poll" => {
+                    let us: u64 = value
+                        .parse()
+                        .ok()
+                        .filter(|us| *us <= 100_000)
+                        .ok_or_else(|| bad("expected microseconds, 0 to 100000".into()))?;
+                    self.fuse_uring_poll = Duration::from_micros(us)
                 }
                 // Generic mount(8) options: kernel flags are passed on (so
                 // `ro` and `noexec` are enforced), the rest mean nothing to

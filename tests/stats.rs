@@ -447,3 +447,76 @@ fn stats_and_metrics_errors_are_one_line() {
     ]));
     assert!(err.contains("HOST:PORT"), "{err}");
 }
+
+/// Whether this run's mounts take their requests over FUSE's io_uring
+/// rings (the kernel offers them and the suite did not turn them off).
+fn rings_in_use() -> bool {
+    common::transport_option().is_none()
+        && std::fs::read_to_string("/sys/module/fuse/parameters/enable_uring")
+            .is_ok_and(|v| v.trim() == "Y")
+}
+
+/// `n` appends of 4 KiB to `rel`, each followed by an fsync that must
+/// return (a reply the ring lost would leave it waiting for ever); the
+/// bytes written.
+fn appends_with_fsync(m: &Mount, rel: &str, n: usize) -> Vec<u8> {
+    let path = m.path(rel);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let r = (|| -> std::io::Result<Vec<u8>> {
+            let mut f = std::fs::File::create(&path)?;
+            let mut all = Vec::new();
+            for i in 0..n {
+                let chunk = vec![(i % 251) as u8; 4096];
+                f.write_all(&chunk)?;
+                f.sync_all()?;
+                all.extend_from_slice(&chunk);
+            }
+            Ok(all)
+        })();
+        let _ = tx.send(r);
+    });
+    rx.recv_timeout(Duration::from_secs(120))
+        .expect("an fsync never returned")
+        .expect("append + fsync")
+}
+
+/// The reply of an fsync comes from the stream's worker, not from the
+/// ring's thread that took the request; the ring's thread polls for it
+/// rather than sleeping (`fuse_uring_poll`), and every fsync still returns
+/// with its bytes durable and readable. With `fuse_uring_poll=0` it never
+/// polls.
+#[test]
+fn a_ring_polls_for_an_fsync_reply_and_never_with_poll_0() {
+    if !rings_in_use() {
+        eprintln!("skipped: requests do not come over FUSE's io_uring rings here");
+        return;
+    }
+    // The most a poll may last is raised so that a loaded machine's slow
+    // fsyncs do not make the ring give up polling (it adapts below it).
+    let polled = Mount::with(common::Opts {
+        datanodes: 1,
+        replication: Some(1),
+        o: vec!["fuse_uring_poll=100000".into()],
+        ..Default::default()
+    });
+    let data = appends_with_fsync(&polled, "f", 200);
+    assert_eq!(std::fs::read(polled.path("f")).expect("read back"), data);
+    let answered = polled.stats_counter("ring_polls_answered");
+    assert!(
+        answered >= 100,
+        "200 fsyncs, but only {answered} replies were found by polling (missed: {})",
+        polled.stats_counter("ring_polls_missed")
+    );
+
+    let never = Mount::with(common::Opts {
+        datanodes: 1,
+        replication: Some(1),
+        o: vec!["fuse_uring_poll=0".into()],
+        ..Default::default()
+    });
+    let data = appends_with_fsync(&never, "f", 200);
+    assert_eq!(std::fs::read(never.path("f")).expect("read back"), data);
+    assert_eq!(never.stats_counter("ring_polls_answered"), 0);
+    assert_eq!(never.stats_counter("ring_polls_missed"), 0);
+}

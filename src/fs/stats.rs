@@ -15,6 +15,9 @@ impl Core {
     pub fn stats(&self) -> Snapshot {
         let mut s = Snapshot::default();
         self.ctx.metrics.fill(&mut s);
+        let polls = fuser::ring_polls();
+        s.ring_polls_answered = polls.answered;
+        s.ring_polls_missed = polls.missed;
         s.leases_held = self.leases.len() as u64;
         s.lease_waiters = self.leases.waiting().len() as u64;
         for stream in self.handles.streams() {

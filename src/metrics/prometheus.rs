@@ -99,6 +99,11 @@ pub const CLOSES_ON_CALLER: Name = counter(
     "leasefs_closes_on_caller",
     "Closes with nothing to send or finalise, committed on the request's thread",
 );
+/// Polls of a FUSE ring's thread for a reply owed to it, by outcome.
+pub const RING_POLLS: Name = counter(
+    "leasefs_fuse_ring_polls",
+    "Polls of a FUSE ring's thread for a reply another thread owed it, by outcome",
+);
 /// A replica failed mid-write and its pipeline was rebuilt without it.
 pub const PIPELINE_RECOVERIES: Name = counter(
     "leasefs_pipeline_recoveries",
@@ -295,6 +300,15 @@ impl Collector for Scrape {
         one_counter(&mut enc, &PACKETS_MERGED, s.packets_merged)?;
         one_counter(&mut enc, &PIPELINE_RECOVERIES, s.pipeline_recoveries)?;
         one_counter(&mut enc, &CLOSES_ON_CALLER, s.closes_on_caller)?;
+        {
+            let mut m = metric(&mut enc, &RING_POLLS)?;
+            for (outcome, n) in [
+                ("answered", s.ring_polls_answered),
+                ("missed", s.ring_polls_missed),
+            ] {
+                ConstCounter::new(n).encode(m.encode_family(&[("outcome", outcome)])?)?;
+            }
+        }
         self.encode_datanodes(&mut enc)
     }
 }

@@ -90,6 +90,11 @@ pub struct Snapshot {
     /// Closes with nothing to send or finalise (a small file after its
     /// whole fsync), committed on the request's thread.
     pub closes_on_caller: u64,
+    /// FUSE ring threads that polled for a reply another thread owed
+    /// them and got it without sleeping (a cross-CPU wake-up saved), and
+    /// that polled in vain and slept (see `fuse_uring_poll`).
+    pub ring_polls_answered: u64,
+    pub ring_polls_missed: u64,
     pub datanodes: Vec<DatanodeStats>,
 }
 

@@ -287,7 +287,7 @@ impl<FS: Filesystem> Session<FS> {
                     allowed,
                     session_owner,
                 });
-                match crate::uring::start(se, &ch, payload) {
+                match crate::uring::start(se, &ch, payload, config.io_uring_poll) {
                     Ok(r) => {
                         info!("FUSE over io_uring: one ring per CPU");
                         Some(r)

@@ -240,20 +240,21 @@ impl Rig {
     /// The daemon's fast-path counters, summed over its datanodes:
     /// (ranged syncs, full syncs, zero fills, one-step replicas at close
     /// and at fsync), then the mount's closes committed on the request's
-    /// thread.
-    pub fn fast_paths(&self) -> [u64; 6] {
+    /// thread and replies its FUSE rings polled for.
+    pub fn fast_paths(&self) -> [u64; 7] {
         let Ok(out) = Command::new(&self.leasefs)
             .args(["stats", "--once", "--json"])
             .arg(&self.mnt)
             .output()
         else {
-            return [0; 6];
+            return [0; 7];
         };
         let Ok(v) = serde_json::from_slice::<serde_json::Value>(&out.stdout) else {
-            return [0; 6];
+            return [0; 7];
         };
-        let mut sum = [0u64; 6];
+        let mut sum = [0u64; 7];
         sum[5] = v["closes_on_caller"].as_u64().unwrap_or(0);
+        sum[6] = v["ring_polls_answered"].as_u64().unwrap_or(0);
         for dn in v["datanodes"].as_array().into_iter().flatten() {
             for (i, key) in [
                 "syncs_ranged",

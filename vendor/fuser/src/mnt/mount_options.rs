@@ -24,6 +24,10 @@ pub struct Config {
     /// FORGET and INTERRUPT). Without the kernel's support the session
     /// runs as without it. See [`crate::Session::io_uring`].
     pub io_uring: bool,
+    /// How long a ring's thread may poll for a reply another thread owes
+    /// it before it sleeps (the most; it adapts below that, see
+    /// `uring::Poll`). Zero: it always sleeps.
+    pub io_uring_poll: std::time::Duration,
 }
 
 /// Mount options accepted by the FUSE filesystem type
