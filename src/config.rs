@@ -352,6 +352,16 @@ mod tests {
         assert!(o.sync_by_fs);
         o.apply("replica_sync=file").unwrap();
         assert!(!o.sync_by_fs);
+        let mut o = MountOptions::default();
+        assert_eq!(o.fuse_uring_poll, Duration::from_micros(1000));
+        o.apply("fuse_uring_poll=0").unwrap();
+        assert!(o.fuse_uring_poll.is_zero());
+        o.apply("fuse_uring_poll=250").unwrap();
+        assert_eq!(o.fuse_uring_poll, Duration::from_micros(250));
+        for bad in ["fuse_uring_poll=", "fuse_uring_poll=-1", "fuse_uring_poll=1ms"] {
+            assert!(o.apply(bad).is_err(), "{bad}");
+        }
+        assert!(o.apply("fuse_uring_poll=100001").is_err());
     }
 
     #[test]
