@@ -358,7 +358,11 @@ mod tests {
         assert!(o.fuse_uring_poll.is_zero());
         o.apply("fuse_uring_poll=250").unwrap();
         assert_eq!(o.fuse_uring_poll, Duration::from_micros(250));
-        for bad in ["fuse_uring_poll=", "fuse_uring_poll=-1", "fuse_uring_poll=1ms"] {
+        for bad in [
+            "fuse_uring_poll=",
+            "fuse_uring_poll=-1",
+            "fuse_uring_poll=1ms",
+        ] {
             assert!(o.apply(bad).is_err(), "{bad}");
         }
         assert!(o.apply("fuse_uring_poll=100001").is_err());
