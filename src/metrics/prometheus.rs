@@ -202,6 +202,8 @@ pub const NAMES: &[&Name] = &[
     &PACKETS_ACKED,
     &PACKETS_MERGED,
     &PIPELINE_RECOVERIES,
+    &CLOSES_ON_CALLER,
+    &RING_POLLS,
     &DN_STATE,
     &DN_CAPACITY,
     &DN_USED,

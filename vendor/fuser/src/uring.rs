@@ -96,6 +96,12 @@ const WAKE: u64 = u64::MAX;
 /// then took a CPU from them (1,000 writers of 1 MiB: 0.5x).
 const POLL_AT_MOST_OWED: usize = 2;
 
+/// Whether a request (opcode `op`, first argument's `size`) is a READ of
+/// at least [`MOVE_READS_FROM`].
+fn large_read(op: u32, size: u32) -> bool {
+    op == ll::fuse_abi::fuse_opcode::FUSE_READ as u32 && size >= MOVE_READS_FROM
+}
+
 /// Whether a request of opcode `op` is one a ring's thread polls for.
 fn polled_for(op: u32) -> bool {
     use ll::fuse_abi::fuse_opcode::*;
@@ -749,7 +755,8 @@ impl<FS: Filesystem + 'static> Queue<FS> {
                     }
                 }
                 self.busy += 1;
-                let pollable = polled_for(self.opcode(idx).0);
+                let (op, size) = self.opcode(idx);
+                let pollable = polled_for(op);
                 if self.pollable.len() <= idx {
                     self.pollable.resize(idx + 1, false);
                 }
@@ -759,7 +766,7 @@ impl<FS: Filesystem + 'static> Queue<FS> {
                 }
                 // A large read is served off the reader's CPU (see
                 // `MOVE_READS_FROM`), then the thread goes home.
-                if !moved && self.large_read(idx) {
+                if !moved && large_read(op, size) {
                     moved = self.pin(false);
                 }
                 self.dispatch(idx);
@@ -822,11 +829,6 @@ impl<FS: Filesystem + 'static> Queue<FS> {
         (op, size)
     }
 
-    /// Whether entry `idx` holds a READ of at least [`MOVE_READS_FROM`].
-    fn large_read(&self, idx: usize) -> bool {
-        let (op, size) = self.opcode(idx);
-        op == ll::fuse_abi::fuse_opcode::FUSE_READ as u32 && size >= MOVE_READS_FROM
-    }
 
     /// Pins the thread to its CPU (`home`), or to every other CPU; false
     /// if that is not possible (one CPU, or not allowed).
