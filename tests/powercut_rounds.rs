@@ -11,7 +11,9 @@
 //! powercut FUSE mount (replicas synced file by file), and on ext4 and on
 //! XFS disks (loop devices whose images are on the powercut mount), where
 //! leasefs takes the paths users run: ranged syncs, zero fill, one-step
-//! small files (written whole at their close, or at their fsync). A run on ext4 or XFS fails if one of those never ran.
+//! small files (written whole at their close, or at their fsync), replies
+//! of syncs and closes a FUSE ring polled for. A run on ext4 or XFS fails
+//! if one of those never ran.
 //! CI runs 30 rounds on each of the three (the FUSE mount rounds, without
 //! the fast paths, were 50 until CI time ran short: the disks are the
 //! proof that matters);
