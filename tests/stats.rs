@@ -484,8 +484,9 @@ fn appends_with_fsync(m: &Mount, rel: &str, n: usize) -> Vec<u8> {
 /// The reply of an fsync comes from the stream's worker, not from the
 /// ring's thread that took the request; the ring's thread polls for it
 /// rather than sleeping (`fuse_uring_poll`), and every fsync still returns
-/// with its bytes durable and readable. With `fuse_uring_poll=0` it never
-/// polls.
+/// and its bytes read back (what a polled fsync made durable is checked by
+/// the power-cut rounds, which count these polls). With
+/// `fuse_uring_poll=0` it never polls.
 #[test]
 fn a_ring_polls_for_an_fsync_reply_and_never_with_poll_0() {
     if !rings_in_use() {
