@@ -481,12 +481,45 @@ fn appends_with_fsync(m: &Mount, rel: &str, n: usize) -> Vec<u8> {
         .expect("append + fsync")
 }
 
+/// A mount with one datanode and `-o fuse_uring_poll=US`, open to
+/// other users.
+fn one_replica_polling(us: &str) -> Mount {
+    let m = Mount::with(common::Opts {
+        datanodes: 1,
+        replication: Some(1),
+        o: vec![format!("fuse_uring_poll={us}")],
+        ..Default::default()
+    });
+    m.open_to_all();
+    m.sh_ok("mkdir pub && chmod 1777 pub");
+    m
+}
+
+/// As `nobody`: 100 appends of 4 KiB to `pub/n`, each fsynced and closed
+/// by `dd` (an owed FSYNC, then an owed FLUSH).
+fn nobodys_synced_appends(m: &Mount) {
+    let out = m.sh_as_nobody(
+        "for i in $(seq 100); do \
+           dd if=/dev/zero of=pub/n bs=4096 count=1 oflag=append conv=notrunc,fsync status=none || exit 1; \
+         done",
+    );
+    assert!(
+        out.status.success(),
+        "nobody's appends: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::metadata(m.path("pub/n")).expect("pub/n").len(),
+        409_600
+    );
+}
+
 /// The reply of an fsync comes from the stream's worker, not from the
 /// ring's thread that took the request; the ring's thread polls for it
-/// rather than sleeping (`fuse_uring_poll`), and every fsync still returns
-/// and its bytes read back (what a polled fsync made durable is checked by
-/// the power-cut rounds, which count these polls). With
-/// `fuse_uring_poll=0` it never polls.
+/// rather than sleeping (`fuse_uring_poll`), for root as for another
+/// user, and every fsync still returns and its bytes read back (what a
+/// polled fsync made durable is checked by the power-cut rounds, which
+/// count these polls). With `fuse_uring_poll=0` it never polls.
 #[test]
 fn a_ring_polls_for_an_fsync_reply_and_never_with_poll_0() {
     if !rings_in_use() {
@@ -495,12 +528,7 @@ fn a_ring_polls_for_an_fsync_reply_and_never_with_poll_0() {
     }
     // The most a poll may last is raised so that a loaded machine's slow
     // fsyncs do not make the ring give up polling (it adapts below it).
-    let polled = Mount::with(common::Opts {
-        datanodes: 1,
-        replication: Some(1),
-        o: vec!["fuse_uring_poll=100000".into()],
-        ..Default::default()
-    });
+    let polled = one_replica_polling("100000");
     let data = appends_with_fsync(&polled, "f", 200);
     assert_eq!(std::fs::read(polled.path("f")).expect("read back"), data);
     let answered = polled.stats_counter("ring_polls_answered");
@@ -509,15 +537,17 @@ fn a_ring_polls_for_an_fsync_reply_and_never_with_poll_0() {
         "200 fsyncs, but only {answered} replies were found by polling (missed: {})",
         polled.stats_counter("ring_polls_missed")
     );
+    nobodys_synced_appends(&polled);
+    let by_nobody = polled.stats_counter("ring_polls_answered") - answered;
+    assert!(
+        by_nobody >= 50,
+        "nobody's 100 fsyncs and closes: only {by_nobody} replies found by polling"
+    );
 
-    let never = Mount::with(common::Opts {
-        datanodes: 1,
-        replication: Some(1),
-        o: vec!["fuse_uring_poll=0".into()],
-        ..Default::default()
-    });
+    let never = one_replica_polling("0");
     let data = appends_with_fsync(&never, "f", 200);
     assert_eq!(std::fs::read(never.path("f")).expect("read back"), data);
+    nobodys_synced_appends(&never);
     assert_eq!(never.stats_counter("ring_polls_answered"), 0);
     assert_eq!(never.stats_counter("ring_polls_missed"), 0);
 }
