@@ -4,7 +4,7 @@
 //! serve the bytes from another one and report the bad one in the log.
 
 mod common;
-use common::faults::{drop_caches, pattern};
+use common::faults::{drop_caches, keep_page_cache, pattern};
 use common::*;
 
 use std::path::{Path, PathBuf};
@@ -349,6 +349,9 @@ fn drop_file_pages(f: &std::fs::File) {
 #[test]
 fn a_flipped_byte_in_memory_is_never_served_by_a_request_thread() {
     const MIB: usize = 1 << 20;
+    // Another test's drop_caches between the two reads below would send
+    // the second to disk, and nothing would be served from memory.
+    let _cache = keep_page_cache();
     let m = Mount::new();
     let src = pattern(4 * MIB, 24);
     put(&m, "f", &src);

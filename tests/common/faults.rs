@@ -133,9 +133,22 @@ impl Drop for RoBind {
     }
 }
 
+/// Held (shared) by every `drop_caches`, and alone by a test that needs
+/// the page cache it filled to stay: the tests of one binary run on
+/// threads of one process, and a sibling's `drop_caches` evicted the
+/// replicas a read-from-memory test had just cached (failed so in CI).
+static PAGE_CACHE: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+/// Keeps every other test of this binary from dropping the page cache
+/// until the guard is dropped.
+pub fn keep_page_cache() -> std::sync::RwLockWriteGuard<'static, ()> {
+    PAGE_CACHE.write().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Flushes dirty pages and drops the page cache, so the next read of a
 /// file of the mount goes to the daemon (and so to a replica).
 pub fn drop_caches() {
+    let _shared = PAGE_CACHE.read().unwrap_or_else(|e| e.into_inner());
     let _ = Command::new("sync").output();
     let _ = std::fs::write("/proc/sys/vm/drop_caches", "3");
 }
