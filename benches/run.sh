@@ -403,6 +403,15 @@ fig_seq() { # RUN TARGET DIR
     # invalidate: POSIX_FADV_DONTNEED at open), the replicas left in the
     # backing filesystem's page cache: what the daemon serves from memory
     # (leasefs' warm read above keeps the file's pages, FOPEN_KEEP_CACHE).
+    # leasefs reads replicas the page cache does not hold past it
+    # (replica_reads=direct), so the cold read above left them on disk:
+    # they are read once here (the datanodes' files, outside the mount) to
+    # measure what this row is about, the daemon serving replicas from
+    # memory. (With them on disk, the daemon reads them again: that is the
+    # cold row's path.)
+    case $t in
+        leasefs-* | before-*) cat "$work/$t"/dn*/finalized/blk_* >/dev/null 2>&1 ;;
+    esac
     js=$out/fio/$t-run$run-readdaemon.json
     if fio_run "$js" --name=readdaemon --filename="$f" --rw=read --bs=1M \
         --size="${seq_mib}M" --invalidate=1; then

@@ -26,6 +26,11 @@ pub struct MountOptions {
     /// (`replica_sync=file`, for datanodes on filesystems shared with
     /// heavy unrelated writers, whose dirty data `syncfs` would also wait for).
     pub sync_by_fs: bool,
+    /// `replica_reads=direct` (the default): a read of a finalized replica
+    /// that the page cache does not hold goes to the disk past it
+    /// (`O_DIRECT`), so the bytes are cached once, as the leasefs file's;
+    /// `cached`: through the page cache, which then holds them twice.
+    pub reads_direct: bool,
     /// `HOST:PORT` where Prometheus text is served (`metrics=`); off
     /// when `None`.
     pub metrics: Option<String>,
@@ -84,6 +89,7 @@ impl Default for MountOptions {
             log_size: 16 << 20,
             housekeeping_interval: Duration::from_secs(30),
             sync_by_fs: true,
+            reads_direct: true,
             metrics: None,
             fuse_uring: true,
             fuse_uring_poll: Duration::from_micros(1000),
@@ -98,7 +104,7 @@ impl Default for MountOptions {
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum OptionError {
     #[error(
-        "unknown mount option '{0}' (known: soft_limit, hard_limit, monitor_interval, lease_wait, block_size, packet_size, max_packets_in_flight, write_buffer, log_size, housekeeping_interval, replica_sync, fuse_uring, fuse_uring_poll, metrics, s3_endpoint, s3_region, s3_credentials, s3_retry_timeout, s3_capacity, local_copy, host_id)"
+        "unknown mount option '{0}' (known: soft_limit, hard_limit, monitor_interval, lease_wait, block_size, packet_size, max_packets_in_flight, write_buffer, log_size, housekeeping_interval, replica_sync, replica_reads, fuse_uring, fuse_uring_poll, metrics, s3_endpoint, s3_region, s3_credentials, s3_retry_timeout, s3_capacity, local_copy, host_id)"
     )]
     Unknown(String),
     #[error("mount option '{key}' has a bad value '{value}': {why}")]
@@ -193,6 +199,13 @@ impl MountOptions {
                         "fs" => true,
                         "file" => false,
                         _ => return Err(bad("expected fs or file".into())),
+                    }
+                }
+                "replica_reads" => {
+                    self.reads_direct = match value {
+                        "direct" => true,
+                        "cached" => false,
+                        _ => return Err(bad("expected direct or cached".into())),
                     }
                 }
                 "s3_endpoint" => {
@@ -351,6 +364,13 @@ mod tests {
         assert!(o.apply("replica_sync=disk").is_err());
         assert!(o.sync_by_fs);
         o.apply("replica_sync=file").unwrap();
+        assert!(o.reads_direct);
+        o.apply("replica_reads=cached").unwrap();
+        assert!(!o.reads_direct);
+        o.apply("replica_reads=direct").unwrap();
+        assert!(o.reads_direct);
+        assert!(o.apply("replica_reads=").is_err());
+        assert!(o.apply("replica_reads=odirect").is_err());
         assert!(!o.sync_by_fs);
         let mut o = MountOptions::default();
         assert_eq!(o.fuse_uring_poll, Duration::from_micros(1000));

@@ -404,3 +404,96 @@ fn a_mapping_of_a_cached_file_follows_an_append() {
     let map2 = Map::new(&r, 15_000);
     same(&map2.bytes(0, 15_000), &p[..15_000], "new mapping");
 }
+
+/// Drops `p`'s pages from the page cache (after writing back any dirty
+/// ones, so that they really go), as fio's `--invalidate` does; other
+/// tests' pages stay where they are.
+fn drop_pages(p: &Path) {
+    let f = File::open(p).unwrap();
+    f.sync_all().unwrap();
+    nix::fcntl::posix_fadvise(
+        &f,
+        0,
+        0,
+        nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
+    )
+    .unwrap();
+}
+
+/// The replica data files (not checksums) in datanode `dn`'s `finalized/`.
+fn replica_data(dn: &Path) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(dn.join("finalized"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            let n = p.file_name().unwrap().to_string_lossy();
+            n.starts_with("blk_") && !n.ends_with(".meta")
+        })
+        .collect()
+}
+
+/// The sum of datanode counter `name` (`leasefs stats --json`).
+fn dn_counter(m: &Mount, name: &str) -> u64 {
+    let st = m.leasefs(&["stats", m.mnt.to_str().unwrap(), "--once", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&st.stdout).expect("stats --json");
+    v["datanodes"]
+        .as_array()
+        .expect("datanodes")
+        .iter()
+        .map(|d| d[name].as_u64().unwrap_or(0))
+        .sum()
+}
+
+// A read of replica bytes the page cache does not hold goes to the disk
+// past it (`replica_reads=direct`, the default): the bytes read end up
+// cached once, as the leasefs file's, where reading through the replica's
+// cache held them twice (and, on a VM that hands freed memory back to its
+// host, filled twice the fresh pages: benches/PROFILE.md, "Cold reads: the
+// bytes cached once"). `replica_reads=cached` keeps the old way.
+#[test]
+fn a_cold_read_caches_its_bytes_once_unless_replica_reads_cached() {
+    const LEN: usize = 6 << 20;
+    for (o, direct) in [
+        ("replica_reads=direct", true),
+        ("replica_reads=cached", false),
+    ] {
+        let m = Mount::with(Opts {
+            datanodes: 1,
+            replication: Some(1),
+            o: vec![o.to_string()],
+            ..Opts::default()
+        });
+        let src = nonzero(LEN, 31);
+        std::fs::write(m.path("f"), &src).unwrap();
+        wait_free(&m, "f");
+        let data = replica_data(&m.datanodes[0]);
+        assert_eq!(data.len(), 1, "{o}: one block, one replica");
+        drop_pages(&data[0]);
+        drop_pages(&m.path("f"));
+        let before = dn_counter(&m, "reads_direct");
+        same(&m.read("f"), &src, o);
+        let read_direct = dn_counter(&m, "reads_direct") - before;
+        assert_eq!(resident(&m.path("f")), LEN as u64, "{o}: the file's pages");
+        let on_tmpfs = nix::sys::statfs::statfs(&m.datanodes[0])
+            .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC);
+        if on_tmpfs {
+            // A tmpfs file is its pages: nothing to keep out of memory.
+            continue;
+        }
+        let replica = resident(&data[0]);
+        if direct {
+            assert!(read_direct > 0, "{o}: no replica read went past the cache");
+            assert!(
+                replica < (LEN / 8) as u64,
+                "{o}: {replica} bytes of the replica cached as well"
+            );
+        } else {
+            assert_eq!(read_direct, 0, "{o}: a replica read went past the cache");
+            assert!(
+                replica >= LEN as u64 / 2,
+                "{o}: only {replica} bytes of the replica cached"
+            );
+        }
+    }
+}

@@ -373,6 +373,7 @@ impl Daemon {
         cfg.n_threads = Some(4);
         cfg.io_uring = spec.opts.fuse_uring;
         cfg.io_uring_poll = spec.opts.fuse_uring_poll;
+        crate::storage::direct::set_enabled(spec.opts.reads_direct);
         cfg.acl = if nix::unistd::geteuid().is_root() {
             fuser::SessionACL::All
         } else {

@@ -59,6 +59,7 @@ impl Core {
                     syncfs_shared: fast.syncfs_shared,
                     wal_by_syncfs: fast.wal_by_syncfs,
                     reads_in_memory: fast.reads_in_memory,
+                    reads_direct: fast.reads_direct,
                 }
             })
             .collect();

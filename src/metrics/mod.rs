@@ -275,7 +275,7 @@ pub struct IoCounters {
     written: AtomicU64,
     read: AtomicU64,
     errors: AtomicU64,
-    fast: [AtomicU64; 10],
+    fast: [AtomicU64; 11],
 }
 
 /// Which way replicas were made durable here: the figures that show a
@@ -312,6 +312,9 @@ pub struct FastPaths {
     /// Reads a request thread served from replica bytes and checksums
     /// already in memory, without the blocking pool (`Core::read_any`).
     pub reads_in_memory: u64,
+    /// Reads of a finalized replica that went to its disk with `O_DIRECT`,
+    /// past the page cache (`storage::direct`).
+    pub reads_direct: u64,
 }
 
 /// Indexes into [`IoCounters::fast`].
@@ -327,6 +330,7 @@ pub enum Fast {
     SyncfsShared,
     WalBySyncfs,
     ReadInMemory,
+    ReadDirect,
 }
 
 impl IoCounters {
@@ -367,6 +371,7 @@ impl IoCounters {
             syncfs_shared: get(Fast::SyncfsShared),
             wal_by_syncfs: get(Fast::WalBySyncfs),
             reads_in_memory: get(Fast::ReadInMemory),
+            reads_direct: get(Fast::ReadDirect),
         }
     }
 

@@ -186,6 +186,10 @@ pub const DN_READS_IN_MEMORY: Name = counter(
     "leasefs_datanode_reads_in_memory",
     "Replica reads a request thread served from bytes in memory, without the blocking pool",
 );
+pub const DN_READS_DIRECT: Name = counter(
+    "leasefs_datanode_reads_direct",
+    "Replica reads that went to the disk with O_DIRECT, past the datanode's page cache",
+);
 
 /// Every metric, in the order they are exposed.
 pub const NAMES: &[&Name] = &[
@@ -221,6 +225,7 @@ pub const NAMES: &[&Name] = &[
     &DN_SYNCFS_SHARED,
     &DN_WAL_BY_SYNCFS,
     &DN_READS_IN_MEMORY,
+    &DN_READS_DIRECT,
 ];
 
 /// The states `leasefs_datanode_state` always lists.
@@ -353,7 +358,7 @@ impl Scrape {
                 }
             }
         }
-        let counters: [(&Name, Field); 13] = [
+        let counters: [(&Name, Field); 14] = [
             (&DN_WRITTEN, |d| Some(d.bytes_written)),
             (&DN_READ, |d| Some(d.bytes_read)),
             (&DN_ERRORS, |d| Some(d.errors)),
@@ -367,6 +372,7 @@ impl Scrape {
             (&DN_SYNCFS_SHARED, |d| Some(d.syncfs_shared)),
             (&DN_WAL_BY_SYNCFS, |d| Some(d.wal_by_syncfs)),
             (&DN_READS_IN_MEMORY, |d| Some(d.reads_in_memory)),
+            (&DN_READS_DIRECT, |d| Some(d.reads_direct)),
         ];
         for (n, get) in counters {
             let mut m = metric(enc, n)?;

@@ -53,6 +53,8 @@ pub struct DatanodeStats {
     pub wal_by_syncfs: u64,
     /// Reads served on a request thread from replica bytes in memory.
     pub reads_in_memory: u64,
+    /// Replica reads that went to the disk past its page cache.
+    pub reads_direct: u64,
 }
 
 /// Every counter and gauge of a mount. Counters only grow while the

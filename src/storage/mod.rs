@@ -27,6 +27,7 @@ pub mod api;
 pub(crate) mod at;
 pub mod checksum;
 pub mod datanode;
+pub mod direct;
 pub mod dnid;
 pub mod error;
 #[cfg(test)]

@@ -75,6 +75,7 @@ fn open_files(
                 meta_at,
                 note: l.note(block),
                 io: io.clone(),
+                direct: std::sync::OnceLock::new(),
             });
         }
     }
@@ -231,6 +232,9 @@ pub struct FileReader {
     note: At,
     /// Its datanode's counters.
     io: Arc<IoCounters>,
+    /// The data file opened `O_DIRECT` (see `super::direct`), once a read
+    /// that waits for the disk needed it; `None` inside where refused.
+    direct: std::sync::OnceLock<Option<File>>,
 }
 
 impl FileReader {
@@ -312,6 +316,7 @@ impl FileReader {
         let r = self.read_verified(offset, buf, Wait::Yes);
         if let Ok(n) = r
             && n >= READ_AHEAD_FROM
+            && !self.reads_direct()
         {
             self.read_ahead(offset + n as u64, 2 * n as u64);
         }
@@ -418,7 +423,7 @@ impl FileReader {
                 IoSliceMut::new(buf),
                 IoSliceMut::new(&mut tail[..tail_len]),
             ];
-            preadv_full_as(&self.data, &mut iov, chunk_start, wait)
+            self.read_data(&mut iov, chunk_start, wait)
                 .map_err(|e| StorageError::io(&self.data_at.path, e))?
         };
 
@@ -541,6 +546,46 @@ impl FileReader {
             c += n as u64;
         }
         Ok(c * CS)
+    }
+
+    /// Whether reads that wait for the disk bypass the page cache: only a
+    /// finalized replica's (one being written is read as its writer
+    /// wrote it, through the cache: see the module doc).
+    fn reads_direct(&self) -> bool {
+        super::direct::enabled() && self.state == ReplicaState::Finalized
+    }
+
+    /// The data bytes of whole chunks at `at` into `iov`: with `Wait::No`
+    /// only if the page cache holds them (and without starting a read of
+    /// them where this reader reads direct: that would cache them under
+    /// the replica as well), with `Wait::Yes` straight from the disk
+    /// where the reader reads direct and the cache does not hold them.
+    fn read_data(&self, iov: &mut [IoSliceMut<'_>], at: u64, wait: Wait) -> std::io::Result<usize> {
+        let len: usize = iov.iter().map(|b| b.len()).sum();
+        if self.reads_direct() {
+            let cached = super::direct::cached(&self.data, at, len as u64);
+            match wait {
+                Wait::No if cached == Some(false) => {
+                    return Err(std::io::ErrorKind::WouldBlock.into());
+                }
+                Wait::Yes if cached != Some(true) => {
+                    let d = self
+                        .direct
+                        .get_or_init(|| super::direct::reopen(&self.data));
+                    if let Some(r) = d
+                        .as_ref()
+                        .and_then(|d| super::direct::read_into(d, iov, at))
+                    {
+                        if r.is_ok() {
+                            self.io.fast(Fast::ReadDirect);
+                        }
+                        return r;
+                    }
+                }
+                _ => {}
+            }
+        }
+        preadv_full_as(&self.data, iov, at, wait)
     }
 
     /// The replica's sync note, if it has a whole one.

@@ -212,6 +212,50 @@ mod reader {
 
     // The request thread's read (issue 28): it serves only bytes whose
     // data and checksums are in memory, and verifies them as every read.
+    // A read past the page cache verifies every chunk as any read: a flip
+    // on the disk, which no cached page hides, fails it at its chunk; its
+    // neighbours still read.
+    #[test]
+    fn a_read_past_the_page_cache_verifies_every_chunk() {
+        let dir = tempfile::tempdir().unwrap();
+        let dn = dn(&dir, 3);
+        let data = stream(1 << 20, 8);
+        write_in_packets(&dn, 5, 1, &data, &[65536]);
+        dn.finalize(5, 1, data.len() as u64).unwrap();
+        let path = dn.layout().data_path(ReplicaState::Finalized, 5);
+        flip_byte(&path, 700_000);
+        drop_pages(&path);
+        let r = dn.open_reader(5, 1).unwrap();
+        let mut buf = vec![0u8; 300_000];
+        // Unaligned at both ends, around the flip.
+        assert!(matches!(
+            r.read_kept(600_001, &mut buf),
+            Err(StorageError::Corrupt {
+                offset: 699_904,
+                ..
+            })
+        ));
+        let mut head = vec![0u8; 99_000];
+        assert_eq!(r.read_kept(600_001, &mut head).unwrap(), 99_000);
+        assert!(head[..] == data[600_001..699_001]);
+        let mut tail = vec![0u8; 400_000];
+        assert_eq!(
+            r.read_kept(700_417, &mut tail).unwrap(),
+            (1 << 20) - 700_417
+        );
+        assert!(tail[..(1 << 20) - 700_417] == data[700_417..]);
+        if nix::sys::statfs::statfs(dir.path())
+            .unwrap()
+            .filesystem_type()
+            != nix::sys::statfs::TMPFS_MAGIC
+        {
+            assert!(
+                dn.io().fast_paths().reads_direct >= 2,
+                "read past the cache"
+            );
+        }
+    }
+
     #[test]
     fn a_read_that_may_not_wait_serves_only_verified_bytes_in_memory() {
         let dir = tempfile::tempdir().unwrap();
@@ -245,8 +289,17 @@ mod reader {
             assert_eq!(r.read_kept(50_000, buf).unwrap(), 100_000);
         };
         dropped(&path, "data", &mut buf);
+        assert!(buf[..] == data[50_000..150_000]);
+        // That read went to the disk past the page cache (`direct`): the
+        // data is still not in memory, as it would be after a read through
+        // the cache.
+        assert_eq!(dn.io().fast_paths().reads_direct, 1, "read direct");
+        assert_eq!(r.read_cached(50_000, &mut buf).unwrap(), None, "not cached");
+        // A read through the cache brings it back.
+        fs::read(&path).unwrap();
         assert_eq!(r.read_cached(50_000, &mut buf).unwrap(), Some(100_000));
         dropped(&meta, "checksums", &mut buf);
+        assert_eq!(dn.io().fast_paths().reads_direct, 1, "data was cached");
         // A flip in memory fails the read as any other.
         flip_byte(&path, 120_000);
         assert!(matches!(
