@@ -156,13 +156,14 @@ struct Run {
     dropped: Vec<String>,
     /// Fast-path counters summed over the rounds' daemons (read before
     /// each cut): ranged syncs, full syncs, zero fills, one-step replicas
-    /// at close and at fsync, closes committed on the request's thread.
+    /// at close and at fsync, closes committed on the request's thread,
+    /// replies a ring polled for, replica reads past the page cache.
     fast: [u64; FAST.len()],
     /// Rounds whose cut kept a random subset of the pending sectors.
     subset_cuts: usize,
 }
 
-const FAST: [&str; 7] = [
+const FAST: [&str; 8] = [
     "ranged syncs",
     "full syncs",
     "zero fills",
@@ -170,6 +171,7 @@ const FAST: [&str; 7] = [
     "one-step fsyncs",
     "closes on the caller's thread",
     "replies a FUSE ring polled for",
+    "replica reads past the page cache",
 ];
 
 fn run(
