@@ -26,8 +26,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// logical block size of every disk this runs on divides it.
 const ALIGN: usize = 4096;
 /// The largest read made so, after alignment: a FUSE read (at most 1 MiB)
-/// with a block either side. Larger reads (a repair's copy) go through
-/// the page cache.
+/// with a block either side. Larger reads go through the page cache.
 const MAX: usize = (1 << 20) + 2 * ALIGN;
 /// Aligned buffers the daemon keeps at most, in use or free. A read that
 /// finds none free goes through the page cache, so that no number of
