@@ -254,18 +254,6 @@ fn a_missing_replica_is_skipped_on_read() {
     );
 }
 
-/// The sum of one datanode counter of `leasefs stats` over all datanodes.
-fn dn_counter(m: &Mount, name: &str) -> u64 {
-    let st = m.leasefs(&["stats", m.mnt.to_str().unwrap(), "--once", "--json"]);
-    let v: serde_json::Value = serde_json::from_slice(&st.stdout).expect("stats --json");
-    v["datanodes"]
-        .as_array()
-        .expect("datanodes")
-        .iter()
-        .map(|d| d[name].as_u64().unwrap_or(0))
-        .sum()
-}
-
 /// Reads `len` bytes at `at` through `f` (one open file of the mount).
 fn pread(f: &std::fs::File, at: u64, len: usize) -> Vec<u8> {
     use std::os::unix::fs::FileExt;
@@ -288,7 +276,7 @@ fn a_flipped_byte_is_never_served_through_a_replica_reader_kept_open() {
     drop_caches();
     let f = std::fs::File::open(m.path("f")).unwrap();
     assert!(pread(&f, 0, MIB) == src[..MIB], "first MiB");
-    let kept_before = dn_counter(&m, "readers_reused");
+    let kept_before = m.dn_counter("readers_reused");
     assert!(
         kept_before > 0,
         "the first MiB (several requests) never went through a kept reader"
@@ -314,7 +302,7 @@ fn a_flipped_byte_is_never_served_through_a_replica_reader_kept_open() {
         "a flipped byte was served through the open handle"
     );
     assert!(
-        dn_counter(&m, "readers_reused") > kept_before,
+        m.dn_counter("readers_reused") > kept_before,
         "the reads after the flips never went through a kept reader"
     );
     let log = m.log();
@@ -367,9 +355,9 @@ fn a_flipped_byte_in_memory_is_never_served_by_a_request_thread() {
     let f = std::fs::File::open(m.path("f")).unwrap();
     assert!(pread(&f, 0, 4 * MIB) == src, "first read");
     drop_file_pages(&f);
-    let before = dn_counter(&m, "reads_in_memory");
+    let before = m.dn_counter("reads_in_memory");
     assert!(pread(&f, 0, 4 * MIB) == src, "second read");
-    let fast = dn_counter(&m, "reads_in_memory");
+    let fast = m.dn_counter("reads_in_memory");
     let on_tmpfs = nix::sys::statfs::statfs(&m.datanodes[0])
         .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC);
     if etcd_backend() || on_tmpfs {

@@ -433,18 +433,6 @@ fn replica_data(dn: &Path) -> Vec<std::path::PathBuf> {
         .collect()
 }
 
-/// The sum of datanode counter `name` (`leasefs stats --json`).
-fn dn_counter(m: &Mount, name: &str) -> u64 {
-    let st = m.leasefs(&["stats", m.mnt.to_str().unwrap(), "--once", "--json"]);
-    let v: serde_json::Value = serde_json::from_slice(&st.stdout).expect("stats --json");
-    v["datanodes"]
-        .as_array()
-        .expect("datanodes")
-        .iter()
-        .map(|d| d[name].as_u64().unwrap_or(0))
-        .sum()
-}
-
 // A read of replica bytes the page cache does not hold goes to the disk
 // past it (`replica_reads=direct`, the default): the bytes read end up
 // cached once, as the leasefs file's, where reading through the replica's
@@ -471,9 +459,9 @@ fn a_cold_read_caches_its_bytes_once_unless_replica_reads_cached() {
         assert_eq!(data.len(), 1, "{o}: one block, one replica");
         drop_pages(&data[0]);
         drop_pages(&m.path("f"));
-        let before = dn_counter(&m, "reads_direct");
+        let before = m.dn_counter("reads_direct");
         same(&m.read("f"), &src, o);
-        let read_direct = dn_counter(&m, "reads_direct") - before;
+        let read_direct = m.dn_counter("reads_direct") - before;
         assert_eq!(resident(&m.path("f")), LEN as u64, "{o}: the file's pages");
         let on_tmpfs = nix::sys::statfs::statfs(&m.datanodes[0])
             .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC);

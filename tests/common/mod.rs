@@ -403,6 +403,16 @@ impl Mount {
         serde_json::from_slice(&out.stdout).expect("one JSON object")
     }
 
+    /// Datanode counter `name` of `stats --json`, summed over datanodes.
+    pub fn dn_counter(&self, name: &str) -> u64 {
+        self.stats_json()["datanodes"]
+            .as_array()
+            .expect("datanodes")
+            .iter()
+            .map(|d| d[name].as_u64().unwrap_or(0))
+            .sum()
+    }
+
     /// A mount-wide counter of `stats --json`.
     pub fn stats_counter(&self, key: &str) -> u64 {
         self.stats_json()[key]
