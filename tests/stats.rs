@@ -551,3 +551,81 @@ fn a_ring_polls_for_an_fsync_reply_and_never_with_poll_0() {
     assert_eq!(never.stats_counter("ring_polls_answered"), 0);
     assert_eq!(never.stats_counter("ring_polls_missed"), 0);
 }
+
+/// A reader that reads ahead has two large READs in flight on its CPU's
+/// ring; the ring's helper thread serves one while the main thread serves
+/// the other (counter `ring_helper_reads`), and every byte read that way
+/// is the file's. Four readers pinned to one CPU, each dropping its
+/// file's pages before every pass so the daemon serves each pass (from the
+/// replicas it just wrote, in memory). (Which entry the kernel picks
+/// depends on the order earlier replies came in; several readers at once
+/// make sure both threads' entries are picked.)
+#[test]
+fn large_reads_of_one_cpu_are_served_by_both_threads_of_its_ring() {
+    if !rings_in_use() {
+        eprintln!("skipped: requests do not come over FUSE's io_uring rings here");
+        return;
+    }
+    let m = Mount::with(common::Opts {
+        datanodes: 1,
+        replication: Some(1),
+        ..Default::default()
+    });
+    const SIZE: usize = 16 << 20;
+    const READERS: [u8; 4] = [1, 2, 3, 4];
+    let content = |seed: u8| -> Vec<u8> {
+        (0..SIZE)
+            .map(|i| {
+                (i as u64)
+                    .wrapping_mul(2654435761)
+                    .wrapping_add(seed as u64) as u8
+                    ^ (i >> 12) as u8
+            })
+            .collect()
+    };
+    for seed in READERS {
+        std::fs::write(m.path(&format!("f{seed}")), content(seed)).expect("write");
+    }
+    let readers: Vec<_> = READERS
+        .into_iter()
+        .map(|seed| {
+            let path = m.path(&format!("f{seed}"));
+            std::thread::spawn(move || {
+                let mut cpu = nix::sched::CpuSet::new();
+                cpu.set(0).expect("cpu 0");
+                nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &cpu).expect("pin");
+                let want = content(seed);
+                for pass in 0..4 {
+                    let mut f = std::fs::File::open(&path).expect("open");
+                    nix::fcntl::posix_fadvise(
+                        &f,
+                        0,
+                        0,
+                        nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
+                    )
+                    .expect("fadvise");
+                    let mut got = Vec::with_capacity(SIZE);
+                    let mut buf = vec![0u8; 1 << 20];
+                    loop {
+                        let n = f.read(&mut buf).expect("read");
+                        if n == 0 {
+                            break;
+                        }
+                        got.extend_from_slice(&buf[..n]);
+                    }
+                    assert!(got == want, "f{seed}, pass {pass}: the bytes read differ");
+                }
+            })
+        })
+        .collect();
+    for r in readers {
+        r.join().expect("a reader failed");
+    }
+    let helper = m.stats_counter("ring_helper_reads");
+    let in_memory = m.dn_counter("reads_in_memory");
+    assert!(
+        helper > 0,
+        "no large READ was served by a ring's helper thread ({in_memory} served in memory)"
+    );
+    eprintln!("large READs served by helpers: {helper} ({in_memory} served in memory)");
+}
