@@ -18,7 +18,6 @@ impl Core {
         let polls = fuser::ring_polls();
         s.ring_polls_answered = polls.answered;
         s.ring_polls_missed = polls.missed;
-        s.ring_helper_reads = fuser::ring_helper_reads();
         s.leases_held = self.leases.len() as u64;
         s.lease_waiters = self.leases.waiting().len() as u64;
         for stream in self.handles.streams() {

@@ -104,11 +104,6 @@ pub const RING_POLLS: Name = counter(
     "leasefs_fuse_ring_polls",
     "Polls of a FUSE ring's thread for a reply another thread owed it, by outcome",
 );
-/// Large READs served by a FUSE ring's second (helper) thread.
-pub const RING_HELPER_READS: Name = counter(
-    "leasefs_fuse_ring_helper_reads",
-    "READs of 256 KiB or more served by a FUSE ring's helper thread",
-);
 /// A replica failed mid-write and its pipeline was rebuilt without it.
 pub const PIPELINE_RECOVERIES: Name = counter(
     "leasefs_pipeline_recoveries",
@@ -213,7 +208,6 @@ pub const NAMES: &[&Name] = &[
     &PIPELINE_RECOVERIES,
     &CLOSES_ON_CALLER,
     &RING_POLLS,
-    &RING_HELPER_READS,
     &DN_STATE,
     &DN_CAPACITY,
     &DN_USED,
@@ -322,7 +316,6 @@ impl Collector for Scrape {
                 ConstCounter::new(n).encode(m.encode_family(&[("outcome", outcome)])?)?;
             }
         }
-        one_counter(&mut enc, &RING_HELPER_READS, s.ring_helper_reads)?;
         self.encode_datanodes(&mut enc)
     }
 }

@@ -97,9 +97,6 @@ pub struct Snapshot {
     /// that polled in vain and slept (see `fuse_uring_poll`).
     pub ring_polls_answered: u64,
     pub ring_polls_missed: u64,
-    /// READs of 256 KiB or more served by a FUSE ring's second thread,
-    /// at the same time as its first served another.
-    pub ring_helper_reads: u64,
     pub datanodes: Vec<DatanodeStats>,
 }
 

@@ -8,9 +8,7 @@
 //! of a halted vCPU, which costs more than the filesystem's own work for a
 //! metadata request. Over io_uring the kernel queues a request on the ring
 //! of the CPU the caller runs on, and that ring's thread runs pinned to
-//! that CPU: request and reply are local wake-ups. A second thread per
-//! queue, with one entry, lets two large READs of one reader be served at
-//! once ([`HELPER_ENTRIES`]).
+//! that CPU: request and reply are local wake-ups.
 //!
 //! The protocol (`fs/fuse/dev_uring.c`): each ring entry registers a
 //! header buffer ([`ReqHeader`]) and a payload buffer with the kernel
@@ -86,27 +84,13 @@ const MAX_ENTRIES: usize = 1024;
 /// served there, the large read waits for it, with the other CPUs idle (a
 /// daemon-served 1 GiB sequential read measured 1.2–1.5 GB/s pinned
 /// against 2.0–2.4 moved, on 2 vCPUs). Going home after every batch cost
-/// two migrations per 1 MiB READ (1.59–1.97 GB/s against 2.05–2.26
-/// staying, same probe). Small requests stay on the issuer's CPU, where
-/// the ring saves them a cross-CPU wake-up each way. A large READ's reply
-/// is committed as soon as it is written, not after the rest of its
-/// batch, so the reader is not held up by the next READ.
+/// two migrations per 1 MiB READ (1,686–2,081 MB/s against 1,796–2,205
+/// staying, 6 rounds each, the file's pages dropped and the replicas in
+/// memory). Small requests stay on the issuer's CPU, where the ring saves
+/// them a cross-CPU wake-up each way. A large READ's reply is committed
+/// as soon as it is written, not after the rest of its batch, so the
+/// reader does not wait for the next READ of the batch.
 const MOVE_READS_FROM: u32 = 256 << 10;
-/// Entries of a queue's helper: a second thread that registers this many
-/// entries of the same CPU's queue from its own io_uring, stays on that
-/// CPU and never grows. The kernel hands a request to the free entry of
-/// its queue that was committed last, so while the main thread serves one
-/// READ, the next READ of a reader that reads ahead (committed last: the
-/// helper's) goes to the helper, and the two are served at once, one on
-/// each CPU, as `/dev/fuse`'s several threads would. One thread per queue
-/// served them one after the other (daemon-served 1 GiB read, pages warm:
-/// 2,098 MB/s against 2,483 with the helper, fuse-ceiling 2,545). Its
-/// entry may hold a request that waits long (a lease queue): the main
-/// thread keeps its own free entries for the rest, so nothing waits
-/// for it. When the main thread adds entries (more requests waiting), the
-/// kernel would hand requests to the new ones before the helper's, so the
-/// helper then adds one entry more, registered after them.
-const HELPER_ENTRIES: usize = 1;
 /// `user_data` of the eventfd read; entries use their index.
 const WAKE: u64 = u64::MAX;
 
@@ -142,15 +126,6 @@ const POLL_START: Duration = Duration::from_micros(50);
 /// reply (or a new request) while polling, `missed` went to sleep after.
 static POLLS_ANSWERED: AtomicU64 = AtomicU64::new(0);
 static POLLS_MISSED: AtomicU64 = AtomicU64::new(0);
-
-/// Large READs (`MOVE_READS_FROM`) served by a queue's helper thread.
-static HELPER_READS: AtomicU64 = AtomicU64::new(0);
-
-/// Large READs the rings' helper threads served since the process
-/// started (see [`HELPER_ENTRIES`]).
-pub fn ring_helper_reads() -> u64 {
-    HELPER_READS.load(Ordering::Relaxed)
-}
 
 /// What the rings' threads did while replies were owed to them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -399,11 +374,6 @@ struct Shared {
     stopped: AtomicBool,
     /// Every entry of the queue, by index (grows, never shrinks).
     entries: Mutex<Vec<Arc<Entry>>>,
-    /// A main thread's helper, once it runs (see `HELPER_ENTRIES`).
-    helper: std::sync::OnceLock<Arc<SharedHandle>>,
-    /// A helper is to register one more entry: its main thread registered
-    /// new ones, which the kernel hands requests to before the helper's.
-    regrow: AtomicBool,
 }
 
 impl Shared {
@@ -414,19 +384,15 @@ impl Shared {
             m.len() == 1 && !self.polling.load(Ordering::Relaxed)
         };
         if wake {
-            self.wake();
-        }
-    }
-
-    fn wake(&self) {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a local to an eventfd we own.
-        let r = unsafe { libc::write(self.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
-        if r != 8 {
-            warn!(
-                "fuse ring: cannot wake its thread: {}",
-                io::Error::last_os_error()
-            );
+            let one: u64 = 1;
+            // SAFETY: writes 8 bytes from a local to an eventfd we own.
+            let r = unsafe { libc::write(self.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
+            if r != 8 {
+                warn!(
+                    "fuse ring: cannot wake its thread: {}",
+                    io::Error::last_os_error()
+                );
+            }
         }
     }
 }
@@ -574,108 +540,72 @@ pub(crate) fn start<FS: Filesystem + 'static>(
     poll: Duration,
 ) -> io::Result<Rings> {
     let cpus = possible_cpus()?;
-    let mut rings = Rings {
-        threads: Vec::new(),
-        shared: Vec::new(),
+    let mut threads = Vec::new();
+    let mut shareds = Vec::new();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<io::Result<()>>();
+    for qid in 0..cpus {
+        // SAFETY: eventfd(2) with valid flags; the result is checked.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a fresh descriptor we own.
+        let wake = unsafe { OwnedFd::from_raw_fd(fd) };
+        let shared = Arc::new(SharedHandle(Shared {
+            mailbox: Mutex::new(Vec::new()),
+            wake,
+            polling: AtomicBool::new(false),
+            stopped: AtomicBool::new(false),
+            entries: Mutex::new(Vec::new()),
+        }));
+        let q = Queue {
+            qid: qid as u16,
+            se: se.clone(),
+            dev: ch.as_fd().as_raw_fd(),
+            sender: ch.sender(),
+            shared: shared.clone(),
+            max_payload,
+            cpus,
+            busy: 0,
+            poll: Poll::new(poll),
+            pollable: Vec::new(),
+            unpollable: 0,
+            wake_buf: Box::new(0),
+            early: Vec::new(),
+        };
+        let ready = ready_tx.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name(format!("fuse-ring-{qid}"))
+                .spawn(move || q.run(ready))?,
+        );
+        shareds.push(shared);
+    }
+    drop(ready_tx);
+    let rings = Rings {
+        threads,
+        shared: shareds,
     };
-    // The main threads first, then the helpers: the kernel hands a request
-    // to the entry made free last, so a helper's entry, registered last,
-    // is the one a second READ in flight finds (see `HELPER_ENTRIES`).
-    for helper in [false, true] {
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<io::Result<()>>();
-        let mut started = Ok(());
-        let mut spawned = 0;
-        for qid in 0..cpus {
-            started = spawn(&mut rings, &se, ch, max_payload, poll, cpus, qid, helper, &ready_tx);
-            if started.is_err() {
-                break;
+    // Every queue registered its first entries, or one could not.
+    for _ in 0..cpus {
+        match ready_rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                rings.stop();
+                return Err(e);
             }
-            spawned += 1;
-        }
-        drop(ready_tx);
-        // Every thread registered its first entries, or one could not. (A
-        // thread keeps its sender while it serves: count the reports.)
-        for _ in 0..spawned {
-            let r = ready_rx
-                .recv()
-                .unwrap_or_else(|_| Err(io::Error::other("a fuse ring thread ended at its start")));
-            started = started.and(r);
-        }
-        if let Err(e) = started {
-            rings.stop();
-            return Err(e);
+            Err(_) => {
+                rings.stop();
+                return Err(io::Error::other("a fuse ring thread ended at its start"));
+            }
         }
     }
     Ok(rings)
 }
 
-/// Starts the main thread or the helper of CPU `qid`'s queue; it reports
-/// on `ready` once its first entries are registered.
-#[allow(clippy::too_many_arguments)]
-fn spawn<FS: Filesystem + 'static>(
-    rings: &mut Rings,
-    se: &Arc<SessionEventLoop<FS>>,
-    ch: &Channel,
-    max_payload: usize,
-    poll: Duration,
-    cpus: usize,
-    qid: usize,
-    helper: bool,
-    ready: &std::sync::mpsc::Sender<io::Result<()>>,
-) -> io::Result<()> {
-    // SAFETY: eventfd(2) with valid flags; the result is checked.
-    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a fresh descriptor we own.
-    let wake = unsafe { OwnedFd::from_raw_fd(fd) };
-    let shared = Arc::new(SharedHandle(Shared {
-        mailbox: Mutex::new(Vec::new()),
-        wake,
-        polling: AtomicBool::new(false),
-        stopped: AtomicBool::new(false),
-        entries: Mutex::new(Vec::new()),
-        helper: std::sync::OnceLock::new(),
-        regrow: AtomicBool::new(false),
-    }));
-    let q = Queue {
-        qid: qid as u16,
-        helper,
-        se: se.clone(),
-        dev: ch.as_fd().as_raw_fd(),
-        sender: ch.sender(),
-        shared: shared.clone(),
-        max_payload,
-        cpus,
-        busy: 0,
-        poll: Poll::new(poll),
-        pollable: Vec::new(),
-        unpollable: 0,
-        wake_buf: Box::new(0),
-        early: Vec::new(),
-    };
-    let ready = ready.clone();
-    let name = format!("fuse-ring-{qid}{}", if helper { "h" } else { "" });
-    let thread = std::thread::Builder::new()
-        .name(name)
-        .spawn(move || q.run(ready))?;
-    rings.threads.push(thread);
-    if helper {
-        // Its main thread, started before it, is the queue's first.
-        if let Some(main) = rings.shared.get(qid) {
-            let _ = main.0.helper.set(shared.clone());
-        }
-    }
-    rings.shared.push(shared);
-    Ok(())
-}
-
 /// One CPU's ring and its thread's state.
 struct Queue<FS: Filesystem> {
     qid: u16,
-    /// The queue's helper thread (see [`HELPER_ENTRIES`]).
-    helper: bool,
     se: Arc<SessionEventLoop<FS>>,
     dev: RawFd,
     sender: ChannelSender,
@@ -710,7 +640,6 @@ impl<FS: Filesystem + 'static> Queue<FS> {
         {
             debug!("fuse ring {cpu}: not pinned: {e}");
         }
-        if self.helper { std::thread::sleep(Duration::from_millis(100)); } // EXPERIMENT
         let mut ring = match Ring::builder().build(2 * MAX_ENTRIES as u32) {
             Ok(r) => r,
             Err(e) => {
@@ -723,7 +652,7 @@ impl<FS: Filesystem + 'static> Queue<FS> {
         // is served first.)
         let mut early = Vec::new();
         let started = self
-            .grow(&mut ring, if self.helper { HELPER_ENTRIES } else { START })
+            .grow(&mut ring, START)
             .and_then(|()| self.arm_wake(&mut ring))
             .and_then(|()| ring.submit().map(drop))
             .and_then(|()| {
@@ -817,9 +746,6 @@ impl<FS: Filesystem + 'static> Queue<FS> {
                 if ud == WAKE {
                     local.append(&mut self.shared.0.mailbox.lock());
                     self.arm_wake(ring)?;
-                    if self.shared.0.regrow.swap(false, Ordering::AcqRel) {
-                        self.grow(ring, HELPER_ENTRIES)?;
-                    }
                     continue;
                 }
                 let idx = ud as usize;
@@ -845,16 +771,12 @@ impl<FS: Filesystem + 'static> Queue<FS> {
                     self.unpollable += 1;
                 }
                 // A large read is served off the reader's CPU (see
-                // `MOVE_READS_FROM`) by the main thread; the helper stays.
+                // `MOVE_READS_FROM`), its reply committed at once.
                 let is_large = large_read(op, size);
-                if is_large && self.helper {
-                    HELPER_READS.fetch_add(1, Ordering::Relaxed);
-                } else if is_large {
-                    large = true;
-                    if !moved {
-                        moved = self.pin(false);
-                    }
+                if is_large && !moved {
+                    moved = self.pin(false);
                 }
+                large |= is_large;
                 self.dispatch(idx);
                 ON_RING.with(|r| local.append(&mut r.borrow_mut().1));
                 if is_large && !local.is_empty() {
@@ -867,6 +789,7 @@ impl<FS: Filesystem + 'static> Queue<FS> {
             for (idx, copy) in local.drain(..) {
                 self.commit(ring, idx, copy)?;
             }
+            // Home after a batch without a large READ.
             if moved && !large {
                 ring.submit()?;
                 self.pin(true);
@@ -874,15 +797,9 @@ impl<FS: Filesystem + 'static> Queue<FS> {
             }
             let free = self.shared.0.entries.lock().len() - self.busy;
             let want = START.max(self.busy);
-            if !self.helper && free < want {
+            if free < want {
                 let n = (want - free).div_ceil(GROW_BY) * GROW_BY;
                 self.grow(ring, n)?;
-                // The new entries are registered before the helper's next.
-                ring.submit()?;
-                if let Some(h) = self.shared.0.helper.get() {
-                    h.0.regrow.store(true, Ordering::Release);
-                    h.0.wake();
-                }
             }
         }
     }
