@@ -985,26 +985,24 @@ mod tests {
     fn an_fsync_is_taken_with_its_packet_whatever_follows_it_and_a_close_only_last() {
         let buf = Buffer::new(100);
         let calls = Calls::default();
-        let mut s = StreamState::new(limits(8), 0);
-        call(
-            s.accept(&[1; 50], calls.done("write"), 1, &mut buf.take()),
-            Ok(()),
-        );
-        s.barrier(Barrier::Sync, calls.done("sync"));
-        s.barrier(Barrier::Close, calls.done("close"));
-        assert!(matches!(s.next_job(), Next::Job(Job::Packet(_))));
+        // One packet queued, then two barriers behind it; the packet taken.
+        let behind_a_packet = |first: Barrier, second: Barrier| {
+            let mut s = StreamState::new(limits(8), 0);
+            call(
+                s.accept(&[1; 50], calls.done("write"), 1, &mut buf.take()),
+                Ok(()),
+            );
+            s.barrier(first, calls.done("first"));
+            s.barrier(second, calls.done("second"));
+            assert!(matches!(s.next_job(), Next::Job(Job::Packet(_))));
+            s
+        };
+        let mut s = behind_a_packet(Barrier::Sync, Barrier::Close);
         assert!(s.take_ending(false).is_none(), "no fsync asked for");
         assert!(matches!(s.take_ending(true), Some(Ending::Sync(_))));
         assert!(matches!(s.next_job(), Next::Job(Job::Close(_))));
         // A close with anything behind it is not the stream's last.
-        let mut s = StreamState::new(limits(8), 0);
-        call(
-            s.accept(&[1; 50], calls.done("write"), 1, &mut buf.take()),
-            Ok(()),
-        );
-        s.barrier(Barrier::Close, calls.done("close"));
-        s.barrier(Barrier::Flush, calls.done("flush"));
-        assert!(matches!(s.next_job(), Next::Job(Job::Packet(_))));
+        let mut s = behind_a_packet(Barrier::Close, Barrier::Flush);
         assert!(s.take_ending(true).is_none());
         assert!(matches!(s.next_job(), Next::Job(Job::Close(_))));
     }
