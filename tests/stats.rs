@@ -551,3 +551,149 @@ fn a_ring_polls_for_an_fsync_reply_and_never_with_poll_0() {
     assert_eq!(never.stats_counter("ring_polls_answered"), 0);
     assert_eq!(never.stats_counter("ring_polls_missed"), 0);
 }
+
+/// Drops the page cache of every file under `dir` (a datanode's replicas),
+/// so the next read of them waits for the disk.
+fn drop_pages_under(dir: &std::path::Path) {
+    for e in std::fs::read_dir(dir).expect("read_dir") {
+        let p = e.expect("entry").path();
+        if p.is_dir() {
+            drop_pages_under(&p);
+        } else if let Ok(f) = std::fs::File::open(&p) {
+            let _ = nix::fcntl::posix_fadvise(
+                &f,
+                0,
+                0,
+                nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
+            );
+        }
+    }
+}
+
+/// Four readers that read ahead, pinned to CPU 0, have large READs in
+/// flight on that CPU's ring; its helper thread serves some while the
+/// main thread serves others (counter `ring_helper_reads`), and every
+/// byte read is the file's, whether the replica was in memory (served by
+/// the thread that took the READ) or not (read on the blocking pool and
+/// committed by the main thread: the pass after the replicas' pages are
+/// dropped). Meanwhile four threads on the same CPU create, write, close,
+/// read back and unlink small files: the requests that reach an entry the
+/// helper holds are forwarded to the main thread (counter
+/// `ring_helper_forwarded`), and each one is answered (a request lost on
+/// the way would leave its caller waiting, caught by the deadline).
+#[test]
+fn large_reads_of_one_cpu_are_served_by_both_threads_of_its_ring() {
+    if !rings_in_use() {
+        eprintln!("skipped: requests do not come over FUSE's io_uring rings here");
+        return;
+    }
+    let m = Mount::with(common::Opts {
+        datanodes: 1,
+        replication: Some(1),
+        ..Default::default()
+    });
+    const SIZE: usize = 16 << 20;
+    let content = |seed: u8| -> Vec<u8> {
+        (0..SIZE)
+            .map(|i| {
+                (i as u64)
+                    .wrapping_mul(2654435761)
+                    .wrapping_add(seed as u64) as u8
+                    ^ (i >> 12) as u8
+            })
+            .collect()
+    };
+    for seed in 1..=4u8 {
+        std::fs::write(m.path(&format!("f{seed}")), content(seed)).expect("write");
+    }
+    std::fs::create_dir(m.path("small")).expect("mkdir");
+    let on_cpu0 = || {
+        let mut cpu = nix::sched::CpuSet::new();
+        cpu.set(0).expect("cpu 0");
+        nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &cpu).expect("pin");
+    };
+    let reading = Arc::new(AtomicBool::new(true));
+    let (tx, rx) = std::sync::mpsc::channel::<Result<String, String>>();
+    let dn = m.datanodes[0].clone();
+    for seed in 1..=4u8 {
+        let (path, tx, dn) = (m.path(&format!("f{seed}")), tx.clone(), dn.clone());
+        std::thread::spawn(move || {
+            on_cpu0();
+            let want = content(seed);
+            for pass in 0..6 {
+                if pass == 3 {
+                    drop_pages_under(&dn);
+                }
+                let mut f = std::fs::File::open(&path).expect("open");
+                nix::fcntl::posix_fadvise(
+                    &f,
+                    0,
+                    0,
+                    nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
+                )
+                .expect("fadvise");
+                let mut got = Vec::with_capacity(SIZE);
+                f.read_to_end(&mut got).expect("read");
+                if got != want {
+                    let _ = tx.send(Err(format!("f{seed}, pass {pass}: the bytes read differ")));
+                    return;
+                }
+            }
+            let _ = tx.send(Ok(format!("reader {seed}")));
+        });
+    }
+    for t in 0..4 {
+        let (dir, tx, reading) = (m.path("small"), tx.clone(), reading.clone());
+        std::thread::spawn(move || {
+            on_cpu0();
+            let mut n = 0;
+            while reading.load(Ordering::Relaxed) || n < 200 {
+                let p = dir.join(format!("t{t}-{n}"));
+                let body = format!("{t} {n}");
+                let r = std::fs::write(&p, &body)
+                    .and_then(|()| std::fs::read_to_string(&p))
+                    .and_then(|got| {
+                        std::fs::remove_file(&p)?;
+                        Ok(got)
+                    });
+                match r {
+                    Ok(got) if got == body => n += 1,
+                    Ok(got) => {
+                        let _ = tx.send(Err(format!("{p:?} read back {got:?}")));
+                        return;
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(format!("{p:?}: {e}")));
+                        return;
+                    }
+                }
+            }
+            let _ = tx.send(Ok(format!("small files {t}: {n}")));
+        });
+    }
+    drop(tx);
+    let deadline = Instant::now() + Duration::from_secs(180);
+    for i in 0..8 {
+        if i == 4 {
+            // The readers are done (four reports came first, or the small
+            // files' threads failed): let those stop.
+            reading.store(false, Ordering::Relaxed);
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(Ok(who)) => eprintln!("{who}"),
+            Ok(Err(e)) => panic!("{e}"),
+            Err(_) => {
+                panic!("a reader or a small-file thread never finished: a request was not answered")
+            }
+        }
+    }
+    let reads = m.stats_counter("ring_helper_reads");
+    let forwarded = m.stats_counter("ring_helper_forwarded");
+    eprintln!("helpers: {reads} large READs served, {forwarded} requests forwarded");
+    assert!(
+        reads > 0,
+        "no large READ was served by a ring's helper thread"
+    );
+    assert!(forwarded > 0, "no request reached an entry a helper held");
+}

@@ -18,6 +18,9 @@ impl Core {
         let polls = fuser::ring_polls();
         s.ring_polls_answered = polls.answered;
         s.ring_polls_missed = polls.missed;
+        let helpers = fuser::ring_helpers();
+        s.ring_helper_reads = helpers.reads;
+        s.ring_helper_forwarded = helpers.forwarded;
         s.leases_held = self.leases.len() as u64;
         s.lease_waiters = self.leases.waiting().len() as u64;
         for stream in self.handles.streams() {

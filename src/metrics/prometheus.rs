@@ -104,6 +104,11 @@ pub const RING_POLLS: Name = counter(
     "leasefs_fuse_ring_polls",
     "Polls of a FUSE ring's thread for a reply another thread owed it, by outcome",
 );
+/// What a FUSE ring's second (helper) thread did.
+pub const RING_HELPER: Name = counter(
+    "leasefs_fuse_ring_helper_requests",
+    "Requests a FUSE ring's helper thread took: large READs it served, others it forwarded",
+);
 /// A replica failed mid-write and its pipeline was rebuilt without it.
 pub const PIPELINE_RECOVERIES: Name = counter(
     "leasefs_pipeline_recoveries",
@@ -208,6 +213,7 @@ pub const NAMES: &[&Name] = &[
     &PIPELINE_RECOVERIES,
     &CLOSES_ON_CALLER,
     &RING_POLLS,
+    &RING_HELPER,
     &DN_STATE,
     &DN_CAPACITY,
     &DN_USED,
@@ -314,6 +320,15 @@ impl Collector for Scrape {
                 ("missed", s.ring_polls_missed),
             ] {
                 ConstCounter::new(n).encode(m.encode_family(&[("outcome", outcome)])?)?;
+            }
+        }
+        {
+            let mut m = metric(&mut enc, &RING_HELPER)?;
+            for (kind, n) in [
+                ("read", s.ring_helper_reads),
+                ("forwarded", s.ring_helper_forwarded),
+            ] {
+                ConstCounter::new(n).encode(m.encode_family(&[("kind", kind)])?)?;
             }
         }
         self.encode_datanodes(&mut enc)

@@ -97,6 +97,11 @@ pub struct Snapshot {
     /// that polled in vain and slept (see `fuse_uring_poll`).
     pub ring_polls_answered: u64,
     pub ring_polls_missed: u64,
+    /// READs of 256 KiB or more served by a FUSE ring's helper thread,
+    /// beside what its main thread served meanwhile; and other requests
+    /// that reached an entry a helper held, forwarded to the main thread.
+    pub ring_helper_reads: u64,
+    pub ring_helper_forwarded: u64,
     pub datanodes: Vec<DatanodeStats>,
 }
 

@@ -49,7 +49,7 @@ pub use crate::ll::request::LockOwner;
 pub use crate::ll::request::Version;
 pub use crate::mnt::mount_options::Config;
 #[cfg(target_os = "linux")]
-pub use crate::uring::{RingPolls, ring_polls};
+pub use crate::uring::{RingHelpers, RingPolls, ring_helpers, ring_polls};
 pub use crate::mnt::mount_options::MountOption;
 pub use crate::notify::Notifier;
 pub use crate::notify::PollHandle;

@@ -42,7 +42,7 @@ use std::io;
 use std::io::IoSlice;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -56,6 +56,9 @@ use crate::ll;
 use crate::reply::ReplySender;
 use crate::request::RequestWithSender;
 use crate::session::SessionEventLoop;
+
+mod helper;
+pub use helper::{RingHelpers, ring_helpers};
 
 const CMD_REGISTER: u32 = 1;
 const CMD_COMMIT_AND_FETCH: u32 = 2;
@@ -240,6 +243,11 @@ struct Entry {
     req_payload: AtomicU32,
     /// The `unique` of the request the entry holds.
     unique: AtomicU32Pair,
+    /// The request it holds is of a kind polled for (`polled_for`).
+    pollable: AtomicBool,
+    /// Its next request completes on the queue's helper's io_uring, or
+    /// the helper serves it (see [`helper`]).
+    at_helper: AtomicBool,
 }
 
 // SAFETY: the buffers behind the `UnsafeCell`s and `base` are handed
@@ -287,6 +295,8 @@ impl Entry {
             dispatching: AtomicBool::new(false),
             req_payload: AtomicU32::new(0),
             unique: AtomicU32Pair::default(),
+            pollable: AtomicBool::new(false),
+            at_helper: AtomicBool::new(false),
         });
         // SAFETY: nobody else has the entry yet; `base` points into a
         // buffer of SLACK + max_payload bytes.
@@ -298,6 +308,18 @@ impl Entry {
             iov[1].iov_len = max_payload;
         }
         e
+    }
+
+    /// The opcode of the request the entry holds, and the `size` of its
+    /// first argument (a READ's length). Only while the entry is busy and
+    /// not dispatched yet.
+    fn opcode(&self) -> (u32, u32) {
+        // SAFETY: the kernel handed the entry back; only the thread that
+        // took it reads it.
+        let h = unsafe { &*self.header.get() };
+        let op = u32::from_ne_bytes([h.in_out[4], h.in_out[5], h.in_out[6], h.in_out[7]]);
+        let size = u32::from_ne_bytes([h.op_in[16], h.op_in[17], h.op_in[18], h.op_in[19]]);
+        (op, size)
     }
 
     /// Whether a reply may be written into the buffers now (see [`Entry`]).
@@ -374,9 +396,46 @@ struct Shared {
     stopped: AtomicBool,
     /// Every entry of the queue, by index (grows, never shrinks).
     entries: Mutex<Vec<Arc<Entry>>>,
+    /// Entries handed to userspace and not committed yet, by either
+    /// thread of the queue.
+    busy: AtomicUsize,
+    /// Busy entries whose request is not of a kind polled for.
+    unpollable: AtomicUsize,
+    /// Requests the queue's helper took from an entry and hands to the
+    /// main thread (see [`helper`]).
+    forwarded: Mutex<Vec<usize>>,
+    /// The queue's helper, once it runs.
+    helper: std::sync::OnceLock<Arc<helper::HelperShared>>,
 }
 
 impl Shared {
+    /// An entry came back from the kernel with a request: it is busy until
+    /// committed. Its opcode and first argument's `size`.
+    fn accept(&self, idx: usize) -> (u32, u32) {
+        let e = self.entries.lock()[idx].clone();
+        let (op, size) = e.opcode();
+        let pollable = polled_for(op);
+        e.pollable.store(pollable, Ordering::Relaxed);
+        self.busy.fetch_add(1, Ordering::Relaxed);
+        if !pollable {
+            self.unpollable.fetch_add(1, Ordering::Relaxed);
+        }
+        (op, size)
+    }
+
+    /// Wakes the ring's thread (a reply or a request for it).
+    fn wake(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a local to an eventfd we own.
+        let r = unsafe { libc::write(self.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
+        if r != 8 {
+            warn!(
+                "fuse ring: cannot wake its thread: {}",
+                io::Error::last_os_error()
+            );
+        }
+    }
+
     fn post(&self, idx: usize, copy: Option<Vec<u8>>) {
         let wake = {
             let mut m = self.mailbox.lock();
@@ -384,15 +443,7 @@ impl Shared {
             m.len() == 1 && !self.polling.load(Ordering::Relaxed)
         };
         if wake {
-            let one: u64 = 1;
-            // SAFETY: writes 8 bytes from a local to an eventfd we own.
-            let r = unsafe { libc::write(self.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
-            if r != 8 {
-                warn!(
-                    "fuse ring: cannot wake its thread: {}",
-                    io::Error::last_os_error()
-                );
-            }
+            self.wake();
         }
     }
 }
@@ -507,9 +558,10 @@ impl Rings {
     pub(crate) fn stop(self) {
         for s in &self.shared {
             s.0.stopped.store(true, Ordering::Release);
-            let one: u64 = 1;
-            // SAFETY: as in `Shared::post`.
-            unsafe { libc::write(s.0.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
+            s.0.wake();
+            if let Some(h) = s.0.helper.get() {
+                h.stop();
+            }
         }
         for t in self.threads {
             let _ = t.join();
@@ -543,33 +595,30 @@ pub(crate) fn start<FS: Filesystem + 'static>(
     let mut threads = Vec::new();
     let mut shareds = Vec::new();
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<io::Result<()>>();
+    let port = |qid: usize, shared: &Arc<SharedHandle>| Port {
+        qid: qid as u16,
+        se: se.clone(),
+        dev: ch.as_fd().as_raw_fd(),
+        sender: ch.sender(),
+        shared: shared.clone(),
+        max_payload,
+    };
     for qid in 0..cpus {
-        // SAFETY: eventfd(2) with valid flags; the result is checked.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: a fresh descriptor we own.
-        let wake = unsafe { OwnedFd::from_raw_fd(fd) };
         let shared = Arc::new(SharedHandle(Shared {
             mailbox: Mutex::new(Vec::new()),
-            wake,
+            wake: eventfd()?,
             polling: AtomicBool::new(false),
             stopped: AtomicBool::new(false),
             entries: Mutex::new(Vec::new()),
+            busy: AtomicUsize::new(0),
+            unpollable: AtomicUsize::new(0),
+            forwarded: Mutex::new(Vec::new()),
+            helper: std::sync::OnceLock::new(),
         }));
         let q = Queue {
-            qid: qid as u16,
-            se: se.clone(),
-            dev: ch.as_fd().as_raw_fd(),
-            sender: ch.sender(),
-            shared: shared.clone(),
-            max_payload,
+            port: port(qid, &shared),
             cpus,
-            busy: 0,
             poll: Poll::new(poll),
-            pollable: Vec::new(),
-            unpollable: 0,
             wake_buf: Box::new(0),
             early: Vec::new(),
         };
@@ -582,7 +631,7 @@ pub(crate) fn start<FS: Filesystem + 'static>(
         shareds.push(shared);
     }
     drop(ready_tx);
-    let rings = Rings {
+    let mut rings = Rings {
         threads,
         shared: shareds,
     };
@@ -600,27 +649,49 @@ pub(crate) fn start<FS: Filesystem + 'static>(
             }
         }
     }
+    // With more than one CPU, each queue gets a helper (see [`helper`]);
+    // a queue without one serves as before.
+    if cpus > 1 {
+        for qid in 0..cpus {
+            let shared = rings.shared[qid].clone();
+            match helper::spawn(port(qid, &shared), cpus) {
+                Ok(t) => rings.threads.push(t),
+                Err(e) => debug!("fuse ring {qid}: no helper: {e}"),
+            }
+        }
+    }
     Ok(rings)
 }
 
-/// One CPU's ring and its thread's state.
-struct Queue<FS: Filesystem> {
+/// A new eventfd, to wake a thread through its ring.
+fn eventfd() -> io::Result<OwnedFd> {
+    // SAFETY: eventfd(2) with valid flags; the result is checked.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// What both threads of a queue (the main thread and its helper) need to
+/// serve its entries and hand them back.
+struct Port<FS: Filesystem> {
     qid: u16,
     se: Arc<SessionEventLoop<FS>>,
     dev: RawFd,
     sender: ChannelSender,
     shared: Arc<SharedHandle>,
     max_payload: usize,
+}
+
+/// One CPU's ring and its main thread's state.
+struct Queue<FS: Filesystem> {
+    port: Port<FS>,
     /// The possible CPUs (one queue each).
     cpus: usize,
-    /// Entries handed to userspace and not committed yet.
-    busy: usize,
     /// How long to poll for an owed reply before sleeping.
     poll: Poll,
-    /// By entry: it holds a request of a kind polled for (`polled_for`).
-    pollable: Vec<bool>,
-    /// Busy entries whose request is not of a kind polled for.
-    unpollable: usize,
     /// Where the eventfd read lands.
     wake_buf: Box<u64>,
     /// Completions found while starting, served first.
@@ -631,14 +702,11 @@ type Ring = IoUring<squeue::Entry128, cqueue::Entry>;
 
 impl<FS: Filesystem + 'static> Queue<FS> {
     fn run(mut self, ready: std::sync::mpsc::Sender<io::Result<()>>) {
-        let cpu = self.qid as usize;
-        let mut set = nix::sched::CpuSet::new();
-        // A CPU that is possible but not online cannot be pinned to; its
-        // queue still has to exist for the kernel to use the rings.
-        if set.set(cpu).is_ok()
-            && let Err(e) = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)
-        {
-            debug!("fuse ring {cpu}: not pinned: {e}");
+        let cpu = self.port.qid as usize;
+        if !pin(cpu, self.cpus, true) {
+            // A CPU that is possible but not online cannot be pinned to;
+            // its queue still has to exist for the kernel to use the rings.
+            debug!("fuse ring {cpu}: not pinned");
         }
         let mut ring = match Ring::builder().build(2 * MAX_ENTRIES as u32) {
             Ok(r) => r,
@@ -653,7 +721,7 @@ impl<FS: Filesystem + 'static> Queue<FS> {
         let mut early = Vec::new();
         let started = self
             .grow(&mut ring, START)
-            .and_then(|()| self.arm_wake(&mut ring))
+            .and_then(|()| arm_wake(&mut ring, &self.port.shared.0.wake, &mut self.wake_buf))
             .and_then(|()| ring.submit().map(drop))
             .and_then(|()| {
                 early = ring
@@ -674,18 +742,18 @@ impl<FS: Filesystem + 'static> Queue<FS> {
         if let Err(e) = self.serve(&mut ring) {
             error!("fuse ring {cpu}: {e}");
         }
-        self.shared.0.stopped.store(true, Ordering::Release);
+        self.port.shared.0.stopped.store(true, Ordering::Release);
     }
 
     /// Registers `n` more entries.
     fn grow(&mut self, ring: &mut Ring, n: usize) -> io::Result<()> {
-        let mut entries = self.shared.0.entries.lock();
+        let mut entries = self.port.shared.0.entries.lock();
         let n = n.min(MAX_ENTRIES - entries.len());
         for _ in 0..n {
             let idx = entries.len();
-            let e = Entry::new(self.max_payload);
-            let sqe = opcode::UringCmd80::new(types::Fd(self.dev), CMD_REGISTER)
-                .cmd(cmd_req(self.qid, 0))
+            let e = Entry::new(self.port.max_payload);
+            let sqe = opcode::UringCmd80::new(types::Fd(self.port.dev), CMD_REGISTER)
+                .cmd(cmd_req(self.port.qid, 0))
                 .addr(Some(e.iov.get() as u64))
                 .build()
                 .user_data(idx as u64);
@@ -696,29 +764,20 @@ impl<FS: Filesystem + 'static> Queue<FS> {
         Ok(())
     }
 
-    /// Queues the read that wakes the thread for its mailbox.
-    fn arm_wake(&mut self, ring: &mut Ring) -> io::Result<()> {
-        let sqe = opcode::Read::new(
-            types::Fd(self.shared.0.wake.as_raw_fd()),
-            (&mut *self.wake_buf as *mut u64).cast(),
-            8,
-        )
-        .build()
-        .user_data(WAKE);
-        push(ring, &squeue::Entry128::from(sqe))
-    }
-
     fn serve(&mut self, ring: &mut Ring) -> io::Result<()> {
+        let shared = self.port.shared.clone();
+        let shared = &shared.0;
         let mut local: Vec<Pending> = Vec::new();
         let mut moved = false;
-        ON_RING.with(|r| r.borrow_mut().0 = Arc::as_ptr(&self.shared) as usize);
+        ON_RING.with(|r| r.borrow_mut().0 = Arc::as_ptr(&self.port.shared) as usize);
         loop {
             // Completions found at the start are served before waiting;
             // a reply owed by another thread is polled for a while.
             let mut want = if self.early.is_empty() { 1 } else { 0 };
+            let busy = shared.busy.load(Ordering::Relaxed);
             let owed = (want == 1
-                && (1..=POLL_AT_MOST_OWED).contains(&self.busy)
-                && self.unpollable == 0)
+                && (1..=POLL_AT_MOST_OWED).contains(&busy)
+                && shared.unpollable.load(Ordering::Relaxed) == 0)
                 .then(Instant::now);
             if owed.is_some() && !self.poll.now.is_zero() {
                 ring.submit()?;
@@ -734,69 +793,65 @@ impl<FS: Filesystem + 'static> Queue<FS> {
             if let Some(t) = owed {
                 self.poll.waited(t.elapsed());
             }
-            if self.shared.0.stopped.load(Ordering::Acquire) {
+            if shared.stopped.load(Ordering::Acquire) {
                 return Ok(());
             }
             // Replies posted while it polled came without a wake-up.
-            local.append(&mut self.shared.0.mailbox.lock());
+            local.append(&mut shared.mailbox.lock());
             let mut large = false;
             let mut cqes = std::mem::take(&mut self.early);
             cqes.extend(ring.completion().map(|c| (c.user_data(), c.result())));
+            let mut todo = Vec::with_capacity(cqes.len());
             for (ud, res) in cqes {
                 if ud == WAKE {
-                    local.append(&mut self.shared.0.mailbox.lock());
-                    self.arm_wake(ring)?;
+                    local.append(&mut shared.mailbox.lock());
+                    arm_wake(ring, &shared.wake, &mut self.wake_buf)?;
+                    // Requests the helper found on entries it held.
+                    todo.extend(shared.forwarded.lock().drain(..).map(|idx| (idx, None)));
                     continue;
                 }
+                if ended(self.port.qid, res)? {
+                    return Ok(());
+                }
                 let idx = ud as usize;
-                if res < 0 {
-                    let err = io::Error::from_raw_os_error(-res);
-                    match -res {
-                        // The connection is gone (unmounted, aborted).
-                        libc::ENOTCONN | libc::ECONNABORTED | libc::ECANCELED | libc::ENODEV => {
-                            debug!("fuse ring {}: {err}", self.qid);
-                            return Ok(());
-                        }
-                        _ => return Err(err),
-                    }
-                }
-                self.busy += 1;
-                let (op, size) = self.opcode(idx);
-                let pollable = polled_for(op);
-                if self.pollable.len() <= idx {
-                    self.pollable.resize(idx + 1, false);
-                }
-                self.pollable[idx] = pollable;
-                if !pollable {
-                    self.unpollable += 1;
+                todo.push((idx, Some(shared.accept(idx))));
+            }
+            for (idx, kind) in todo {
+                let (op, size) = match kind {
+                    Some(k) => k,
+                    None => self.port.opcode(idx),
+                };
+                let is_large = large_read(op, size);
+                if is_large && helper::hand(shared, idx) {
+                    continue;
                 }
                 // A large read is served off the reader's CPU (see
                 // `MOVE_READS_FROM`), its reply committed at once.
-                let is_large = large_read(op, size);
                 if is_large && !moved {
-                    moved = self.pin(false);
+                    moved = pin(self.port.qid as usize, self.cpus, false);
                 }
                 large |= is_large;
-                self.dispatch(idx);
+                self.port.dispatch(idx);
                 ON_RING.with(|r| local.append(&mut r.borrow_mut().1));
                 if is_large && !local.is_empty() {
                     for (idx, copy) in local.drain(..) {
-                        self.commit(ring, idx, copy)?;
+                        self.port.commit(ring, idx, copy, false)?;
                     }
                     ring.submit()?;
                 }
             }
             for (idx, copy) in local.drain(..) {
-                self.commit(ring, idx, copy)?;
+                self.port.commit(ring, idx, copy, false)?;
             }
             // Home after a batch without a large READ.
             if moved && !large {
                 ring.submit()?;
-                self.pin(true);
+                pin(self.port.qid as usize, self.cpus, true);
                 moved = false;
             }
-            let free = self.shared.0.entries.lock().len() - self.busy;
-            let want = START.max(self.busy);
+            let busy = shared.busy.load(Ordering::Relaxed);
+            let free = shared.entries.lock().len().saturating_sub(busy);
+            let want = START.max(busy);
             if free < want {
                 let n = (want - free).div_ceil(GROW_BY) * GROW_BY;
                 self.grow(ring, n)?;
@@ -809,7 +864,7 @@ impl<FS: Filesystem + 'static> Queue<FS> {
     /// task runnable on its CPU is not held up; posts made meanwhile skip
     /// the eventfd (`Shared::polling`).
     fn poll_owed(&mut self, ring: &mut Ring) -> bool {
-        let shared = &self.shared.0;
+        let shared = &self.port.shared.0;
         shared.polling.store(true, Ordering::Relaxed);
         let start = Instant::now();
         let mut found = false;
@@ -832,36 +887,60 @@ impl<FS: Filesystem + 'static> Queue<FS> {
         counter.fetch_add(1, Ordering::Relaxed);
         found
     }
+}
 
+/// Whether a completion's result `res` says the connection is gone
+/// (unmounted, aborted); any other error is the ring's.
+fn ended(qid: u16, res: i32) -> io::Result<bool> {
+    if res >= 0 {
+        return Ok(false);
+    }
+    let err = io::Error::from_raw_os_error(-res);
+    match -res {
+        libc::ENOTCONN | libc::ECONNABORTED | libc::ECANCELED | libc::ENODEV => {
+            debug!("fuse ring {qid}: {err}");
+            Ok(true)
+        }
+        _ => Err(err),
+    }
+}
+
+/// Queues the read of `wake` (an eventfd) that wakes a thread.
+fn arm_wake(ring: &mut Ring, wake: &OwnedFd, buf: &mut Box<u64>) -> io::Result<()> {
+    let sqe = opcode::Read::new(
+        types::Fd(wake.as_raw_fd()),
+        (&mut **buf as *mut u64).cast(),
+        8,
+    )
+    .build()
+    .user_data(WAKE);
+    push(ring, &squeue::Entry128::from(sqe))
+}
+
+/// Pins the calling thread to CPU `cpu` (`home`), or to every other of
+/// `cpus`; false if that is not possible (one CPU, or not allowed).
+fn pin(cpu: usize, cpus: usize, home: bool) -> bool {
+    let mut set = nix::sched::CpuSet::new();
+    let mut any = false;
+    for c in 0..cpus {
+        if (c == cpu) == home && set.set(c).is_ok() {
+            any = true;
+        }
+    }
+    any && nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).is_ok()
+}
+
+impl<FS: Filesystem + 'static> Port<FS> {
     /// The opcode of the request in entry `idx`, and the `size` of its
     /// first argument (a READ's length).
     fn opcode(&self, idx: usize) -> (u32, u32) {
-        let e = self.shared.0.entries.lock()[idx].clone();
-        // SAFETY: the kernel handed the entry back; only this thread reads it.
-        let h = unsafe { &*e.header.get() };
-        let op = u32::from_ne_bytes([h.in_out[4], h.in_out[5], h.in_out[6], h.in_out[7]]);
-        let size = u32::from_ne_bytes([h.op_in[16], h.op_in[17], h.op_in[18], h.op_in[19]]);
-        (op, size)
-    }
-
-
-    /// Pins the thread to its CPU (`home`), or to every other CPU; false
-    /// if that is not possible (one CPU, or not allowed).
-    fn pin(&self, home: bool) -> bool {
-        let mut set = nix::sched::CpuSet::new();
-        let mut any = false;
-        for c in 0..self.cpus {
-            if (c == self.qid as usize) == home && set.set(c).is_ok() {
-                any = true;
-            }
-        }
-        any && nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).is_ok()
+        self.shared.0.entries.lock()[idx].opcode()
     }
 
     /// Rebuilds the request in entry `idx` in the classic layout, in front
     /// of its payload, and dispatches it. A reply sent during dispatch is
     /// copied into `local`.
-    fn dispatch(&mut self, idx: usize) {
+    fn dispatch(&self, idx: usize) {
         let e = self.shared.0.entries.lock()[idx].clone();
         // SAFETY: the kernel handed the entry back with a request in it;
         // until its reply, only this thread touches the buffers. What the
@@ -921,7 +1000,15 @@ impl<FS: Filesystem + 'static> Queue<FS> {
 
     /// Hands entry `idx` back with its reply (`copy`, or already in its
     /// buffers), and has it wait for the next request.
-    fn commit(&mut self, ring: &mut Ring, idx: usize, copy: Option<Vec<u8>>) -> io::Result<()> {
+    /// `helper`: `ring` is the queue's helper's, and the entry's next
+    /// request will complete there.
+    fn commit(
+        &self,
+        ring: &mut Ring,
+        idx: usize,
+        copy: Option<Vec<u8>>,
+        helper: bool,
+    ) -> io::Result<()> {
         let e = self.shared.0.entries.lock()[idx].clone();
         if let Some(c) = copy {
             // SAFETY: dispatch is over; the reply is the only user now.
@@ -935,9 +1022,11 @@ impl<FS: Filesystem + 'static> Queue<FS> {
             .build()
             .user_data(idx as u64);
         push(ring, &sqe)?;
-        self.busy -= 1;
-        if !self.pollable.get(idx).copied().unwrap_or(false) {
-            self.unpollable -= 1;
+        let shared = &self.shared.0;
+        helper::held(shared, &e, helper);
+        shared.busy.fetch_sub(1, Ordering::Relaxed);
+        if !e.pollable.load(Ordering::Relaxed) {
+            shared.unpollable.fetch_sub(1, Ordering::Relaxed);
         }
         Ok(())
     }
