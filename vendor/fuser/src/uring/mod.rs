@@ -8,7 +8,8 @@
 //! of a halted vCPU, which costs more than the filesystem's own work for a
 //! metadata request. Over io_uring the kernel queues a request on the ring
 //! of the CPU the caller runs on, and that ring's thread runs pinned to
-//! that CPU: request and reply are local wake-ups.
+//! that CPU: request and reply are local wake-ups. With more than one
+//! CPU, each queue also has a helper thread for large READs ([`helper`]).
 //!
 //! The protocol (`fs/fuse/dev_uring.c`): each ring entry registers a
 //! header buffer ([`ReqHeader`]) and a payload buffer with the kernel
@@ -24,9 +25,10 @@
 //! A request is rebuilt in the classic layout in front of its payload (the
 //! header and first argument copied, the payload where the kernel put it)
 //! and dispatched as any other; its reply, from whichever thread sends it,
-//! goes into the entry's buffers, and the ring's own thread commits it
-//! (io_uring commands are run in the context of the thread that submits
-//! them, so only the ring's thread submits). Entries are added while most
+//! goes into the entry's buffers, and a thread that owns an io_uring
+//! commits it (io_uring commands run in the context of the thread that
+//! submits them): the queue's main thread, or its helper for the READs
+//! the helper served itself. Entries are added while most
 //! are busy (requests that wait: lease queues, fsyncs), so a waiting
 //! request never holds up the others of its CPU.
 //!
@@ -92,7 +94,8 @@ const MAX_ENTRIES: usize = 1024;
 /// memory). Small requests stay on the issuer's CPU, where the ring saves
 /// them a cross-CPU wake-up each way. A large READ's reply is committed
 /// as soon as it is written, not after the rest of its batch, so the
-/// reader does not wait for the next READ of the batch.
+/// reader does not wait for the next READ of the batch. The queue's
+/// helper serves such READs too, on the issuer's CPU ([`helper`]).
 const MOVE_READS_FROM: u32 = 256 << 10;
 /// `user_data` of the eventfd read; entries use their index.
 const WAKE: u64 = u64::MAX;
