@@ -24,6 +24,12 @@
 //! thread, which serves it and commits from the main ring: the entry is
 //! back, and the requests after it find it there. A small request pays one
 //! wake-up more once after a burst of large reads, not one each.
+//!
+//! That a commit may come from another io_uring is how
+//! `fuse_uring_commit_fetch` works (it finds the entry by the request's
+//! `unique` and keeps the new command), not a promise of the kernel's: a
+//! kernel that refused it would fail the helper's first commit, and then
+//! the main thread commits that reply and the helper stops.
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -134,6 +140,19 @@ pub(super) fn held(shared: &Shared, e: &Entry, helper: bool) {
     }
 }
 
+/// Has the main thread commit entry `idx`, whose reply the helper wrote
+/// and could not commit: busy again until it is.
+fn give_back(shared: &Shared, idx: usize) {
+    let Some(e) = shared.entries.lock().get(idx).cloned() else {
+        return;
+    };
+    shared.busy.fetch_add(1, Ordering::Relaxed);
+    if !e.pollable.load(Ordering::Relaxed) {
+        shared.unpollable.fetch_add(1, Ordering::Relaxed);
+    }
+    shared.post(idx, None);
+}
+
 /// Starts the helper of `port`'s queue, whose main thread runs.
 pub(super) fn spawn<FS: Filesystem + 'static>(
     port: Port<FS>,
@@ -224,11 +243,21 @@ impl<FS: Filesystem + 'static> Helper<FS> {
                     arm_wake(ring, &self.me.wake, &mut self.wake_buf)?;
                     continue;
                 }
-                if ended(self.port.qid, res)? {
-                    return Ok(());
+                let idx = ud as usize;
+                match ended(self.port.qid, res) {
+                    Ok(false) => {}
+                    Ok(true) => return Ok(()),
+                    Err(e) => {
+                        // Its commit was refused (a kernel that takes
+                        // commits only from the io_uring that registered
+                        // the entry would): the reply is still in the
+                        // entry, so the main thread commits it, and the
+                        // helper stops.
+                        give_back(shared, idx);
+                        return Err(e);
+                    }
                 }
                 // An entry it committed has the next request.
-                let idx = ud as usize;
                 let (op, size) = shared.accept(idx);
                 if large_read(op, size) {
                     reads.push(idx);
