@@ -368,6 +368,19 @@ fio_run() { # JSON_OUT FIO_ARGS...
         --output="$json" "$@" >>"$out/logs/fio.log" 2>&1
 }
 
+# One sequential read of FILE in 1 MiB reads (fio job NAME, with any more
+# fio options), recorded as FIGURE in MB/s, or NA when fio failed.
+fig_read() { # RUN TARGET FIGURE NAME FILE [FIO OPTION...]
+    local run=$1 t=$2 fig=$3 name=$4 f=$5 js
+    shift 5
+    js=$out/fio/$t-run$run-$name.json
+    if fio_run "$js" --name="$name" --filename="$f" --rw=read --bs=1M --size="${seq_mib}M" "$@"; then
+        record "$run" "$t" "$fig" "$(fio_json "$js" 'round(j["read"]["bw_bytes"] / 1e6, 1)')"
+    else
+        record "$run" "$t" "$fig" NA
+    fi
+}
+
 fig_seq() { # RUN TARGET DIR
     local run=$1 t=$2 dir=$3 f=$3/seq.dat js
     rm -f "$f"
@@ -382,23 +395,13 @@ fig_seq() { # RUN TARGET DIR
     fi
     if [[ $can_drop_caches -eq 1 ]] && make_cold "$t" "$run"; then
         f=${tdir[$t]}/seq.dat
-        js=$out/fio/$t-run$run-readcold.json
-        if fio_run "$js" --name=readcold --filename="$f" --rw=read --bs=1M --size="${seq_mib}M"; then
-            record "$run" "$t" seq_read_cold "$(fio_json "$js" 'round(j["read"]["bw_bytes"] / 1e6, 1)')"
-        else
-            record "$run" "$t" seq_read_cold NA
-        fi
+        fig_read "$run" "$t" seq_read_cold readcold "$f"
     else
         record "$run" "$t" seq_read_cold NA
         is_mounted "$work/$t/mnt" || [[ $t == native ]] || return 1
     fi
     f=${tdir[$t]}/seq.dat
-    js=$out/fio/$t-run$run-readwarm.json
-    if fio_run "$js" --name=readwarm --filename="$f" --rw=read --bs=1M --size="${seq_mib}M"; then
-        record "$run" "$t" seq_read_warm "$(fio_json "$js" 'round(j["read"]["bw_bytes"] / 1e6, 1)')"
-    else
-        record "$run" "$t" seq_read_warm NA
-    fi
+    fig_read "$run" "$t" seq_read_warm readwarm "$f"
     # The same read with the file's own pages dropped first (fio's
     # invalidate: POSIX_FADV_DONTNEED at open), the replicas left in the
     # backing filesystem's page cache: what the daemon serves from memory
@@ -417,13 +420,7 @@ fig_seq() { # RUN TARGET DIR
             find "$work/$t"/dn*/finalized -name 'blk_*' -print0 | xargs -0r cat >/dev/null
             ;;
     esac
-    js=$out/fio/$t-run$run-readdaemon.json
-    if fio_run "$js" --name=readdaemon --filename="$f" --rw=read --bs=1M \
-        --size="${seq_mib}M" --invalidate=1; then
-        record "$run" "$t" seq_read_daemon "$(fio_json "$js" 'round(j["read"]["bw_bytes"] / 1e6, 1)')"
-    else
-        record "$run" "$t" seq_read_daemon NA
-    fi
+    fig_read "$run" "$t" seq_read_daemon readdaemon "$f" --invalidate=1
     # The same read again with the machine's free memory touched first, as
     # much as three such files: on this VM freed memory goes back to the
     # host (virtio_balloon free page reporting) and a page-cache page taken
@@ -435,13 +432,7 @@ fig_seq() { # RUN TARGET DIR
     # fourth look)"). Touched for every target alike, this row measures
     # the serving, not the host's faults.
     python3 -c "b = bytearray(3 * $seq_mib << 20)"
-    js=$out/fio/$t-run$run-readtouched.json
-    if fio_run "$js" --name=readtouched --filename="$f" --rw=read --bs=1M \
-        --size="${seq_mib}M" --invalidate=1; then
-        record "$run" "$t" seq_read_touched "$(fio_json "$js" 'round(j["read"]["bw_bytes"] / 1e6, 1)')"
-    else
-        record "$run" "$t" seq_read_touched NA
-    fi
+    fig_read "$run" "$t" seq_read_touched readtouched "$f" --invalidate=1
     # A second read of the closed file by a new process, caches kept: what
     # `cat f` after `cp f` does (fio above drops the file's own pages).
     # Issue 28 asks that it stay a page-cache read: on leasefs, the bytes
