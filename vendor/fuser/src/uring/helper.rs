@@ -32,7 +32,7 @@
 //! the main thread commits that reply and the helper stops.
 
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
@@ -89,15 +89,7 @@ impl HelperShared {
     }
 
     fn wake(&self) {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a local to an eventfd we own.
-        let r = unsafe { libc::write(self.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
-        if r != 8 {
-            log::warn!(
-                "fuse ring: cannot wake its helper: {}",
-                io::Error::last_os_error()
-            );
-        }
+        super::wake(&self.wake);
     }
 }
 

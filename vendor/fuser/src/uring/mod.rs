@@ -428,15 +428,7 @@ impl Shared {
 
     /// Wakes the ring's thread (a reply or a request for it).
     fn wake(&self) {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a local to an eventfd we own.
-        let r = unsafe { libc::write(self.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
-        if r != 8 {
-            warn!(
-                "fuse ring: cannot wake its thread: {}",
-                io::Error::last_os_error()
-            );
-        }
+        wake(&self.wake);
     }
 
     fn post(&self, idx: usize, copy: Option<Vec<u8>>) {
@@ -664,6 +656,19 @@ pub(crate) fn start<FS: Filesystem + 'static>(
         }
     }
     Ok(rings)
+}
+
+/// Wakes the thread whose ring reads the eventfd `fd`.
+fn wake(fd: &OwnedFd) {
+    let one: u64 = 1;
+    // SAFETY: writes 8 bytes from a local to an eventfd we own.
+    let r = unsafe { libc::write(fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    if r != 8 {
+        warn!(
+            "fuse ring: cannot wake a ring's thread: {}",
+            io::Error::last_os_error()
+        );
+    }
 }
 
 /// A new eventfd, to wake a thread through its ring.
