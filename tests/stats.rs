@@ -581,6 +581,10 @@ fn drop_pages_under(dir: &std::path::Path) {
 /// helper holds are forwarded to the main thread (counter
 /// `ring_helper_forwarded`), and each one is answered (a request lost on
 /// the way would leave its caller waiting, caught by the deadline).
+/// Whether any small request reaches the helper's entry is the kernel's
+/// choice of entry, which the test does not control (14–35 of them in
+/// runs here, 0 in one run on a fresh Debian), so that count is reported,
+/// not asserted.
 #[test]
 fn large_reads_of_one_cpu_are_served_by_both_threads_of_its_ring() {
     if !rings_in_use() {
@@ -695,5 +699,4 @@ fn large_reads_of_one_cpu_are_served_by_both_threads_of_its_ring() {
         reads > 0,
         "no large READ was served by a ring's helper thread"
     );
-    assert!(forwarded > 0, "no request reached an entry a helper held");
 }
