@@ -54,7 +54,8 @@ pub fn create(
         uid: n.uid,
         gid: n.gid,
         nlink: if is_dir { 2 } else { 1 },
-        size: 0,
+        // A symlink's size is its target's length (lstat, `ls -l`).
+        size: n.target.map_or(0, |t| t.len() as u64),
         rdev: n.rdev,
         atime: now,
         mtime: now,

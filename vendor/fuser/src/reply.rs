@@ -349,12 +349,15 @@ impl ReplyEntry {
 #[derive(Debug)]
 pub struct ReplyAttr {
     reply: ReplyRaw,
+    /// The request was a STATX: the same attributes, in its reply's form.
+    pub(crate) statx: bool,
 }
 
 impl Reply for ReplyAttr {
     fn new(unique: ll::RequestId, sender: ReplySender) -> ReplyAttr {
         ReplyAttr {
             reply: Reply::new(unique, sender),
+            statx: false,
         }
     }
 }
@@ -362,6 +365,9 @@ impl Reply for ReplyAttr {
 impl ReplyAttr {
     /// Reply to a request with the given attribute
     pub fn attr(self, ttl: &Duration, attr: &FileAttr) {
+        if self.statx {
+            return self.reply.send_ll(&ll::ResponseStruct::new_statx(ttl, attr));
+        }
         self.reply
             .send_ll(&ll::ResponseStruct::new_attr(ttl, &attr.into()));
     }

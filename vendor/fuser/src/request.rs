@@ -142,6 +142,16 @@ impl<'a> RequestWithSender<'a> {
                     self.reply(),
                 );
             }
+            ll::Operation::Statx(x) => {
+                let mut reply: crate::ReplyAttr = self.reply();
+                reply.statx = true;
+                filesystem.getattr(
+                    self.request_header(),
+                    self.request.nodeid(),
+                    x.file_handle(),
+                    reply,
+                );
+            }
             ll::Operation::SetAttr(x) => {
                 filesystem.setattr(
                     self.request_header(),

@@ -4,7 +4,6 @@ use std::io::IoSlice;
 use std::os::unix::prelude::OsStrExt;
 use std::path::Path;
 use std::time::Duration;
-#[cfg(target_os = "macos")]
 use std::time::SystemTime;
 
 use smallvec::SmallVec;
@@ -116,6 +115,48 @@ impl ResponseStruct<abi::fuse_attr_out> {
             attr_valid_nsec: ttl.subsec_nanos(),
             dummy: 0,
             attr: attr.attr,
+        })
+    }
+}
+
+impl ResponseStruct<abi::fuse_statx_out> {
+    /// Every basic field and the birth time (`crtime`).
+    pub(crate) fn new_statx(ttl: &Duration, attr: &crate::FileAttr) -> Self {
+        let a = fuse_attr_from_attr(attr);
+        let time = |t: &SystemTime| {
+            let (tv_sec, tv_nsec) = time_from_system_time(t);
+            abi::fuse_sx_time {
+                tv_sec,
+                tv_nsec,
+                reserved: 0,
+            }
+        };
+        let rdev = nix::sys::stat::major(u64::from(a.rdev));
+        let rdev_minor = nix::sys::stat::minor(u64::from(a.rdev));
+        ResponseStruct(abi::fuse_statx_out {
+            attr_valid: ttl.as_secs(),
+            attr_valid_nsec: ttl.subsec_nanos(),
+            flags: 0,
+            spare: [0; 2],
+            stat: abi::fuse_statx {
+                // STATX_BASIC_STATS | STATX_BTIME
+                mask: 0x7ff | 0x800,
+                blksize: a.blksize,
+                nlink: a.nlink,
+                uid: a.uid,
+                gid: a.gid,
+                mode: a.mode as u16,
+                ino: a.ino,
+                size: a.size,
+                blocks: a.blocks,
+                atime: time(&attr.atime),
+                btime: time(&attr.crtime),
+                ctime: time(&attr.ctime),
+                mtime: time(&attr.mtime),
+                rdev_major: rdev as u32,
+                rdev_minor: rdev_minor as u32,
+                ..Default::default()
+            },
         })
     }
 }

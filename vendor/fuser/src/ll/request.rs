@@ -341,6 +341,28 @@ mod op {
         }
     }
 
+    /// Get file attributes with statx(2)'s extra fields (the birth time).
+    /// Answered like GETATTR: a kernel that gets ENOSYS falls back to
+    /// GETATTR, and in doing so (Linux 6.6 to at least 6.18) decides
+    /// whether to ask again from the attribute mask it read before the
+    /// STATX was sent, so a size a write grew meanwhile is returned
+    /// without asking.
+    #[derive(Debug)]
+    pub(crate) struct Statx<'a> {
+        #[expect(dead_code)]
+        header: &'a fuse_in_header,
+        arg: &'a fuse_statx_in,
+    }
+
+    impl Statx<'_> {
+        pub(crate) fn file_handle(&self) -> Option<FileHandle> {
+            let flags = GetattrFlags::from_bits_retain(self.arg.getattr_flags);
+            flags
+                .contains(GetattrFlags::FUSE_GETATTR_FH)
+                .then_some(FileHandle(self.arg.fh))
+        }
+    }
+
     /// Set file attributes.
     #[derive(Debug)]
     pub(crate) struct SetAttr<'a> {
@@ -1651,6 +1673,10 @@ mod op {
 
                 arg: data.fetch()?,
             }),
+            fuse_opcode::FUSE_STATX => Operation::Statx(Statx {
+                header,
+                arg: data.fetch()?,
+            }),
             fuse_opcode::FUSE_SETATTR => Operation::SetAttr(SetAttr {
                 header,
                 arg: data.fetch()?,
@@ -1885,6 +1911,7 @@ pub(crate) enum Operation<'a> {
     Lookup(Lookup<'a>),
     Forget(Forget<'a>),
     GetAttr(GetAttr<'a>),
+    Statx(Statx<'a>),
     SetAttr(SetAttr<'a>),
     ReadLink(#[expect(dead_code)] ReadLink<'a>),
     SymLink(SymLink<'a>),
@@ -1944,6 +1971,7 @@ impl fmt::Display for Operation<'_> {
             Operation::Lookup(x) => write!(f, "LOOKUP name {:?}", x.name()),
             Operation::Forget(x) => write!(f, "FORGET nlookup {}", x.nlookup()),
             Operation::GetAttr(_) => write!(f, "GETATTR"),
+            Operation::Statx(_) => write!(f, "STATX"),
             Operation::SetAttr(x) => x.fmt(f),
             Operation::ReadLink(_) => write!(f, "READLINK"),
             Operation::SymLink(x) => {
