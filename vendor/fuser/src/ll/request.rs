@@ -327,26 +327,23 @@ mod op {
     }
 
     impl GetAttr<'_> {
-        /// Returns the getattr flags.
-        pub(crate) fn getattr_flags(&self) -> GetattrFlags {
-            GetattrFlags::from_bits_retain(self.arg.getattr_flags)
-        }
-
         pub(crate) fn file_handle(&self) -> Option<FileHandle> {
-            if self.getattr_flags().contains(GetattrFlags::FUSE_GETATTR_FH) {
-                Some(FileHandle(self.arg.fh))
-            } else {
-                None
-            }
+            getattr_fh(self.arg.getattr_flags, self.arg.fh)
         }
     }
 
-    /// Get file attributes with statx(2)'s extra fields (the birth time).
-    /// Answered like GETATTR: a kernel that gets ENOSYS falls back to
-    /// GETATTR, and in doing so (Linux 6.6 to at least 6.18) decides
-    /// whether to ask again from the attribute mask it read before the
-    /// STATX was sent, so a size a write grew meanwhile is returned
-    /// without asking.
+    /// The handle a GETATTR or STATX names, if its flags say it names one.
+    fn getattr_fh(flags: u32, fh: u64) -> Option<FileHandle> {
+        GetattrFlags::from_bits_retain(flags)
+            .contains(GetattrFlags::FUSE_GETATTR_FH)
+            .then_some(FileHandle(fh))
+    }
+
+    /// Get file attributes with statx(2)'s extra fields (the birth time),
+    /// answered like GETATTR. Not answering it is not harmless: on ENOSYS
+    /// the kernel (Linux 6.6 to at least 6.18) falls back to its cache
+    /// judged by the attribute mask it read before the STATX went out, so
+    /// a size a write grew meanwhile is returned without asking.
     #[derive(Debug)]
     pub(crate) struct Statx<'a> {
         #[expect(dead_code)]
@@ -356,10 +353,7 @@ mod op {
 
     impl Statx<'_> {
         pub(crate) fn file_handle(&self) -> Option<FileHandle> {
-            let flags = GetattrFlags::from_bits_retain(self.arg.getattr_flags);
-            flags
-                .contains(GetattrFlags::FUSE_GETATTR_FH)
-                .then_some(FileHandle(self.arg.fh))
+            getattr_fh(self.arg.getattr_flags, self.arg.fh)
         }
     }
 
