@@ -135,6 +135,12 @@ fn offline(data: &Path, how: &How) -> Result<Report, String> {
     }
     dns.replication = replication.unwrap_or(dns.len().min(3));
     dns.heartbeat();
+    // What the block journal holds is restored before anything is judged
+    // missing or corrupt (as at mount); a check that repairs nothing
+    // leaves it to the next mount.
+    if repair {
+        crate::pipeline::journal::replay(&meta, &dns).map_err(|e| e.to_string())?;
+    }
     let recover =
         |ino| crate::pipeline::recovery::recover_file(&meta, &dns, ino, Default::default());
     fsck::run(&Check {

@@ -346,6 +346,10 @@ impl Daemon {
         self.stop.store(true, Ordering::Relaxed);
         self.housekeeper.lose(&**self.core.meta(), "unmounted");
         self.core.wait_closes(Duration::from_secs(30));
+        // A clean unmount leaves the next mount no journal to replay.
+        if let Err(e) = crate::pipeline::journal::checkpoint(&self.core.ctx) {
+            tracing::warn!("block journal checkpoint at unmount: {e}");
+        }
         self.core.persist_epochs();
         self.core.leases.shutdown();
         self.core.fences().end_all();

@@ -195,6 +195,7 @@ impl Core {
             ledger: Default::default(),
             budget,
             metrics: Arc::default(),
+            journal: Default::default(),
         });
         Arc::new(Core {
             cluster,

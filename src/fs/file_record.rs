@@ -5,7 +5,7 @@
 
 use crate::error::{FsError, FsResult};
 use crate::lease::LeaseError;
-use crate::meta::{BlockRow, Change, Meta, UnderConstruction};
+use crate::meta::{BlockRow, Change, JournalRow, Meta, UnderConstruction};
 use crate::pipeline::{FileLog, FileOutcome};
 use crate::sync::{Arc, AtomicBool, Ordering};
 
@@ -61,8 +61,22 @@ fn changes(ino: u64, what: FileOutcome<'_>, uc: impl FnOnce() -> Option<Change>)
     match what {
         FileOutcome::Opened(row) => uc().into_iter().chain([put(row)]).collect(),
         FileOutcome::Changed(rows) => rows.iter().map(put).collect(),
-        FileOutcome::Finished { row, size: n } => {
-            uc().into_iter().chain([put(row), size(n, None)]).collect()
+        FileOutcome::Finished {
+            row,
+            size: n,
+            journal,
+        } => {
+            let kept = journal.map(|data| {
+                Change::Journal(JournalRow {
+                    block_id: row.block_id,
+                    gs: row.gs,
+                    data: data.to_vec(),
+                })
+            });
+            uc().into_iter()
+                .chain([put(row), size(n, None)])
+                .chain(kept)
+                .collect()
         }
         FileOutcome::Closed {
             last,

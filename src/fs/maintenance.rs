@@ -18,6 +18,18 @@ impl Core {
             // (with their grace period) deal with true leftovers.
             return self.startup_recovery_clustered(cl);
         }
+        // Before anything reads, repairs or recovers a replica: those the
+        // block journal holds the bytes of are made whole first.
+        let replayed = crate::pipeline::journal::replay(&**self.meta(), self.dns())?;
+        if replayed.rows > 0 {
+            tracing::info!(
+                rows = replayed.rows,
+                rewritten = replayed.rewritten,
+                kept = replayed.kept.len(),
+                "block journal replayed"
+            );
+        }
+        self.ctx.journal.keep(&replayed.kept);
         let ucs = self.meta().list_uc()?;
         let n = ucs.len();
         for uc in ucs {

@@ -63,6 +63,8 @@ impl Core {
                     wal_by_syncfs: fast.wal_by_syncfs,
                     reads_in_memory: fast.reads_in_memory,
                     reads_direct: fast.reads_direct,
+                    journaled: fast.journaled,
+                    journal_replayed: fast.journal_replayed,
                 }
             })
             .collect();

@@ -2,7 +2,7 @@
 //! are, the files under construction, and the write path's commits of
 //! [`Change`]s with their durability.
 
-use super::types::{BlockRow, UnderConstruction};
+use super::types::{BlockRow, JournalRow, UnderConstruction};
 use crate::error::FsResult;
 
 /// One change of a write-path commit; see [`BlockMap::commit`].
@@ -53,6 +53,13 @@ pub enum Change {
         ino: u64,
         epoch: u64,
     },
+    /// Keeps a small block's bytes in the store until its replicas are
+    /// synced (see [`BlockMap::journals`]): with a durable commit, the
+    /// block is durable however little of its replicas reached the disk.
+    Journal(JournalRow),
+    /// Forgets the journal row of a block whose replicas were synced (or
+    /// that changed since: see `pipeline::journal`).
+    Unjournal(u64),
 }
 
 /// Block lists and files under construction. The write path's multi-row
@@ -90,6 +97,16 @@ pub trait BlockMap: Send + Sync {
     /// the orphan sweep asks it again before deleting anything).
     fn block_by_id(&self, block_id: u64) -> FsResult<Option<BlockRow>>;
     fn list_uc(&self) -> FsResult<Vec<UnderConstruction>>;
+    /// Whether [`Change::Journal`] is kept (one daemon's store, where a
+    /// durable commit is one `fdatasync` of a local log). A store that
+    /// does not refuses the change.
+    fn journals(&self) -> bool {
+        false
+    }
+    /// Every journal row, for the replay at mount.
+    fn journal_rows(&self) -> FsResult<Vec<JournalRow>> {
+        Ok(Vec::new())
+    }
     /// One file's under-construction entry (a point read: write-opens over
     /// etcd ask this for every file they claim).
     fn uc(&self, ino: u64) -> FsResult<Option<UnderConstruction>>;

@@ -83,6 +83,16 @@ pub struct BlockRow {
     pub replicas: Vec<DnId>,
 }
 
+/// A small block whose bytes the metadata store keeps until its replicas
+/// are known durable (the block journal, `pipeline::journal`): the bytes
+/// its fsync was acknowledged with, under the stamp they were written at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JournalRow {
+    pub block_id: u64,
+    pub gs: u64,
+    pub data: Vec<u8>,
+}
+
 /// The registry's record of one datanode (a storage directory).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DatanodeRecord {

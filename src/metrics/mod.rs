@@ -275,7 +275,7 @@ pub struct IoCounters {
     written: AtomicU64,
     read: AtomicU64,
     errors: AtomicU64,
-    fast: [AtomicU64; 11],
+    fast: [AtomicU64; Fast::JournalReplayed as usize + 1],
 }
 
 /// Which way replicas were made durable here: the figures that show a
@@ -315,6 +315,11 @@ pub struct FastPaths {
     /// Reads of a finalized replica that went to its disk with `O_DIRECT`,
     /// past the page cache (`storage::direct`).
     pub reads_direct: u64,
+    /// Replicas of small blocks whose fsync the metadata store's WAL made
+    /// durable, with the block's bytes (`pipeline::journal`).
+    pub journaled: u64,
+    /// Replicas rewritten from the block journal at mount.
+    pub journal_replayed: u64,
 }
 
 /// Indexes into [`IoCounters::fast`].
@@ -331,6 +336,8 @@ pub enum Fast {
     WalBySyncfs,
     ReadInMemory,
     ReadDirect,
+    Journaled,
+    JournalReplayed,
 }
 
 impl IoCounters {
@@ -372,6 +379,8 @@ impl IoCounters {
             wal_by_syncfs: get(Fast::WalBySyncfs),
             reads_in_memory: get(Fast::ReadInMemory),
             reads_direct: get(Fast::ReadDirect),
+            journaled: get(Fast::Journaled),
+            journal_replayed: get(Fast::JournalReplayed),
         }
     }
 

@@ -171,6 +171,16 @@ pub const DN_ONE_STEP_SYNCED: Name = counter(
     "Replicas of small files written whole into finalized/ by their fsync, before close",
 );
 
+pub const DN_JOURNALED: Name = counter(
+    "leasefs_datanode_journaled",
+    "Replicas of small blocks whose fsync the metadata store's WAL made durable (block journal)",
+);
+
+pub const DN_JOURNAL_REPLAYED: Name = counter(
+    "leasefs_datanode_journal_replayed",
+    "Replicas rewritten from the block journal at mount",
+);
+
 pub const DN_CHUNKS_BATCHED: Name = counter(
     "leasefs_datanode_chunks_batched",
     "Replica chunks read whose checksums were verified three at a time",
@@ -232,6 +242,8 @@ pub const NAMES: &[&Name] = &[
     &DN_WAL_BY_SYNCFS,
     &DN_READS_IN_MEMORY,
     &DN_READS_DIRECT,
+    &DN_JOURNALED,
+    &DN_JOURNAL_REPLAYED,
 ];
 
 /// The states `leasefs_datanode_state` always lists.
@@ -373,7 +385,7 @@ impl Scrape {
                 }
             }
         }
-        let counters: [(&Name, Field); 14] = [
+        let counters: [(&Name, Field); 16] = [
             (&DN_WRITTEN, |d| Some(d.bytes_written)),
             (&DN_READ, |d| Some(d.bytes_read)),
             (&DN_ERRORS, |d| Some(d.errors)),
@@ -388,6 +400,8 @@ impl Scrape {
             (&DN_WAL_BY_SYNCFS, |d| Some(d.wal_by_syncfs)),
             (&DN_READS_IN_MEMORY, |d| Some(d.reads_in_memory)),
             (&DN_READS_DIRECT, |d| Some(d.reads_direct)),
+            (&DN_JOURNALED, |d| Some(d.journaled)),
+            (&DN_JOURNAL_REPLAYED, |d| Some(d.journal_replayed)),
         ];
         for (n, get) in counters {
             let mut m = metric(enc, n)?;

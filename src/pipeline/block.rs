@@ -180,6 +180,8 @@ fn reopen(f: &StreamFile, row: BlockRow, start: u64, len: u64) -> FsResult<OpenB
             row.block_id
         )));
     }
+    // Changed in place below: a journaled block's bytes go to disk first.
+    super::journal::settle(&f.ctx, row.block_id)?;
     // The new stamp, the block as being written and the file as under
     // construction are recorded, durably, before any replica carries the
     // stamp: a replica's stamp may lag what the metadata records (recovery

@@ -37,6 +37,9 @@ pub struct StreamCtx {
     pub budget: Arc<Budget>,
     /// The mount's statistics (`leasefs stats`).
     pub metrics: Arc<Metrics>,
+    /// Small blocks whose fsync the metadata store's WAL made durable,
+    /// their replicas not yet synced.
+    pub journal: super::journal::Journal,
 }
 
 /// The file a stream writes, and where what its streamer does to it is

@@ -12,6 +12,7 @@
 //! | [`block`], [`pipe`] | opening and finalising a block; its replicas and pipeline recovery |
 //! | [`outcome`] | what the worker reports about the file ([`FileLog`], implemented by the filesystem) |
 //! | [`durable`], [`ledger`] | making a file durable; what is known durable |
+//! | [`journal`] | small blocks made durable by the metadata store's WAL; their checkpoint and replay |
 //! | [`budget`] | the mount's write buffer |
 //! | [`ctx`] | what every stream shares |
 //! | [`datanodes`], [`placement`], [`attach`] | the mount's datanodes, where replicas go, which directory is which |
@@ -28,6 +29,7 @@ pub mod datanodes;
 pub mod durable;
 pub mod fs_sync;
 pub mod in_flight;
+pub mod journal;
 pub mod ledger;
 pub mod outcome;
 pub mod pipe;

@@ -28,8 +28,14 @@ pub enum FileOutcome<'a> {
     /// A block was finalised: a full one, or the only one of a small file
     /// written whole by its fsync. Its row, and the length of the file,
     /// which ends with it. The file is under construction from then on
-    /// (until it is closed), as from an `Opened`.
-    Finished { row: &'a BlockRow, size: u64 },
+    /// (until it is closed), as from an `Opened`. `journal`: the block's
+    /// bytes, kept with the record until its replicas are synced (see
+    /// `journal`); its fsync then syncs only the record.
+    Finished {
+        row: &'a BlockRow,
+        size: u64,
+        journal: Option<&'a [u8]>,
+    },
     /// The file was closed: its last block finalised (if one was open),
     /// its length and modification time. It is no longer under
     /// construction.

@@ -207,7 +207,9 @@ impl DataStreamer {
     /// any fsync syncs a finished block. The file stays under
     /// construction, its writer's: a close records it closed without
     /// touching a replica, and a later write reopens the block for append
-    /// as on a closed file.
+    /// as on a closed file. Where the metadata store keeps a block journal
+    /// the record carries the block's bytes and the replicas are left to
+    /// its checkpoint: the fsync is then one sync of the store's WAL.
     pub fn sync_whole(&mut self, p: &Packet) -> FsResult<()> {
         trip(p);
         let bs = self.file.block_size;
@@ -218,12 +220,21 @@ impl DataStreamer {
             &mut self.crcs,
             crate::metrics::Fast::OneStepSynced,
         )?;
-        self.unsynced.push(row.block_id);
+        let ctx = &self.file.ctx;
+        let journaled = ctx.journal.takes(ctx);
         let finished = FileOutcome::Finished {
             row: &row,
             size: p.end(),
+            journal: journaled.then_some(&p.data[..]),
         };
         self.file.log.record(finished, false)?;
+        if journaled {
+            // Durable with the record: no sync of its replicas here.
+            ctx.ledger.synced(self.file.ino, std::slice::from_ref(&row));
+            ctx.journal.add(ctx, row);
+        } else {
+            self.unsynced.push(row.block_id);
+        }
         self.sent += p.data.len() as u64;
         self.new_from = Some(p.end().div_ceil(bs));
         self.sync()?;
@@ -238,6 +249,7 @@ impl DataStreamer {
         let finished = FileOutcome::Finished {
             row: &done.row,
             size: done.end,
+            journal: None,
         };
         self.file.log.record(finished, false)?;
         Ok(done.end)
@@ -412,6 +424,8 @@ impl DataStreamer {
         if !size.is_multiple_of(bs) {
             let idx = size / bs;
             if let Some(old) = f.ctx.meta.blocks(f.ino)?.into_iter().find(|b| b.idx == idx) {
+                // Cut in place below: its bytes must be on disk first.
+                super::journal::settle(&f.ctx, old.block_id)?;
                 let mut new = old.clone();
                 new.gs = f.ctx.meta.alloc(Counter::GenStamp)?;
                 new.len = size - idx * bs;

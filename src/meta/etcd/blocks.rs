@@ -71,6 +71,10 @@ fn commit(s: &mut Stm<'_>, changes: &[Change]) -> FsResult<Vec<BlockRow>> {
             Change::DelUc(ino) => s.delete(&uc_key(*ino)),
             Change::SetLastEpoch { ino, epoch } => raise_last_epoch(s, *ino, *epoch)?,
             Change::Claimed { ino, epoch } => s.require_claim(*ino, *epoch)?,
+            // Its commits are durable on a quorum already (`journals`).
+            Change::Journal(_) | Change::Unjournal(_) => {
+                return Err(FsError::Io("the etcd store keeps no block journal".into()));
+            }
         }
     }
     Ok(gone)

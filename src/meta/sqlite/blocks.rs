@@ -8,7 +8,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::{MetaStore, UC_COLS, row_to_block, row_to_uc};
 use crate::error::{FsError, FsResult};
 use crate::meta::blockmap::{BlockMap, Change};
-use crate::meta::types::{BlockRow, DnId, UnderConstruction};
+use crate::meta::types::{BlockRow, DnId, JournalRow, UnderConstruction};
 use crate::sync::{Ordering, lock};
 
 pub(super) fn replicas_text(r: &[DnId]) -> String {
@@ -128,6 +128,20 @@ impl BlockMap for MetaStore {
                     Change::SetLastEpoch { ino, epoch } => set_last_epoch(tx, *ino, *epoch)?,
                     // One daemon: its lease manager fences.
                     Change::Claimed { .. } => {}
+                    Change::Journal(j) => {
+                        tx.prepare_cached(
+                            "INSERT OR REPLACE INTO block_journal VALUES(?1, ?2, ?3)",
+                        )?
+                        .execute(params![
+                            j.block_id as i64,
+                            j.gs as i64,
+                            j.data
+                        ])?;
+                    }
+                    Change::Unjournal(id) => {
+                        tx.prepare_cached("DELETE FROM block_journal WHERE block_id = ?1")?
+                            .execute([*id as i64])?;
+                    }
                 }
             }
             Ok(gone)
@@ -208,6 +222,23 @@ impl BlockMap for MetaStore {
         let c = lock(&self.conn);
         let mut st = c.prepare(&format!("SELECT {UC_COLS} FROM under_construction"))?;
         let rows = st.query_map([], row_to_uc)?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    fn journals(&self) -> bool {
+        true
+    }
+
+    fn journal_rows(&self) -> FsResult<Vec<JournalRow>> {
+        let c = lock(&self.conn);
+        let mut st = c.prepare("SELECT block_id, gs, data FROM block_journal ORDER BY block_id")?;
+        let rows = st.query_map([], |r| {
+            Ok(JournalRow {
+                block_id: r.get::<_, i64>(0)? as u64,
+                gs: r.get::<_, i64>(1)? as u64,
+                data: r.get(2)?,
+            })
+        })?;
         Ok(rows.collect::<Result<_, _>>()?)
     }
 

@@ -47,6 +47,11 @@ CREATE TABLE IF NOT EXISTS blocks(
   PRIMARY KEY(ino, idx)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS blocks_by_id ON blocks(block_id);
+CREATE TABLE IF NOT EXISTS block_journal(
+  block_id INTEGER PRIMARY KEY,
+  gs INTEGER NOT NULL,
+  data BLOB NOT NULL
+);
 CREATE TABLE IF NOT EXISTS under_construction(
   ino INTEGER PRIMARY KEY,
   holder TEXT NOT NULL,

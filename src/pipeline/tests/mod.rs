@@ -140,7 +140,7 @@ impl FileLog for TestLog {
                     durable,
                 }
             }
-            FileOutcome::Finished { row, size } => {
+            FileOutcome::Finished { row, size, journal } => {
                 put_uc(&mut building, &mut ch);
                 ch.push(Change::PutBlock(row.clone()));
                 ch.push(Change::SetSize {
@@ -148,6 +148,13 @@ impl FileLog for TestLog {
                     size,
                     touch: None,
                 });
+                ch.extend(journal.map(|data| {
+                    Change::Journal(crate::meta::JournalRow {
+                        block_id: row.block_id,
+                        gs: row.gs,
+                        data: data.to_vec(),
+                    })
+                }));
                 Seen::Finished
             }
             FileOutcome::Closed { last, size, mtime } => {
@@ -315,6 +322,7 @@ impl Rig {
             ledger: Default::default(),
             budget: Budget::new(1024, rt.handle().clone()),
             metrics: Arc::default(),
+            journal: Default::default(),
         });
         Rig {
             _dir: dir,
@@ -345,6 +353,7 @@ impl Rig {
             ledger: Default::default(),
             budget: Budget::new(1024, c.rt.clone()),
             metrics: Arc::default(),
+            journal: Default::default(),
         })
     }
 
@@ -519,6 +528,7 @@ fn a_file_that_fits_in_its_first_packet_is_closed_in_one_record_with_no_rbw_repl
 #[test]
 fn a_small_file_fsynced_before_its_close_is_written_whole_and_its_close_touches_no_replica() {
     let rig = Rig::new(3, 3, 8);
+    rig.ctx.journal.hold_checkpoints();
     // One `syncfs` each, so that every replica's sync shows.
     for n in &rig.nodes {
         n.own_filesystem();
@@ -543,7 +553,9 @@ fn a_small_file_fsynced_before_its_close_is_written_whole_and_its_close_touches_
     for n in &rig.nodes {
         let r = n.find(rows[0].block_id).unwrap();
         assert_eq!((r.state, r.data_len), (ReplicaState::Finalized, 3000));
-        assert!(n.calls(Op::Sync) > 0, "the fsync synced every replica");
+        // Made durable by the block journal: its bytes are in the store.
+        assert_eq!(n.calls(Op::Sync), 0, "the fsync synced no replica");
+        assert_eq!(n.io().fast_paths().journaled, 1);
         assert_eq!(n.io().fast_paths().one_step_synced, 1);
         assert_eq!(n.io().fast_paths().one_step_replicas, 0);
         let rbw = std::fs::read_dir(n.root().join("rbw")).unwrap().count();
@@ -564,6 +576,20 @@ fn a_small_file_fsynced_before_its_close_is_written_whole_and_its_close_touches_
     }
     assert_eq!((calls(Op::Sync), calls(Op::Create)), (syncs, creates));
     assert_eq!(rig.blocks(), rows);
+    let journal = rig.meta.journal_rows().unwrap();
+    assert_eq!(journal.len(), 1);
+    assert_eq!(
+        (journal[0].block_id, &journal[0].data),
+        (rows[0].block_id, &data)
+    );
+    // The checkpoint syncs every replica (one `syncfs` each) and forgets
+    // the row.
+    assert_eq!(super::journal::checkpoint(&rig.ctx).unwrap(), 1);
+    for n in &rig.nodes {
+        assert!(n.calls(Op::Sync) > 0, "the checkpoint synced every replica");
+    }
+    assert!(rig.meta.journal_rows().unwrap().is_empty());
+    assert_eq!(rig.ctx.journal.pending(), 0);
     assert_eq!(rig.read(3000), data);
     assert_unbroken(&log);
     // A write after such an fsync reopens the block for append, under a
@@ -593,6 +619,9 @@ fn a_small_file_fsynced_before_its_close_is_written_whole_and_its_close_touches_
 #[test]
 fn a_failed_sync_of_a_small_file_written_whole_fails_its_fsync_and_the_stream() {
     let rig = Rig::new(2, 2, 8);
+    // The path without the block journal (over etcd, or with its
+    // checkpoint behind); the journal's own failures: `tests::journal`.
+    rig.ctx.journal.set_enabled(false);
     let log = rig.log();
     let s = rig.stream(&log);
     for n in &rig.nodes {
@@ -919,5 +948,6 @@ fn a_truncation_is_recorded_durably_before_any_replica_is_cut() {
 
 mod copies;
 mod in_flight;
+mod journal;
 mod sync_faults;
 mod synced_cache;

@@ -1,0 +1,342 @@
+//! The block journal: a small file's fsync made durable by one `fdatasync`
+//! of the metadata store's WAL instead of a sync of its replicas.
+//!
+//! Why. A durable small file is one `create + write + fsync`; its cost is
+//! the device's flushes, not its bytes. Syncing the replicas (`syncfs`:
+//! the files' write-back, the filesystem's metadata, the flush, and
+//! whatever else that filesystem has dirty) and then the WAL costs about
+//! twice what one `fdatasync` of a log costs (benches/PROFILE.md). So the
+//! commit that records a small block written whole at its fsync also
+//! records its bytes ([`Change::Journal`]), and the WAL's sync makes both
+//! durable at once. The replicas are written as before, unsynced; a
+//! checkpoint shortly after syncs them in batches (one `syncfs` per
+//! datanode filesystem for every file of the window: concurrent writers
+//! share it) and forgets the rows.
+//!
+//! The rules that keep it safe (docs/SEMANTICS.md, "The block journal"):
+//! - a row is forgotten only after a sync of every replica its block
+//!   lists succeeded (a failed one leaves the block as any failed sync
+//!   does; if none is left, the row stays until the next mount);
+//! - nothing changes a journaled replica in place (an append reopening
+//!   the block, a truncation cutting it) before [`settle`] synced it;
+//! - at mount, before anything else reads or repairs a replica,
+//!   [`replay`] checks every replica a row's block lists against the
+//!   row's bytes, rewrites those that differ or are missing, syncs them,
+//!   and forgets the row. A row whose block is gone, or carries another
+//!   stamp or length, is forgotten: its bytes were superseded by a
+//!   durable change, which settled the replicas first.
+//!
+//! Only where the store [journals](crate::meta::BlockMap::journals) (one
+//! daemon's SQLite); over etcd the commit is durable elsewhere already.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Weak;
+use std::time::Duration;
+
+use super::ctx::StreamCtx;
+use super::datanodes::Datanodes;
+use super::durable::{self, closed_replica_syncs};
+use crate::error::{FsError, FsResult};
+use crate::meta::{BlockRow, Change, Meta};
+use crate::metrics::Fast;
+use crate::storage::checksum::chunk_crcs;
+use crate::sync::{Arc, AtomicBool, Mutex, Ordering, lock};
+
+/// How long a checkpoint waits for more blocks to share its syncs.
+const CHECKPOINT_AFTER: Duration = Duration::from_millis(50);
+
+/// Blocks journaled and not yet checkpointed at most: past it an fsync
+/// syncs its replicas itself (the journal's rows are the WAL's bytes, and
+/// a checkpoint that lags must not let them grow without bound).
+const MAX_PENDING: usize = 1024;
+
+/// Blocks whose rows are in the store and whose replicas are not known
+/// synced.
+pub struct Journal {
+    /// Off: every fsync syncs its replicas itself (tests of that path).
+    enabled: AtomicBool,
+    pending: Mutex<HashMap<u64, BlockRow>>,
+    /// Blocks none of whose replicas could be synced: their rows stay for
+    /// the next mount's replay, and nothing may change them in place.
+    stuck: Mutex<HashSet<u64>>,
+    scheduled: AtomicBool,
+    /// Unit tests: scheduled checkpoints do nothing (the test runs them).
+    #[cfg(test)]
+    held: AtomicBool,
+}
+
+impl Default for Journal {
+    fn default() -> Self {
+        Journal {
+            enabled: AtomicBool::new(true),
+            pending: Mutex::default(),
+            stuck: Mutex::default(),
+            scheduled: AtomicBool::new(false),
+            #[cfg(test)]
+            held: AtomicBool::new(false),
+        }
+    }
+}
+
+impl Journal {
+    /// Turns the journal on or off for fsyncs from now on.
+    pub fn set_enabled(&self, on: bool) {
+        self.enabled.store(on, Ordering::Release);
+    }
+
+    /// Whether an fsync of a small block written whole may be made durable
+    /// through the journal now.
+    pub(crate) fn takes(&self, ctx: &StreamCtx) -> bool {
+        self.enabled.load(Ordering::Acquire)
+            && ctx.meta.journals()
+            && lock(&self.pending).len() < MAX_PENDING
+    }
+
+    /// `row` was committed with its bytes: its replicas wait for a
+    /// checkpoint, which this schedules (unless one is).
+    pub(crate) fn add(&self, ctx: &Arc<StreamCtx>, row: BlockRow) {
+        for dn in &row.replicas {
+            if let Some(node) = ctx.dns.get(*dn) {
+                node.io().fast(Fast::Journaled);
+            }
+        }
+        lock(&self.pending).insert(row.block_id, row);
+        if !self.scheduled.swap(true, Ordering::AcqRel) {
+            let weak = Arc::downgrade(ctx);
+            // A pool thread that waits: no timer needed of the runtime.
+            ctx.rt.spawn_blocking(move || {
+                std::thread::sleep(CHECKPOINT_AFTER);
+                checkpoint_later(weak)
+            });
+        }
+    }
+
+    /// Unit tests: checkpoints run only when the test calls them.
+    #[cfg(test)]
+    pub(crate) fn hold_checkpoints(&self) {
+        self.held.store(true, Ordering::Release);
+    }
+
+    /// Blocks the replay at mount kept in the journal: nothing may change
+    /// them in place until the next mount replays them again.
+    pub fn keep(&self, ids: &[u64]) {
+        lock(&self.stuck).extend(ids.iter().copied());
+    }
+
+    /// Blocks waiting for a checkpoint (tests, stats).
+    pub fn pending(&self) -> usize {
+        lock(&self.pending).len()
+    }
+}
+
+fn checkpoint_later(ctx: Weak<StreamCtx>) {
+    let Some(ctx) = ctx.upgrade() else { return };
+    // Blocks added from now on schedule the next checkpoint.
+    ctx.journal.scheduled.store(false, Ordering::Release);
+    #[cfg(test)]
+    if ctx.journal.held.load(Ordering::Acquire) {
+        return;
+    }
+    if let Err(e) = checkpoint(&ctx) {
+        tracing::warn!("block journal checkpoint: {e}");
+    }
+}
+
+/// Syncs the replicas of every block journaled so far and forgets their
+/// rows; returns how many were forgotten.
+pub fn checkpoint(ctx: &StreamCtx) -> FsResult<usize> {
+    let ids: Vec<u64> = lock(&ctx.journal.pending).keys().copied().collect();
+    sync_and_forget(ctx, &ids)
+}
+
+/// Before block `block_id`'s replicas change in place: if it is
+/// journaled, its replicas are synced (and its row forgotten) first, so
+/// that no durable change can supersede a row whose bytes no replica
+/// holds on disk. Fails where that cannot be (every replica failed its
+/// sync): the change must not happen.
+pub(crate) fn settle(ctx: &StreamCtx, block_id: u64) -> FsResult<()> {
+    if lock(&ctx.journal.stuck).contains(&block_id) {
+        return Err(FsError::Io(format!(
+            "block {block_id} is kept by the journal only (no replica could be synced); it cannot change until the daemon restarts"
+        )));
+    }
+    if !lock(&ctx.journal.pending).contains_key(&block_id) {
+        return Ok(());
+    }
+    sync_and_forget(ctx, &[block_id]).map(drop)
+}
+
+/// The checkpoint of `ids`: their current rows' replicas synced (one
+/// `syncfs` per filesystem where that is a barrier, as an fsync's), the
+/// failed ones out of their blocks, and the journal rows forgotten.
+fn sync_and_forget(ctx: &StreamCtx, ids: &[u64]) -> FsResult<usize> {
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    let mut rows = Vec::new();
+    let mut gone = Vec::new();
+    for &id in ids {
+        match ctx.meta.block_by_id(id)? {
+            Some(r) => rows.push(r),
+            None => gone.push(id),
+        }
+    }
+    let gs_of: HashMap<u64, u64> = rows.iter().map(|r| (r.block_id, r.gs)).collect();
+    let per_file = |who: durable::Replica| {
+        Ok(gs_of
+            .get(&who.block)
+            .map(|&gs| closed_replica_syncs(ctx, who, gs))
+            .unwrap_or_default())
+    };
+    let replicas = durable::replicas_of(&rows).collect();
+    let results = durable::sync_replicas(ctx, replicas, per_file, Vec::new(), Vec::new)?;
+    let mut changes: Vec<Change> = Vec::new();
+    let mut done = gone.clone();
+    for row in rows {
+        let expect = row.clone();
+        let mut one = [row];
+        match durable::drop_failed(ctx, expect.ino, &mut one, &results) {
+            Ok(changed) => {
+                changes.extend(changed.into_iter().map(|row| Change::PutBlockIf {
+                    expect: expect.clone(),
+                    row,
+                }));
+                done.push(expect.block_id);
+            }
+            Err(e) => {
+                tracing::error!(
+                    block = expect.block_id,
+                    "no replica of a journaled block could be synced; the journal keeps its bytes until the next mount: {e}"
+                );
+                lock(&ctx.journal.pending).remove(&expect.block_id);
+                lock(&ctx.journal.stuck).insert(expect.block_id);
+            }
+        }
+    }
+    changes.extend(done.iter().map(|&id| Change::Unjournal(id)));
+    // A replica list changed meanwhile (the balancer): the row is
+    // forgotten all the same, its replicas were synced as they were.
+    if let Err(e) = ctx.meta.commit(&changes, false) {
+        let only: Vec<Change> = done.iter().map(|&id| Change::Unjournal(id)).collect();
+        tracing::debug!("journal checkpoint: {e}; forgetting the rows only");
+        ctx.meta.commit(&only, false)?;
+    }
+    let mut pending = lock(&ctx.journal.pending);
+    for id in &done {
+        pending.remove(id);
+    }
+    Ok(done.len())
+}
+
+/// What [`replay`] did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Replayed {
+    /// Rows found.
+    pub rows: usize,
+    /// Replicas rewritten from their rows (missing or not the row's bytes).
+    pub rewritten: usize,
+    /// Rows kept (blocks): a replica could not be checked, rewritten or
+    /// synced. The next mount replays them again; until then nothing may
+    /// change them in place ([`Journal::keep`]).
+    pub kept: Vec<u64>,
+}
+
+/// At mount (and in an offline fsck that repairs), before anything else
+/// reads, moves or repairs a replica: every journaled block's replicas
+/// made to hold the row's bytes, durably; the rows then forgotten.
+pub fn replay(meta: &dyn Meta, dns: &Datanodes) -> FsResult<Replayed> {
+    let rows = meta.journal_rows()?;
+    let mut out = Replayed {
+        rows: rows.len(),
+        ..Replayed::default()
+    };
+    let mut forget = Vec::new();
+    // Replicas to sync, by datanode; synced per filesystem below.
+    let mut touched: Vec<(crate::meta::DnId, u64, u64)> = Vec::new();
+    let mut kept = Vec::new();
+    for j in rows {
+        let block = meta.block_by_id(j.block_id)?;
+        let Some(b) = block.filter(|b| b.gs == j.gs && b.len == j.data.len() as u64) else {
+            forget.push(j.block_id);
+            continue;
+        };
+        let mut ok = true;
+        for &dn in &b.replicas {
+            let Some(node) = dns.get(dn) else {
+                ok = false;
+                continue;
+            };
+            let mut buf = vec![0u8; j.data.len()];
+            let same = node
+                .read(b.block_id, b.gs, 0, &mut buf)
+                .is_ok_and(|n| n == buf.len() && buf == j.data);
+            if !same {
+                let mut crcs = Vec::new();
+                chunk_crcs(&j.data, &mut crcs);
+                let _ = node.delete(b.block_id);
+                match node.write_finalized(b.block_id, b.gs, &j.data, &crcs) {
+                    Ok(()) => {
+                        out.rewritten += 1;
+                        node.io().fast(Fast::JournalReplayed);
+                        tracing::info!(block = b.block_id, datanode = %dn, "replica rewritten from the block journal");
+                    }
+                    Err(e) => {
+                        tracing::error!(block = b.block_id, datanode = %dn, "cannot rewrite a replica from the block journal: {e}");
+                        ok = false;
+                        continue;
+                    }
+                }
+            }
+            touched.push((dn, b.block_id, b.gs));
+        }
+        if ok {
+            forget.push(j.block_id);
+        } else {
+            kept.push(j.block_id);
+        }
+    }
+    // A replica that verified may be in the page cache only (the daemon
+    // was killed, the machine kept running): every one is synced.
+    let mut failed_dns = Vec::new();
+    let mut by_fs: HashMap<u64, Arc<dyn crate::storage::Storage>> = HashMap::new();
+    for &(dn, block, gs) in &touched {
+        let Some(node) = dns.get(dn) else { continue };
+        if node.syncfs_is_barrier() {
+            by_fs.entry(node.fs_id()).or_insert(node);
+        } else if let Err(e) = node.sync_replica(block, gs) {
+            tracing::error!(block, datanode = %dn, "cannot sync a replica the block journal checked: {e}");
+            failed_dns.push((dn, Some(block)));
+        }
+    }
+    for node in by_fs.values() {
+        if let Err(e) = node.sync_fs() {
+            tracing::error!(datanode = %node.id(), "cannot sync the replicas the block journal checked: {e}");
+            let fs = node.fs_id();
+            for &(dn, _, _) in &touched {
+                if dns.get(dn).is_some_and(|n| n.fs_id() == fs) {
+                    failed_dns.push((dn, None));
+                }
+            }
+        }
+    }
+    if !failed_dns.is_empty() {
+        forget.retain(|id| {
+            let hit = touched.iter().any(|&(dn, b, _)| {
+                b == *id
+                    && failed_dns
+                        .iter()
+                        .any(|&(f, fb)| f == dn && fb.is_none_or(|fb| fb == b))
+            });
+            if hit {
+                kept.push(*id);
+            }
+            !hit
+        });
+    }
+    out.kept = kept;
+    if !forget.is_empty() {
+        let ch: Vec<Change> = forget.into_iter().map(Change::Unjournal).collect();
+        meta.commit(&ch, true)?;
+    }
+    Ok(out)
+}

@@ -1,0 +1,173 @@
+//! The block journal (`pipeline::journal`): what a small file's fsync
+//! leaves in the store, and that no replica is changed, forgotten or
+//! trusted before its bytes are on disk.
+
+use super::*;
+use crate::meta::JournalRow;
+use crate::pipeline::journal::{self, Replayed};
+
+/// A small file written and fsynced through the journal, its checkpoints
+/// held: returns its stream, log, bytes and block.
+fn journaled(rig: &Rig, n: usize) -> (Arc<OutputStream>, Arc<TestLog>, Vec<u8>, BlockRow) {
+    rig.ctx.journal.hold_checkpoints();
+    let log = rig.log();
+    let s = rig.stream(&log);
+    let data = bytes(n, 9);
+    write(&s, &data).unwrap();
+    wait(|d| s.sync(d)).unwrap();
+    let row = rig.blocks().remove(0);
+    assert_eq!(rig.meta.journal_rows().unwrap().len(), 1);
+    assert_eq!(rig.ctx.journal.pending(), 1);
+    (s, log, data, row)
+}
+
+fn data_file(n: &Faulty, block: u64) -> std::path::PathBuf {
+    n.root().join("finalized").join(format!("blk_{block}"))
+}
+
+#[test]
+fn an_append_syncs_a_journaled_block_before_it_reopens_it() {
+    let rig = Rig::new(2, 2, 8);
+    let (s, log, data, row) = journaled(&rig, 1500);
+    for n in &rig.nodes {
+        assert_eq!(n.calls(Op::Sync), 0);
+    }
+    write(&s, &data[..500]).unwrap();
+    wait(|d| s.sync(d)).unwrap();
+    for n in &rig.nodes {
+        assert!(n.calls(Op::Sync) > 0);
+    }
+    // Synced and forgotten before the new stamp was recorded.
+    assert!(rig.meta.journal_rows().unwrap().is_empty());
+    assert_eq!(rig.ctx.journal.pending(), 0);
+    assert!(rig.blocks()[0].gs > row.gs);
+    wait(|d| s.close(d)).unwrap();
+    let mut want = data.clone();
+    want.extend_from_slice(&data[..500]);
+    assert_eq!(rig.read(2000), want);
+    assert_unbroken(&log);
+}
+
+#[test]
+fn an_append_fails_rather_than_change_a_block_no_replica_of_which_could_be_synced() {
+    let rig = Rig::new(2, 2, 8);
+    let (s, _log, data, row) = journaled(&rig, 1500);
+    for n in &rig.nodes {
+        n.arm(Op::Sync, Fault::Fail(libc::EIO), 0);
+    }
+    // The checkpoint forgets nothing: the row keeps the only durable copy.
+    assert_eq!(journal::checkpoint(&rig.ctx).unwrap(), 0);
+    assert_eq!(rig.meta.journal_rows().unwrap().len(), 1);
+    for n in &rig.nodes {
+        n.heal();
+    }
+    // Nothing may change the block in place now: the append fails, and
+    // no replica was reopened.
+    write(&s, &data[..100]).unwrap();
+    assert!(wait(|d| s.sync(d)).is_err());
+    for n in &rig.nodes {
+        assert_eq!(n.calls(Op::Reopen), 0);
+    }
+    assert_eq!(rig.blocks()[0].gs, row.gs);
+    assert_eq!(rig.meta.journal_rows().unwrap().len(), 1);
+}
+
+#[test]
+fn a_checkpoint_drops_a_replica_whose_sync_failed_and_forgets_the_row() {
+    let rig = Rig::new(2, 2, 8);
+    for n in &rig.nodes {
+        n.own_filesystem();
+    }
+    let (_s, _log, data, row) = journaled(&rig, 1500);
+    rig.nodes[1].arm(Op::Sync, Fault::Fail(libc::EIO), 0);
+    assert_eq!(journal::checkpoint(&rig.ctx).unwrap(), 1);
+    assert_eq!(rig.blocks()[0].replicas, [DnId(0)]);
+    assert!(rig.meta.journal_rows().unwrap().is_empty());
+    assert_eq!(rig.blocks()[0].gs, row.gs);
+    assert_eq!(rig.read(1500), data);
+}
+
+#[test]
+fn replay_rewrites_replicas_that_lost_the_journaled_bytes() {
+    let rig = Rig::new(3, 3, 8);
+    let (_s, _log, data, row) = journaled(&rig, 3000);
+    // What a power cut may leave of replicas never synced: none at all,
+    // an empty file, other bytes.
+    rig.nodes[0].delete(row.block_id).unwrap();
+    std::fs::write(data_file(&rig.nodes[1], row.block_id), b"").unwrap();
+    std::fs::write(data_file(&rig.nodes[2], row.block_id), vec![7u8; 3000]).unwrap();
+    // One `syncfs` each, so that every replica's sync shows.
+    for n in &rig.nodes {
+        n.own_filesystem();
+    }
+    let r = journal::replay(&*rig.meta, &rig.dns).unwrap();
+    assert_eq!(
+        r,
+        Replayed {
+            rows: 1,
+            rewritten: 3,
+            kept: Vec::new()
+        }
+    );
+    assert!(rig.meta.journal_rows().unwrap().is_empty());
+    for n in &rig.nodes {
+        let mut buf = vec![0u8; 3000];
+        assert_eq!(n.read(row.block_id, row.gs, 0, &mut buf).unwrap(), 3000);
+        assert_eq!(buf, data);
+        assert!(n.calls(Op::Sync) > 0, "rewritten replicas are synced");
+        assert_eq!(n.io().fast_paths().journal_replayed, 1);
+    }
+}
+
+#[test]
+fn replay_syncs_replicas_that_hold_the_bytes_and_forgets_superseded_rows() {
+    let rig = Rig::new(2, 2, 8);
+    let (_s, _log, _data, row) = journaled(&rig, 2000);
+    // A row whose block another durable change gave a new stamp (as an
+    // append or a truncation does, after settling it), and one whose
+    // block is gone: forgotten, their replicas untouched.
+    let stale = JournalRow {
+        block_id: row.block_id + 1000,
+        gs: 1,
+        data: vec![1; 10],
+    };
+    let mut moved = rig.meta.journal_rows().unwrap().remove(0);
+    moved.gs = row.gs - 1;
+    moved.block_id = row.block_id;
+    rig.meta.commit(&[Change::Journal(stale)], true).unwrap();
+    for n in &rig.nodes {
+        n.own_filesystem();
+    }
+    let r = journal::replay(&*rig.meta, &rig.dns).unwrap();
+    assert_eq!(
+        r,
+        Replayed {
+            rows: 2,
+            rewritten: 0,
+            kept: Vec::new()
+        }
+    );
+    for n in &rig.nodes {
+        assert!(n.calls(Op::Sync) > 0, "replicas that verified are synced");
+    }
+    assert!(rig.meta.journal_rows().unwrap().is_empty());
+    // Superseded: the block carries another stamp than the row.
+    rig.meta.commit(&[Change::Journal(moved)], true).unwrap();
+    let r = journal::replay(&*rig.meta, &rig.dns).unwrap();
+    assert_eq!((r.rows, r.rewritten), (1, 0));
+    assert!(rig.meta.journal_rows().unwrap().is_empty());
+}
+
+#[test]
+fn replay_keeps_a_row_whose_replica_cannot_be_restored() {
+    let rig = Rig::new(2, 2, 8);
+    let (_s, _log, _data, row) = journaled(&rig, 2000);
+    rig.nodes[0].delete(row.block_id).unwrap();
+    rig.nodes[0].arm(Op::Sync, Fault::Fail(libc::EIO), 0);
+    for n in &rig.nodes {
+        n.own_filesystem();
+    }
+    let r = journal::replay(&*rig.meta, &rig.dns).unwrap();
+    assert_eq!(r.kept, [row.block_id]);
+    assert_eq!(rig.meta.journal_rows().unwrap().len(), 1);
+}
