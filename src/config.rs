@@ -26,6 +26,11 @@ pub struct MountOptions {
     /// (`replica_sync=file`, for datanodes on filesystems shared with
     /// heavy unrelated writers, whose dirty data `syncfs` would also wait for).
     pub sync_by_fs: bool,
+    /// `journal_checkpoint=SECONDS`: the longest a small file made durable
+    /// by the block journal waits for its replicas' sync (its bytes are
+    /// in the metadata store meanwhile); 0 turns the journal off, so each
+    /// such fsync syncs its replicas (see `pipeline::journal`).
+    pub journal_checkpoint: Duration,
     /// `replica_reads=direct` (the default): a read of a finalized replica
     /// that the page cache does not hold goes to the disk past it
     /// (`O_DIRECT`), so the bytes are cached once, as the leasefs file's;
@@ -89,6 +94,7 @@ impl Default for MountOptions {
             log_size: 16 << 20,
             housekeeping_interval: Duration::from_secs(30),
             sync_by_fs: true,
+            journal_checkpoint: Duration::from_millis(200),
             reads_direct: true,
             metrics: None,
             fuse_uring: true,
@@ -104,7 +110,7 @@ impl Default for MountOptions {
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum OptionError {
     #[error(
-        "unknown mount option '{0}' (known: soft_limit, hard_limit, monitor_interval, lease_wait, block_size, packet_size, max_packets_in_flight, write_buffer, log_size, housekeeping_interval, replica_sync, replica_reads, fuse_uring, fuse_uring_poll, metrics, s3_endpoint, s3_region, s3_credentials, s3_retry_timeout, s3_capacity, local_copy, host_id)"
+        "unknown mount option '{0}' (known: soft_limit, hard_limit, monitor_interval, lease_wait, block_size, packet_size, max_packets_in_flight, write_buffer, log_size, housekeeping_interval, replica_sync, journal_checkpoint, replica_reads, fuse_uring, fuse_uring_poll, metrics, s3_endpoint, s3_region, s3_credentials, s3_retry_timeout, s3_capacity, local_copy, host_id)"
     )]
     Unknown(String),
     #[error("mount option '{key}' has a bad value '{value}': {why}")]
@@ -201,6 +207,7 @@ impl MountOptions {
                         _ => return Err(bad("expected fs or file".into())),
                     }
                 }
+                "journal_checkpoint" => self.journal_checkpoint = parse_secs(value).map_err(bad)?,
                 "replica_reads" => {
                     self.reads_direct = match value {
                         "direct" => true,

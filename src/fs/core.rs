@@ -195,7 +195,7 @@ impl Core {
             ledger: Default::default(),
             budget,
             metrics: Arc::default(),
-            journal: Default::default(),
+            journal: crate::pipeline::journal::Journal::new(opts.journal_checkpoint),
         });
         Arc::new(Core {
             cluster,

@@ -42,8 +42,12 @@ use crate::metrics::Fast;
 use crate::storage::checksum::chunk_crcs;
 use crate::sync::{Arc, AtomicBool, Mutex, Ordering, lock};
 
-/// How long a checkpoint waits for more blocks to share its syncs.
-const CHECKPOINT_AFTER: Duration = Duration::from_millis(50);
+/// How long a checkpoint waits for more blocks to share its syncs, by
+/// default (`-o journal_checkpoint`). Not a matter of durability (the
+/// rows are): 10, 50, 250 and 1,000 ms gave the same small-file rates
+/// within noise (benches/PROFILE.md), the longer ones a little better at
+/// R=3 (fewer `syncfs` beside the WAL's syncs).
+pub const CHECKPOINT_AFTER: Duration = Duration::from_millis(200);
 
 /// Blocks journaled and not yet checkpointed at most: past it an fsync
 /// syncs its replicas itself (the journal's rows are the WAL's bytes, and
@@ -53,8 +57,11 @@ const MAX_PENDING: usize = 1024;
 /// Blocks whose rows are in the store and whose replicas are not known
 /// synced.
 pub struct Journal {
-    /// Off: every fsync syncs its replicas itself (tests of that path).
+    /// Off: every fsync syncs its replicas itself (`journal_checkpoint=0`,
+    /// tests of that path).
     enabled: AtomicBool,
+    /// How long after its first block a checkpoint runs.
+    after: Duration,
     pending: Mutex<HashMap<u64, BlockRow>>,
     /// Blocks none of whose replicas could be synced: their rows stay for
     /// the next mount's replay, and nothing may change them in place.
@@ -67,8 +74,17 @@ pub struct Journal {
 
 impl Default for Journal {
     fn default() -> Self {
+        Journal::new(CHECKPOINT_AFTER)
+    }
+}
+
+impl Journal {
+    /// A journal whose checkpoints run `after` their first block (zero:
+    /// no journal).
+    pub fn new(after: Duration) -> Journal {
         Journal {
-            enabled: AtomicBool::new(true),
+            enabled: AtomicBool::new(!after.is_zero()),
+            after,
             pending: Mutex::default(),
             stuck: Mutex::default(),
             scheduled: AtomicBool::new(false),
@@ -76,9 +92,7 @@ impl Default for Journal {
             held: AtomicBool::new(false),
         }
     }
-}
 
-impl Journal {
     /// Turns the journal on or off for fsyncs from now on.
     pub fn set_enabled(&self, on: bool) {
         self.enabled.store(on, Ordering::Release);
@@ -103,9 +117,10 @@ impl Journal {
         lock(&self.pending).insert(row.block_id, row);
         if !self.scheduled.swap(true, Ordering::AcqRel) {
             let weak = Arc::downgrade(ctx);
+            let after = self.after;
             // A pool thread that waits: no timer needed of the runtime.
             ctx.rt.spawn_blocking(move || {
-                std::thread::sleep(CHECKPOINT_AFTER);
+                std::thread::sleep(after);
                 checkpoint_later(weak)
             });
         }

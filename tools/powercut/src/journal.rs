@@ -64,10 +64,13 @@ enum Undo {
         trash: OsString,
         key: Key,
     },
-    /// A removed (empty) directory: made again.
+    /// A removed (empty) directory: made again. `was` is the removed
+    /// directory's inode, which the undos of earlier changes inside it
+    /// name it by (their descriptors are of the removed one).
     Remake {
         dir: DirFd,
         name: OsString,
+        was: Key,
         mode: u32,
         uid: u32,
         gid: u32,
@@ -239,6 +242,7 @@ impl Journal {
             undo: Undo::Remake {
                 dir: dir.clone(),
                 name: name.to_owned(),
+                was: (st.st_dev, st.st_ino),
                 mode: st.st_mode & 0o7777,
                 uid: st.st_uid,
                 gid: st.st_gid,
@@ -444,8 +448,9 @@ impl Journal {
         let mut ns = lock(&self.ns);
         let pending = std::mem::take(&mut ns.pending);
         r.namespace_changes = pending.len();
+        let mut remade = HashMap::new();
         for p in pending.into_iter().rev() {
-            if let Err(e) = self.undo(p.undo) {
+            if let Err(e) = self.undo(p.undo, &mut remade) {
                 r.errors.push(e);
             }
         }
@@ -467,7 +472,26 @@ impl Journal {
         r
     }
 
-    fn undo(&self, undo: Undo) -> Result<(), String> {
+    /// Undoes one change. `remade`: directories made again by this cut,
+    /// by the inode they had: a change inside one (made before it was
+    /// removed, so undone after it is made again) is undone in the new one.
+    fn undo(&self, mut undo: Undo, remade: &mut HashMap<Key, DirFd>) -> Result<(), String> {
+        let now = |d: &mut DirFd| {
+            if let Ok(st) = nix::sys::stat::fstat(d.as_fd())
+                && let Some(new) = remade.get(&(st.st_dev, st.st_ino))
+            {
+                *d = new.clone();
+            }
+        };
+        match &mut undo {
+            Undo::Remove { dir, .. } | Undo::Restore { dir, .. } | Undo::Remake { dir, .. } => {
+                now(dir)
+            }
+            Undo::Rename { from, to, .. } => {
+                now(from);
+                now(to);
+            }
+        }
         let t = self.trash.as_fd();
         let r = match &undo {
             Undo::Remove { dir, name, is_dir } => {
@@ -484,6 +508,7 @@ impl Journal {
             Undo::Remake {
                 dir,
                 name,
+                was,
                 mode,
                 uid,
                 gid,
@@ -500,6 +525,16 @@ impl Journal {
                     Some(Gid::from_raw(*gid)),
                     nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
                 )
+            })
+            .and_then(|()| {
+                let fd = openat(
+                    dir.as_fd(),
+                    name.as_os_str(),
+                    OFlag::O_DIRECTORY | OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+                    Mode::empty(),
+                )?;
+                remade.insert(*was, Arc::new(fd));
+                Ok(())
             }),
             Undo::Rename {
                 from,
@@ -531,7 +566,21 @@ impl Journal {
                 })
             }
         };
-        r.map_err(|e| format!("undoing a namespace change: {e}"))
+        let what = match &undo {
+            Undo::Remove { name, .. } => format!("the creation of {}", name.to_string_lossy()),
+            Undo::Restore { name, .. } => format!("the removal of {}", name.to_string_lossy()),
+            Undo::Remake { name, .. } => {
+                format!("the removal of directory {}", name.to_string_lossy())
+            }
+            Undo::Rename {
+                from_name, to_name, ..
+            } => format!(
+                "the rename of {} to {}",
+                from_name.to_string_lossy(),
+                to_name.to_string_lossy()
+            ),
+        };
+        r.map_err(|e| format!("undoing {what}: {e}"))
     }
 }
 
