@@ -380,18 +380,26 @@ fn appends_fsynced_by_ranged_syncs_into_zero_filled_replicas_survive_a_power_cut
     // writes back the new pages and flushes the disk's cache, no metadata.
     // Under a random subset of the pending sectors kept, every fsynced
     // byte must read back, and nothing past it may read as zeros.
+    // The writer is its own process: a child another test of this binary
+    // forks meanwhile would inherit a descriptor of this test's, and its
+    // exec would close it, flushing the first piece before its fsync
+    // (which then would not be the one-step path this test asserts).
+    let src = tempfile::NamedTempFile::new().unwrap();
+    let all = pattern(600_000, 21);
+    std::fs::write(src.path(), &all).unwrap();
+    let src = src.path().display().to_string();
     for seed in [None, Some(11), Some(12)] {
         let mut pc = power(&["block_size=1M"]);
-        let mut f = File::create(pc.m.path("f")).unwrap();
-        let all = pattern(600_000, 21);
+        let mut f = Agent::spawn(&pc.m.path(""));
+        f.ok("open f wc");
         let mut synced = 0;
         for piece in all.chunks(7_000).take(60) {
-            f.write_all(piece).unwrap();
-            f.sync_data().unwrap();
+            f.ok(&format!("write-from {src} {synced} {}", piece.len()));
+            f.ok("fsync");
             synced += piece.len();
         }
         // Written after the last fsync: may be lost, never zeros.
-        f.write_all(&all[synced..synced + 30_000]).unwrap();
+        f.ok(&format!("write-from {src} {synced} 30000"));
         let [ranged, _, fills, _] = fast_paths(&pc);
         // The first fsync wrote the replicas whole; the appends after it
         // reopened them (docs/SEMANTICS.md, "Durability").
@@ -575,7 +583,8 @@ fn durable_small_files_come_back_from_the_block_journal_after_a_power_cut() {
                 .collect();
             hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
         });
-        let [journaled] = sums(&pc, ["journaled"]);
+        let [journaled, whole] = sums(&pc, ["journaled", "one_step_synced"]);
+        eprintln!("journaled replicas {journaled}, one-step fsyncs {whole}");
         // Three replicas each; not quite all 80 files when other tests of
         // this binary run at once: a child one of them forks inherits a
         // writer's descriptor, and its exec closes it, which flushes the
