@@ -178,7 +178,13 @@ pub(crate) fn settle(ctx: &StreamCtx, block_id: u64) -> FsResult<()> {
     if !lock(&ctx.journal.pending).contains_key(&block_id) {
         return Ok(());
     }
-    sync_and_forget(ctx, &[block_id]).map(drop)
+    sync_and_forget(ctx, &[block_id])?;
+    if lock(&ctx.journal.stuck).contains(&block_id) {
+        return Err(FsError::Io(format!(
+            "no replica of block {block_id} could be synced; the journal keeps its bytes until the daemon restarts"
+        )));
+    }
+    Ok(())
 }
 
 /// The checkpoint of `ids`: their current rows' replicas synced (one
@@ -205,37 +211,55 @@ fn sync_and_forget(ctx: &StreamCtx, ids: &[u64]) -> FsResult<usize> {
     };
     let replicas = durable::replicas_of(&rows).collect();
     let results = durable::sync_replicas(ctx, replicas, per_file, Vec::new(), Vec::new)?;
-    let mut changes: Vec<Change> = Vec::new();
-    let mut done = gone.clone();
+    // Rows whose replicas all synced, and those that lost a replica.
+    let mut clean = gone;
+    let mut dropped: Vec<(u64, Change)> = Vec::new();
     for row in rows {
         let expect = row.clone();
         let mut one = [row];
         match durable::drop_failed(ctx, expect.ino, &mut one, &results) {
-            Ok(changed) => {
-                changes.extend(changed.into_iter().map(|row| Change::PutBlockIf {
-                    expect: expect.clone(),
-                    row,
-                }));
-                done.push(expect.block_id);
+            Ok(changed) if changed.is_empty() => clean.push(expect.block_id),
+            Ok(mut changed) => {
+                let row = changed.remove(0);
+                let id = expect.block_id;
+                dropped.push((id, Change::PutBlockIf { expect, row }));
+            }
+            // Deleted meanwhile (its replicas with it): nothing to keep.
+            Err(_) if ctx.meta.block_by_id(expect.block_id)?.is_none() => {
+                clean.push(expect.block_id)
             }
             Err(e) => {
                 tracing::error!(
                     block = expect.block_id,
                     "no replica of a journaled block could be synced; the journal keeps its bytes until the next mount: {e}"
                 );
-                lock(&ctx.journal.pending).remove(&expect.block_id);
+                // Stuck before it leaves the pending set: `settle` never
+                // finds it in neither.
                 lock(&ctx.journal.stuck).insert(expect.block_id);
+                lock(&ctx.journal.pending).remove(&expect.block_id);
             }
         }
     }
-    changes.extend(done.iter().map(|&id| Change::Unjournal(id)));
-    // A replica list changed meanwhile (the balancer): the row is
-    // forgotten all the same, its replicas were synced as they were.
-    if let Err(e) = ctx.meta.commit(&changes, false) {
-        let only: Vec<Change> = done.iter().map(|&id| Change::Unjournal(id)).collect();
-        tracing::debug!("journal checkpoint: {e}; forgetting the rows only");
-        ctx.meta.commit(&only, false)?;
+    let mut changes: Vec<Change> = clean.iter().map(|&id| Change::Unjournal(id)).collect();
+    for (id, c) in &dropped {
+        changes.push(c.clone());
+        changes.push(Change::Unjournal(*id));
     }
+    let done = match ctx.meta.commit(&changes, false) {
+        Ok(_) => clean
+            .into_iter()
+            .chain(dropped.into_iter().map(|(id, _)| id))
+            .collect(),
+        // A replica list changed meanwhile (the balancer): the blocks that
+        // lost a replica stay for the next checkpoint, which reads their
+        // rows again.
+        Err(e) => {
+            tracing::debug!("journal checkpoint: {e}; forgetting the clean rows only");
+            let only: Vec<Change> = clean.iter().map(|&id| Change::Unjournal(id)).collect();
+            ctx.meta.commit(&only, false)?;
+            clean
+        }
+    };
     let mut pending = lock(&ctx.journal.pending);
     for id in &done {
         pending.remove(id);

@@ -73,6 +73,24 @@ fn an_append_fails_rather_than_change_a_block_no_replica_of_which_could_be_synce
 }
 
 #[test]
+fn an_append_whose_own_settling_finds_no_replica_synced_fails() {
+    let rig = Rig::new(2, 2, 8);
+    let (s, _log, data, row) = journaled(&rig, 1500);
+    for n in &rig.nodes {
+        n.arm(Op::Sync, Fault::Fail(libc::EIO), 0);
+    }
+    // No checkpoint ran: the append's reopen syncs the block itself.
+    write(&s, &data[..100]).unwrap();
+    assert!(wait(|d| s.sync(d)).is_err());
+    for n in &rig.nodes {
+        assert!(n.calls(Op::Sync) > 0);
+        assert_eq!(n.calls(Op::Reopen), 0);
+    }
+    assert_eq!(rig.blocks()[0].gs, row.gs);
+    assert_eq!(rig.meta.journal_rows().unwrap().len(), 1);
+}
+
+#[test]
 fn a_checkpoint_drops_a_replica_whose_sync_failed_and_forgets_the_row() {
     let rig = Rig::new(2, 2, 8);
     for n in &rig.nodes {
