@@ -39,7 +39,7 @@ pub struct StreamCtx {
     pub metrics: Arc<Metrics>,
     /// Small blocks whose fsync the metadata store's WAL made durable,
     /// their replicas not yet synced.
-    pub journal: super::journal::Journal,
+    pub journal: super::journal::set::Journal,
 }
 
 /// The file a stream writes, and where what its streamer does to it is

@@ -221,7 +221,7 @@ impl DataStreamer {
             crate::metrics::Fast::OneStepSynced,
         )?;
         let ctx = &self.file.ctx;
-        let journaled = ctx.journal.takes(ctx);
+        let journaled = ctx.journal.takes(&*ctx.meta);
         let finished = FileOutcome::Finished {
             row: &row,
             size: p.end(),
@@ -231,7 +231,7 @@ impl DataStreamer {
         if journaled {
             // Durable with the record: no sync of its replicas here.
             ctx.ledger.synced(self.file.ino, std::slice::from_ref(&row));
-            ctx.journal.add(ctx, row);
+            super::journal::add(ctx, row);
         } else {
             self.unsynced.push(row.block_id);
         }

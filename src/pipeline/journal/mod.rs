@@ -29,9 +29,8 @@
 //! Only where the store [journals](crate::meta::BlockMap::journals) (one
 //! daemon's SQLite); over etcd the commit is durable elsewhere already.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Weak;
-use std::time::Duration;
 
 use super::ctx::StreamCtx;
 use super::datanodes::Datanodes;
@@ -40,107 +39,28 @@ use crate::error::{FsError, FsResult};
 use crate::meta::{BlockRow, Change, Meta};
 use crate::metrics::Fast;
 use crate::storage::checksum::chunk_crcs;
-use crate::sync::{Arc, AtomicBool, Mutex, Ordering, lock};
+use crate::sync::{Arc, Ordering, lock};
 
-/// How long a checkpoint waits for more blocks to share its syncs, by
-/// default (`-o journal_checkpoint`). Not a matter of durability (the
-/// rows are): 10, 50, 250 and 1,000 ms gave the same small-file rates
-/// within noise (benches/PROFILE.md), the longer ones a little better at
-/// R=3 (fewer `syncfs` beside the WAL's syncs).
-pub const CHECKPOINT_AFTER: Duration = Duration::from_millis(200);
+pub(crate) mod set;
 
-/// Blocks journaled and not yet checkpointed at most: past it an fsync
-/// syncs its replicas itself (the journal's rows are the WAL's bytes, and
-/// a checkpoint that lags must not let them grow without bound).
-const MAX_PENDING: usize = 1024;
+pub use set::{CHECKPOINT_AFTER, Journal};
 
-/// Blocks whose rows are in the store and whose replicas are not known
-/// synced.
-pub struct Journal {
-    /// Off: every fsync syncs its replicas itself (`journal_checkpoint=0`,
-    /// tests of that path).
-    enabled: AtomicBool,
-    /// How long after its first block a checkpoint runs.
-    after: Duration,
-    pending: Mutex<HashMap<u64, BlockRow>>,
-    /// Blocks none of whose replicas could be synced: their rows stay for
-    /// the next mount's replay, and nothing may change them in place.
-    stuck: Mutex<HashSet<u64>>,
-    scheduled: AtomicBool,
-    /// Unit tests: scheduled checkpoints do nothing (the test runs them).
-    #[cfg(test)]
-    held: AtomicBool,
-}
-
-impl Default for Journal {
-    fn default() -> Self {
-        Journal::new(CHECKPOINT_AFTER)
-    }
-}
-
-impl Journal {
-    /// A journal whose checkpoints run `after` their first block (zero:
-    /// no journal).
-    pub fn new(after: Duration) -> Journal {
-        Journal {
-            enabled: AtomicBool::new(!after.is_zero()),
-            after,
-            pending: Mutex::default(),
-            stuck: Mutex::default(),
-            scheduled: AtomicBool::new(false),
-            #[cfg(test)]
-            held: AtomicBool::new(false),
+/// `row` was committed with its bytes: its replicas wait for a
+/// checkpoint, which this schedules (unless one is).
+pub(crate) fn add(ctx: &Arc<StreamCtx>, row: BlockRow) {
+    for dn in &row.replicas {
+        if let Some(node) = ctx.dns.get(*dn) {
+            node.io().fast(Fast::Journaled);
         }
     }
-
-    /// Turns the journal on or off for fsyncs from now on.
-    pub fn set_enabled(&self, on: bool) {
-        self.enabled.store(on, Ordering::Release);
-    }
-
-    /// Whether an fsync of a small block written whole may be made durable
-    /// through the journal now.
-    pub(crate) fn takes(&self, ctx: &StreamCtx) -> bool {
-        self.enabled.load(Ordering::Acquire)
-            && ctx.meta.journals()
-            && lock(&self.pending).len() < MAX_PENDING
-    }
-
-    /// `row` was committed with its bytes: its replicas wait for a
-    /// checkpoint, which this schedules (unless one is).
-    pub(crate) fn add(&self, ctx: &Arc<StreamCtx>, row: BlockRow) {
-        for dn in &row.replicas {
-            if let Some(node) = ctx.dns.get(*dn) {
-                node.io().fast(Fast::Journaled);
-            }
-        }
-        lock(&self.pending).insert(row.block_id, row);
-        if !self.scheduled.swap(true, Ordering::AcqRel) {
-            let weak = Arc::downgrade(ctx);
-            let after = self.after;
-            // A pool thread that waits: no timer needed of the runtime.
-            ctx.rt.spawn_blocking(move || {
-                std::thread::sleep(after);
-                checkpoint_later(weak)
-            });
-        }
-    }
-
-    /// Unit tests: checkpoints run only when the test calls them.
-    #[cfg(test)]
-    pub(crate) fn hold_checkpoints(&self) {
-        self.held.store(true, Ordering::Release);
-    }
-
-    /// Blocks the replay at mount kept in the journal: nothing may change
-    /// them in place until the next mount replays them again.
-    pub fn keep(&self, ids: &[u64]) {
-        lock(&self.stuck).extend(ids.iter().copied());
-    }
-
-    /// Blocks waiting for a checkpoint (tests, stats).
-    pub fn pending(&self) -> usize {
-        lock(&self.pending).len()
+    if ctx.journal.note(row) {
+        let weak = Arc::downgrade(ctx);
+        let after = ctx.journal.after;
+        // A pool thread that waits: no timer needed of the runtime.
+        ctx.rt.spawn_blocking(move || {
+            std::thread::sleep(after);
+            checkpoint_later(weak)
+        });
     }
 }
 

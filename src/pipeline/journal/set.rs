@@ -1,0 +1,97 @@
+//! [`Journal`]: which journaled blocks wait for a checkpoint, and which
+//! no checkpoint could sync (the state `pipeline::journal` keeps; no I/O
+//! here, so the streams' context can hold it).
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use crate::meta::{BlockRow, Meta};
+use crate::sync::{AtomicBool, Mutex, Ordering, lock};
+
+/// How long a checkpoint waits for more blocks to share its syncs, by
+/// default (`-o journal_checkpoint`). Not a matter of durability (the
+/// rows are): 10, 50, 250 and 1,000 ms gave the same small-file rates
+/// within noise (benches/PROFILE.md), the longer ones a little better at
+/// R=3 (fewer `syncfs` beside the WAL's syncs).
+pub const CHECKPOINT_AFTER: Duration = Duration::from_millis(200);
+
+/// Blocks journaled and not yet checkpointed at most: past it an fsync
+/// syncs its replicas itself (the journal's rows are the WAL's bytes, and
+/// a checkpoint that lags must not let them grow without bound).
+const MAX_PENDING: usize = 1024;
+
+/// Blocks whose rows are in the store and whose replicas are not known
+/// synced.
+pub struct Journal {
+    /// Off: every fsync syncs its replicas itself (`journal_checkpoint=0`,
+    /// tests of that path).
+    enabled: AtomicBool,
+    /// How long after its first block a checkpoint runs.
+    pub(super) after: Duration,
+    pub(super) pending: Mutex<HashMap<u64, BlockRow>>,
+    /// Blocks none of whose replicas could be synced: their rows stay for
+    /// the next mount's replay, and nothing may change them in place.
+    pub(super) stuck: Mutex<HashSet<u64>>,
+    pub(super) scheduled: AtomicBool,
+    /// Unit tests: scheduled checkpoints do nothing (the test runs them).
+    #[cfg(test)]
+    pub(super) held: AtomicBool,
+}
+
+impl Default for Journal {
+    fn default() -> Self {
+        Journal::new(CHECKPOINT_AFTER)
+    }
+}
+
+impl Journal {
+    /// A journal whose checkpoints run `after` their first block (zero:
+    /// no journal).
+    pub fn new(after: Duration) -> Journal {
+        Journal {
+            enabled: AtomicBool::new(!after.is_zero()),
+            after,
+            pending: Mutex::default(),
+            stuck: Mutex::default(),
+            scheduled: AtomicBool::new(false),
+            #[cfg(test)]
+            held: AtomicBool::new(false),
+        }
+    }
+
+    /// Turns the journal on or off for fsyncs from now on.
+    pub fn set_enabled(&self, on: bool) {
+        self.enabled.store(on, Ordering::Release);
+    }
+
+    /// Whether an fsync of a small block written whole may be made durable
+    /// through the journal now.
+    pub(crate) fn takes(&self, meta: &dyn Meta) -> bool {
+        self.enabled.load(Ordering::Acquire)
+            && meta.journals()
+            && lock(&self.pending).len() < MAX_PENDING
+    }
+
+    /// `row` waits for a checkpoint; whether one must be scheduled.
+    pub(super) fn note(&self, row: BlockRow) -> bool {
+        lock(&self.pending).insert(row.block_id, row);
+        !self.scheduled.swap(true, Ordering::AcqRel)
+    }
+
+    /// Unit tests: checkpoints run only when the test calls them.
+    #[cfg(test)]
+    pub(crate) fn hold_checkpoints(&self) {
+        self.held.store(true, Ordering::Release);
+    }
+
+    /// Blocks the replay at mount kept in the journal: nothing may change
+    /// them in place until the next mount replays them again.
+    pub fn keep(&self, ids: &[u64]) {
+        lock(&self.stuck).extend(ids.iter().copied());
+    }
+
+    /// Blocks waiting for a checkpoint (tests, stats).
+    pub fn pending(&self) -> usize {
+        lock(&self.pending).len()
+    }
+}
