@@ -490,6 +490,35 @@ fn a_small_file_written_whole_at_close_and_fsynced_after_survives_a_power_cut() 
     healthy(&pc);
 }
 
+/// Four writers at once, each creating `files` files under `root` (name
+/// and bytes from `file(writer, i)`) with an fsync before the close;
+/// returns every file whose fsync returned.
+fn fsynced_by_writers(
+    root: &std::path::Path,
+    files: u64,
+    file: impl Fn(u64, u64) -> (String, Vec<u8>) + Sync,
+) -> Vec<(String, Vec<u8>)> {
+    std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..4u64)
+            .map(|w| {
+                let file = &file;
+                sc.spawn(move || {
+                    let mut done = Vec::new();
+                    for i in 0..files {
+                        let (name, data) = file(w, i);
+                        let mut f = File::create(root.join(&name)).unwrap();
+                        f.write_all(&data).unwrap();
+                        f.sync_all().unwrap();
+                        done.push((name, data));
+                    }
+                    done
+                })
+            })
+            .collect();
+        hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
+    })
+}
+
 #[test]
 fn durable_small_files_of_concurrent_writers_survive_a_power_cut() {
     // Four writers, each creating files of 4 KiB with an fsync before
@@ -500,25 +529,8 @@ fn durable_small_files_of_concurrent_writers_survive_a_power_cut() {
     // own test is `durable_small_files_come_back_from_the_block_journal_*`.
     let mut pc = power(&["journal_checkpoint=0"]);
     let root = pc.m.path("");
-    let acked: Vec<Vec<(String, Vec<u8>)>> = std::thread::scope(|sc| {
-        let hs: Vec<_> = (0..4u64)
-            .map(|w| {
-                let root = &root;
-                sc.spawn(move || {
-                    let mut done = Vec::new();
-                    for i in 0..40u64 {
-                        let name = format!("w{w}-{i}");
-                        let data = pattern(4096, 100 * w + i);
-                        let mut f = File::create(root.join(&name)).unwrap();
-                        f.write_all(&data).unwrap();
-                        f.sync_all().unwrap();
-                        done.push((name, data));
-                    }
-                    done
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    let acked = fsynced_by_writers(&root, 40, |w, i| {
+        (format!("w{w}-{i}"), pattern(4096, 100 * w + i))
     });
     let [.., shared] = counters(&pc);
     eprintln!("fsyncs covered by another's syncfs: {shared}");
@@ -544,7 +556,7 @@ fn durable_small_files_of_concurrent_writers_survive_a_power_cut() {
         );
     }
     pc.cut();
-    for (name, data) in acked.iter().flatten() {
+    for (name, data) in &acked {
         reads_back(&pc, name, data, data.len());
     }
     healthy(&pc);
@@ -563,25 +575,11 @@ fn durable_small_files_come_back_from_the_block_journal_after_a_power_cut() {
     for seed in [None, Some(17)] {
         let mut pc = power(&["journal_checkpoint=600"]);
         let root = pc.m.path("");
-        let acked: Vec<(String, Vec<u8>)> = std::thread::scope(|sc| {
-            let hs: Vec<_> = (0..4u64)
-                .map(|w| {
-                    let root = &root;
-                    sc.spawn(move || {
-                        let mut done = Vec::new();
-                        for i in 0..20u64 {
-                            let name = format!("j{w}-{i}");
-                            let data = pattern(4096 + 100 * i as usize, 50 * w + i);
-                            let mut f = File::create(root.join(&name)).unwrap();
-                            f.write_all(&data).unwrap();
-                            f.sync_all().unwrap();
-                            done.push((name, data));
-                        }
-                        done
-                    })
-                })
-                .collect();
-            hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
+        let acked = fsynced_by_writers(&root, 20, |w, i| {
+            (
+                format!("j{w}-{i}"),
+                pattern(4096 + 100 * i as usize, 50 * w + i),
+            )
         });
         let [journaled, whole] = sums(&pc, ["journaled", "one_step_synced"]);
         eprintln!("journaled replicas {journaled}, one-step fsyncs {whole}");

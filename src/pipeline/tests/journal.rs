@@ -21,6 +21,15 @@ fn journaled(rig: &Rig, n: usize) -> (Arc<OutputStream>, Arc<TestLog>, Vec<u8>, 
     (s, log, data, row)
 }
 
+/// The replay, each datanode on a filesystem of its own (one `syncfs`
+/// each, so that every replica's sync shows).
+fn replay_alone(rig: &Rig) -> Replayed {
+    for n in &rig.nodes {
+        n.own_filesystem();
+    }
+    journal::replay(&*rig.meta, &rig.dns).unwrap()
+}
+
 fn data_file(n: &Faulty, block: u64) -> std::path::PathBuf {
     n.root().join("finalized").join(format!("blk_{block}"))
 }
@@ -114,11 +123,7 @@ fn replay_rewrites_replicas_that_lost_the_journaled_bytes() {
     rig.nodes[0].delete(row.block_id).unwrap();
     std::fs::write(data_file(&rig.nodes[1], row.block_id), b"").unwrap();
     std::fs::write(data_file(&rig.nodes[2], row.block_id), vec![7u8; 3000]).unwrap();
-    // One `syncfs` each, so that every replica's sync shows.
-    for n in &rig.nodes {
-        n.own_filesystem();
-    }
-    let r = journal::replay(&*rig.meta, &rig.dns).unwrap();
+    let r = replay_alone(&rig);
     assert_eq!(
         r,
         Replayed {
@@ -153,10 +158,7 @@ fn replay_syncs_replicas_that_hold_the_bytes_and_forgets_superseded_rows() {
     moved.gs = row.gs - 1;
     moved.block_id = row.block_id;
     rig.meta.commit(&[Change::Journal(stale)], true).unwrap();
-    for n in &rig.nodes {
-        n.own_filesystem();
-    }
-    let r = journal::replay(&*rig.meta, &rig.dns).unwrap();
+    let r = replay_alone(&rig);
     assert_eq!(
         r,
         Replayed {
@@ -182,10 +184,7 @@ fn replay_keeps_a_row_whose_replica_cannot_be_restored() {
     let (_s, _log, _data, row) = journaled(&rig, 2000);
     rig.nodes[0].delete(row.block_id).unwrap();
     rig.nodes[0].arm(Op::Sync, Fault::Fail(libc::EIO), 0);
-    for n in &rig.nodes {
-        n.own_filesystem();
-    }
-    let r = journal::replay(&*rig.meta, &rig.dns).unwrap();
+    let r = replay_alone(&rig);
     assert_eq!(r.kept, [row.block_id]);
     assert_eq!(rig.meta.journal_rows().unwrap().len(), 1);
 }
