@@ -94,7 +94,7 @@ impl Default for MountOptions {
             log_size: 16 << 20,
             housekeeping_interval: Duration::from_secs(30),
             sync_by_fs: true,
-            journal_checkpoint: Duration::from_millis(200),
+            journal_checkpoint: crate::pipeline::journal::CHECKPOINT_AFTER,
             reads_direct: true,
             metrics: None,
             fuse_uring: true,
@@ -368,6 +368,10 @@ mod tests {
         assert_eq!(w.write_buffer, 16 << 20);
         assert_eq!(w.write_buffer_packets(), 256);
         let mut o = MountOptions::default();
+        assert_eq!(o.journal_checkpoint, Duration::from_millis(200));
+        o.apply("journal_checkpoint=0").unwrap();
+        assert!(o.journal_checkpoint.is_zero());
+        assert!(o.apply("journal_checkpoint=soon").is_err());
         assert!(o.apply("replica_sync=disk").is_err());
         assert!(o.sync_by_fs);
         o.apply("replica_sync=file").unwrap();

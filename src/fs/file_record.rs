@@ -66,13 +66,7 @@ fn changes(ino: u64, what: FileOutcome<'_>, uc: impl FnOnce() -> Option<Change>)
             size: n,
             journal,
         } => {
-            let kept = journal.map(|data| {
-                Change::Journal(JournalRow {
-                    block_id: row.block_id,
-                    gs: row.gs,
-                    data: data.to_vec(),
-                })
-            });
+            let kept = journal.map(|data| Change::Journal(JournalRow::of(row, data)));
             uc().into_iter()
                 .chain([put(row), size(n, None)])
                 .chain(kept)

@@ -93,6 +93,17 @@ pub struct JournalRow {
     pub data: Vec<u8>,
 }
 
+impl JournalRow {
+    /// The row keeping `data`, the bytes of block `row`.
+    pub fn of(row: &BlockRow, data: &[u8]) -> JournalRow {
+        JournalRow {
+            block_id: row.block_id,
+            gs: row.gs,
+            data: data.to_vec(),
+        }
+    }
+}
+
 /// The registry's record of one datanode (a storage directory).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DatanodeRecord {

@@ -231,7 +231,7 @@ impl DataStreamer {
         if journaled {
             // Durable with the record: no sync of its replicas here.
             ctx.ledger.synced(self.file.ino, std::slice::from_ref(&row));
-            super::journal::add(ctx, row);
+            super::journal::add(ctx, &row);
         } else {
             self.unsynced.push(row.block_id);
         }

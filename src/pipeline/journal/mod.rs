@@ -47,13 +47,13 @@ pub use set::{CHECKPOINT_AFTER, Journal};
 
 /// `row` was committed with its bytes: its replicas wait for a
 /// checkpoint, which this schedules (unless one is).
-pub(crate) fn add(ctx: &Arc<StreamCtx>, row: BlockRow) {
+pub(crate) fn add(ctx: &Arc<StreamCtx>, row: &BlockRow) {
     for dn in &row.replicas {
         if let Some(node) = ctx.dns.get(*dn) {
             node.io().fast(Fast::Journaled);
         }
     }
-    if ctx.journal.note(row) {
+    if ctx.journal.note(row.block_id) {
         let weak = Arc::downgrade(ctx);
         let after = ctx.journal.after;
         // A pool thread that waits: no timer needed of the runtime.
@@ -80,7 +80,7 @@ fn checkpoint_later(ctx: Weak<StreamCtx>) {
 /// Syncs the replicas of every block journaled so far and forgets their
 /// rows; returns how many were forgotten.
 pub fn checkpoint(ctx: &StreamCtx) -> FsResult<usize> {
-    let ids: Vec<u64> = lock(&ctx.journal.pending).keys().copied().collect();
+    let ids: Vec<u64> = lock(&ctx.journal.pending).iter().copied().collect();
     sync_and_forget(ctx, &ids)
 }
 
@@ -95,7 +95,7 @@ pub(crate) fn settle(ctx: &StreamCtx, block_id: u64) -> FsResult<()> {
             "block {block_id} is kept by the journal only (no replica could be synced); it cannot change until the daemon restarts"
         )));
     }
-    if !lock(&ctx.journal.pending).contains_key(&block_id) {
+    if !lock(&ctx.journal.pending).contains(&block_id) {
         return Ok(());
     }
     sync_and_forget(ctx, &[block_id])?;

@@ -2,10 +2,10 @@
 //! no checkpoint could sync (the state `pipeline::journal` keeps; no I/O
 //! here, so the streams' context can hold it).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::time::Duration;
 
-use crate::meta::{BlockRow, Meta};
+use crate::meta::Meta;
 use crate::sync::{AtomicBool, Mutex, Ordering, lock};
 
 /// How long a checkpoint waits for more blocks to share its syncs, by
@@ -21,14 +21,15 @@ pub const CHECKPOINT_AFTER: Duration = Duration::from_millis(200);
 const MAX_PENDING: usize = 1024;
 
 /// Blocks whose rows are in the store and whose replicas are not known
-/// synced.
+/// synced (by id: a checkpoint reads their rows afresh, since a replica
+/// list may have changed meanwhile).
 pub struct Journal {
     /// Off: every fsync syncs its replicas itself (`journal_checkpoint=0`,
     /// tests of that path).
     enabled: AtomicBool,
     /// How long after its first block a checkpoint runs.
     pub(super) after: Duration,
-    pub(super) pending: Mutex<HashMap<u64, BlockRow>>,
+    pub(super) pending: Mutex<HashSet<u64>>,
     /// Blocks none of whose replicas could be synced: their rows stay for
     /// the next mount's replay, and nothing may change them in place.
     pub(super) stuck: Mutex<HashSet<u64>>,
@@ -59,8 +60,9 @@ impl Journal {
         }
     }
 
-    /// Turns the journal on or off for fsyncs from now on.
-    pub fn set_enabled(&self, on: bool) {
+    /// Unit tests: turns the journal on or off for fsyncs from now on.
+    #[cfg(test)]
+    pub(crate) fn set_enabled(&self, on: bool) {
         self.enabled.store(on, Ordering::Release);
     }
 
@@ -72,9 +74,9 @@ impl Journal {
             && lock(&self.pending).len() < MAX_PENDING
     }
 
-    /// `row` waits for a checkpoint; whether one must be scheduled.
-    pub(super) fn note(&self, row: BlockRow) -> bool {
-        lock(&self.pending).insert(row.block_id, row);
+    /// Block `id` waits for a checkpoint; whether one must be scheduled.
+    pub(super) fn note(&self, id: u64) -> bool {
+        lock(&self.pending).insert(id);
         !self.scheduled.swap(true, Ordering::AcqRel)
     }
 
@@ -90,8 +92,9 @@ impl Journal {
         lock(&self.stuck).extend(ids.iter().copied());
     }
 
-    /// Blocks waiting for a checkpoint (tests, stats).
-    pub fn pending(&self) -> usize {
+    /// Unit tests: blocks waiting for a checkpoint.
+    #[cfg(test)]
+    pub(crate) fn pending(&self) -> usize {
         lock(&self.pending).len()
     }
 }

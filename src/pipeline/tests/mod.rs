@@ -148,13 +148,9 @@ impl FileLog for TestLog {
                     size,
                     touch: None,
                 });
-                ch.extend(journal.map(|data| {
-                    Change::Journal(crate::meta::JournalRow {
-                        block_id: row.block_id,
-                        gs: row.gs,
-                        data: data.to_vec(),
-                    })
-                }));
+                ch.extend(
+                    journal.map(|data| Change::Journal(crate::meta::JournalRow::of(row, data))),
+                );
                 Seen::Finished
             }
             FileOutcome::Closed { last, size, mtime } => {
