@@ -65,6 +65,7 @@ impl Core {
                     reads_direct: fast.reads_direct,
                     journaled: fast.journaled,
                     journal_replayed: fast.journal_replayed,
+                    deferred: fast.deferred,
                 }
             })
             .collect();

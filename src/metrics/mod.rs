@@ -275,7 +275,7 @@ pub struct IoCounters {
     written: AtomicU64,
     read: AtomicU64,
     errors: AtomicU64,
-    fast: [AtomicU64; Fast::JournalReplayed as usize + 1],
+    fast: [AtomicU64; Fast::Deferred as usize + 1],
 }
 
 /// Which way replicas were made durable here: the figures that show a
@@ -320,6 +320,9 @@ pub struct FastPaths {
     pub journaled: u64,
     /// Replicas rewritten from the block journal at mount.
     pub journal_replayed: u64,
+    /// Journaled replicas kept in memory at their fsync and written at
+    /// the checkpoint or when first needed (`storage::deferred`).
+    pub deferred: u64,
 }
 
 /// Indexes into [`IoCounters::fast`].
@@ -338,6 +341,7 @@ pub enum Fast {
     ReadDirect,
     Journaled,
     JournalReplayed,
+    Deferred,
 }
 
 impl IoCounters {
@@ -381,6 +385,7 @@ impl IoCounters {
             reads_direct: get(Fast::ReadDirect),
             journaled: get(Fast::Journaled),
             journal_replayed: get(Fast::JournalReplayed),
+            deferred: get(Fast::Deferred),
         }
     }
 

@@ -181,6 +181,11 @@ pub const DN_JOURNAL_REPLAYED: Name = counter(
     "Replicas rewritten from the block journal at mount",
 );
 
+pub const DN_DEFERRED: Name = counter(
+    "leasefs_datanode_deferred",
+    "Journaled replicas kept in memory at their fsync and written at the checkpoint or when first needed",
+);
+
 pub const DN_CHUNKS_BATCHED: Name = counter(
     "leasefs_datanode_chunks_batched",
     "Replica chunks read whose checksums were verified three at a time",
@@ -385,7 +390,7 @@ impl Scrape {
                 }
             }
         }
-        let counters: [(&Name, Field); 16] = [
+        let counters: [(&Name, Field); 17] = [
             (&DN_WRITTEN, |d| Some(d.bytes_written)),
             (&DN_READ, |d| Some(d.bytes_read)),
             (&DN_ERRORS, |d| Some(d.errors)),
@@ -402,6 +407,7 @@ impl Scrape {
             (&DN_READS_DIRECT, |d| Some(d.reads_direct)),
             (&DN_JOURNALED, |d| Some(d.journaled)),
             (&DN_JOURNAL_REPLAYED, |d| Some(d.journal_replayed)),
+            (&DN_DEFERRED, |d| Some(d.deferred)),
         ];
         for (n, get) in counters {
             let mut m = metric(enc, n)?;

@@ -59,6 +59,8 @@ pub struct DatanodeStats {
     /// durable, and replicas rewritten from it at mount.
     pub journaled: u64,
     pub journal_replayed: u64,
+    /// Journaled replicas kept in memory until the checkpoint needed them.
+    pub deferred: u64,
 }
 
 /// Every counter and gauge of a mount. Counters only grow while the

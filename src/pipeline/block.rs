@@ -99,13 +99,16 @@ fn open_new(f: &StreamFile, idx: u64, start: u64) -> FsResult<OpenBlock> {
 /// under construction on its account) or as the finished block of the
 /// file its fsync makes durable. The block stays in flight (no sweep
 /// deletes its replicas) while the returned hold lives: the caller drops
-/// it once the commit returned.
+/// it once the commit returned. With `defer` (the commit will journal the
+/// bytes) a datanode may keep its replica in memory until it is needed
+/// on disk ([`crate::storage::Storage::write_deferred`]).
 pub(crate) fn write_whole(
     f: &StreamFile,
     idx: u64,
     data: &[u8],
     crcs: &mut Vec<u32>,
     path: crate::metrics::Fast,
+    defer: bool,
 ) -> FsResult<(BlockRow, Hold)> {
     let dns = &f.ctx.dns;
     let mut tried = dns.choose_pipeline()?;
@@ -118,9 +121,17 @@ pub(crate) fn write_whole(
     let mut todo = tried.clone();
     while let Some(dn) = todo.pop() {
         let Some(node) = dns.get(dn) else { continue };
-        match node.write_finalized(block_id, gs, data, crcs) {
-            Ok(()) => {
+        let written = if defer {
+            node.write_deferred(block_id, gs, data, crcs)
+        } else {
+            node.write_finalized(block_id, gs, data, crcs).map(|()| false)
+        };
+        match written {
+            Ok(kept) => {
                 node.io().fast(path);
+                if kept {
+                    node.io().fast(crate::metrics::Fast::Deferred);
+                }
                 ok.push(dn)
             }
             Err(e) => {

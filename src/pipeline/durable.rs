@@ -115,6 +115,26 @@ pub(crate) fn sync_replicas(
         }
         !failed
     });
+    // Replicas a datanode held in memory (the block journal's) go to
+    // disk before anything syncs them; one that cannot be written failed
+    // as a failed sync does.
+    replicas.retain(|r| {
+        let Some(node) = ctx.dns.get(r.dn) else {
+            return true;
+        };
+        match node.write_out(r.block) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(datanode = %r.dn, "cannot write replica of block {}: {e}", r.block);
+                ctx.dns.mark_failed(r.dn, &e);
+                results.push(ReplicaResult {
+                    replica: *r,
+                    result: Err(FsError::from(e)),
+                });
+                false
+            }
+        }
+    });
     let mut jobs: Vec<SyncJob> = Vec::new();
     jobs.extend(extra);
     let mut groups: Vec<FsGroup> = Vec::new();

@@ -193,6 +193,7 @@ impl DataStreamer {
             &p.data,
             &mut self.crcs,
             crate::metrics::Fast::OneStep,
+            false,
         )?;
         // Closing promises no durability: a later fsync syncs it.
         self.unsynced.push(row.block_id);
@@ -213,21 +214,32 @@ impl DataStreamer {
     pub fn sync_whole(&mut self, p: &Packet) -> FsResult<()> {
         trip(p);
         let bs = self.file.block_size;
+        let ctx = &self.file.ctx;
+        let journaled = ctx.journal.takes(&*ctx.meta);
         let (row, _hold) = block::write_whole(
             &self.file,
             p.off / bs,
             &p.data,
             &mut self.crcs,
             crate::metrics::Fast::OneStepSynced,
+            journaled,
         )?;
-        let ctx = &self.file.ctx;
-        let journaled = ctx.journal.takes(&*ctx.meta);
         let finished = FileOutcome::Finished {
             row: &row,
             size: p.end(),
             journal: journaled.then_some(&p.data[..]),
         };
-        self.file.log.record(finished, false)?;
+        if let Err(e) = self.file.log.record(finished, false) {
+            // Whether the commit is on disk is not known: the replicas
+            // stay, on disk (no sweep deletes them before the metadata
+            // says whether a block needs them).
+            for dn in &row.replicas {
+                if let Some(node) = ctx.dns.get(*dn) {
+                    let _ = node.write_out(row.block_id);
+                }
+            }
+            return Err(e);
+        }
         if journaled {
             // Durable with the record: no sync of its replicas here.
             ctx.ledger.synced(self.file.ino, std::slice::from_ref(&row));

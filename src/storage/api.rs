@@ -198,6 +198,25 @@ pub trait Storage: Send + Sync + fmt::Debug {
         data: &[u8],
         crcs: &[u32],
     ) -> Result<(), StorageError>;
+    /// As [`Self::write_finalized`], for a replica whose bytes are
+    /// durable elsewhere until its next sync (the block journal's): the
+    /// datanode may keep it in memory until [`Self::write_out`] or any
+    /// other call on the block needs it on disk. Whether it was kept:
+    /// `Ok(false)` means written at once.
+    fn write_deferred(
+        &self,
+        block: u64,
+        gs: u64,
+        data: &[u8],
+        crcs: &[u32],
+    ) -> Result<bool, StorageError> {
+        self.write_finalized(block, gs, data, crcs).map(|()| false)
+    }
+    /// Writes a replica [`Self::write_deferred`] kept (unsynced); nothing
+    /// if there is none.
+    fn write_out(&self, _block: u64) -> Result<(), StorageError> {
+        Ok(())
+    }
     /// Cuts a replica to `len` under the new stamp `new_gs`, durably.
     fn truncate(&self, block: u64, gs: u64, new_gs: u64, len: u64) -> Result<(), StorageError>;
 

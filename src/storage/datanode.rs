@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use super::api::{ReplicaWrite, Storage};
 use super::at::Sub;
+use super::deferred::Deferred;
 use super::error::StorageError;
 use super::identity::Identity;
 use super::layout::{DnId, Layout, ReplicaInfo, ReplicaStat, ReplicaState};
@@ -45,6 +46,10 @@ pub struct Datanode {
     syncfs_barrier: bool,
     /// See [`Storage::ranged_sync`].
     ranged: bool,
+    /// Replicas kept in memory ([`Storage::write_deferred`]): every call
+    /// on a block writes it out first, so no other code sees the
+    /// difference.
+    deferred: Deferred,
 }
 
 impl Datanode {
@@ -85,6 +90,7 @@ impl Datanode {
             io: Arc::default(),
             syncfs_barrier,
             ranged,
+            deferred: Deferred::default(),
         })
     }
 
@@ -96,6 +102,32 @@ impl Datanode {
     /// The directory of replicas in `state`.
     pub fn dir(&self, state: ReplicaState) -> &Path {
         self.layout.dir(state)
+    }
+
+    /// Whether `block` is held in memory, not yet written.
+    pub fn holds(&self, block: u64) -> bool {
+        self.deferred.holds(block)
+    }
+
+    /// Drops the replicas held in memory, unwritten: what a crash does.
+    #[cfg(test)]
+    pub fn lose_held(&self) {
+        self.deferred.lose();
+    }
+
+    /// `block` on disk if it is held: called first by every call on it.
+    fn out(&self, block: u64) -> Result<(), StorageError> {
+        self.deferred
+            .write_out(block, |gs, data, crcs| self.write_now(block, gs, data, crcs))
+    }
+
+    fn write_now(&self, block: u64, gs: u64, data: &[u8], crcs: &[u32]) -> Result<(), StorageError> {
+        let r = replica::write_finalized(&self.layout, block, gs, data, crcs);
+        match &r {
+            Ok(()) => self.io.wrote(data.len() as u64),
+            Err(_) => self.io.error(),
+        }
+        r
     }
 }
 
@@ -131,6 +163,7 @@ impl Storage for Datanode {
         gs: u64,
         len: u64,
     ) -> Result<Box<dyn ReplicaWrite>, StorageError> {
+        self.out(block)?;
         Ok(Box::new(replica::reopen_rbw(
             &self.layout,
             &self.io,
@@ -141,10 +174,12 @@ impl Storage for Datanode {
     }
 
     fn bump_gs(&self, block: u64, old_gs: u64, new_gs: u64) -> Result<(), StorageError> {
+        self.out(block)?;
         replica::bump_gs(&self.layout, block, old_gs, new_gs)
     }
 
     fn finalize(&self, block: u64, gs: u64, len: u64) -> Result<(), StorageError> {
+        self.out(block)?;
         replica::finalize(&self.layout, block, gs, len)
     }
 
@@ -166,39 +201,60 @@ impl Storage for Datanode {
         data: &[u8],
         crcs: &[u32],
     ) -> Result<(), StorageError> {
-        let r = replica::write_finalized(&self.layout, block, gs, data, crcs);
-        match &r {
-            Ok(()) => self.io.wrote(data.len() as u64),
-            Err(_) => self.io.error(),
+        self.deferred.forget(block);
+        self.write_now(block, gs, data, crcs)
+    }
+
+    fn write_deferred(
+        &self,
+        block: u64,
+        gs: u64,
+        data: &[u8],
+        crcs: &[u32],
+    ) -> Result<bool, StorageError> {
+        if self.deferred.hold(block, gs, data, crcs) {
+            return Ok(true);
         }
-        r
+        self.write_now(block, gs, data, crcs).map(|()| false)
+    }
+
+    fn write_out(&self, block: u64) -> Result<(), StorageError> {
+        self.out(block)
     }
 
     fn truncate(&self, block: u64, gs: u64, new_gs: u64, len: u64) -> Result<(), StorageError> {
+        self.out(block)?;
         replica::truncate(&self.layout, block, gs, new_gs, len)
     }
 
     fn open_reader(&self, block: u64, gs: u64) -> Result<ReplicaReader, StorageError> {
+        self.out(block)?;
         reader::open(&self.layout, &self.io, block, gs)
     }
 
     fn lookup(&self, block: u64) -> Result<Option<ReplicaInfo>, StorageError> {
+        self.out(block)?;
         locate::lookup(&self.layout, block)
     }
 
     fn stat_replica(&self, block: u64, gs: u64) -> Result<ReplicaStat, StorageError> {
+        self.out(block)?;
         locate::stat_replica(&self.layout, block, gs)
     }
 
     fn list(&self) -> Result<Vec<ReplicaInfo>, StorageError> {
+        self.deferred
+            .write_all(|block, gs, data, crcs| self.write_now(block, gs, data, crcs))?;
         maintenance::list(&self.layout)
     }
 
     fn delete(&self, block: u64) -> Result<(), StorageError> {
+        self.deferred.forget(block);
         locate::delete(&self.layout, block)
     }
 
     fn quarantine(&self, block: u64) -> Result<PathBuf, StorageError> {
+        self.out(block)?;
         quarantine::quarantine(&self.layout, block)
     }
 
@@ -216,6 +272,7 @@ impl Storage for Datanode {
     }
 
     fn delete_recorded(&self, block: u64, gs: u64) -> Result<(), StorageError> {
+        self.out(block)?;
         maintenance::delete_recorded(&self.layout, block, gs)
     }
 
@@ -227,6 +284,7 @@ impl Storage for Datanode {
         len: u64,
         state: ReplicaState,
     ) -> Result<(), StorageError> {
+        self.out(block)?;
         maintenance::copy_replica_from(&self.layout, src, block, gs, len, state)
     }
 
@@ -238,6 +296,7 @@ impl Storage for Datanode {
         len: u64,
         state: ReplicaState,
     ) -> Result<(), StorageError> {
+        self.out(to.0)?;
         maintenance::copy_replica_as(&self.layout, src, from, to, len, state)
     }
 
@@ -248,6 +307,7 @@ impl Storage for Datanode {
     /// Data, checksums and both directory entries (for blocks finalised
     /// before an `fsync` of their file).
     fn sync_replica(&self, block: u64, gs: u64) -> Result<(), StorageError> {
+        self.out(block)?;
         let l = &self.layout;
         let loc = locate::locate(l, block, gs)?;
         for at in [l.data(loc.data_in, block), l.meta(loc.meta_in, block, gs)] {
@@ -264,7 +324,10 @@ impl Storage for Datanode {
     /// where `fdatasync` per file pays one each. An error means some
     /// writeback on that filesystem failed since the last call, not
     /// necessarily ours: the caller finds out which file with per-file
-    /// syncs.
+    /// syncs. Replicas held in memory are not written out here: a caller syncs
+    /// named replicas and writes those out first (see
+    /// `pipeline::durable::sync_replicas`), so that a failed write is
+    /// that replica's failure, not the filesystem's.
     fn sync_fs(&self) -> Result<(), StorageError> {
         nix::unistd::syncfs(&self.root_fd)
             .map_err(|e| StorageError::io(self.layout.root(), io::Error::from(e)))

@@ -190,6 +190,16 @@ impl Faulty {
     }
 
     /// How many calls of `op` were made, struck or not.
+    /// Whether the datanode holds `block` in memory, not yet written.
+    pub fn holds(&self, block: u64) -> bool {
+        self.inner.holds(block)
+    }
+
+    /// Drops the replicas held in memory: what a crash does.
+    pub fn lose_held(&self) {
+        self.inner.lose_held();
+    }
+
     pub fn calls(&self, op: Op) -> u64 {
         lock(&self.faults.plan).calls.get(&op).copied().unwrap_or(0)
     }
@@ -364,6 +374,27 @@ impl Storage for Faulty {
         self.check(Op::Create)?;
         self.check(Op::Write)?;
         self.inner.write_finalized(block, gs, data, crcs)
+    }
+
+    /// Struck as [`Self::write_finalized`]; the replica's later write
+    /// (`write_out`) by faults on [`Op::Write`].
+    fn write_deferred(
+        &self,
+        block: u64,
+        gs: u64,
+        data: &[u8],
+        crcs: &[u32],
+    ) -> Result<bool, StorageError> {
+        self.check(Op::Create)?;
+        self.check(Op::Write)?;
+        self.inner.write_deferred(block, gs, data, crcs)
+    }
+
+    fn write_out(&self, block: u64) -> Result<(), StorageError> {
+        if self.inner.holds(block) {
+            self.check(Op::Write)?;
+        }
+        self.inner.write_out(block)
     }
 
     fn truncate(&self, block: u64, gs: u64, new_gs: u64, len: u64) -> Result<(), StorageError> {

@@ -18,6 +18,7 @@
 //! | [`locate`] | finding (and removing) a block's files |
 //! | [`writer`], [`reader`] | the open files of one replica: appends; verified reads |
 //! | [`replica`] | a replica's lifecycle: create, reopen, restamp, cut, finalize |
+//! | [`deferred`] | replicas the block journal keeps durable, held in memory until needed on disk |
 //! | [`maintenance`] | listing, deletion, copies, `tmp/` cleanup, the heartbeat probe |
 //! | [`quarantine`] | unknown replicas kept instead of deleted, for a retention period |
 //! | [`api`] | the [`Storage`] and [`ReplicaWrite`] traits |
@@ -27,6 +28,7 @@ pub mod api;
 pub(crate) mod at;
 pub mod checksum;
 pub mod datanode;
+pub mod deferred;
 pub mod direct;
 pub mod dnid;
 pub mod error;

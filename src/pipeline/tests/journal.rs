@@ -118,8 +118,11 @@ fn a_checkpoint_drops_a_replica_whose_sync_failed_and_forgets_the_row() {
 fn replay_rewrites_replicas_that_lost_the_journaled_bytes() {
     let rig = Rig::new(3, 3, 8);
     let (_s, _log, data, row) = journaled(&rig, 3000);
-    // What a power cut may leave of replicas never synced: none at all,
-    // an empty file, other bytes.
+    // What a power cut may leave of replicas never synced: none at all
+    // (held in memory, or written and lost), an empty file, other bytes.
+    for n in &rig.nodes {
+        n.lose_held();
+    }
     rig.nodes[0].delete(row.block_id).unwrap();
     std::fs::write(data_file(&rig.nodes[1], row.block_id), b"").unwrap();
     std::fs::write(data_file(&rig.nodes[2], row.block_id), vec![7u8; 3000]).unwrap();
@@ -176,6 +179,78 @@ fn replay_syncs_replicas_that_hold_the_bytes_and_forgets_superseded_rows() {
     let r = journal::replay(&*rig.meta, &rig.dns).unwrap();
     assert_eq!((r.rows, r.rewritten), (1, 0));
     assert!(rig.meta.journal_rows().unwrap().is_empty());
+}
+
+#[test]
+fn a_journaled_fsync_writes_no_replica_file_until_one_is_needed() {
+    let rig = Rig::new(2, 2, 8);
+    for n in &rig.nodes {
+        n.own_filesystem();
+    }
+    let (_s, _log, data, row) = journaled(&rig, 1500);
+    for n in &rig.nodes {
+        assert!(n.holds(row.block_id));
+        assert!(!data_file(n, row.block_id).exists());
+        assert_eq!(n.io().fast_paths().deferred, 1);
+    }
+    // A read needs it on disk: written (unsynced), and held no more.
+    let mut buf = vec![0u8; 1500];
+    assert_eq!(rig.nodes[0].read(row.block_id, row.gs, 0, &mut buf).unwrap(), 1500);
+    assert_eq!(buf, data);
+    assert!(data_file(&rig.nodes[0], row.block_id).exists());
+    assert!(!rig.nodes[0].holds(row.block_id));
+    assert!(rig.nodes[1].holds(row.block_id));
+    // The checkpoint writes the other before it syncs both.
+    assert_eq!(journal::checkpoint(&rig.ctx).unwrap(), 1);
+    for n in &rig.nodes {
+        assert!(!n.holds(row.block_id));
+        assert!(data_file(n, row.block_id).exists());
+        assert!(n.calls(Op::Sync) > 0);
+    }
+    assert_eq!(rig.blocks()[0].replicas.len(), 2);
+    assert_eq!(rig.read(1500), data);
+}
+
+#[test]
+fn a_checkpoint_drops_a_replica_that_could_not_be_written() {
+    let rig = Rig::new(2, 2, 8);
+    let (_s, _log, data, row) = journaled(&rig, 1500);
+    rig.nodes[1].arm(Op::Write, Fault::Fail(libc::ENOSPC), 0);
+    assert_eq!(journal::checkpoint(&rig.ctx).unwrap(), 1);
+    assert_eq!(rig.blocks()[0].replicas, [DnId(0)]);
+    assert!(rig.meta.journal_rows().unwrap().is_empty());
+    assert!(!data_file(&rig.nodes[1], row.block_id).exists());
+    assert_eq!(rig.read(1500), data);
+}
+
+#[test]
+fn a_checkpoint_that_can_write_no_replica_keeps_the_row_and_the_bytes() {
+    let rig = Rig::new(2, 2, 8);
+    let (_s, _log, data, row) = journaled(&rig, 1500);
+    for n in &rig.nodes {
+        n.arm(Op::Write, Fault::Fail(libc::EIO), 0);
+    }
+    assert_eq!(journal::checkpoint(&rig.ctx).unwrap(), 0);
+    assert_eq!(rig.meta.journal_rows().unwrap().len(), 1);
+    assert_eq!(rig.blocks()[0].replicas.len(), 2);
+    // Still held: a read once the disk takes writes again gets the bytes.
+    for n in &rig.nodes {
+        assert!(n.holds(row.block_id));
+        n.heal();
+    }
+    assert_eq!(rig.read(1500), data);
+}
+
+#[test]
+fn a_deleted_block_held_in_memory_is_never_written() {
+    let rig = Rig::new(2, 2, 8);
+    let (_s, _log, _data, row) = journaled(&rig, 1500);
+    for n in &rig.nodes {
+        n.delete(row.block_id).unwrap();
+        assert!(!n.holds(row.block_id));
+        n.write_out(row.block_id).unwrap();
+        assert!(!data_file(n, row.block_id).exists());
+    }
 }
 
 #[test]

@@ -242,25 +242,27 @@ impl Rig {
     /// and at fsync), then the mount's closes committed on the request's
     /// thread and replies its FUSE rings polled for, then replica reads
     /// that went past the page cache (the checks' reads after a cut), then
-    /// replicas the block journal made durable and rewrote at mount.
-    pub fn fast_paths(&self) -> [u64; 10] {
+    /// replicas the block journal made durable and rewrote at mount, then
+    /// journaled replicas held in memory until needed on disk.
+    pub fn fast_paths(&self) -> [u64; 11] {
         let Ok(out) = Command::new(&self.leasefs)
             .args(["stats", "--once", "--json"])
             .arg(&self.mnt)
             .output()
         else {
-            return [0; 10];
+            return [0; 11];
         };
         let Ok(v) = serde_json::from_slice::<serde_json::Value>(&out.stdout) else {
-            return [0; 10];
+            return [0; 11];
         };
-        let mut sum = [0u64; 10];
+        let mut sum = [0u64; 11];
         sum[5] = v["closes_on_caller"].as_u64().unwrap_or(0);
         sum[6] = v["ring_polls_answered"].as_u64().unwrap_or(0);
         for dn in v["datanodes"].as_array().into_iter().flatten() {
             sum[7] += dn["reads_direct"].as_u64().unwrap_or(0);
             sum[8] += dn["journaled"].as_u64().unwrap_or(0);
             sum[9] += dn["journal_replayed"].as_u64().unwrap_or(0);
+            sum[10] += dn["deferred"].as_u64().unwrap_or(0);
             for (i, key) in [
                 "syncs_ranged",
                 "syncs_full",
