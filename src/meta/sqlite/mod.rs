@@ -51,6 +51,10 @@ pub struct MetaStore {
     conn: Mutex<Connection>,
     /// `meta.db-wal`, synced to make commits durable.
     wal: PathBuf,
+    /// The WAL held open from its first sync on: no path lookup per
+    /// fsync, and every writeback error since then reported to us once
+    /// (a descriptor opened later would not see an error another had).
+    wal_fd: Mutex<Option<std::fs::File>>,
     /// The directory of the database, whose filesystem `statfs` counts.
     dir: PathBuf,
     /// The filesystem of the database and its WAL (`st_dev`): a `syncfs`
@@ -193,6 +197,7 @@ impl MetaStore {
         Ok(MetaStore {
             conn: Mutex::new(conn),
             wal: wal.into(),
+            wal_fd: Mutex::new(None),
             dir,
             dev,
             commits: AtomicU64::new(1),
@@ -269,13 +274,31 @@ impl MetaStore {
                 std::io::Error::from_raw_os_error(errno),
             ));
         }
-        match std::fs::File::open(&self.wal) {
-            Ok(f) => f.sync_data().map_err(|e| wal_sync_error(&self.wal, e)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(FsError::Io(format!(
-                "cannot open {}: {e}",
-                self.wal.display()
-            ))),
+        let mut held = lock(&self.wal_fd);
+        // A WAL removed (the last connection closed) is not ours to sync.
+        let removed = |f: &std::fs::File| {
+            f.metadata()
+                .map(|m| std::os::unix::fs::MetadataExt::nlink(&m) == 0)
+                .unwrap_or(true)
+        };
+        if held.as_ref().is_some_and(removed) {
+            *held = None;
+        }
+        if held.is_none() {
+            match std::fs::File::open(&self.wal) {
+                Ok(f) => *held = Some(f),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+                Err(e) => {
+                    return Err(FsError::Io(format!(
+                        "cannot open {}: {e}",
+                        self.wal.display()
+                    )));
+                }
+            }
+        }
+        match held.as_ref() {
+            Some(f) => f.sync_data().map_err(|e| wal_sync_error(&self.wal, e)),
+            None => Ok(()),
         }
     }
 }

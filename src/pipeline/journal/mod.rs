@@ -8,10 +8,12 @@
 //! twice what one `fdatasync` of a log costs (benches/PROFILE.md). So the
 //! commit that records a small block written whole at its fsync also
 //! records its bytes ([`Change::Journal`]), and the WAL's sync makes both
-//! durable at once. The replicas are written as before, unsynced; a
-//! checkpoint shortly after syncs them in batches (one `syncfs` per
-//! datanode filesystem for every file of the window: concurrent writers
-//! share it) and forgets the rows.
+//! durable at once. The replicas are not written then: each datanode
+//! holds them in memory (`storage::deferred`) until something needs
+//! them on disk, at the latest a checkpoint shortly after, which writes
+//! and syncs them in batches (one `syncfs` per datanode filesystem for
+//! every file of the window: concurrent writers share it) and forgets
+//! the rows.
 //!
 //! The rules that keep it safe (docs/SEMANTICS.md, "The block journal"):
 //! - a row is forgotten only after a sync of every replica its block
