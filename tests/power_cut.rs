@@ -581,8 +581,7 @@ fn durable_small_files_come_back_from_the_block_journal_after_a_power_cut() {
                 pattern(4096 + 100 * i as usize, 50 * w + i),
             )
         });
-        let [journaled, whole, deferred] =
-            sums(&pc, ["journaled", "one_step_synced", "deferred"]);
+        let [journaled, whole, deferred] = sums(&pc, ["journaled", "one_step_synced", "deferred"]);
         eprintln!(
             "journaled replicas {journaled}, one-step fsyncs {whole}, held in memory {deferred}"
         );

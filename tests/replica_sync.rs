@@ -9,7 +9,7 @@
 //! which of these happened from outside.
 
 mod common;
-use common::faults::{Tmpfs, replica, verify_replica, wait_closed};
+use common::faults::{Tmpfs, blocks_of, replica, verify_replica, wait_closed};
 use common::*;
 
 use std::path::{Path, PathBuf};
@@ -282,5 +282,57 @@ fn a_block_cut_by_ftruncate_and_written_again_syncs_without_failing_a_replica() 
             "{mode}:\n{}",
             m.log()
         );
+    }
+}
+
+#[test]
+fn a_small_fsynced_file_has_no_replica_file_until_a_read_or_the_checkpoint_needs_one() {
+    // The block journal (docs/SEMANTICS.md "The block journal"): the fsync
+    // of a small file written whole is made durable by the metadata log,
+    // which holds the block's bytes; the datanodes hold the replicas in
+    // memory. A read writes the replica it reads; the checkpoint writes
+    // (and syncs) the others. No housekeeping pass (whose listing writes
+    // every held replica) runs meanwhile.
+    let m = Mount::with(Opts {
+        datanodes: 3,
+        replication: Some(3),
+        o: vec![
+            "journal_checkpoint=3".into(),
+            "housekeeping_interval=3600".into(),
+        ],
+        ..Opts::default()
+    });
+    // In a process of its own: no fork of this test binary inherits the
+    // descriptor (whose close would write the block before the fsync).
+    let mut w = Agent::spawn(m.dir.path());
+    for cmd in [
+        &format!("open {} xc", m.path("s").display()),
+        "burst 4000 s",
+        "fsync",
+        "close",
+    ] {
+        let r = w.cmd(cmd);
+        assert!(r.starts_with("ok"), "`{cmd}` answered `{r}`\n{}", m.log());
+    }
+    let b = blocks_of(&m, "s");
+    assert_eq!(b.len(), 1);
+    let on_disk = || {
+        m.datanodes
+            .iter()
+            .filter(|dn| replica(dn, b[0].id).is_some())
+            .count()
+    };
+    assert_eq!(on_disk(), 0, "replica files written at the fsync");
+    assert_eq!(m.dn_counter("journaled"), 3);
+    assert_eq!(m.dn_counter("deferred"), 3);
+    assert_eq!(m.read("s"), vec![b's'; 4000]);
+    assert_eq!(on_disk(), 1, "the read writes the replica it reads, only");
+    assert!(
+        wait_until(Duration::from_secs(30), || on_disk() == 3),
+        "the checkpoint wrote every replica\n{}",
+        m.log()
+    );
+    for dn in &m.datanodes {
+        verify_replica(dn, b[0].id, Some(b[0].gs), &[b's'; 4000]).unwrap();
     }
 }

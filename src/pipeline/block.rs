@@ -124,7 +124,8 @@ pub(crate) fn write_whole(
         let written = if defer {
             node.write_deferred(block_id, gs, data, crcs)
         } else {
-            node.write_finalized(block_id, gs, data, crcs).map(|()| false)
+            node.write_finalized(block_id, gs, data, crcs)
+                .map(|()| false)
         };
         match written {
             Ok(kept) => {

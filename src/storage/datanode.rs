@@ -117,11 +117,18 @@ impl Datanode {
 
     /// `block` on disk if it is held: called first by every call on it.
     fn out(&self, block: u64) -> Result<(), StorageError> {
-        self.deferred
-            .write_out(block, |gs, data, crcs| self.write_now(block, gs, data, crcs))
+        self.deferred.write_out(block, |gs, data, crcs| {
+            self.write_now(block, gs, data, crcs)
+        })
     }
 
-    fn write_now(&self, block: u64, gs: u64, data: &[u8], crcs: &[u32]) -> Result<(), StorageError> {
+    fn write_now(
+        &self,
+        block: u64,
+        gs: u64,
+        data: &[u8],
+        crcs: &[u32],
+    ) -> Result<(), StorageError> {
         let r = replica::write_finalized(&self.layout, block, gs, data, crcs);
         match &r {
             Ok(()) => self.io.wrote(data.len() as u64),

@@ -195,7 +195,12 @@ fn a_journaled_fsync_writes_no_replica_file_until_one_is_needed() {
     }
     // A read needs it on disk: written (unsynced), and held no more.
     let mut buf = vec![0u8; 1500];
-    assert_eq!(rig.nodes[0].read(row.block_id, row.gs, 0, &mut buf).unwrap(), 1500);
+    assert_eq!(
+        rig.nodes[0]
+            .read(row.block_id, row.gs, 0, &mut buf)
+            .unwrap(),
+        1500
+    );
     assert_eq!(buf, data);
     assert!(data_file(&rig.nodes[0], row.block_id).exists());
     assert!(!rig.nodes[0].holds(row.block_id));
