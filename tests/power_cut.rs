@@ -493,22 +493,42 @@ fn a_small_file_written_whole_at_close_and_fsynced_after_survives_a_power_cut() 
 /// Four writers at once, each creating `files` files under `root` (name
 /// and bytes from `file(writer, i)`) with an fsync before the close;
 /// returns every file whose fsync returned.
+/// Agent `a` creates `path` with `data` (passed through the file `from`,
+/// outside the mount), fsyncs and closes it.
+fn fsynced_by(a: &mut Agent, path: &std::path::Path, data: &[u8], from: &std::path::Path) {
+    std::fs::write(from, data).unwrap();
+    for cmd in [
+        format!("open {} wce", path.display()),
+        format!("write-from {} 0 -", from.display()),
+        "fsync".into(),
+        "close".into(),
+    ] {
+        let r = a.cmd(&cmd);
+        assert!(r.starts_with("ok"), "`{cmd}` answered `{r}`");
+    }
+}
+
 fn fsynced_by_writers(
     root: &std::path::Path,
     files: u64,
     file: impl Fn(u64, u64) -> (String, Vec<u8>) + Sync,
 ) -> Vec<(String, Vec<u8>)> {
+    // Each writer is an agent, a process of its own: a child another test
+    // of this binary forks would inherit a descriptor of a writer thread
+    // here, and its exec would close it, a FLUSH that streams the file's
+    // block before its fsync (which then takes another path).
+    let src = tempfile::tempdir().expect("temp dir");
     std::thread::scope(|sc| {
         let hs: Vec<_> = (0..4u64)
             .map(|w| {
                 let file = &file;
+                let from = src.path().join(format!("w{w}"));
                 sc.spawn(move || {
+                    let mut a = Agent::spawn(root);
                     let mut done = Vec::new();
                     for i in 0..files {
                         let (name, data) = file(w, i);
-                        let mut f = File::create(root.join(&name)).unwrap();
-                        f.write_all(&data).unwrap();
-                        f.sync_all().unwrap();
+                        fsynced_by(&mut a, &root.join(&name), &data, &from);
                         done.push((name, data));
                     }
                     done
@@ -539,14 +559,10 @@ fn durable_small_files_of_concurrent_writers_survive_a_power_cut() {
     let whole = one_step_synced(&pc);
     assert!(whole >= 160, "replicas written whole by an fsync: {whole}");
     // A close after such an fsync is its one commit, on the request's
-    // thread: the cut comes after closes made that way. Not all 160: a
-    // child this test binary forks meanwhile (other tests run commands)
-    // inherits the writers' descriptors, and its exec closes them, which
-    // closes the file mid-write through the worker (the writer's own close
-    // then has nothing left to record).
+    // thread: the cut comes after closes made that way.
     let quiet = pc.m.stats_counter("closes_on_caller");
     eprintln!("closes committed on the caller's thread: {quiet}");
-    assert!(quiet > 0, "no close committed on the caller's thread");
+    assert_eq!(quiet, 160, "closes committed on the caller's thread");
     if pc.on_fuse() {
         assert_eq!(shared, 0, "no syncfs on a FUSE datanode");
     } else {
@@ -588,15 +604,8 @@ fn durable_small_files_come_back_from_the_block_journal_after_a_power_cut() {
         // Every journaled replica was held in memory, not written, at its
         // fsync (a few files' worth, far below the datanode's bound).
         assert_eq!(deferred, journaled, "journaled replicas held in memory");
-        // Three replicas each; not quite all 80 files when other tests of
-        // this binary run at once: a child one of them forks inherits a
-        // writer's descriptor, and its exec closes it, which flushes the
-        // file's bytes before its fsync (that fsync then syncs the open
-        // block as any other).
-        assert!(
-            journaled >= 3 * 70,
-            "replicas the journal made durable: {journaled}"
-        );
+        // Three replicas of each of the 80 files.
+        assert_eq!(journaled, 3 * 80, "replicas the journal made durable");
         let [syncs] = sums(&pc, ["syncs_full"]);
         eprintln!("full syncs before the cut: {syncs}");
         cut_keeping(&mut pc, seed);
@@ -639,25 +648,27 @@ fn durable_small_files_with_the_wal_beside_the_datanode_survive_a_power_cut() {
             ..Opts::default()
         });
         let mut acked = Vec::new();
+        // An agent writes (see `fsynced_by_writers`); closed after the
+        // fsync: the close's commits need not be durable, the fsync's must.
+        let src = tempfile::tempdir().expect("temp dir");
+        let mut a = Agent::spawn(&pc.m.path(""));
         for i in 0..40u64 {
             let name = format!("d{}/f{i}", i % 4);
             if i < 4 {
                 std::fs::create_dir(pc.m.path(&format!("d{i}"))).unwrap();
             }
             let data = pattern(4096, 7 * i + 1);
-            let f = write_synced(&pc, &name, &data);
-            // Closed after the fsync: the close's commits need not be
-            // durable, the fsync's must.
-            drop(f);
+            fsynced_by(&mut a, &pc.m.path(&name), &data, &src.path().join("from"));
             acked.push((name, data));
         }
+        drop(a);
         let [.., by_syncfs] = all_counters(&pc);
         eprintln!("fsyncs whose metadata a syncfs made durable: {by_syncfs}");
         let whole = one_step_synced(&pc);
         assert!(whole >= 40, "replicas written whole by an fsync: {whole}");
-        // Closes on the request's thread (not all 40: see above).
+        // Closes on the request's thread.
         let quiet = pc.m.stats_counter("closes_on_caller");
-        assert!(quiet > 0, "no close committed on the caller's thread");
+        assert_eq!(quiet, 40, "closes committed on the caller's thread");
         if pc.on_fuse() {
             assert_eq!(by_syncfs, 0, "no syncfs on a FUSE datanode");
         } else {
