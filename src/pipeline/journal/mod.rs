@@ -82,6 +82,7 @@ fn checkpoint_later(ctx: Weak<StreamCtx>) {
 /// Syncs the replicas of every block journaled so far and forgets their
 /// rows; returns how many were forgotten.
 pub fn checkpoint(ctx: &StreamCtx) -> FsResult<usize> {
+    let _one = lock(&ctx.journal.running);
     let ids: Vec<u64> = lock(&ctx.journal.pending).iter().copied().collect();
     sync_and_forget(ctx, &ids)
 }
@@ -97,10 +98,14 @@ pub(crate) fn settle(ctx: &StreamCtx, block_id: u64) -> FsResult<()> {
             "block {block_id} is kept by the journal only (no replica could be synced); it cannot change until the daemon restarts"
         )));
     }
-    if !lock(&ctx.journal.pending).contains(&block_id) {
-        return Ok(());
+    {
+        // After a checkpoint under way: it may be syncing this block.
+        let _one = lock(&ctx.journal.running);
+        if !lock(&ctx.journal.pending).contains(&block_id) {
+            return Ok(());
+        }
+        sync_and_forget(ctx, &[block_id])?;
     }
-    sync_and_forget(ctx, &[block_id])?;
     if lock(&ctx.journal.stuck).contains(&block_id) {
         return Err(FsError::Io(format!(
             "no replica of block {block_id} could be synced; the journal keeps its bytes until the daemon restarts"
@@ -109,7 +114,8 @@ pub(crate) fn settle(ctx: &StreamCtx, block_id: u64) -> FsResult<()> {
     Ok(())
 }
 
-/// The checkpoint of `ids`: their current rows' replicas synced (one
+/// The checkpoint of `ids` (the caller holds `journal.running`): their
+/// current rows' replicas synced (one
 /// `syncfs` per filesystem where that is a barrier, as an fsync's), the
 /// failed ones out of their blocks, and the journal rows forgotten.
 fn sync_and_forget(ctx: &StreamCtx, ids: &[u64]) -> FsResult<usize> {
@@ -137,6 +143,12 @@ fn sync_and_forget(ctx: &StreamCtx, ids: &[u64]) -> FsResult<usize> {
     let mut clean = gone;
     let mut dropped: Vec<(u64, Change)> = Vec::new();
     for row in rows {
+        // Deleted meanwhile: its replicas went after the durable metadata
+        // that dropped it, so a sync that found none failed no datanode.
+        if ctx.meta.block_by_id(row.block_id)?.is_none() {
+            clean.push(row.block_id);
+            continue;
+        }
         let expect = row.clone();
         let mut one = [row];
         match durable::drop_failed(ctx, expect.ino, &mut one, &results) {

@@ -34,6 +34,12 @@ pub struct Journal {
     /// the next mount's replay, and nothing may change them in place.
     pub(super) stuck: Mutex<HashSet<u64>>,
     pub(super) scheduled: AtomicBool,
+    /// Held by a checkpoint from the moment it reads its blocks' rows to
+    /// the moment it forgets them, and by [`super::settle`]: a block that
+    /// an append or a truncation settles is not being synced under its
+    /// old stamp by a checkpoint when its stamp changes (a per-file sync
+    /// would then find a newer replica and fail it).
+    pub(super) running: Mutex<()>,
     /// Unit tests: scheduled checkpoints do nothing (the test runs them).
     #[cfg(test)]
     pub(super) held: AtomicBool,
@@ -55,6 +61,7 @@ impl Journal {
             pending: Mutex::default(),
             stuck: Mutex::default(),
             scheduled: AtomicBool::new(false),
+            running: Mutex::new(()),
             #[cfg(test)]
             held: AtomicBool::new(false),
         }

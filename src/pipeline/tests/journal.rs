@@ -268,3 +268,38 @@ fn replay_keeps_a_row_whose_replica_cannot_be_restored() {
     assert_eq!(r.kept, [row.block_id]);
     assert_eq!(rig.meta.journal_rows().unwrap().len(), 1);
 }
+
+#[test]
+fn a_checkpoint_that_finds_a_block_deleted_under_it_fails_no_datanode() {
+    // File by file (as on a FUSE datanode): each sync looks for the
+    // replica. The checkpoint has read the row and waits in its first
+    // sync while the file is deleted (metadata first, durably, then the
+    // replicas); the syncs then find no replica, which is no datanode's
+    // failure.
+    let rig = Rig::with(2, 2, 8, false);
+    let (_s, _log, _data, row) = journaled(&rig, 1500);
+    rig.nodes[0].arm(Op::Sync, Fault::Hold, 0);
+    let ctx = rig.ctx.clone();
+    let cp = std::thread::spawn(move || journal::checkpoint(&ctx));
+    assert!(
+        (0..500).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            rig.nodes[0].calls(Op::Sync) > 0
+        }),
+        "the checkpoint never synced"
+    );
+    let drop = Change::DropBlocksFrom {
+        ino: rig.ino,
+        from: 0,
+    };
+    rig.meta.commit(&[drop], true).unwrap();
+    for n in &rig.nodes {
+        n.delete(row.block_id).unwrap();
+    }
+    rig.nodes[0].heal();
+    assert_eq!(cp.join().unwrap().unwrap(), 1);
+    for n in &rig.nodes {
+        assert!(rig.dns.is_alive(n.id()), "datanode {} marked dead", n.id());
+    }
+    assert!(rig.meta.journal_rows().unwrap().is_empty());
+}
