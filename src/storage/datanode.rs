@@ -105,6 +105,7 @@ impl Datanode {
     }
 
     /// Whether `block` is held in memory, not yet written.
+    #[cfg(test)]
     pub fn holds(&self, block: u64) -> bool {
         self.deferred.holds(block)
     }

@@ -67,6 +67,7 @@ impl Deferred {
     }
 
     /// Whether `block` is held (for tests and fault injection).
+    #[cfg(test)]
     pub fn holds(&self, block: u64) -> bool {
         self.get(block).is_some()
     }

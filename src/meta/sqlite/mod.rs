@@ -38,6 +38,8 @@ mod tx;
 
 pub use registry::LOCAL_COPY_NEEDS_ETCD;
 
+use std::os::unix::fs::MetadataExt;
+
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::backend::Meta;
@@ -275,18 +277,15 @@ impl MetaStore {
             ));
         }
         let mut held = lock(&self.wal_fd);
-        // A WAL removed (the last connection closed) is not ours to sync.
-        let removed = |f: &std::fs::File| {
-            f.metadata()
-                .map(|m| std::os::unix::fs::MetadataExt::nlink(&m) == 0)
-                .unwrap_or(true)
-        };
-        if held.as_ref().is_some_and(removed) {
-            *held = None;
-        }
-        if held.is_none() {
-            match std::fs::File::open(&self.wal) {
-                Ok(f) => *held = Some(f),
+        // A WAL removed (the last connection closed) is not ours to sync:
+        // the one at the path now is.
+        let current = held
+            .take()
+            .filter(|f| f.metadata().is_ok_and(|m| m.nlink() > 0));
+        let f = match current {
+            Some(f) => f,
+            None => match std::fs::File::open(&self.wal) {
+                Ok(f) => f,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
                 Err(e) => {
                     return Err(FsError::Io(format!(
@@ -294,12 +293,11 @@ impl MetaStore {
                         self.wal.display()
                     )));
                 }
-            }
-        }
-        match held.as_ref() {
-            Some(f) => f.sync_data().map_err(|e| wal_sync_error(&self.wal, e)),
-            None => Ok(()),
-        }
+            },
+        };
+        let r = f.sync_data().map_err(|e| wal_sync_error(&self.wal, e));
+        *held = Some(f);
+        r
     }
 }
 
