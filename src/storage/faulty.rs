@@ -77,6 +77,9 @@ pub enum Fault {
     /// Waits until [`Faulty::heal`], then lets the call through: a disk
     /// that hangs until the test says.
     Hold,
+    /// As [`Fault::Hold`], for the one call it strikes: the calls after it
+    /// go through, so a test can hold one caller while others go on.
+    HoldOne,
 }
 
 #[derive(Debug)]
@@ -116,6 +119,15 @@ impl Faults {
                 fault = Some(a.fault);
             }
         }
+        if fault == Some(Fault::HoldOne) {
+            let one = plan
+                .armed
+                .iter()
+                .position(|a| a.op == op && a.fault == Fault::HoldOne && a.pass == 0);
+            if let Some(i) = one {
+                plan.armed.remove(i);
+            }
+        }
         match fault {
             None => Ok(()),
             Some(Fault::Delay(d)) => {
@@ -123,7 +135,7 @@ impl Faults {
                 std::thread::sleep(d);
                 Ok(())
             }
-            Some(Fault::Hold) => {
+            Some(Fault::Hold | Fault::HoldOne) => {
                 let heals = plan.heals;
                 while plan.heals == heals {
                     plan = self.healed.wait(plan).unwrap_or_else(|e| e.into_inner());

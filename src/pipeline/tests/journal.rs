@@ -303,3 +303,51 @@ fn a_checkpoint_that_finds_a_block_deleted_under_it_fails_no_datanode() {
     }
     assert!(rig.meta.journal_rows().unwrap().is_empty());
 }
+
+#[test]
+fn an_append_waits_for_a_checkpoint_syncing_its_block() {
+    // File by file, as above. The checkpoint has read the row and waits in
+    // its first sync; an append to the file then settles the block, which
+    // would sync it, forget the row and give it a new stamp while the
+    // checkpoint still syncs it under the old one: the checkpoint's syncs
+    // would find the new stamp and blame every datanode. The append waits
+    // for the checkpoint instead.
+    let rig = Rig::with(2, 2, 8, false);
+    let (s, _log, data, row) = journaled(&rig, 1500);
+    rig.nodes[0].arm(Op::Sync, Fault::HoldOne, 0);
+    let ctx = rig.ctx.clone();
+    let cp = std::thread::spawn(move || journal::checkpoint(&ctx));
+    assert!(
+        (0..500).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            rig.nodes[0].calls(Op::Sync) > 0
+        }),
+        "the checkpoint never synced"
+    );
+    let more = data[..500].to_vec();
+    let appender = {
+        let s = s.clone();
+        std::thread::spawn(move || {
+            write(&s, &more)?;
+            wait(|d| s.sync(d))
+        })
+    };
+    // Time for the append to settle the block, were it not held back.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let restamped = rig.blocks()[0].gs != row.gs;
+    rig.nodes[0].heal();
+    let checkpointed = cp.join().unwrap();
+    let appended = appender.join().unwrap();
+    for n in &rig.nodes {
+        assert!(rig.dns.is_alive(n.id()), "datanode {} marked dead", n.id());
+    }
+    assert!(!restamped, "the block was restamped under the checkpoint");
+    assert_eq!(checkpointed.unwrap(), 1);
+    appended.unwrap();
+    assert!(rig.meta.journal_rows().unwrap().is_empty());
+    assert!(rig.blocks()[0].gs > row.gs);
+    wait(|d| s.close(d)).unwrap();
+    let mut want = data.clone();
+    want.extend_from_slice(&data[..500]);
+    assert_eq!(rig.read(2000), want);
+}
