@@ -477,6 +477,7 @@ fig_small_files() { # RUN TARGET DIR
     # last 60-300 s, and every create then scans past the freed ones
     # (recently_deleted() in perf), so a create loop run after 10,000
     # unlinks ran at a fraction of its speed.
+    sync
     v=$(python3 - "$d" "$nfiles" "$run" <<'PY'
 import os, sys, time
 d, n, run = sys.argv[1], int(sys.argv[2]), sys.argv[3]
@@ -498,8 +499,16 @@ fig_durable_files() { # RUN TARGET DIR
     local run=$1 t=$2 d=$3 procs v
     # create + 4 KiB write + fsync + close, by one process and by four at
     # once (each its own files): the rate of durable small files, and how
-    # it scales when writers' syncs and commits can be grouped.
+    # it scales when writers' syncs and commits can be grouped. A `sync`
+    # first, as before every many-file figure: the row before leaves tens
+    # of thousands of unsynced files (replicas, on leasefs), and leasefs'
+    # journal checkpoint, whose `syncfs` writes back whatever is dirty on
+    # the datanode's filesystem, would otherwise bill their write-back to
+    # this row (R=3 900-1,030 against 1,390-1,550 files/s; PROFILE.md,
+    # "eighth look"), where bindfs' write-back waits for the kernel's
+    # 30 s expiry.
     for procs in 1 4; do
+        sync
         v=$(python3 - "$d" "$ndurable" "$run" "$procs" <<'PY'
 import os, sys, time
 from multiprocessing import Process
