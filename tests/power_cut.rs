@@ -490,9 +490,6 @@ fn a_small_file_written_whole_at_close_and_fsynced_after_survives_a_power_cut() 
     healthy(&pc);
 }
 
-/// Four writers at once, each creating `files` files under `root` (name
-/// and bytes from `file(writer, i)`) with an fsync before the close;
-/// returns every file whose fsync returned.
 /// Agent `a` creates `path` with `data` (passed through the file `from`,
 /// outside the mount), fsyncs and closes it.
 fn fsynced_by(a: &mut Agent, path: &std::path::Path, data: &[u8], from: &std::path::Path) {
@@ -508,6 +505,9 @@ fn fsynced_by(a: &mut Agent, path: &std::path::Path, data: &[u8], from: &std::pa
     }
 }
 
+/// Four writers at once, each creating `files` files under `root` (name
+/// and bytes from `file(writer, i)`) with an fsync before the close;
+/// returns every file whose fsync returned.
 fn fsynced_by_writers(
     root: &std::path::Path,
     files: u64,

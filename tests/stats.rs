@@ -554,6 +554,28 @@ fn a_ring_polls_for_an_fsync_reply_and_never_with_poll_0() {
 
 /// Drops the page cache of every file under `dir` (a datanode's replicas),
 /// so the next read of them waits for the disk.
+/// R=1 on one datanode, where requests come over the io_uring rings;
+/// `None` (the test says it is skipped) where they do not.
+fn mount_on_rings() -> Option<Mount> {
+    if !rings_in_use() {
+        eprintln!("skipped: requests do not come over FUSE's io_uring rings here");
+        return None;
+    }
+    Some(Mount::with(common::Opts {
+        datanodes: 1,
+        replication: Some(1),
+        ..Default::default()
+    }))
+}
+
+/// Pins the calling thread to CPU 0, whose ring (and helper) then takes
+/// its requests.
+fn on_cpu0() {
+    let mut cpu = nix::sched::CpuSet::new();
+    cpu.set(0).expect("cpu 0");
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &cpu).expect("pin");
+}
+
 fn drop_pages_under(dir: &std::path::Path) {
     for e in std::fs::read_dir(dir).expect("read_dir") {
         let p = e.expect("entry").path();
@@ -587,15 +609,9 @@ fn drop_pages_under(dir: &std::path::Path) {
 /// not asserted here; the next test makes it happen on purpose.
 #[test]
 fn large_reads_of_one_cpu_are_served_by_both_threads_of_its_ring() {
-    if !rings_in_use() {
-        eprintln!("skipped: requests do not come over FUSE's io_uring rings here");
+    let Some(m) = mount_on_rings() else {
         return;
-    }
-    let m = Mount::with(common::Opts {
-        datanodes: 1,
-        replication: Some(1),
-        ..Default::default()
-    });
+    };
     const SIZE: usize = 16 << 20;
     let content = |seed: u8| -> Vec<u8> {
         (0..SIZE)
@@ -611,11 +627,6 @@ fn large_reads_of_one_cpu_are_served_by_both_threads_of_its_ring() {
         std::fs::write(m.path(&format!("f{seed}")), content(seed)).expect("write");
     }
     std::fs::create_dir(m.path("small")).expect("mkdir");
-    let on_cpu0 = || {
-        let mut cpu = nix::sched::CpuSet::new();
-        cpu.set(0).expect("cpu 0");
-        nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &cpu).expect("pin");
-    };
     let reading = Arc::new(AtomicBool::new(true));
     let (tx, rx) = std::sync::mpsc::channel::<Result<String, String>>();
     let dn = m.datanodes[0].clone();
@@ -712,15 +723,9 @@ fn large_reads_of_one_cpu_are_served_by_both_threads_of_its_ring() {
 /// shows the path ran.
 #[test]
 fn a_small_request_that_reaches_the_helpers_entry_is_forwarded_and_answered() {
-    if !rings_in_use() {
-        eprintln!("skipped: requests do not come over FUSE's io_uring rings here");
+    let Some(m) = mount_on_rings() else {
         return;
-    }
-    let m = Mount::with(common::Opts {
-        datanodes: 1,
-        replication: Some(1),
-        ..Default::default()
-    });
+    };
     const MIB: usize = 1 << 20;
     const ROUNDS: usize = 40;
     let content: Vec<u8> = (0..8 * MIB)
@@ -734,9 +739,7 @@ fn a_small_request_that_reaches_the_helpers_entry_is_forwarded_and_answered() {
     let path = m.path("f");
     let (tx, rx) = std::sync::mpsc::channel::<Result<(), String>>();
     std::thread::spawn(move || {
-        let mut cpu = nix::sched::CpuSet::new();
-        cpu.set(0).expect("cpu 0");
-        nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &cpu).expect("pin");
+        on_cpu0();
         let r = (|| -> Result<(), String> {
             use std::os::unix::fs::{FileExt, OpenOptionsExt};
             let f = std::fs::OpenOptions::new()

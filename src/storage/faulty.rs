@@ -112,21 +112,22 @@ impl Faults {
         let mut plan = lock(&self.plan);
         *plan.calls.entry(op).or_default() += 1;
         let mut fault = None;
-        for a in plan.armed.iter_mut().filter(|a| a.op == op) {
+        let mut struck = 0;
+        for (i, a) in plan
+            .armed
+            .iter_mut()
+            .enumerate()
+            .filter(|(_, a)| a.op == op)
+        {
             if a.pass > 0 {
                 a.pass -= 1;
             } else if fault.is_none() {
                 fault = Some(a.fault);
+                struck = i;
             }
         }
         if fault == Some(Fault::HoldOne) {
-            let one = plan
-                .armed
-                .iter()
-                .position(|a| a.op == op && a.fault == Fault::HoldOne && a.pass == 0);
-            if let Some(i) = one {
-                plan.armed.remove(i);
-            }
+            plan.armed.remove(struck);
         }
         match fault {
             None => Ok(()),

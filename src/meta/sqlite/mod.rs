@@ -192,10 +192,9 @@ impl MetaStore {
             .filter(|p| !p.as_os_str().is_empty())
             .unwrap_or(Path::new("."))
             .to_path_buf();
-        let dev = std::os::unix::fs::MetadataExt::dev(
-            &std::fs::metadata(path)
-                .map_err(|e| FsError::Io(format!("cannot stat {}: {e}", path.display())))?,
-        );
+        let dev = std::fs::metadata(path)
+            .map_err(|e| FsError::Io(format!("cannot stat {}: {e}", path.display())))?
+            .dev();
         Ok(MetaStore {
             conn: Mutex::new(conn),
             wal: wal.into(),

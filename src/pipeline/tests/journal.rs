@@ -30,6 +30,25 @@ fn replay_alone(rig: &Rig) -> Replayed {
     journal::replay(&*rig.meta, &rig.dns).unwrap()
 }
 
+/// A checkpoint on its own thread, held (by `hold`, until datanode 0 is
+/// healed) in its first sync, which is datanode 0's: it has read its rows.
+fn checkpoint_held_in_its_first_sync(
+    rig: &Rig,
+    hold: Fault,
+) -> std::thread::JoinHandle<FsResult<usize>> {
+    rig.nodes[0].arm(Op::Sync, hold, 0);
+    let ctx = rig.ctx.clone();
+    let cp = std::thread::spawn(move || journal::checkpoint(&ctx));
+    assert!(
+        (0..500).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            rig.nodes[0].calls(Op::Sync) > 0
+        }),
+        "the checkpoint never synced"
+    );
+    cp
+}
+
 fn data_file(n: &Faulty, block: u64) -> std::path::PathBuf {
     n.root().join("finalized").join(format!("blk_{block}"))
 }
@@ -278,16 +297,7 @@ fn a_checkpoint_that_finds_a_block_deleted_under_it_fails_no_datanode() {
     // failure.
     let rig = Rig::with(2, 2, 8, false);
     let (_s, _log, _data, row) = journaled(&rig, 1500);
-    rig.nodes[0].arm(Op::Sync, Fault::Hold, 0);
-    let ctx = rig.ctx.clone();
-    let cp = std::thread::spawn(move || journal::checkpoint(&ctx));
-    assert!(
-        (0..500).any(|_| {
-            std::thread::sleep(std::time::Duration::from_millis(10));
-            rig.nodes[0].calls(Op::Sync) > 0
-        }),
-        "the checkpoint never synced"
-    );
+    let cp = checkpoint_held_in_its_first_sync(&rig, Fault::Hold);
     let drop = Change::DropBlocksFrom {
         ino: rig.ino,
         from: 0,
@@ -314,16 +324,7 @@ fn an_append_waits_for_a_checkpoint_syncing_its_block() {
     // for the checkpoint instead.
     let rig = Rig::with(2, 2, 8, false);
     let (s, _log, data, row) = journaled(&rig, 1500);
-    rig.nodes[0].arm(Op::Sync, Fault::HoldOne, 0);
-    let ctx = rig.ctx.clone();
-    let cp = std::thread::spawn(move || journal::checkpoint(&ctx));
-    assert!(
-        (0..500).any(|_| {
-            std::thread::sleep(std::time::Duration::from_millis(10));
-            rig.nodes[0].calls(Op::Sync) > 0
-        }),
-        "the checkpoint never synced"
-    );
+    let cp = checkpoint_held_in_its_first_sync(&rig, Fault::HoldOne);
     let more = data[..500].to_vec();
     let appender = {
         let s = s.clone();
