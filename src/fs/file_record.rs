@@ -76,11 +76,17 @@ fn changes(ino: u64, what: FileOutcome<'_>, uc: impl FnOnce() -> Option<Change>)
             last,
             size: n,
             mtime,
-        } => last
-            .map(put)
-            .into_iter()
-            .chain([size(n, mtime), Change::DelUc(ino)])
-            .collect(),
+            journal,
+        } => {
+            let kept = last
+                .zip(journal)
+                .map(|(row, data)| Change::Journal(JournalRow::of(row, data)));
+            last.map(put)
+                .into_iter()
+                .chain([size(n, mtime), Change::DelUc(ino)])
+                .chain(kept)
+                .collect()
+        }
         FileOutcome::Truncating => uc().into_iter().collect(),
         FileOutcome::Shrunk {
             size: n,
@@ -175,6 +181,7 @@ mod tests {
             last: Some(&r),
             size: 10,
             mtime: Some(5),
+            journal: None,
         };
         assert_eq!(
             changes(7, closed, none),

@@ -38,11 +38,14 @@ pub enum FileOutcome<'a> {
     },
     /// The file was closed: its last block finalised (if one was open),
     /// its length and modification time. It is no longer under
-    /// construction.
+    /// construction. `journal`: the last block's bytes, when its close
+    /// wrote it whole and the journal keeps them until its replicas are
+    /// synced (see `journal`): they were held, not written.
     Closed {
         last: Option<&'a BlockRow>,
         size: u64,
         mtime: Option<i64>,
+        journal: Option<&'a [u8]>,
     },
     /// A truncation starts: the file is under construction from now on.
     Truncating,

@@ -323,9 +323,9 @@ impl OutputStream {
     fn send_whole(&self, streamer: &mut DataStreamer, p: Packet, done: Done) {
         let end = p.end();
         let r = self.contained(|| {
-            let (row, _hold) = streamer.write_whole(&p)?;
+            let whole = streamer.write_whole(&p)?;
             let s = lock(&self.st);
-            streamer.record_closed(Some(row), end, s.mtime())
+            streamer.record_closed_whole(whole, &p.data, end, s.mtime())
         });
         self.closed(r, Some(end), done)
     }

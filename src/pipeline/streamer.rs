@@ -31,6 +31,15 @@ const ZERO_AHEAD: u64 = 1 << 20;
 const ZERO_STEP: u64 = 64 << 10;
 const ZERO_LOW: u64 = 256 << 10;
 
+/// A small file's last block written whole by its close, to be recorded
+/// ([`DataStreamer::record_closed_whole`]); no sweep deletes its replicas
+/// while this lives.
+pub(crate) struct Whole {
+    row: BlockRow,
+    _hold: Hold,
+    journaled: bool,
+}
+
 /// The streamer's state: the open block, and what the stream knows of the
 /// file's blocks.
 pub(crate) struct DataStreamer {
@@ -180,24 +189,68 @@ impl DataStreamer {
 
     /// The close of a file whose last block is all in `p`, its only
     /// packet (every small file): the block's replicas are written whole,
-    /// straight into `finalized/`, and returned for [`Self::record_closed`],
-    /// which records block and close in one commit.
-    /// The hold keeps the replicas from every sweep until the caller's
-    /// commit returned.
-    pub fn write_whole(&mut self, p: &Packet) -> FsResult<(BlockRow, Hold)> {
+    /// straight into `finalized/`, for [`Self::record_closed_whole`],
+    /// which records block and close in one commit. Where the metadata
+    /// store keeps a block journal that record carries the block's bytes,
+    /// and the datanodes may hold the replicas for its checkpoint as for
+    /// an fsync ([`Self::sync_whole`]): the close then creates no file.
+    pub fn write_whole(&mut self, p: &Packet) -> FsResult<Whole> {
         trip(p);
-        let idx = p.off / self.file.block_size;
+        let ctx = &self.file.ctx;
+        // Only where every datanode is a directory, as for an fsync.
+        let journaled = self.syncs_whole && ctx.journal.takes(&*ctx.meta);
         let (row, hold) = block::write_whole(
             &self.file,
-            idx,
+            p.off / self.file.block_size,
             &p.data,
             &mut self.crcs,
             crate::metrics::Fast::OneStep,
-            false,
+            journaled,
         )?;
+        Ok(Whole {
+            row,
+            _hold: hold,
+            journaled,
+        })
+    }
+
+    /// Records `w`, the whole last block of the file with bytes `data`,
+    /// and the file's close at `size` and `mtime`, in one commit.
+    pub fn record_closed_whole(
+        &mut self,
+        w: Whole,
+        data: &[u8],
+        size: u64,
+        mtime: Option<i64>,
+    ) -> FsResult<()> {
+        let ctx = self.file.ctx.clone();
+        let closed = FileOutcome::Closed {
+            last: Some(&w.row),
+            size,
+            mtime,
+            journal: w.journaled.then_some(data),
+        };
+        if let Err(e) = self.file.log.record(closed, false) {
+            if w.journaled {
+                // Whether the commit is on disk is not known: the
+                // replicas go to disk (no sweep deletes them before the
+                // metadata says whether a block needs them).
+                for dn in &w.row.replicas {
+                    if let Some(node) = ctx.dns.get(*dn) {
+                        let _ = node.write_out(w.row.block_id);
+                    }
+                }
+            }
+            return Err(e);
+        }
+        if w.journaled {
+            super::journal::add(&ctx, &w.row);
+        }
         // Closing promises no durability: a later fsync syncs it.
-        self.unsynced.push(row.block_id);
-        Ok((row, hold))
+        self.unsynced.push(w.row.block_id);
+        // As a stream that starts on a closed file of this length.
+        self.new_from = Some(size.div_ceil(self.file.block_size));
+        Ok(())
     }
 
     /// The fsync of a file whose last block is all in `p`, its only
@@ -404,6 +457,7 @@ impl DataStreamer {
             last: last.as_ref(),
             size,
             mtime,
+            journal: None,
         };
         self.file.log.record(closed, false)?;
         // As a stream that starts on a closed file of this length.

@@ -15,6 +15,11 @@
 //! every file of the window: concurrent writers share it) and forgets
 //! the rows.
 //!
+//! A small file closed without an fsync takes the same path (its close's
+//! commit keeps the bytes, unsynced): at R=3 its close then creates no
+//! replica file (six of them before: data and checksums, three times),
+//! and the checkpoint's thread does that work beside the writer.
+//!
 //! The rules that keep it safe (docs/SEMANTICS.md, "The block journal"):
 //! - a row is forgotten only after a sync of every replica its block
 //!   lists succeeded (a failed one leaves the block as any failed sync

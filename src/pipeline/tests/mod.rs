@@ -153,7 +153,12 @@ impl FileLog for TestLog {
                 );
                 Seen::Finished
             }
-            FileOutcome::Closed { last, size, mtime } => {
+            FileOutcome::Closed {
+                last,
+                size,
+                mtime,
+                journal,
+            } => {
                 ch.extend(last.cloned().map(Change::PutBlock));
                 ch.push(Change::SetSize {
                     ino,
@@ -161,6 +166,10 @@ impl FileLog for TestLog {
                     touch: mtime,
                 });
                 ch.push(Change::DelUc(ino));
+                ch.extend(
+                    last.zip(journal)
+                        .map(|(row, data)| Change::Journal(crate::meta::JournalRow::of(row, data))),
+                );
                 *building = false;
                 Seen::Closed { size }
             }
