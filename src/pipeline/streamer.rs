@@ -197,8 +197,13 @@ impl DataStreamer {
     pub fn write_whole(&mut self, p: &Packet) -> FsResult<Whole> {
         trip(p);
         let ctx = &self.file.ctx;
-        // Only where every datanode is a directory, as for an fsync.
-        let journaled = self.syncs_whole && ctx.journal.takes(&*ctx.meta);
+        // Only where every datanode is a directory, as for an fsync, and
+        // where more than one replica is written: one replica's two files
+        // the journal would only move to the checkpoint, with the row's
+        // frames and a sync on top (no gain measured: benches/PROFILE.md,
+        // "ninth look").
+        let journaled =
+            self.syncs_whole && ctx.dns.replication > 1 && ctx.journal.takes(&*ctx.meta);
         let (row, hold) = block::write_whole(
             &self.file,
             p.off / self.file.block_size,

@@ -391,3 +391,21 @@ fn a_small_file_closed_without_fsync_is_journaled_and_outlives_a_crash() {
     assert_eq!(rig.read(2000), data);
     assert_unbroken(&log);
 }
+
+/// At R=1 a close writes its one replica as before (the journal would
+/// only move its two files to the checkpoint): no row, the file on disk.
+#[test]
+fn a_small_file_closed_at_r1_writes_its_replica_and_keeps_no_row() {
+    let rig = Rig::new(1, 1, 8);
+    rig.ctx.journal.hold_checkpoints();
+    let log = rig.log();
+    let s = rig.stream(&log);
+    let data = bytes(2000, 6);
+    write(&s, &data).unwrap();
+    wait(|d| s.close(d)).unwrap();
+    let row = rig.blocks().remove(0);
+    assert!(rig.meta.journal_rows().unwrap().is_empty());
+    assert!(!rig.nodes[0].holds(row.block_id));
+    assert!(data_file(&rig.nodes[0], row.block_id).exists());
+    assert_eq!(rig.read(2000), data);
+}
