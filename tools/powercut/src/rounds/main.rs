@@ -158,7 +158,8 @@ struct Run {
     /// each cut): ranged syncs, full syncs, zero fills, one-step replicas
     /// at close and at fsync, closes committed on the request's thread,
     /// replies a ring polled for, replica reads past the page cache,
-    /// replicas the block journal made durable and that it rewrote, and
+    /// replicas the block journal kept (of small files fsynced or, at R>1,
+    /// closed) and that it rewrote, and
     /// journaled replicas held in memory until needed on disk.
     fast: [u64; FAST.len()],
     /// Rounds whose cut kept a random subset of the pending sectors.
@@ -174,7 +175,7 @@ const FAST: [&str; 11] = [
     "closes on the caller's thread",
     "replies a FUSE ring polled for",
     "replica reads past the page cache",
-    "small-file fsyncs the block journal made durable",
+    "small-file replicas the block journal kept (fsyncs, closes)",
     "replicas rewritten from the block journal at mount",
     "journaled replicas held in memory until needed on disk",
 ];
