@@ -315,13 +315,13 @@ pub struct FastPaths {
     /// Reads of a finalized replica that went to its disk with `O_DIRECT`,
     /// past the page cache (`storage::direct`).
     pub reads_direct: u64,
-    /// Replicas of small blocks whose fsync the metadata store's WAL made
-    /// durable, with the block's bytes (`pipeline::journal`).
+    /// Replicas of small blocks whose fsync (or, at R>1, close) committed
+    /// the block's bytes to the metadata store's WAL (`pipeline::journal`).
     pub journaled: u64,
     /// Replicas rewritten from the block journal at mount.
     pub journal_replayed: u64,
-    /// Journaled replicas kept in memory at their fsync and written at
-    /// the checkpoint or when first needed (`storage::deferred`).
+    /// Journaled replicas kept in memory at their fsync or close and
+    /// written at the checkpoint or when first needed (`storage::deferred`).
     pub deferred: u64,
 }
 

@@ -173,7 +173,7 @@ pub const DN_ONE_STEP_SYNCED: Name = counter(
 
 pub const DN_JOURNALED: Name = counter(
     "leasefs_datanode_journaled",
-    "Replicas of small blocks whose fsync the metadata store's WAL made durable (block journal)",
+    "Replicas of small blocks whose fsync (or, at R>1, close) kept their bytes in the metadata store's WAL (block journal)",
 );
 
 pub const DN_JOURNAL_REPLAYED: Name = counter(
@@ -183,7 +183,7 @@ pub const DN_JOURNAL_REPLAYED: Name = counter(
 
 pub const DN_DEFERRED: Name = counter(
     "leasefs_datanode_deferred",
-    "Journaled replicas kept in memory at their fsync and written at the checkpoint or when first needed",
+    "Journaled replicas kept in memory at their fsync or close and written at the checkpoint or when first needed",
 );
 
 pub const DN_CHUNKS_BATCHED: Name = counter(

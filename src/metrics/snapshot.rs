@@ -55,8 +55,8 @@ pub struct DatanodeStats {
     pub reads_in_memory: u64,
     /// Replica reads that went to the disk past its page cache.
     pub reads_direct: u64,
-    /// Replicas of small blocks whose fsync the block journal made
-    /// durable, and replicas rewritten from it at mount.
+    /// Replicas of small blocks whose fsync (or, at R>1, close) the block
+    /// journal kept, and replicas rewritten from it at mount.
     pub journaled: u64,
     pub journal_replayed: u64,
     /// Journaled replicas kept in memory until the checkpoint needed them.

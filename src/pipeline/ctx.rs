@@ -37,8 +37,8 @@ pub struct StreamCtx {
     pub budget: Arc<Budget>,
     /// The mount's statistics (`leasefs stats`).
     pub metrics: Arc<Metrics>,
-    /// Small blocks whose fsync the metadata store's WAL made durable,
-    /// their replicas not yet synced.
+    /// Small blocks whose bytes an fsync or close kept in the metadata
+    /// store's WAL, their replicas not yet synced.
     pub journal: super::journal::set::Journal,
 }
 
