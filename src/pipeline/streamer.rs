@@ -212,6 +212,8 @@ impl DataStreamer {
             crate::metrics::Fast::OneStep,
             journaled,
         )?;
+        // Closing promises no durability: a later fsync syncs it.
+        self.unsynced.push(row.block_id);
         Ok(Whole {
             row,
             _hold: hold,
@@ -228,33 +230,14 @@ impl DataStreamer {
         size: u64,
         mtime: Option<i64>,
     ) -> FsResult<()> {
-        let ctx = self.file.ctx.clone();
-        let closed = FileOutcome::Closed {
-            last: Some(&w.row),
-            size,
-            mtime,
-            journal: w.journaled.then_some(data),
-        };
-        if let Err(e) = self.file.log.record(closed, false) {
-            if w.journaled {
-                // Whether the commit is on disk is not known: the
-                // replicas go to disk (no sweep deletes them before the
-                // metadata says whether a block needs them).
-                for dn in &w.row.replicas {
-                    if let Some(node) = ctx.dns.get(*dn) {
-                        let _ = node.write_out(w.row.block_id);
-                    }
-                }
-            }
+        let journal = w.journaled.then_some(data);
+        if let Err(e) = self.record_close(Some(&w.row), size, mtime, journal) {
+            super::journal::write_out(&self.file.ctx, &w.row);
             return Err(e);
         }
         if w.journaled {
-            super::journal::add(&ctx, &w.row);
+            super::journal::add(&self.file.ctx, &w.row);
         }
-        // Closing promises no durability: a later fsync syncs it.
-        self.unsynced.push(w.row.block_id);
-        // As a stream that starts on a closed file of this length.
-        self.new_from = Some(size.div_ceil(self.file.block_size));
         Ok(())
     }
 
@@ -288,14 +271,7 @@ impl DataStreamer {
             journal: journaled.then_some(&p.data[..]),
         };
         if let Err(e) = self.file.log.record(finished, false) {
-            // Whether the commit is on disk is not known: the replicas
-            // stay, on disk (no sweep deletes them before the metadata
-            // says whether a block needs them).
-            for dn in &row.replicas {
-                if let Some(node) = ctx.dns.get(*dn) {
-                    let _ = node.write_out(row.block_id);
-                }
-            }
+            super::journal::write_out(ctx, &row);
             return Err(e);
         }
         if journaled {
@@ -458,11 +434,23 @@ impl DataStreamer {
         size: u64,
         mtime: Option<i64>,
     ) -> FsResult<()> {
+        self.record_close(last.as_ref(), size, mtime, None)
+    }
+
+    /// The file closed at `size` and `mtime`, its last block `last`
+    /// (with its bytes for the journal, `journal`), in one commit.
+    fn record_close(
+        &mut self,
+        last: Option<&BlockRow>,
+        size: u64,
+        mtime: Option<i64>,
+        journal: Option<&[u8]>,
+    ) -> FsResult<()> {
         let closed = FileOutcome::Closed {
-            last: last.as_ref(),
+            last,
             size,
             mtime,
-            journal: None,
+            journal,
         };
         self.file.log.record(closed, false)?;
         // As a stream that starts on a closed file of this length.

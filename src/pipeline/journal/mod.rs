@@ -71,6 +71,18 @@ pub(crate) fn add(ctx: &Arc<StreamCtx>, row: &BlockRow) {
     }
 }
 
+/// The commit that was to record `row` (with its bytes or not) failed, so
+/// whether it is on disk is not known: every replica a datanode holds of
+/// it goes to disk (no sweep deletes them before the metadata says
+/// whether a block needs them).
+pub(crate) fn write_out(ctx: &StreamCtx, row: &BlockRow) {
+    for dn in &row.replicas {
+        if let Some(node) = ctx.dns.get(*dn) {
+            let _ = node.write_out(row.block_id);
+        }
+    }
+}
+
 fn checkpoint_later(ctx: Weak<StreamCtx>) {
     let Some(ctx) = ctx.upgrade() else { return };
     // Blocks added from now on schedule the next checkpoint.

@@ -21,6 +21,19 @@ fn journaled(rig: &Rig, n: usize) -> (Arc<OutputStream>, Arc<TestLog>, Vec<u8>, 
     (s, log, data, row)
 }
 
+/// A small file written and closed without an fsync, the journal's
+/// checkpoints held: returns its log, bytes and block.
+fn closed_whole(rig: &Rig, n: usize, seed: u8) -> (Arc<TestLog>, Vec<u8>, BlockRow) {
+    rig.ctx.journal.hold_checkpoints();
+    let log = rig.log();
+    let s = rig.stream(&log);
+    let data = bytes(n, seed);
+    write(&s, &data).unwrap();
+    wait(|d| s.close(d)).unwrap();
+    let row = rig.blocks().remove(0);
+    (log, data, row)
+}
+
 /// The replay, each datanode on a filesystem of its own (one `syncfs`
 /// each, so that every replica's sync shows).
 fn replay_alone(rig: &Rig) -> Replayed {
@@ -361,13 +374,7 @@ fn an_append_waits_for_a_checkpoint_syncing_its_block() {
 #[test]
 fn a_small_file_closed_without_fsync_is_journaled_and_outlives_a_crash() {
     let rig = Rig::new(3, 3, 8);
-    rig.ctx.journal.hold_checkpoints();
-    let log = rig.log();
-    let s = rig.stream(&log);
-    let data = bytes(2000, 5);
-    write(&s, &data).unwrap();
-    wait(|d| s.close(d)).unwrap();
-    let row = rig.blocks().remove(0);
+    let (log, data, row) = closed_whole(&rig, 2000, 5);
     assert!(row.finalized);
     assert_eq!(rig.meta.journal_rows().unwrap().len(), 1);
     assert_eq!(rig.ctx.journal.pending(), 1);
@@ -397,15 +404,57 @@ fn a_small_file_closed_without_fsync_is_journaled_and_outlives_a_crash() {
 #[test]
 fn a_small_file_closed_at_r1_writes_its_replica_and_keeps_no_row() {
     let rig = Rig::new(1, 1, 8);
-    rig.ctx.journal.hold_checkpoints();
-    let log = rig.log();
-    let s = rig.stream(&log);
-    let data = bytes(2000, 6);
-    write(&s, &data).unwrap();
-    wait(|d| s.close(d)).unwrap();
-    let row = rig.blocks().remove(0);
+    let (_log, data, row) = closed_whole(&rig, 2000, 6);
     assert!(rig.meta.journal_rows().unwrap().is_empty());
     assert!(!rig.nodes[0].holds(row.block_id));
     assert!(data_file(&rig.nodes[0], row.block_id).exists());
     assert_eq!(rig.read(2000), data);
+}
+
+/// A failing sync at the checkpoint of a closed file's journaled block
+/// is a failed sync as any other: the replica that failed leaves the
+/// block, the others are synced and the row forgotten.
+#[test]
+fn a_closed_files_checkpoint_drops_a_replica_whose_sync_failed() {
+    let rig = Rig::new(3, 3, 8);
+    for n in &rig.nodes {
+        n.own_filesystem();
+    }
+    let (log, data, row) = closed_whole(&rig, 2500, 7);
+    assert_eq!(rig.meta.journal_rows().unwrap().len(), 1);
+    rig.nodes[1].arm(Op::Sync, Fault::Fail(libc::EIO), 0);
+    assert_eq!(journal::checkpoint(&rig.ctx).unwrap(), 1);
+    let mut left = rig.blocks()[0].replicas.clone();
+    left.sort();
+    assert_eq!(left, [DnId(0), DnId(2)]);
+    assert!(rig.meta.journal_rows().unwrap().is_empty());
+    assert_eq!(rig.blocks()[0].gs, row.gs);
+    assert_eq!(rig.read(2500), data);
+    assert_unbroken(&log);
+}
+
+/// When every replica's sync fails, the row stays (the journal keeps the
+/// only copy that may be on disk) and the next mount replays it; until
+/// then nothing changes the block.
+#[test]
+fn a_closed_files_row_outlives_a_checkpoint_whose_every_sync_failed() {
+    let rig = Rig::new(3, 3, 8);
+    let (_log, data, row) = closed_whole(&rig, 2500, 8);
+    for n in &rig.nodes {
+        n.arm(Op::Sync, Fault::Fail(libc::EIO), 0);
+    }
+    assert_eq!(journal::checkpoint(&rig.ctx).unwrap(), 0);
+    assert_eq!(rig.meta.journal_rows().unwrap().len(), 1);
+    for n in &rig.nodes {
+        n.heal();
+    }
+    assert!(journal::settle(&rig.ctx, row.block_id).is_err());
+    // What a power cut may leave: the replicas written but not synced,
+    // lost. The replay puts them back from the row.
+    for n in &rig.nodes {
+        n.delete(row.block_id).unwrap();
+    }
+    let r = replay_alone(&rig);
+    assert_eq!((r.rows, r.rewritten, r.kept.len()), (1, 3, 0));
+    assert_eq!(rig.read(2500), data);
 }
