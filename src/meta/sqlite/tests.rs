@@ -148,3 +148,91 @@ fn concurrent_syncs_of_the_wal_are_grouped_and_none_loses_an_error() {
     let (_, results) = round("b");
     assert!(results.iter().all(Result::is_err));
 }
+
+/// Every statement the store keeps prepared fits in the cache at once:
+/// one more than it holds, and statements run in turn evict each other
+/// and are parsed and planned again at every use.
+#[test]
+fn the_statement_cache_holds_every_cached_statement() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/meta/sqlite");
+    let mut sites = 0;
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "rs") && !p.ends_with("tests.rs") {
+            let text = std::fs::read_to_string(&p).unwrap();
+            sites += text.matches(concat!(".prepare", "_cached(")).count();
+        }
+    }
+    assert!(sites > 16, "the count itself is wrong: {sites} call sites");
+    assert!(
+        sites <= STATEMENT_CACHE,
+        "{sites} statements are prepared through the cache, which keeps {STATEMENT_CACHE}"
+    );
+}
+
+/// A durable small file's statements, and the listings', each run
+/// `rounds` times: create, lookup, the block list after a commit (as an
+/// fsync reads it), xattrs, a directory page.
+fn small_file_rounds(m: &MetaStore, rounds: usize) {
+    use crate::meta::{BlockMap, Change};
+    for i in 0..rounds {
+        let name = format!("f{i}");
+        let f = m
+            .create(ROOT_INO, name.as_bytes(), node(Kind::File))
+            .unwrap();
+        m.lookup(ROOT_INO, name.as_bytes()).unwrap();
+        let row = BlockRow {
+            ino: f.ino,
+            idx: 0,
+            block_id: 100 + i as u64,
+            gs: 1,
+            len: 4096,
+            finalized: true,
+            replicas: vec![crate::storage::dnid::DnId(1)],
+        };
+        let size = Change::SetSize {
+            ino: f.ino,
+            size: 4096,
+            touch: None,
+        };
+        m.commit(&[Change::PutBlock(row), size], false).unwrap();
+        assert_eq!(m.blocks(f.ino).unwrap().len(), 1);
+        assert!(m.listxattr(f.ino).unwrap().is_empty());
+        assert!(m.getxattr(f.ino, b"user.x").is_err());
+        assert!(!m.readdir(ROOT_INO, 0, 100).unwrap().is_empty());
+    }
+}
+
+/// No statement is parsed and planned again once prepared. SQLite
+/// re-prepares a statement whose plan may depend on a bound value (an
+/// equality on a key followed by `ORDER BY`, a `LIMIT ?`) whenever its
+/// bindings are cleared, and the statement cache clears them at every
+/// return: so the block list an fsync reads was prepared anew every time
+/// (4.4% of the daemon's CPU time with four writers, benches/PROFILE.md,
+/// "tenth look"), until the store asked SQLite for stable plans (QPSG).
+#[test]
+fn cached_statements_are_never_prepared_again() {
+    let d = tempfile::tempdir().unwrap();
+    let m = MetaStore::open(&d.path().join("m.db"), 0, 0).unwrap();
+    small_file_rounds(&m, 6);
+    let c = lock(&m.conn);
+    let mut seen = 0;
+    // SAFETY: the connection is locked, so no statement is finalized
+    // while the list is walked; each pointer is used only until the next.
+    unsafe {
+        let db = c.handle();
+        let mut st = rusqlite::ffi::sqlite3_next_stmt(db, std::ptr::null_mut());
+        while !st.is_null() {
+            let again = rusqlite::ffi::sqlite3_stmt_status(
+                st,
+                rusqlite::ffi::SQLITE_STMTSTATUS_REPREPARE,
+                0,
+            );
+            let sql = std::ffi::CStr::from_ptr(rusqlite::ffi::sqlite3_sql(st)).to_string_lossy();
+            assert_eq!(again, 0, "prepared {again} times again: {sql}");
+            seen += 1;
+            st = rusqlite::ffi::sqlite3_next_stmt(db, st);
+        }
+    }
+    assert!(seen >= 8, "only {seen} statements were kept prepared");
+}
