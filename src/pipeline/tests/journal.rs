@@ -62,6 +62,21 @@ fn checkpoint_held_in_its_first_sync(
     cp
 }
 
+/// A checkpoint of the journaled block `row` (the file's only one) while
+/// datanode `failing`'s syncs fail with `EIO`: it counts the block done,
+/// forgets the row and keeps the generation stamp. The replicas left,
+/// sorted.
+fn checkpoint_failing_sync_on(rig: &Rig, failing: usize, row: &BlockRow) -> Vec<DnId> {
+    rig.nodes[failing].arm(Op::Sync, Fault::Fail(libc::EIO), 0);
+    assert_eq!(journal::checkpoint(&rig.ctx).unwrap(), 1);
+    assert!(rig.meta.journal_rows().unwrap().is_empty());
+    let block = &rig.blocks()[0];
+    assert_eq!(block.gs, row.gs);
+    let mut left = block.replicas.clone();
+    left.sort();
+    left
+}
+
 fn data_file(n: &Faulty, block: u64) -> std::path::PathBuf {
     n.root().join("finalized").join(format!("blk_{block}"))
 }
@@ -138,11 +153,7 @@ fn a_checkpoint_drops_a_replica_whose_sync_failed_and_forgets_the_row() {
         n.own_filesystem();
     }
     let (_s, _log, data, row) = journaled(&rig, 1500);
-    rig.nodes[1].arm(Op::Sync, Fault::Fail(libc::EIO), 0);
-    assert_eq!(journal::checkpoint(&rig.ctx).unwrap(), 1);
-    assert_eq!(rig.blocks()[0].replicas, [DnId(0)]);
-    assert!(rig.meta.journal_rows().unwrap().is_empty());
-    assert_eq!(rig.blocks()[0].gs, row.gs);
+    assert_eq!(checkpoint_failing_sync_on(&rig, 1, &row), [DnId(0)]);
     assert_eq!(rig.read(1500), data);
 }
 
@@ -422,13 +433,10 @@ fn a_closed_files_checkpoint_drops_a_replica_whose_sync_failed() {
     }
     let (log, data, row) = closed_whole(&rig, 2500, 7);
     assert_eq!(rig.meta.journal_rows().unwrap().len(), 1);
-    rig.nodes[1].arm(Op::Sync, Fault::Fail(libc::EIO), 0);
-    assert_eq!(journal::checkpoint(&rig.ctx).unwrap(), 1);
-    let mut left = rig.blocks()[0].replicas.clone();
-    left.sort();
-    assert_eq!(left, [DnId(0), DnId(2)]);
-    assert!(rig.meta.journal_rows().unwrap().is_empty());
-    assert_eq!(rig.blocks()[0].gs, row.gs);
+    assert_eq!(
+        checkpoint_failing_sync_on(&rig, 1, &row),
+        [DnId(0), DnId(2)]
+    );
     assert_eq!(rig.read(2500), data);
     assert_unbroken(&log);
 }
