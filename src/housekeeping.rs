@@ -134,9 +134,12 @@ impl Housekeeper {
                 for p in r.problems.iter().filter(|p| p.repaired) {
                     tracing::info!(kind = ?p.kind, path = %p.path, block = ?p.block, "housekeeping repaired: {}", p.detail);
                 }
-                for &(b, dn) in &c.suspect {
+                // Checked, unless under a writer (not repaired then): those
+                // stay suspect for a later round.
+                for &(b, dn) in c.suspect.iter().filter(|(b, _)| !c.busy_blocks.contains(b)) {
                     core.bad().clear(b, dn);
                 }
+                core.advance_flush_marks();
                 finish_decommissions(core, &r)
             }
             Err(e) => {

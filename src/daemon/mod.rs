@@ -345,10 +345,14 @@ impl Daemon {
     fn shut_down(&self) {
         self.stop.store(true, Ordering::Relaxed);
         self.housekeeper.lose(&**self.core.meta(), "unmounted");
-        self.core.wait_closes(Duration::from_secs(30));
+        let closed = self.core.wait_closes(Duration::from_secs(30));
         // A clean unmount leaves the next mount no journal to replay.
         if let Err(e) = crate::pipeline::journal::checkpoint(&self.core.ctx) {
             tracing::warn!("block journal checkpoint at unmount: {e}");
+        }
+        // ...and no replica to check for what a crash tore.
+        if closed {
+            self.core.flush_marks_at_unmount();
         }
         self.core.persist_epochs();
         self.core.leases.shutdown();

@@ -140,6 +140,9 @@ pub struct Core {
     /// The abstract socket name of the daemon's control service, once it
     /// listens (`user.leasefs.control` on the mount root).
     pub(super) control_address: std::sync::OnceLock<String>,
+    /// What the mount gave housekeeping to check after a crash, until the
+    /// flush marks move past it (`super::unflushed`).
+    pub(super) unflushed: crate::sync::Mutex<Option<super::unflushed::pending::Unflushed>>,
 }
 
 impl Core {
@@ -213,6 +216,7 @@ impl Core {
             waiter_tids: DashMap::new(),
             waits: Arc::default(),
             control_address: std::sync::OnceLock::new(),
+            unflushed: Default::default(),
         })
     }
 
@@ -1186,7 +1190,8 @@ impl Core {
     }
 
     /// Waits until closes in progress have finished (unmount).
-    pub fn wait_closes(&self, max: Duration) {
+    /// Whether every close finished.
+    pub fn wait_closes(&self, max: Duration) -> bool {
         self.handles.wait_closes(max)
     }
 

@@ -326,10 +326,11 @@ impl Handles {
 
     /// Waits until closes in progress have finished, at most `max`
     /// (unmount).
-    pub fn wait_closes(&self, max: Duration) {
+    pub fn wait_closes(&self, max: Duration) -> bool {
         let deadline = Instant::now() + max;
         while self.closing.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));
         }
+        self.closing.load(Ordering::SeqCst) == 0
     }
 }

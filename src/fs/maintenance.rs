@@ -76,6 +76,8 @@ impl Core {
         for p in swept.problems.iter().filter(|p| p.repaired) {
             tracing::info!(kind = ?p.kind, path = %p.path, "repaired at mount: {}", p.detail);
         }
+        // What a crash may have torn of files closed without an fsync.
+        self.check_unflushed()?;
         Ok(n)
     }
 

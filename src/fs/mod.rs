@@ -27,6 +27,7 @@ mod stats;
 pub(crate) mod testing;
 #[cfg(test)]
 mod tests;
+mod unflushed;
 mod waits;
 pub mod xattrs;
 

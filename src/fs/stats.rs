@@ -66,6 +66,7 @@ impl Core {
                     journaled: fast.journaled,
                     journal_replayed: fast.journal_replayed,
                     deferred: fast.deferred,
+                    unflushed_checked: fast.unflushed_checked,
                 }
             })
             .collect();

@@ -275,7 +275,7 @@ pub struct IoCounters {
     written: AtomicU64,
     read: AtomicU64,
     errors: AtomicU64,
-    fast: [AtomicU64; Fast::Deferred as usize + 1],
+    fast: [AtomicU64; Fast::UnflushedChecked as usize + 1],
 }
 
 /// Which way replicas were made durable here: the figures that show a
@@ -323,6 +323,10 @@ pub struct FastPaths {
     /// Journaled replicas kept in memory at their fsync or close and
     /// written at the checkpoint or when first needed (`storage::deferred`).
     pub deferred: u64,
+    /// Replicas written since the datanode's flush mark that a mount gave
+    /// housekeeping to check, for what a crash may have torn
+    /// (`fs::unflushed`).
+    pub unflushed_checked: u64,
 }
 
 /// Indexes into [`IoCounters::fast`].
@@ -342,6 +346,7 @@ pub enum Fast {
     Journaled,
     JournalReplayed,
     Deferred,
+    UnflushedChecked,
 }
 
 impl IoCounters {
@@ -386,6 +391,7 @@ impl IoCounters {
             journaled: get(Fast::Journaled),
             journal_replayed: get(Fast::JournalReplayed),
             deferred: get(Fast::Deferred),
+            unflushed_checked: get(Fast::UnflushedChecked),
         }
     }
 

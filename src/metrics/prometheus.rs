@@ -186,6 +186,11 @@ pub const DN_DEFERRED: Name = counter(
     "Journaled replicas kept in memory at their fsync or close and written at the checkpoint or when first needed",
 );
 
+pub const DN_UNFLUSHED_CHECKED: Name = counter(
+    "leasefs_datanode_unflushed_checked",
+    "Replicas written since the datanode's flush mark that a mount had housekeeping check by their checksums (what a crash may have torn)",
+);
+
 pub const DN_CHUNKS_BATCHED: Name = counter(
     "leasefs_datanode_chunks_batched",
     "Replica chunks read whose checksums were verified three at a time",
@@ -390,7 +395,7 @@ impl Scrape {
                 }
             }
         }
-        let counters: [(&Name, Field); 17] = [
+        let counters: [(&Name, Field); 18] = [
             (&DN_WRITTEN, |d| Some(d.bytes_written)),
             (&DN_READ, |d| Some(d.bytes_read)),
             (&DN_ERRORS, |d| Some(d.errors)),
@@ -408,6 +413,7 @@ impl Scrape {
             (&DN_JOURNALED, |d| Some(d.journaled)),
             (&DN_JOURNAL_REPLAYED, |d| Some(d.journal_replayed)),
             (&DN_DEFERRED, |d| Some(d.deferred)),
+            (&DN_UNFLUSHED_CHECKED, |d| Some(d.unflushed_checked)),
         ];
         for (n, get) in counters {
             let mut m = metric(enc, n)?;

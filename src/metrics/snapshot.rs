@@ -61,6 +61,8 @@ pub struct DatanodeStats {
     pub journal_replayed: u64,
     /// Journaled replicas kept in memory until the checkpoint needed them.
     pub deferred: u64,
+    /// Replicas written since the flush mark, checked after a mount.
+    pub unflushed_checked: u64,
 }
 
 /// Every counter and gauge of a mount. Counters only grow while the

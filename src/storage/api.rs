@@ -371,6 +371,17 @@ pub trait Storage: Send + Sync + fmt::Debug {
     /// The heartbeat probe: still this datanode, and writable; returns the
     /// bytes free. A full disk gives [`StorageError::NoSpace`].
     fn heartbeat(&self) -> Result<u64, StorageError>;
+    /// Whether a crash can leave a replica here torn inside (a local
+    /// filesystem writes pages, not whole files); not an object store,
+    /// where every object was whole when the store acknowledged it.
+    fn may_tear(&self) -> bool {
+        true
+    }
+    /// The flush mark (`storage::flushed`): every replica here of a lower
+    /// generation stamp is on the disk. `None` when there is none.
+    fn flushed_mark(&self) -> Result<Option<u64>, StorageError>;
+    /// Puts `gs` in place as the flush mark, durably.
+    fn set_flushed_mark(&self, gs: u64) -> Result<(), StorageError>;
     /// What `df` counts for this datanode: the filesystem under its
     /// directory (by default), or what an object store is said to hold.
     fn capacity(&self) -> Capacity {

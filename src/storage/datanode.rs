@@ -20,7 +20,7 @@ use super::identity::Identity;
 use super::layout::{DnId, Layout, ReplicaInfo, ReplicaStat, ReplicaState};
 use super::quarantine::{self, Quarantined};
 use super::reader::{self, ReplicaReader};
-use super::{locate, maintenance, replica};
+use super::{flushed, locate, maintenance, replica};
 use crate::metrics::IoCounters;
 use crate::sync::Arc;
 
@@ -355,5 +355,13 @@ impl Storage for Datanode {
 
     fn heartbeat(&self) -> Result<u64, StorageError> {
         maintenance::heartbeat(&self.layout, self.identity.as_ref())
+    }
+
+    fn flushed_mark(&self) -> Result<Option<u64>, StorageError> {
+        flushed::read(&self.layout)
+    }
+
+    fn set_flushed_mark(&self, gs: u64) -> Result<(), StorageError> {
+        flushed::write(&self.layout, gs)
     }
 }

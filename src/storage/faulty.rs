@@ -527,6 +527,14 @@ impl Storage for Faulty {
         self.check(Op::Heartbeat)?;
         self.inner.heartbeat()
     }
+
+    fn flushed_mark(&self) -> Result<Option<u64>, StorageError> {
+        self.inner.flushed_mark()
+    }
+
+    fn set_flushed_mark(&self, gs: u64) -> Result<(), StorageError> {
+        self.inner.set_flushed_mark(gs)
+    }
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@
 //! | [`layout`] | names and paths of a datanode directory, replica states; its directories as [`at`] holds them |
 //! | [`fsops`] | positional reads that fill their buffer |
 //! | [`identity`] | the identity file `DN/VERSION` |
+//! | [`flushed`] | the flush mark `DN/FLUSHED`: the stamp below which every replica is on the disk |
 //! | [`locate`] | finding (and removing) a block's files |
 //! | [`writer`], [`reader`] | the open files of one replica: appends; verified reads |
 //! | [`replica`] | a replica's lifecycle: create, reopen, restamp, cut, finalize |
@@ -34,6 +35,7 @@ pub mod dnid;
 pub mod error;
 #[cfg(test)]
 pub mod faulty;
+pub mod flushed;
 pub mod fsops;
 pub mod identity;
 pub mod layout;

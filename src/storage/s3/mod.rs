@@ -334,6 +334,19 @@ impl Storage for ObjectDatanode {
         false
     }
 
+    /// Every object was whole when the store acknowledged it.
+    fn may_tear(&self) -> bool {
+        false
+    }
+
+    fn flushed_mark(&self) -> Result<Option<u64>, StorageError> {
+        Ok(None)
+    }
+
+    fn set_flushed_mark(&self, _gs: u64) -> Result<(), StorageError> {
+        Ok(())
+    }
+
     fn ranged_sync(&self) -> bool {
         false
     }

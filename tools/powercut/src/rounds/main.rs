@@ -160,13 +160,14 @@ struct Run {
     /// replies a ring polled for, replica reads past the page cache,
     /// replicas the block journal kept (of small files fsynced or, at R>1,
     /// closed) and that it rewrote, and
-    /// journaled replicas held in memory until needed on disk.
+    /// journaled replicas held in memory until needed on disk, and the
+    /// replicas a mount had housekeeping check for what a cut tore.
     fast: [u64; FAST.len()],
     /// Rounds whose cut kept a random subset of the pending sectors.
     subset_cuts: usize,
 }
 
-const FAST: [&str; 11] = [
+const FAST: [&str; 12] = [
     "ranged syncs",
     "full syncs",
     "zero fills",
@@ -178,6 +179,7 @@ const FAST: [&str; 11] = [
     "small-file replicas the block journal kept (fsyncs, closes)",
     "replicas rewritten from the block journal at mount",
     "journaled replicas held in memory until needed on disk",
+    "replicas written since the flush mark, checked after a mount",
 ];
 
 fn run(
