@@ -140,9 +140,8 @@ pub struct Core {
     /// The abstract socket name of the daemon's control service, once it
     /// listens (`user.leasefs.control` on the mount root).
     pub(super) control_address: std::sync::OnceLock<String>,
-    /// What the mount gave housekeeping to check after a crash, until the
-    /// flush marks move past it (`super::unflushed`).
-    pub(super) unflushed: crate::sync::Mutex<Option<super::unflushed::pending::Unflushed>>,
+    /// Where the datanodes' flush marks stand (`super::unflushed`).
+    pub(super) unflushed: crate::sync::Mutex<super::unflushed::pending::Marks>,
 }
 
 impl Core {
@@ -199,6 +198,7 @@ impl Core {
             budget,
             metrics: Arc::default(),
             journal: crate::pipeline::journal::Journal::new(opts.journal_checkpoint),
+            floor: Default::default(),
         });
         Arc::new(Core {
             cluster,

@@ -5,13 +5,14 @@
 
 use super::ctx::StreamFile;
 use super::datanodes::FULL_BELOW;
+use super::flush_floor::Finalizing;
 use super::in_flight::Hold;
 use super::outcome::FileOutcome;
 use super::pipe::{OpenBlock, ReplicaOut, datanodes_of};
 use crate::error::{FsError, FsResult};
 use crate::meta::{BlockRow, Counter};
-use crate::storage::ChunkAccumulator;
 use crate::storage::checksum::{CHUNK_SIZE, chunk_crcs};
+use crate::storage::{ChunkAccumulator, Storage, StorageError};
 
 /// A block whose replicas were finalised: its row (the replicas that
 /// made it) and the file offset just past it.
@@ -115,6 +116,9 @@ pub(crate) fn write_whole(
     let block_id = f.ctx.meta.alloc(Counter::Block)?;
     let gs = f.ctx.meta.alloc(Counter::GenStamp)?;
     let hold = dns.hold(block_id);
+    // Written unsynced unless the journal keeps the bytes.
+    let floor = (!defer).then(|| f.ctx.floor.finalizing(gs));
+    let behind = matches!(floor, Some(Finalizing::Behind));
     crcs.clear();
     chunk_crcs(data, crcs);
     let mut ok = Vec::new();
@@ -125,6 +129,7 @@ pub(crate) fn write_whole(
             node.write_deferred(block_id, gs, data, crcs)
         } else {
             node.write_finalized(block_id, gs, data, crcs)
+                .and_then(|()| sync_if_behind(&*node, behind, block_id, gs))
                 .map(|()| false)
         };
         match written {
@@ -249,16 +254,23 @@ pub(crate) fn finalize(
     unsynced: &mut Vec<u64>,
 ) -> FsResult<Finished> {
     let len = b.row.len;
+    let (block, gs) = (b.row.block_id, b.row.gs);
+    let floor = (!b.synced).then(|| f.ctx.floor.finalizing(gs));
+    let behind = matches!(floor, Some(Finalizing::Behind));
     let mut ok = Vec::new();
     for ReplicaOut { dn, w } in b.replicas.drain(..) {
         let Some(node) = f.ctx.dns.get(dn) else {
             continue;
         };
-        match node.finalize_written(w, b.row.block_id, b.row.gs, len) {
+        let done = node
+            .finalize_written(w, block, gs, len)
+            .and_then(|()| sync_if_behind(&*node, behind, block, gs));
+        match done {
             Ok(()) => ok.push(dn),
             Err(e) => tracing::warn!(datanode = %dn, "finalize failed: {e}"),
         }
     }
+    drop(floor);
     if !f.ctx.dns.any_shared(&ok) {
         return Err(FsError::Io(format!(
             "no replica of block {} finalized",
@@ -266,12 +278,30 @@ pub(crate) fn finalize(
         )));
     }
     b.row.finalized = true;
-    if !b.synced {
+    if !b.synced && !behind {
         unsynced.push(b.row.block_id);
     }
     b.row.replicas = ok;
     Ok(Finished {
         row: b.row,
         end: b.start + len,
+    })
+}
+
+/// Syncs replica `block`@`gs` on `node` when the flush marks may already
+/// have passed its stamp (see [`super::flush_floor`]): a block opened
+/// before their latest move and finalized after it. A replica that cannot
+/// be synced is not recorded, as one that cannot be written.
+fn sync_if_behind(
+    node: &dyn Storage,
+    behind: bool,
+    block: u64,
+    gs: u64,
+) -> Result<(), StorageError> {
+    if !behind {
+        return Ok(());
+    }
+    node.sync_replica(block, gs).inspect_err(|e| {
+        tracing::error!(block, datanode = %node.id(), "cannot sync a replica finalized behind the flush marks: {e}");
     })
 }

@@ -40,6 +40,9 @@ pub struct StreamCtx {
     /// Small blocks whose bytes an fsync or close kept in the metadata
     /// store's WAL, their replicas not yet synced.
     pub journal: super::journal::set::Journal,
+    /// Replicas finalized unsynced, which the flush marks may not pass
+    /// yet (`fs::unflushed`).
+    pub floor: super::flush_floor::FlushFloor,
 }
 
 /// The file a stream writes, and where what its streamer does to it is

@@ -12,6 +12,7 @@
 //! | [`block`], [`pipe`] | opening and finalising a block; its replicas and pipeline recovery |
 //! | [`outcome`] | what the worker reports about the file ([`FileLog`], implemented by the filesystem) |
 //! | [`durable`], [`ledger`] | making a file durable; what is known durable |
+//! | [`flush_floor`] | how far the datanodes' flush marks may move while writers run |
 //! | [`journal`] | small blocks made durable by the metadata store's WAL; their checkpoint and replay |
 //! | [`budget`] | the mount's write buffer |
 //! | [`ctx`] | what every stream shares |
@@ -27,6 +28,7 @@ pub mod copies;
 pub mod ctx;
 pub mod datanodes;
 pub mod durable;
+pub mod flush_floor;
 pub mod fs_sync;
 pub mod in_flight;
 pub mod journal;

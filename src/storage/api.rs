@@ -382,6 +382,12 @@ pub trait Storage: Send + Sync + fmt::Debug {
     fn flushed_mark(&self) -> Result<Option<u64>, StorageError>;
     /// Puts `gs` in place as the flush mark, durably.
     fn set_flushed_mark(&self, gs: u64) -> Result<(), StorageError>;
+    /// Syncs this datanode's filesystem before its flush mark moves up,
+    /// through a descriptor of the mark's own: a descriptor reports each
+    /// writeback error once, so an error found here is not taken from the
+    /// writers' `syncfs` (whose fsync it must fail), and one they found
+    /// first is found here too.
+    fn sync_for_mark(&self) -> Result<(), StorageError>;
     /// What `df` counts for this datanode: the filesystem under its
     /// directory (by default), or what an object store is said to hold.
     fn capacity(&self) -> Capacity {

@@ -12,6 +12,8 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use nix::fcntl::OFlag;
+
 use super::api::{ReplicaWrite, Storage};
 use super::at::Sub;
 use super::deferred::Deferred;
@@ -34,6 +36,9 @@ pub struct Datanode {
     /// The root, held open for `syncfs`: its error cursor starts when the
     /// datanode is opened, so each writeback error there is reported once.
     root_fd: File,
+    /// The root opened again, for [`Storage::sync_for_mark`]: an error
+    /// cursor apart from the writers'.
+    mark_fd: File,
     /// Device of the root: datanodes that share it share one `syncfs`.
     dev: u64,
     /// Replica bytes written and read here, and failures (`leasefs stats`).
@@ -61,6 +66,11 @@ impl Datanode {
     pub fn open(id: DnId, root: &Path, identity: Option<Identity>) -> Result<Self, StorageError> {
         let layout = Layout::open(id, root)?;
         let root_fd = layout.fds().dir(Sub::Root).try_clone_file()?;
+        let mark_fd = layout
+            .fds()
+            .dir(Sub::Root)
+            .open_file(".", OFlag::O_RDONLY | OFlag::O_DIRECTORY)
+            .map_err(|e| StorageError::io(root, io::Error::from(e)))?;
         let dev = root_fd
             .metadata()
             .map_err(|e| StorageError::io(root, e))?
@@ -86,6 +96,7 @@ impl Datanode {
             layout,
             identity,
             root_fd,
+            mark_fd,
             dev,
             io: Arc::default(),
             syncfs_barrier,
@@ -363,5 +374,10 @@ impl Storage for Datanode {
 
     fn set_flushed_mark(&self, gs: u64) -> Result<(), StorageError> {
         flushed::write(&self.layout, gs)
+    }
+
+    fn sync_for_mark(&self) -> Result<(), StorageError> {
+        nix::unistd::syncfs(&self.mark_fd)
+            .map_err(|e| StorageError::io(self.layout.root(), io::Error::from(e)))
     }
 }

@@ -202,7 +202,6 @@ impl Faulty {
         self.faults.healed.notify_all();
     }
 
-    /// How many calls of `op` were made, struck or not.
     /// Whether the datanode holds `block` in memory, not yet written.
     pub fn holds(&self, block: u64) -> bool {
         self.inner.holds(block)
@@ -213,6 +212,7 @@ impl Faulty {
         self.inner.lose_held();
     }
 
+    /// How many calls of `op` were made, struck or not.
     pub fn calls(&self, op: Op) -> u64 {
         lock(&self.faults.plan).calls.get(&op).copied().unwrap_or(0)
     }
@@ -534,6 +534,12 @@ impl Storage for Faulty {
 
     fn set_flushed_mark(&self, gs: u64) -> Result<(), StorageError> {
         self.inner.set_flushed_mark(gs)
+    }
+
+    fn sync_for_mark(&self) -> Result<(), StorageError> {
+        self.check(Op::Sync)?;
+        self.check(Op::SyncFs)?;
+        self.inner.sync_for_mark()
     }
 }
 

@@ -14,8 +14,13 @@
 //! housekeeping as suspects, whose first round reads their checksums and
 //! repairs those that fail, as it does for a replica a reader reported.
 //! Once all were checked, the mark moves up to a stamp allocated after
-//! that sync; a clean unmount moves it up too, after syncing everything,
-//! so the next mount checks nothing.
+//! that sync. From then on it moves after every housekeeping round in
+//! which anything was written: a stamp is taken, every datanode synced,
+//! and the mark set to that stamp, or below a replica whose finalizing
+//! was under way when it was taken (`pipeline::flush_floor`); so a crash
+//! leaves to check about one housekeeping interval's writes, not all of
+//! the run's. A clean unmount moves it the same way, so the next mount
+//! checks nothing.
 //!
 //! One daemon of its namespace only: daemons sharing datanodes write them
 //! concurrently, and a stamp at or above the mark would be another
@@ -29,7 +34,7 @@ use crate::meta::Counter;
 use crate::metrics::Fast;
 use crate::storage::{ReplicaState, Storage};
 use crate::sync::{Arc, lock};
-use pending::Unflushed;
+use pending::{Marks, Unflushed};
 
 pub(super) mod pending;
 
@@ -46,7 +51,8 @@ fn tearable(core: &Core) -> Vec<Arc<dyn Storage>> {
 /// flush mark.
 type Listed = (Arc<dyn Storage>, Vec<(u64, u64)>);
 
-/// One `syncfs` per filesystem where that is a barrier, else each of
+/// One sync per filesystem where `syncfs` is a barrier (through the
+/// marks' own descriptor, `Storage::sync_for_mark`), else each of
 /// `replicas` (block, stamp) of that datanode on its own. Whether all
 /// succeeded.
 fn sync_all(dns: &[Listed]) -> bool {
@@ -65,12 +71,28 @@ fn sync_all(dns: &[Listed]) -> bool {
         }
     }
     for dn in by_fs.values() {
-        if let Err(e) = dn.sync_fs() {
+        if let Err(e) = dn.sync_for_mark() {
             tracing::error!(datanode = %dn.id(), "cannot sync the replicas written since the flush mark: {e}");
             ok = false;
         }
     }
     ok
+}
+
+/// The datanodes to sync before the marks move to `stamp`, with the
+/// replicas each must sync one by one (none where `syncfs` is a barrier);
+/// `None` if one could not be listed.
+fn to_sync(core: &Core, stamp: u64) -> Option<Vec<Listed>> {
+    let mut listed = Vec::new();
+    for dn in tearable(core) {
+        if dn.syncfs_is_barrier() {
+            listed.push((dn, Vec::new()));
+        } else {
+            let r = above_mark(&dn, stamp)?;
+            listed.push((dn, r));
+        }
+    }
+    Some(listed)
 }
 
 /// Every finalized replica of `dn` at or above its flush mark (all of
@@ -146,59 +168,92 @@ impl Core {
                 "replicas written since their datanode's flush mark: housekeeping checks their checksums"
             );
         }
-        *lock(&self.unflushed) = Some(Unflushed::new(gs, waiting, synced));
+        *lock(&self.unflushed) = if synced {
+            Marks::Checking(Unflushed::new(gs, waiting))
+        } else {
+            tracing::warn!("a sync at mount failed: the flush marks stay where they are");
+            Marks::Stuck
+        };
         self.advance_flush_marks();
         Ok(n)
     }
 
     /// After a housekeeping round (and at mount): once every replica the
     /// mount reported was checked (no longer suspect), the flush marks
-    /// move up to the mount's stamp.
+    /// move up to the mount's stamp; from then on, after every round in
+    /// which anything was written.
     pub(crate) fn advance_flush_marks(&self) {
         let mut g = lock(&self.unflushed);
-        let Some(u) = g.as_mut() else { return };
-        let Some(gs) = u.checked(&self.bad().list()) else {
-            return;
-        };
-        if set_marks(self, gs) {
-            *g = None;
+        match &mut *g {
+            Marks::Off | Marks::Stuck => {}
+            Marks::Checking(u) => {
+                if let Some(gs) = u.checked(&self.bad().list())
+                    && set_marks(self, gs)
+                {
+                    *g = Marks::Moving { last: gs };
+                }
+            }
+            Marks::Moving { last } => {
+                let Ok(stamp) = self.meta().alloc(Counter::GenStamp) else {
+                    return;
+                };
+                // No stamp handed out and nothing finalized since the last
+                // move: nothing was written.
+                if stamp == *last + 1 && !self.ctx.floor.dirty() {
+                    *last = stamp;
+                    return;
+                }
+                *g = match move_marks(self, stamp) {
+                    true => Marks::Moving { last: stamp },
+                    false => Marks::Stuck,
+                };
+            }
         }
     }
 
-    /// At a clean unmount, every close done and no file open for writing:
-    /// the replicas written since the marks are synced and the marks move
-    /// above every stamp, so the next mount checks none. Not while checks
-    /// a mount asked for are waiting: their replicas must stay above the
-    /// mark until they are checked.
+    /// At a clean unmount, every close done: the replicas written since
+    /// the marks are synced and the marks move above every stamp, so the
+    /// next mount checks none. Not while checks a mount asked for are
+    /// waiting: their replicas must stay above the mark until they are
+    /// checked.
     pub(crate) fn flush_marks_at_unmount(&self) {
-        if self.cluster.is_some() || lock(&self.unflushed).is_some() {
+        let g = lock(&self.unflushed);
+        if !matches!(*g, Marks::Moving { .. }) {
             return;
         }
-        if !self.leases.list().is_empty() {
-            tracing::info!("files still open for writing at unmount: the flush marks stay");
-            return;
-        }
-        let Ok(ceiling) = self.meta().alloc(Counter::GenStamp) else {
-            return;
-        };
-        let mut listed = Vec::new();
-        for dn in tearable(self) {
-            match above_mark(&dn, ceiling) {
-                Some(r) => listed.push((dn, r)),
-                None => return,
-            }
-        }
-        if sync_all(&listed) {
-            set_marks(self, ceiling);
+        if let Ok(stamp) = self.meta().alloc(Counter::GenStamp) {
+            move_marks(self, stamp);
         }
     }
 }
 
-/// Puts `gs` as the flush mark of every datanode a crash can tear;
-/// whether all took it (one that did not checks more at the next mount).
+/// Takes `stamp` (just allocated) as the marks' next value, syncs every
+/// datanode a crash can tear and moves the marks up: to `stamp`, or below
+/// a replica still being finalized. Whether the syncs succeeded (a failed
+/// one leaves the marks where they are, for good: see [`Marks::Stuck`]).
+fn move_marks(core: &Core, stamp: u64) -> bool {
+    let mark = core.ctx.floor.take(stamp);
+    let Some(listed) = to_sync(core, stamp) else {
+        tracing::error!("cannot list the replicas to sync: the flush marks stay where they are");
+        return false;
+    };
+    if !sync_all(&listed) {
+        tracing::error!("a sync failed: the flush marks stay where they are");
+        return false;
+    }
+    set_marks(core, mark);
+    true
+}
+
+/// Puts `gs` as the flush mark of every datanode a crash can tear, where
+/// it is above the mark there; whether all took it (one that did not
+/// checks more at the next mount).
 fn set_marks(core: &Core, gs: u64) -> bool {
     let mut all = true;
     for dn in tearable(core) {
+        if dn.flushed_mark().ok().flatten().is_some_and(|m| m >= gs) {
+            continue;
+        }
         if let Err(e) = dn.set_flushed_mark(gs) {
             tracing::warn!(datanode = %dn.id(), "cannot move the flush mark up: {e}");
             all = false;

@@ -328,6 +328,7 @@ impl Rig {
             budget: Budget::new(1024, rt.handle().clone()),
             metrics: Arc::default(),
             journal: Default::default(),
+            floor: Default::default(),
         });
         Rig {
             _dir: dir,
@@ -359,6 +360,7 @@ impl Rig {
             budget: Budget::new(1024, c.rt.clone()),
             metrics: Arc::default(),
             journal: Default::default(),
+            floor: Default::default(),
         })
     }
 
@@ -952,6 +954,7 @@ fn a_truncation_is_recorded_durably_before_any_replica_is_cut() {
 }
 
 mod copies;
+mod flush_marks;
 mod in_flight;
 mod journal;
 mod sync_faults;

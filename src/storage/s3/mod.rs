@@ -347,6 +347,10 @@ impl Storage for ObjectDatanode {
         Ok(())
     }
 
+    fn sync_for_mark(&self) -> Result<(), StorageError> {
+        Ok(())
+    }
+
     fn ranged_sync(&self) -> bool {
         false
     }
