@@ -10,6 +10,7 @@ mod common;
 use common::faults::*;
 use common::*;
 
+use std::io::Write;
 use std::time::Duration;
 
 fn mount(o: &str) -> Mount {
@@ -544,6 +545,27 @@ fn files_closed_a_housekeeping_round_before_a_crash_are_not_checked_at_the_next_
         marks(&m),
         m.log()
     );
+    // A file whose block opens before a move and closes after it: the
+    // mark may be past its stamp by then, so its close syncs it.
+    let moved_to = marks(&m);
+    let slow = pattern(200_000, 47);
+    let mut f = std::fs::File::create(m.path("slow")).expect("create slow");
+    f.write_all(&slow[..100_000]).expect("write slow");
+    let moved = wait_until(Duration::from_secs(10), || {
+        marks(&m)
+            .iter()
+            .zip(&moved_to)
+            .all(|(now, then)| now > then)
+    });
+    assert!(moved, "no move while slow was open\n{}", m.log());
+    f.write_all(&slow[100_000..]).expect("write slow");
+    drop(f);
+    assert_eq!(
+        m.dn_counter("synced_behind_mark"),
+        3,
+        "slow's replicas were not synced at its close\n{}",
+        m.log()
+    );
     m.crash();
     m.mount();
     assert_eq!(
@@ -555,4 +577,5 @@ fn files_closed_a_housekeeping_round_before_a_crash_are_not_checked_at_the_next_
     for (i, (src, _)) in files.iter().enumerate() {
         assert!(read_cold(&m, &format!("f{i}")) == *src);
     }
+    assert!(read_cold(&m, "slow") == slow);
 }

@@ -67,6 +67,7 @@ impl Core {
                     journal_replayed: fast.journal_replayed,
                     deferred: fast.deferred,
                     unflushed_checked: fast.unflushed_checked,
+                    synced_behind_mark: fast.synced_behind_mark,
                 }
             })
             .collect();

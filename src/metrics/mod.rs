@@ -275,7 +275,7 @@ pub struct IoCounters {
     written: AtomicU64,
     read: AtomicU64,
     errors: AtomicU64,
-    fast: [AtomicU64; Fast::UnflushedChecked as usize + 1],
+    fast: [AtomicU64; Fast::SyncedBehindMark as usize + 1],
 }
 
 /// Which way replicas were made durable here: the figures that show a
@@ -327,6 +327,9 @@ pub struct FastPaths {
     /// housekeeping to check, for what a crash may have torn
     /// (`fs::unflushed`).
     pub unflushed_checked: u64,
+    /// Replicas of a block open across a move of the flush marks, synced
+    /// before their close recorded them (`pipeline::flush_floor`).
+    pub synced_behind_mark: u64,
 }
 
 /// Indexes into [`IoCounters::fast`].
@@ -347,6 +350,7 @@ pub enum Fast {
     JournalReplayed,
     Deferred,
     UnflushedChecked,
+    SyncedBehindMark,
 }
 
 impl IoCounters {
@@ -392,6 +396,7 @@ impl IoCounters {
             journal_replayed: get(Fast::JournalReplayed),
             deferred: get(Fast::Deferred),
             unflushed_checked: get(Fast::UnflushedChecked),
+            synced_behind_mark: get(Fast::SyncedBehindMark),
         }
     }
 

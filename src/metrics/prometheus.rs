@@ -191,6 +191,11 @@ pub const DN_UNFLUSHED_CHECKED: Name = counter(
     "Replicas written since the datanode's flush mark that a mount had housekeeping check by their checksums (what a crash may have torn)",
 );
 
+pub const DN_SYNCED_BEHIND_MARK: Name = counter(
+    "leasefs_datanode_synced_behind_mark",
+    "Replicas of a block open across a move of the flush marks, synced before their close recorded them",
+);
+
 pub const DN_CHUNKS_BATCHED: Name = counter(
     "leasefs_datanode_chunks_batched",
     "Replica chunks read whose checksums were verified three at a time",
@@ -395,7 +400,7 @@ impl Scrape {
                 }
             }
         }
-        let counters: [(&Name, Field); 18] = [
+        let counters: [(&Name, Field); 19] = [
             (&DN_WRITTEN, |d| Some(d.bytes_written)),
             (&DN_READ, |d| Some(d.bytes_read)),
             (&DN_ERRORS, |d| Some(d.errors)),
@@ -414,6 +419,7 @@ impl Scrape {
             (&DN_JOURNAL_REPLAYED, |d| Some(d.journal_replayed)),
             (&DN_DEFERRED, |d| Some(d.deferred)),
             (&DN_UNFLUSHED_CHECKED, |d| Some(d.unflushed_checked)),
+            (&DN_SYNCED_BEHIND_MARK, |d| Some(d.synced_behind_mark)),
         ];
         for (n, get) in counters {
             let mut m = metric(enc, n)?;

@@ -63,6 +63,9 @@ pub struct DatanodeStats {
     pub deferred: u64,
     /// Replicas written since the flush mark, checked after a mount.
     pub unflushed_checked: u64,
+    /// Replicas of blocks open across a move of the flush marks, synced
+    /// at their close.
+    pub synced_behind_mark: u64,
 }
 
 /// Every counter and gauge of a mount. Counters only grow while the

@@ -303,5 +303,7 @@ fn sync_if_behind(
     }
     node.sync_replica(block, gs).inspect_err(|e| {
         tracing::error!(block, datanode = %node.id(), "cannot sync a replica finalized behind the flush marks: {e}");
-    })
+    })?;
+    node.io().fast(crate::metrics::Fast::SyncedBehindMark);
+    Ok(())
 }

@@ -203,9 +203,10 @@ impl Core {
                     *last = stamp;
                     return;
                 }
-                *g = match move_marks(self, stamp) {
-                    true => Marks::Moving { last: stamp },
-                    false => Marks::Stuck,
+                *g = if move_marks(self, stamp) {
+                    Marks::Moving { last: stamp }
+                } else {
+                    Marks::Stuck
                 };
             }
         }

@@ -41,6 +41,9 @@ fn a_block_open_across_a_move_of_the_marks_is_synced_before_its_close_records_it
         );
     }
     assert_eq!(sorted(&rows[0].replicas), [DnId(0), DnId(1), DnId(2)]);
+    for n in &rig.nodes {
+        assert_eq!(n.io().fast_paths().synced_behind_mark, 1);
+    }
     assert!(!rig.ctx.floor.dirty(), "synced: nothing for the next move");
     assert_eq!(rig.read(20_000), data);
 }

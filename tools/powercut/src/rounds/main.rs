@@ -161,13 +161,14 @@ struct Run {
     /// replicas the block journal kept (of small files fsynced or, at R>1,
     /// closed) and that it rewrote, and
     /// journaled replicas held in memory until needed on disk, and the
-    /// replicas a mount had housekeeping check for what a cut tore.
+    /// replicas a mount had housekeeping check for what a cut tore, and
+    /// those synced at a close behind a move of the flush marks.
     fast: [u64; FAST.len()],
     /// Rounds whose cut kept a random subset of the pending sectors.
     subset_cuts: usize,
 }
 
-const FAST: [&str; 12] = [
+const FAST: [&str; 13] = [
     "ranged syncs",
     "full syncs",
     "zero fills",
@@ -180,6 +181,7 @@ const FAST: [&str; 12] = [
     "replicas rewritten from the block journal at mount",
     "journaled replicas held in memory until needed on disk",
     "replicas written since the flush mark, checked after a mount",
+    "replicas of blocks open across a move of the flush marks, synced at close",
 ];
 
 fn run(

@@ -243,19 +243,21 @@ impl Rig {
     /// thread and replies its FUSE rings polled for, then replica reads
     /// that went past the page cache (the checks' reads after a cut), then
     /// replicas the block journal made durable and rewrote at mount, then
-    /// journaled replicas held in memory until needed on disk.
-    pub fn fast_paths(&self) -> [u64; 12] {
+    /// journaled replicas held in memory until needed on disk, then
+    /// replicas a mount checked past the flush marks and replicas synced
+    /// at a close behind them.
+    pub fn fast_paths(&self) -> [u64; 13] {
         let Ok(out) = Command::new(&self.leasefs)
             .args(["stats", "--once", "--json"])
             .arg(&self.mnt)
             .output()
         else {
-            return [0; 12];
+            return [0; 13];
         };
         let Ok(v) = serde_json::from_slice::<serde_json::Value>(&out.stdout) else {
-            return [0; 12];
+            return [0; 13];
         };
-        let mut sum = [0u64; 12];
+        let mut sum = [0u64; 13];
         sum[5] = v["closes_on_caller"].as_u64().unwrap_or(0);
         sum[6] = v["ring_polls_answered"].as_u64().unwrap_or(0);
         for dn in v["datanodes"].as_array().into_iter().flatten() {
@@ -264,6 +266,7 @@ impl Rig {
             sum[9] += dn["journal_replayed"].as_u64().unwrap_or(0);
             sum[10] += dn["deferred"].as_u64().unwrap_or(0);
             sum[11] += dn["unflushed_checked"].as_u64().unwrap_or(0);
+            sum[12] += dn["synced_behind_mark"].as_u64().unwrap_or(0);
             for (i, key) in [
                 "syncs_ranged",
                 "syncs_full",
