@@ -37,6 +37,8 @@ use crate::sync::{Arc, lock};
 use pending::{Marks, Unflushed};
 
 pub(super) mod pending;
+#[cfg(test)]
+mod tests;
 
 /// The datanodes a crash can tear a replica of.
 fn tearable(core: &Core) -> Vec<Arc<dyn Storage>> {
