@@ -13,8 +13,10 @@
 //! daemon allocated (a new block, an append, a truncation and a recovery
 //! all take a new one), stamps only grow, and a copy is synced before it
 //! is recorded; so one number per datanode is enough. The mount checks
-//! the replicas at or above it, and moves it up once they are checked
-//! and every replica is synced (see `fs::unflushed`).
+//! the replicas at or above it and moves it up once they are checked;
+//! while the daemon runs it moves up after every sync of the datanodes
+//! that follows a housekeeping round (see `fs::unflushed` and
+//! `pipeline::flush_floor`).
 //!
 //! The file is written to a temporary name, synced, renamed into place
 //! and the directory synced, so a crash leaves the old mark or the new.
