@@ -148,6 +148,56 @@ impl DirFd {
         .map(File::from)
     }
 
+    /// The text of the small file `name` (an identity file, a flush
+    /// mark), or `None` if there is none.
+    pub fn read_text(&self, name: &str) -> Result<Option<String>, StorageError> {
+        let path = self.path.join(name);
+        let mut file = match self.open_file(name, OFlag::O_RDONLY) {
+            Ok(f) => f,
+            Err(Errno::ENOENT) => return Ok(None),
+            Err(e) => return Err(nix_io(&path, e)),
+        };
+        let mut text = String::new();
+        io::Read::read_to_string(&mut file, &mut text).map_err(|e| StorageError::io(&path, e))?;
+        Ok(Some(text))
+    }
+
+    /// Writes `bytes` to a new temporary file beside `name` and syncs it;
+    /// the caller puts it in place. Returns its name. Nothing is left
+    /// behind on failure.
+    pub fn write_synced_temp(&self, name: &str, bytes: &[u8]) -> Result<String, StorageError> {
+        let tmp = format!(
+            ".{name}.{}.{}",
+            std::process::id(),
+            uuid::Uuid::new_v4().simple()
+        );
+        let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL;
+        let written = self
+            .open_file(&tmp, flags)
+            .map_err(io::Error::from)
+            .and_then(|mut f| {
+                io::Write::write_all(&mut f, bytes)?;
+                f.sync_all()
+            });
+        if let Err(e) = written {
+            let _ = self.unlink(&tmp);
+            return Err(StorageError::io(&self.path.join(&tmp), e));
+        }
+        Ok(tmp)
+    }
+
+    /// Puts `bytes` in place as the file `name`, crash-safely: a temporary
+    /// file, synced, renamed over `name`, then the directory synced, so a
+    /// crash leaves the old file or the new one.
+    pub fn replace_durably(&self, name: &str, bytes: &[u8]) -> Result<(), StorageError> {
+        let tmp = self.write_synced_temp(name, bytes)?;
+        if let Err(e) = self.rename(&tmp, self, name) {
+            let _ = self.unlink(&tmp);
+            return Err(nix_io(&self.path.join(name), e));
+        }
+        self.fsync()
+    }
+
     /// The entry's own status (a link is not followed); `None` if missing.
     pub fn lstat(&self, name: &str) -> Result<Option<FileStat>, StorageError> {
         match fstatat(&self.fd, name, AtFlags::AT_SYMLINK_NOFOLLOW) {

@@ -22,11 +22,6 @@
 //! and the directory synced, so a crash leaves the old mark or the new.
 //! A missing or unreadable mark is 0: every replica is checked once.
 
-use std::io::{self, Read, Write};
-
-use nix::errno::Errno;
-use nix::fcntl::OFlag;
-
 use super::at::Sub;
 use super::error::StorageError;
 use super::layout::Layout;
@@ -36,46 +31,17 @@ pub const FILE_NAME: &str = "FLUSHED";
 
 /// The mark of the datanode laid out as `l`, if it has one.
 pub fn read(l: &Layout) -> Result<Option<u64>, StorageError> {
-    let fds = l.fds();
-    let dir = fds.dir(Sub::Root);
-    let path = dir.path.join(FILE_NAME);
-    let mut file = match dir.open_file(FILE_NAME, OFlag::O_RDONLY) {
-        Ok(f) => f,
-        Err(Errno::ENOENT) => return Ok(None),
-        Err(e) => return Err(StorageError::io(&path, io::Error::from(e))),
-    };
-    let mut text = String::new();
-    file.read_to_string(&mut text)
-        .map_err(|e| StorageError::io(&path, e))?;
+    let text = l.fds().dir(Sub::Root).read_text(FILE_NAME)?;
     // A torn or foreign file reads as no mark: the safe side.
-    Ok(text.trim().parse::<u64>().ok())
+    Ok(text.and_then(|t| t.trim().parse::<u64>().ok()))
 }
 
 /// Puts `gs` in place as the mark of the datanode laid out as `l`,
 /// durably.
 pub fn write(l: &Layout, gs: u64) -> Result<(), StorageError> {
-    let fds = l.fds();
-    let dir = fds.dir(Sub::Root);
-    let tmp = format!(".{FILE_NAME}.{}", std::process::id());
-    let written = dir
-        .open_file(&tmp, OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_TRUNC)
-        .map_err(io::Error::from)
-        .and_then(|mut f| {
-            f.write_all(format!("{gs}\n").as_bytes())?;
-            f.sync_all()
-        });
-    if let Err(e) = written {
-        let _ = dir.unlink(&tmp);
-        return Err(StorageError::io(&dir.path.join(&tmp), e));
-    }
-    if let Err(e) = dir.rename(&tmp, dir, FILE_NAME) {
-        let _ = dir.unlink(&tmp);
-        return Err(StorageError::io(
-            &dir.path.join(FILE_NAME),
-            io::Error::from(e),
-        ));
-    }
-    dir.fsync()
+    l.fds()
+        .dir(Sub::Root)
+        .replace_durably(FILE_NAME, format!("{gs}\n").as_bytes())
 }
 
 #[cfg(test)]

@@ -19,11 +19,10 @@
 //! Each is upgraded in place at mount; a release refuses a directory of a
 //! layout newer than its own, whose replicas it could misread.
 
-use std::io::{self, Read, Write};
+use std::io;
 use std::path::Path;
 
 use nix::errno::Errno;
-use nix::fcntl::OFlag;
 
 use super::at::DirFd;
 use super::error::StorageError;
@@ -133,15 +132,9 @@ pub fn read(root: &Path) -> Result<Option<Identity>, StorageError> {
 /// As [`read`], in the directory held as `dir`.
 pub(crate) fn read_in(dir: &DirFd) -> Result<Option<Identity>, StorageError> {
     let path = dir.path.join(FILE_NAME);
-    let mut file = match dir.open_file(FILE_NAME, OFlag::O_RDONLY) {
-        Ok(f) => f,
-        Err(Errno::ENOENT) => return Ok(None),
-        Err(e) => return Err(StorageError::io(&path, io::Error::from(e))),
-    };
-    let mut text = String::new();
-    file.read_to_string(&mut text)
-        .map_err(|e| StorageError::io(&path, e))?;
-    Identity::decode(&path, &text).map(Some)
+    dir.read_text(FILE_NAME)?
+        .map(|text| Identity::decode(&path, &text))
+        .transpose()
 }
 
 /// Brings the identity file of `root` (`id`, as read from it) to this
@@ -158,38 +151,8 @@ pub fn upgrade(root: &Path, id: &Identity) -> Result<Identity, StorageError> {
         layout_version: LAYOUT_VERSION,
         ..id.clone()
     };
-    let dir = DirFd::open_trusted(root)?;
-    let path = root.join(FILE_NAME);
-    let tmp = write_synced_temp(&dir, &new)?;
-    if let Err(e) = dir.rename(&tmp, &dir, FILE_NAME) {
-        let _ = dir.unlink(&tmp);
-        return Err(StorageError::io(&path, io::Error::from(e)));
-    }
-    dir.fsync()?;
+    DirFd::open_trusted(root)?.replace_durably(FILE_NAME, new.encode().as_bytes())?;
     Ok(new)
-}
-
-/// Writes `id` to a new temporary file in `dir` and syncs it; the caller
-/// puts it in place. Returns its name. Nothing is left behind on failure.
-fn write_synced_temp(dir: &DirFd, id: &Identity) -> Result<String, StorageError> {
-    let tmp = format!(
-        ".{FILE_NAME}.{}.{}",
-        std::process::id(),
-        uuid::Uuid::new_v4().simple()
-    );
-    let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL;
-    let written = dir
-        .open_file(&tmp, flags)
-        .map_err(io::Error::from)
-        .and_then(|mut f| {
-            f.write_all(id.encode().as_bytes())?;
-            f.sync_all()
-        });
-    if let Err(e) = written {
-        let _ = dir.unlink(&tmp);
-        return Err(StorageError::io(&dir.path.join(&tmp), e));
-    }
-    Ok(tmp)
 }
 
 /// Gives `root` the identity `id` unless it already has one, crash-safely
@@ -203,7 +166,7 @@ pub fn create(root: &Path, id: &Identity) -> Result<Identity, StorageError> {
 /// As [`create`], in the directory held as `dir`.
 pub(crate) fn create_in(dir: &DirFd, id: &Identity) -> Result<Identity, StorageError> {
     let path = dir.path.join(FILE_NAME);
-    let tmp = write_synced_temp(dir, id)?;
+    let tmp = dir.write_synced_temp(FILE_NAME, id.encode().as_bytes())?;
     // A link, not a rename: it never replaces an identity file that
     // appeared meanwhile.
     let linked = dir.link(&tmp, FILE_NAME);
