@@ -294,6 +294,10 @@ impl Daemon {
             }
             core.persist_epochs();
             core.fences().sweep();
+            // Closes left for the next commit wait no longer than this.
+            if let Err(e) = core.meta().settle_closes() {
+                tracing::warn!("committing lazy closes: {e}");
+            }
             logging::report_suppressed();
         });
         // Lease renewal for ordinary programs, which cannot renew anything.
@@ -346,6 +350,10 @@ impl Daemon {
         self.stop.store(true, Ordering::Relaxed);
         self.housekeeper.lose(&**self.core.meta(), "unmounted");
         let closed = self.core.wait_closes(Duration::from_secs(30));
+        // A clean unmount leaves the next mount no file to recover.
+        if let Err(e) = self.core.meta().settle_closes() {
+            tracing::warn!("committing lazy closes at unmount: {e}");
+        }
         // A clean unmount leaves the next mount no journal to replay.
         if let Err(e) = crate::pipeline::journal::checkpoint(&self.core.ctx) {
             tracing::warn!("block journal checkpoint at unmount: {e}");

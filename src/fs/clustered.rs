@@ -186,7 +186,7 @@ impl Core {
     /// the stream's lock while it records).
     pub(super) fn file_record(self: &Arc<Self>, uc: UnderConstruction) -> FileRecord {
         if self.cluster.is_none() {
-            return FileRecord::new(self.meta().clone(), uc);
+            return FileRecord::new(self.meta().clone(), uc, self.ctx.metrics.clone());
         }
         let (me, epoch) = (Arc::downgrade(self), uc.epoch);
         let fenced = Box::new(move |ino| {
@@ -195,7 +195,7 @@ impl Core {
                 c.ctx.rt.spawn_blocking(move || c2.claim_gone(ino, epoch));
             }
         });
-        FileRecord::claimed(self.meta().clone(), uc, fenced)
+        FileRecord::claimed(self.meta().clone(), uc, self.ctx.metrics.clone(), fenced)
     }
 
     /// The store says the claim `epoch` was granted under is gone (revoked

@@ -6,8 +6,9 @@
 use crate::error::{FsError, FsResult};
 use crate::lease::LeaseError;
 use crate::meta::{BlockRow, Change, JournalRow, Meta, UnderConstruction};
+use crate::metrics::Metrics;
 use crate::pipeline::{FileLog, FileOutcome};
-use crate::sync::{Arc, AtomicBool, Ordering};
+use crate::sync::{Arc, AtomicBool, Mutex, Ordering, lock};
 
 /// The record of one file written through one stream.
 pub(super) struct FileRecord {
@@ -21,15 +22,28 @@ pub(super) struct FileRecord {
     /// claim the writer's grant (`uc.epoch`) came from, and `fenced` is
     /// told when the store says that claim is gone.
     claimed: Option<Box<dyn Fn(u64) + Send + Sync>>,
+    /// The length and time the last commit recorded, when it was a whole
+    /// fsync's (a `Finished` with a time): a close at the same length and
+    /// time then has only the end of the file's time under construction
+    /// to record, which the store may commit with its next commit
+    /// ([`crate::meta::BlockMap::close_lazily`]).
+    settled: Mutex<Option<(u64, i64)>>,
+    metrics: Arc<Metrics>,
 }
 
 impl FileRecord {
-    pub(super) fn new(meta: Arc<dyn Meta>, uc: UnderConstruction) -> FileRecord {
+    pub(super) fn new(
+        meta: Arc<dyn Meta>,
+        uc: UnderConstruction,
+        metrics: Arc<Metrics>,
+    ) -> FileRecord {
         FileRecord {
             meta,
             uc,
             under_construction: AtomicBool::new(false),
             claimed: None,
+            settled: Mutex::new(None),
+            metrics,
         }
     }
 
@@ -39,17 +53,38 @@ impl FileRecord {
     pub(super) fn claimed(
         meta: Arc<dyn Meta>,
         uc: UnderConstruction,
+        metrics: Arc<Metrics>,
         fenced: Box<dyn Fn(u64) + Send + Sync>,
     ) -> FileRecord {
         FileRecord {
             claimed: Some(fenced),
-            ..FileRecord::new(meta, uc)
+            ..FileRecord::new(meta, uc, metrics)
         }
     }
 
     /// The file's under-construction entry, unless it is recorded.
     fn uc_unless_recorded(&self) -> Option<Change> {
         (!self.under_construction.load(Ordering::Acquire)).then(|| Change::PutUc(self.uc.clone()))
+    }
+
+    /// Whether `what` is a close with nothing to record but the end of the
+    /// file's time under construction: nothing written, cut or stamped
+    /// since a whole fsync recorded this length and time. Only for one
+    /// daemon's store: over etcd a close ends the grant, under its claim.
+    fn closes_settled(&self, what: &FileOutcome<'_>, durable: bool) -> bool {
+        let FileOutcome::Closed {
+            last: None,
+            size,
+            mtime: Some(mtime),
+            journal: None,
+        } = *what
+        else {
+            return false;
+        };
+        !durable
+            && self.claimed.is_none()
+            && self.under_construction.load(Ordering::Acquire)
+            && *lock(&self.settled) == Some((size, mtime))
     }
 }
 
@@ -64,11 +99,12 @@ fn changes(ino: u64, what: FileOutcome<'_>, uc: impl FnOnce() -> Option<Change>)
         FileOutcome::Finished {
             row,
             size: n,
+            mtime,
             journal,
         } => {
             let kept = journal.map(|data| Change::Journal(JournalRow::of(row, data)));
             uc().into_iter()
-                .chain([put(row), size(n, None)])
+                .chain([put(row), size(n, mtime)])
                 .chain(kept)
                 .collect()
         }
@@ -118,6 +154,14 @@ fn changes(ino: u64, what: FileOutcome<'_>, uc: impl FnOnce() -> Option<Change>)
 
 impl FileLog for FileRecord {
     fn record(&self, what: FileOutcome<'_>, durable: bool) -> FsResult<Vec<BlockRow>> {
+        if self.closes_settled(&what, durable) {
+            self.meta.close_lazily(self.uc.ino)?;
+            self.under_construction.store(false, Ordering::Release);
+            *lock(&self.settled) = None;
+            self.metrics.closed_without_commit();
+            return Ok(Vec::new());
+        }
+        *lock(&self.settled) = None;
         let mut ch = changes(self.uc.ino, what, || self.uc_unless_recorded());
         if ch.is_empty() {
             return Ok(Vec::new());
@@ -136,6 +180,14 @@ impl FileLog for FileRecord {
                 return Err(e);
             }
             r => r?,
+        };
+        *lock(&self.settled) = match what {
+            FileOutcome::Finished {
+                size,
+                mtime: Some(t),
+                ..
+            } => Some((size, t)),
+            _ => None,
         };
         match what {
             FileOutcome::Closed { .. } => self.under_construction.store(false, Ordering::Release),

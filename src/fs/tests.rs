@@ -259,3 +259,67 @@ fn a_recovery_without_the_files_claim_records_nothing() {
     let r = t.open(ino, libc::O_RDONLY, me()).expect("reader");
     assert_eq!(t.read(r, 0, 100).expect("read"), b"acknowledged, then more");
 }
+
+fn closes_without_commit(t: &TestFs) -> u64 {
+    let mut s = crate::metrics::Snapshot::default();
+    t.core.ctx.metrics.fill(&mut s);
+    s.closes_without_commit
+}
+
+/// A small file written, fsynced whole and closed (editors, package
+/// managers, git): the fsync records its block, length and time, so the
+/// close has only the end of the file's time under construction to
+/// record, which waits for the store's next commit (docs/SEMANTICS.md
+/// "Durability"). The file reads as closed at once. A close with anything
+/// to record since the fsync (a write, a new time) commits as before.
+#[test]
+fn a_close_after_a_whole_fsync_records_nothing_of_its_own() {
+    let t = TestFs::new(opts(), 3);
+    let created = t.meta.get(t.create("f")).expect("get").mtime;
+    let ino = t.meta.lookup(crate::meta::ROOT_INO, b"f").expect("f").ino;
+    std::thread::sleep(Duration::from_millis(2));
+    let a = t.open(ino, libc::O_WRONLY, me()).expect("open");
+    t.write(a, 0, &[1u8; 4096]).expect("write");
+    t.fsync(a).expect("fsync");
+    let synced = t.meta.get(ino).expect("get");
+    assert_eq!(synced.size, 4096);
+    assert!(
+        synced.mtime >= created + 1_000_000,
+        "the fsync did not record the write's time: {} after {created}",
+        synced.mtime
+    );
+    assert!(t.meta.uc(ino).expect("uc").is_some());
+    t.close(a).expect("close");
+    assert_eq!(closes_without_commit(&t), 1, "the close committed");
+    assert!(t.meta.uc(ino).expect("uc").is_none(), "still open");
+    assert!(t.meta.list_uc().expect("list").is_empty());
+    assert_eq!(t.meta.get(ino).expect("get").mtime, synced.mtime);
+    // Free for the next writer, whose record comes after the close's.
+    let b = t.open(ino, APPEND, me()).expect("next writer");
+    t.write(b, 4096, b"more").expect("append");
+    t.fsync(b).expect("fsync");
+    assert!(t.meta.uc(ino).expect("uc").is_some(), "the append's entry");
+    t.close(b).expect("close");
+    assert!(t.meta.uc(ino).expect("uc").is_none());
+    assert_eq!(t.size(ino), 4100);
+    assert_eq!(
+        closes_without_commit(&t),
+        1,
+        "an append's close is a commit"
+    );
+
+    // A time set between the fsync and the close (cp -p, tar) is kept.
+    let g = t.create("g");
+    let c = t.open(g, libc::O_WRONLY, me()).expect("open g");
+    t.write(c, 0, &[2u8; 100]).expect("write g");
+    t.fsync(c).expect("fsync g");
+    let set = crate::meta::AttrChange {
+        mtime: Some(1_000_000_000),
+        ..Default::default()
+    };
+    t.core.set_attrs(g, set, me()).expect("utimensat");
+    t.close(c).expect("close g");
+    assert_eq!(closes_without_commit(&t), 1, "a new time went unrecorded");
+    assert_eq!(t.meta.get(g).expect("get").mtime, 1_000_000_000);
+    assert!(t.meta.uc(g).expect("uc").is_none());
+}

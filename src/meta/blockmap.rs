@@ -97,6 +97,17 @@ pub trait BlockMap: Send + Sync {
     /// the orphan sweep asks it again before deleting anything).
     fn block_by_id(&self, block_id: u64) -> FsResult<Option<BlockRow>>;
     fn list_uc(&self) -> FsResult<Vec<UnderConstruction>>;
+    /// Ends file `ino`'s time under construction, where nothing else of
+    /// the file is left to record (a small file closed after its whole
+    /// fsync: block, length and time recorded by the fsync). Seen at once
+    /// by every reader of this store (`uc`, `list_uc`); the store may
+    /// commit it later, with another commit or [`Self::settle_closes`].
+    /// A crash before then leaves the entry to the next mount's recovery,
+    /// which closes the file at its recorded length: a close promises no
+    /// durability (docs/SEMANTICS.md "Durability").
+    fn close_lazily(&self, ino: u64) -> FsResult<()>;
+    /// Commits what [`Self::close_lazily`] left waiting.
+    fn settle_closes(&self) -> FsResult<()>;
     /// Whether [`Change::Journal`] is kept (one daemon's store, where a
     /// durable commit is one `fdatasync` of a local log). A store that
     /// does not refuses the change.

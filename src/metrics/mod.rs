@@ -171,6 +171,7 @@ pub struct Metrics {
     packets_merged: AtomicU64,
     pipeline_recoveries: AtomicU64,
     closes_on_caller: AtomicU64,
+    closes_without_commit: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -187,6 +188,7 @@ impl Default for Metrics {
             packets_merged: AtomicU64::new(0),
             pipeline_recoveries: AtomicU64::new(0),
             closes_on_caller: AtomicU64::new(0),
+            closes_without_commit: AtomicU64::new(0),
         }
     }
 }
@@ -240,6 +242,13 @@ impl Metrics {
         self.closes_on_caller.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A close had nothing to record but the end of the file's time
+    /// under construction, left for the store's next commit (see
+    /// `BlockMap::close_lazily`).
+    pub fn closed_without_commit(&self) {
+        self.closes_without_commit.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// A pipeline was rebuilt around a failed replica.
     pub fn pipeline_recovery(&self) {
         self.pipeline_recoveries.fetch_add(1, Ordering::Relaxed);
@@ -265,6 +274,7 @@ impl Metrics {
         s.packets_merged = get(&self.packets_merged);
         s.pipeline_recoveries = get(&self.pipeline_recoveries);
         s.closes_on_caller = get(&self.closes_on_caller);
+        s.closes_without_commit = get(&self.closes_without_commit);
     }
 }
 

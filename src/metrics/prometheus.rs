@@ -99,6 +99,11 @@ pub const CLOSES_ON_CALLER: Name = counter(
     "leasefs_closes_on_caller",
     "Closes with nothing to send or finalise, committed on the request's thread",
 );
+/// Closes left for the metadata store's next commit.
+pub const CLOSES_WITHOUT_COMMIT: Name = counter(
+    "leasefs_closes_without_commit",
+    "Closes with nothing to record but the end of the file's time under construction, left for the metadata store's next commit",
+);
 /// Polls of a FUSE ring's thread for a reply owed to it, by outcome.
 pub const RING_POLLS: Name = counter(
     "leasefs_fuse_ring_polls",
@@ -237,6 +242,7 @@ pub const NAMES: &[&Name] = &[
     &PACKETS_MERGED,
     &PIPELINE_RECOVERIES,
     &CLOSES_ON_CALLER,
+    &CLOSES_WITHOUT_COMMIT,
     &RING_POLLS,
     &RING_HELPER,
     &DN_STATE,
@@ -340,6 +346,7 @@ impl Collector for Scrape {
         one_counter(&mut enc, &PACKETS_MERGED, s.packets_merged)?;
         one_counter(&mut enc, &PIPELINE_RECOVERIES, s.pipeline_recoveries)?;
         one_counter(&mut enc, &CLOSES_ON_CALLER, s.closes_on_caller)?;
+        one_counter(&mut enc, &CLOSES_WITHOUT_COMMIT, s.closes_without_commit)?;
         {
             let mut m = metric(&mut enc, &RING_POLLS)?;
             for (outcome, n) in [

@@ -103,6 +103,10 @@ pub struct Snapshot {
     /// Closes with nothing to send or finalise (a small file after its
     /// whole fsync), committed on the request's thread.
     pub closes_on_caller: u64,
+    /// Closes with nothing to record but the end of the file's time under
+    /// construction (a small file closed after its whole fsync), left for
+    /// the metadata store's next commit instead of one of their own.
+    pub closes_without_commit: u64,
     /// FUSE ring threads that polled for a reply another thread owed
     /// them and got it without sleeping (a cross-CPU wake-up saved), and
     /// that polled in vain and slept (see `fuse_uring_poll`).

@@ -30,10 +30,14 @@ pub enum FileOutcome<'a> {
     /// which ends with it. The file is under construction from then on
     /// (until it is closed), as from an `Opened`. `journal`: the block's
     /// bytes, kept with the record until its replicas are synced (see
-    /// `journal`); its fsync then syncs only the record.
+    /// `journal`); its fsync then syncs only the record. `mtime`: the
+    /// file's modification time, recorded with a whole fsync (so that the
+    /// close behind it, with nothing written since, has nothing left to
+    /// record but the end of the file's time under construction).
     Finished {
         row: &'a BlockRow,
         size: u64,
+        mtime: Option<i64>,
         journal: Option<&'a [u8]>,
     },
     /// The file was closed: its last block finalised (if one was open),

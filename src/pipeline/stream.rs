@@ -342,7 +342,11 @@ impl OutputStream {
     /// its own thread ([`Self::close_here`]).
     fn sync_whole(&self, streamer: &mut DataStreamer, p: Packet) -> (FsResult<()>, bool) {
         let end = p.end();
-        let r = self.contained(|| streamer.sync_whole(&p));
+        // A utimensat racing with this fsync may see its time overwritten
+        // by this one until the close, which records the stream's time
+        // whenever it differs from the one recorded here.
+        let mtime = lock(&self.st).mtime();
+        let r = self.contained(|| streamer.sync_whole(&p, mtime));
         let mut s = lock(&self.st);
         let wake = match &r {
             Ok(()) => {

@@ -252,7 +252,8 @@ impl DataStreamer {
     /// as on a closed file. Where the metadata store keeps a block journal
     /// the record carries the block's bytes and the replicas are left to
     /// its checkpoint: the fsync is then one sync of the store's WAL.
-    pub fn sync_whole(&mut self, p: &Packet) -> FsResult<()> {
+    /// `mtime`: the file's modification time, recorded with the block.
+    pub fn sync_whole(&mut self, p: &Packet, mtime: Option<i64>) -> FsResult<()> {
         trip(p);
         let bs = self.file.block_size;
         let ctx = &self.file.ctx;
@@ -268,6 +269,7 @@ impl DataStreamer {
         let finished = FileOutcome::Finished {
             row: &row,
             size: p.end(),
+            mtime,
             journal: journaled.then_some(&p.data[..]),
         };
         if let Err(e) = self.file.log.record(finished, false) {
@@ -295,6 +297,7 @@ impl DataStreamer {
         let finished = FileOutcome::Finished {
             row: &done.row,
             size: done.end,
+            mtime: None,
             journal: None,
         };
         self.file.log.record(finished, false)?;

@@ -152,6 +152,15 @@ impl BlockMap for EtcdMeta {
         self.run(|s| s.get_json(&uc_key(ino)))
     }
 
+    /// Over etcd every daemon reads the entries: removed at once.
+    fn close_lazily(&self, ino: u64) -> FsResult<()> {
+        self.commit(&[Change::DelUc(ino)], false).map(drop)
+    }
+
+    fn settle_closes(&self) -> FsResult<()> {
+        Ok(())
+    }
+
     fn list_uc(&self) -> FsResult<Vec<UnderConstruction>> {
         self.run(|s| {
             Ok(s.scan_json::<UnderConstruction>(UCS)?

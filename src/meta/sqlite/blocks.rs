@@ -11,6 +11,11 @@ use crate::meta::blockmap::{BlockMap, Change};
 use crate::meta::types::{BlockRow, DnId, JournalRow, UnderConstruction};
 use crate::sync::{Ordering, lock};
 
+/// Lazy closes waiting for a commit at most (see
+/// [`BlockMap::close_lazily`]): a few KiB, and as many entries a crash
+/// leaves to the next mount's recovery at most.
+pub(super) const LAZY_CLOSES_MAX: usize = 256;
+
 pub(super) fn replicas_text(r: &[DnId]) -> String {
     r.iter()
         .map(|d| d.to_string())
@@ -222,7 +227,34 @@ impl BlockMap for MetaStore {
         let c = lock(&self.conn);
         let mut st = c.prepare(&format!("SELECT {UC_COLS} FROM under_construction"))?;
         let rows = st.query_map([], row_to_uc)?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        let mut all: Vec<UnderConstruction> = rows.collect::<Result<_, _>>()?;
+        all.retain(|u| !self.closed_lazily(u.ino));
+        Ok(all)
+    }
+
+    /// The removal waits for the next commit (a small file's close after
+    /// its whole fsync is then no transaction of its own; the next
+    /// create's carries it), or for [`Self::settle_closes`]. Bounded: past
+    /// `LAZY_CLOSES_MAX` waiting, they are committed at once.
+    fn close_lazily(&self, ino: u64) -> FsResult<()> {
+        let c = lock(&self.conn);
+        let mut lazy = lock(&self.lazy_closes);
+        lazy.push(ino);
+        let full = lazy.len() >= LAZY_CLOSES_MAX;
+        drop(lazy);
+        drop(c);
+        // The close is done either way: a failed commit keeps them waiting.
+        if full && let Err(e) = self.settle_closes() {
+            tracing::warn!("committing lazy closes: {e}");
+        }
+        Ok(())
+    }
+
+    fn settle_closes(&self) -> FsResult<()> {
+        if lock(&self.lazy_closes).is_empty() {
+            return Ok(());
+        }
+        self.with_tx(|_| Ok(()))
     }
 
     fn journals(&self) -> bool {
@@ -244,6 +276,9 @@ impl BlockMap for MetaStore {
 
     fn uc(&self, ino: u64) -> FsResult<Option<UnderConstruction>> {
         let c = lock(&self.conn);
+        if self.closed_lazily(ino) {
+            return Ok(None);
+        }
         Ok(c.prepare_cached(&format!(
             "SELECT {UC_COLS} FROM under_construction WHERE ino = ?1"
         ))?

@@ -74,6 +74,12 @@ pub struct MetaStore {
     sync_failed: Mutex<Option<FsError>>,
     /// Concurrent syncs of the WAL grouped into one.
     group: group::GroupSync,
+    /// Files closed with nothing to record but the end of their time
+    /// under construction ([`BlockMap::close_lazily`]): their entries go
+    /// with the next commit, whatever it is, instead of one of their own.
+    /// Changed only under `conn`, so that whoever holds the connection
+    /// sees the entries and this list agree.
+    lazy_closes: Mutex<Vec<u64>>,
     /// Unit tests: the errno every sync of the WAL fails with, how long
     /// each takes, and how many ran.
     #[cfg(test)]
@@ -224,6 +230,7 @@ impl MetaStore {
             pool: Mutex::new(IdPool::default()),
             sync_failed: Mutex::new(None),
             group: group::GroupSync::default(),
+            lazy_closes: Mutex::new(Vec::new()),
             #[cfg(test)]
             sync_fault: Mutex::new(None),
             #[cfg(test)]
@@ -246,11 +253,35 @@ impl MetaStore {
         self.syncs_run.load(Ordering::Acquire)
     }
 
+    /// Every write transaction: the closes recorded lazily go first, in
+    /// it (so a new writer's entry, made by a later commit, always follows
+    /// the old one's removal); a transaction that fails keeps them for
+    /// the next.
     fn with_tx<T>(&self, f: impl FnOnce(&Connection) -> FsResult<T>) -> FsResult<T> {
         let c = lock(&self.conn);
-        let v = in_tx(&c, f)?;
-        self.commits.fetch_add(1, Ordering::Release);
-        Ok(v)
+        let closed = std::mem::take(&mut *lock(&self.lazy_closes));
+        let r = in_tx(&c, |tx| {
+            for &ino in &closed {
+                blocks::del_uc(tx, ino)?;
+            }
+            f(tx)
+        });
+        match r {
+            Ok(v) => {
+                self.commits.fetch_add(1, Ordering::Release);
+                Ok(v)
+            }
+            Err(e) => {
+                lock(&self.lazy_closes).extend(closed);
+                Err(e)
+            }
+        }
+    }
+
+    /// Whether `ino`'s under-construction entry, though still in the
+    /// table, is gone (closed lazily). With `conn` held.
+    fn closed_lazily(&self, ino: u64) -> bool {
+        lock(&self.lazy_closes).contains(&ino)
     }
 
     /// Runs `f` in a transaction whose commit is durable when this returns,

@@ -236,3 +236,124 @@ fn cached_statements_are_never_prepared_again() {
     }
     assert!(seen >= 8, "only {seen} statements were kept prepared");
 }
+
+fn uc(ino: u64) -> UnderConstruction {
+    UnderConstruction {
+        ino,
+        holder: "writer".into(),
+        pid: 1,
+        comm: "test".into(),
+        epoch: 1,
+        mount_id: "m".into(),
+        since_ms: 0,
+    }
+}
+
+/// The under-construction entries the table holds, read as another
+/// process (the `sqlite3` shell, a daemon after a crash) would.
+fn entries_on_disk(p: &Path) -> Vec<u64> {
+    let c = Connection::open(p).unwrap();
+    let mut st = c
+        .prepare("SELECT ino FROM under_construction ORDER BY ino")
+        .unwrap();
+    st.query_map([], |r| r.get::<_, i64>(0).map(|i| i as u64))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap()
+}
+
+/// A close left for the next commit (a small file closed after its whole
+/// fsync) is seen at once by every reader of the store, and committed by
+/// the next commit, whatever it is; until then another reader of the
+/// database, as the next mount after a crash, still finds the entry,
+/// which its recovery closes.
+#[test]
+fn a_lazy_close_is_seen_at_once_and_committed_with_the_next_commit() {
+    use crate::meta::{BlockMap, Change};
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("m.db");
+    let m = MetaStore::open(&p, 0, 0).unwrap();
+    let f = m.create(ROOT_INO, b"f", node(Kind::File)).unwrap();
+    let g = m.create(ROOT_INO, b"g", node(Kind::File)).unwrap();
+    m.commit(&[Change::PutUc(uc(f.ino)), Change::PutUc(uc(g.ino))], false)
+        .unwrap();
+
+    m.close_lazily(f.ino).unwrap();
+    assert!(m.uc(f.ino).unwrap().is_none(), "the close is not seen");
+    let listed: Vec<u64> = m.list_uc().unwrap().iter().map(|u| u.ino).collect();
+    assert_eq!(listed, [g.ino]);
+    assert_eq!(entries_on_disk(&p), [f.ino, g.ino], "committed on its own");
+
+    // Any commit carries it: here a namespace change.
+    m.create(ROOT_INO, b"h", node(Kind::File)).unwrap();
+    assert_eq!(entries_on_disk(&p), [g.ino]);
+    assert!(lock(&m.lazy_closes).is_empty());
+}
+
+/// The file written again after a lazy close: its new entry is made by a
+/// later commit, after the old one's removal, and stays.
+#[test]
+fn an_entry_made_after_a_lazy_close_stays() {
+    use crate::meta::{BlockMap, Change};
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("m.db");
+    let m = MetaStore::open(&p, 0, 0).unwrap();
+    let f = m.create(ROOT_INO, b"f", node(Kind::File)).unwrap();
+    m.commit(&[Change::PutUc(uc(f.ino))], false).unwrap();
+    m.close_lazily(f.ino).unwrap();
+    let mut again = uc(f.ino);
+    again.epoch = 2;
+    m.commit(&[Change::PutUc(again.clone())], false).unwrap();
+    assert_eq!(m.uc(f.ino).unwrap(), Some(again));
+    assert_eq!(entries_on_disk(&p), [f.ino]);
+}
+
+/// A commit that fails (rolled back) keeps the lazy closes for the next
+/// one: a close is never lost to somebody else's error. They are also
+/// committed on their own when asked (the lease monitor's tick, an
+/// unmount), and at once once `LAZY_CLOSES_MAX` wait.
+#[test]
+fn lazy_closes_outlive_a_failed_commit_and_are_bounded() {
+    use crate::meta::{BlockMap, Change};
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("m.db");
+    let m = MetaStore::open(&p, 0, 0).unwrap();
+    let f = m.create(ROOT_INO, b"f", node(Kind::File)).unwrap();
+    m.commit(&[Change::PutUc(uc(f.ino))], false).unwrap();
+    m.close_lazily(f.ino).unwrap();
+    let stale = BlockRow {
+        ino: f.ino,
+        idx: 0,
+        block_id: 9,
+        gs: 1,
+        len: 1,
+        finalized: true,
+        replicas: Vec::new(),
+    };
+    let r = m.commit(
+        &[Change::PutBlockIf {
+            expect: stale.clone(),
+            row: stale,
+        }],
+        false,
+    );
+    assert!(matches!(r, Err(FsError::Moved(_))), "{r:?}");
+    assert!(m.uc(f.ino).unwrap().is_none());
+    assert_eq!(entries_on_disk(&p), [f.ino], "rolled back with the commit");
+    m.settle_closes().unwrap();
+    assert!(entries_on_disk(&p).is_empty());
+
+    let mut inos = Vec::new();
+    for i in 0..blocks::LAZY_CLOSES_MAX {
+        let n = m.create(ROOT_INO, format!("g{i}").as_bytes(), node(Kind::File));
+        inos.push(n.unwrap().ino);
+    }
+    let all: Vec<Change> = inos.iter().map(|&i| Change::PutUc(uc(i))).collect();
+    m.commit(&all, false).unwrap();
+    for &i in &inos[..blocks::LAZY_CLOSES_MAX - 1] {
+        m.close_lazily(i).unwrap();
+    }
+    assert_eq!(entries_on_disk(&p).len(), blocks::LAZY_CLOSES_MAX);
+    m.close_lazily(inos[blocks::LAZY_CLOSES_MAX - 1]).unwrap();
+    assert!(entries_on_disk(&p).is_empty(), "not committed at the bound");
+}

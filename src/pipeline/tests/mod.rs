@@ -140,13 +140,18 @@ impl FileLog for TestLog {
                     durable,
                 }
             }
-            FileOutcome::Finished { row, size, journal } => {
+            FileOutcome::Finished {
+                row,
+                size,
+                mtime,
+                journal,
+            } => {
                 put_uc(&mut building, &mut ch);
                 ch.push(Change::PutBlock(row.clone()));
                 ch.push(Change::SetSize {
                     ino,
                     size,
-                    touch: None,
+                    touch: mtime,
                 });
                 ch.extend(
                     journal.map(|data| Change::Journal(crate::meta::JournalRow::of(row, data))),
