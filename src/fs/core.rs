@@ -513,7 +513,10 @@ impl Core {
         } = opener;
         let found = match created {
             Some(i) => Ok((i, false)),
-            None => self.meta().get_with_xattr(ino, privs::CAPABILITY),
+            None => self
+                .meta()
+                .get_with_xattr(ino, privs::CAPABILITY)
+                .map(|(i, caps)| (i, caps.is_some())),
         };
         let (inode, has_caps) = match found {
             Ok((i, caps)) if i.kind == Kind::File => (i, caps),

@@ -80,8 +80,8 @@ impl Core {
         } = node;
         self.may_change(caller)?;
         check_name(name)?;
-        let dir = self.meta().get(parent)?;
-        let (mode, xattrs) = self.new_node_acls(parent, kind, mode & 0o7777, umask)?;
+        let (dir, default) = self.meta().get_with_xattr(parent, super::acl::DEFAULT)?;
+        let (mode, xattrs) = self.new_node_acls(default.as_deref(), kind, mode & 0o7777, umask)?;
         let mut mode = mode & 0o7777;
         let gid = if dir.mode & libc::S_ISGID != 0 {
             if kind == Kind::Dir {

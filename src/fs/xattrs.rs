@@ -293,7 +293,7 @@ impl Core {
     /// without one the umask applies. Symlinks take neither.
     pub(super) fn new_node_acls(
         &self,
-        dir: u64,
+        dir_default: Option<&[u8]>,
         kind: Kind,
         mode: u32,
         umask: u32,
@@ -301,11 +301,7 @@ impl Core {
         if kind == Kind::Symlink {
             return Ok((mode, Vec::new()));
         }
-        let default = match self.meta().getxattr(dir, acl::DEFAULT) {
-            Ok(v) => Acl::parse(&v).ok().flatten(),
-            Err(FsError::NoXattr) => None,
-            Err(e) => return Err(e),
-        };
+        let default = dir_default.and_then(|v| Acl::parse(v).ok().flatten());
         let Some(default) = default else {
             return Ok((mode & !(umask & 0o777), Vec::new()));
         };

@@ -55,10 +55,11 @@ pub trait Namespace: Send + Sync {
 
     // ---- xattrs --------------------------------------------------------
     fn getxattr(&self, ino: u64, name: &[u8]) -> FsResult<Vec<u8>>;
-    /// The inode and whether it has the attribute `name`, in one read:
-    /// a write open needs both, and each read of the store is a
-    /// transaction that showed in the open's latency.
-    fn get_with_xattr(&self, ino: u64, name: &[u8]) -> FsResult<(Inode, bool)>;
+    /// The inode and its attribute `name`, if it has one, in one read: a
+    /// write open needs both (whether the file has capabilities), so
+    /// does a create (the directory and its default ACL), and each read
+    /// of the store is a transaction that showed in their latency.
+    fn get_with_xattr(&self, ino: u64, name: &[u8]) -> FsResult<(Inode, Option<Vec<u8>>)>;
     fn listxattr(&self, ino: u64) -> FsResult<Vec<Vec<u8>>>;
     /// One read-modify-write of an inode's attributes: reads the inode and
     /// the values of `names`, lets `decide` say what changes, and commits

@@ -286,10 +286,10 @@ impl Namespace for EtcdMeta {
             .ok_or(FsError::NoXattr)
     }
 
-    fn get_with_xattr(&self, ino: u64, name: &[u8]) -> FsResult<(Inode, bool)> {
+    fn get_with_xattr(&self, ino: u64, name: &[u8]) -> FsResult<(Inode, Option<Vec<u8>>)> {
         self.run(|s| {
             let i = s.inode_rec(ino)?.inode;
-            Ok((i, s.get(&xattr_key(ino, name))?.is_some()))
+            Ok((i, s.get(&xattr_key(ino, name))?))
         })
     }
 

@@ -153,16 +153,16 @@ impl Namespace for MetaStore {
         xattr(&lock(&self.conn), ino, name)?.ok_or(FsError::NoXattr)
     }
 
-    fn get_with_xattr(&self, ino: u64, name: &[u8]) -> FsResult<(Inode, bool)> {
+    fn get_with_xattr(&self, ino: u64, name: &[u8]) -> FsResult<(Inode, Option<Vec<u8>>)> {
         lock(&self.conn)
             .prepare_cached(concat!(
                 "SELECT ",
                 inode_cols!(),
-                ", EXISTS(SELECT 1 FROM xattrs WHERE ino = ?1 AND name = ?2)",
+                ", (SELECT value FROM xattrs WHERE ino = ?1 AND name = ?2)",
                 " FROM inodes WHERE ino = ?1"
             ))?
             .query_row(params![ino as i64, name], |r| {
-                Ok((row_to_inode(r)?, r.get::<_, i64>(14)? != 0))
+                Ok((row_to_inode(r)?, r.get::<_, Option<Vec<u8>>>(14)?))
             })
             .optional()?
             .ok_or(FsError::NotFound)
