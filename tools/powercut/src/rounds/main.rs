@@ -162,13 +162,14 @@ struct Run {
     /// closed) and that it rewrote, and
     /// journaled replicas held in memory until needed on disk, and the
     /// replicas a mount had housekeeping check for what a cut tore, and
-    /// those synced at a close behind a move of the flush marks.
+    /// those synced at a close behind a move of the flush marks, and the
+    /// closes after a whole fsync left for the store's next commit.
     fast: [u64; FAST.len()],
     /// Rounds whose cut kept a random subset of the pending sectors.
     subset_cuts: usize,
 }
 
-const FAST: [&str; 13] = [
+const FAST: [&str; 14] = [
     "ranged syncs",
     "full syncs",
     "zero fills",
@@ -182,6 +183,7 @@ const FAST: [&str; 13] = [
     "journaled replicas held in memory until needed on disk",
     "replicas written since the flush mark, checked after a mount",
     "replicas of blocks open across a move of the flush marks, synced at close",
+    "closes after a whole fsync left for the next commit",
 ];
 
 fn run(

@@ -245,21 +245,23 @@ impl Rig {
     /// replicas the block journal made durable and rewrote at mount, then
     /// journaled replicas held in memory until needed on disk, then
     /// replicas a mount checked past the flush marks and replicas synced
-    /// at a close behind them.
-    pub fn fast_paths(&self) -> [u64; 13] {
+    /// at a close behind them, then closes left for the store's next
+    /// commit.
+    pub fn fast_paths(&self) -> [u64; 14] {
         let Ok(out) = Command::new(&self.leasefs)
             .args(["stats", "--once", "--json"])
             .arg(&self.mnt)
             .output()
         else {
-            return [0; 13];
+            return [0; 14];
         };
         let Ok(v) = serde_json::from_slice::<serde_json::Value>(&out.stdout) else {
-            return [0; 13];
+            return [0; 14];
         };
-        let mut sum = [0u64; 13];
+        let mut sum = [0u64; 14];
         sum[5] = v["closes_on_caller"].as_u64().unwrap_or(0);
         sum[6] = v["ring_polls_answered"].as_u64().unwrap_or(0);
+        sum[13] = v["closes_without_commit"].as_u64().unwrap_or(0);
         for dn in v["datanodes"].as_array().into_iter().flatten() {
             sum[7] += dn["reads_direct"].as_u64().unwrap_or(0);
             sum[8] += dn["journaled"].as_u64().unwrap_or(0);
