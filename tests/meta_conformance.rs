@@ -520,11 +520,21 @@ fn xattrs(m: &dyn Meta) {
     assert!(m.listxattr(g.ino).unwrap().is_empty());
     m.setxattr(g.ino, b"user.b", b"g", false, false).unwrap();
     assert_eq!(m.getxattr(f.ino, b"user.b").unwrap(), b"3");
-    // The inode with one attribute's presence, as a write open reads it.
-    let (i, has) = m.get_with_xattr(f.ino, b"user.b").unwrap();
-    assert_eq!((i, has), (m.get(f.ino).unwrap(), true));
-    assert!(!m.get_with_xattr(f.ino, b"user.a").unwrap().1);
-    assert!(!m.get_with_xattr(g.ino, b"trusted.\xff\x00").unwrap().1);
+    // The inode with one attribute, as a write open (capabilities) and a
+    // create (the directory's default ACL) read them.
+    let (i, value) = m.get_with_xattr(f.ino, b"user.b").unwrap();
+    assert_eq!((i, value), (m.get(f.ino).unwrap(), Some(b"3".to_vec())));
+    assert_eq!(
+        m.get_with_xattr(g.ino, b"user.b").unwrap().1,
+        Some(b"g".to_vec())
+    );
+    assert!(m.get_with_xattr(f.ino, b"user.a").unwrap().1.is_none());
+    assert!(
+        m.get_with_xattr(g.ino, b"trusted.\xff\x00")
+            .unwrap()
+            .1
+            .is_none()
+    );
     assert_err!(m.get_with_xattr(g.ino + 1000, b"user.b"), FsError::NotFound);
 }
 

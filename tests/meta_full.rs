@@ -97,7 +97,7 @@ fn a_full_metadata_filesystem_gives_enospc_and_close_reports_it() {
     // construction (its fsync recorded block, length and time), which
     // waits for the store's next commit: nothing of h can be lost, so
     // its close succeeds on a full store, on the request's thread
-    // (docs/SEMANTICS.md "Durability", a close after a whole fsync).
+    // (docs/SEMANTICS.md "Replication and faults", a file that fits in one packet).
     let before = m.stats_counter("closes_on_caller");
     let lazy = m.stats_counter("closes_without_commit");
     quiet.ok("close");

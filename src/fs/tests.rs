@@ -270,7 +270,7 @@ fn closes_without_commit(t: &TestFs) -> u64 {
 /// managers, git): the fsync records its block, length and time, so the
 /// close has only the end of the file's time under construction to
 /// record, which waits for the store's next commit (docs/SEMANTICS.md
-/// "Durability"). The file reads as closed at once. A close with anything
+/// "Replication and faults"). The file reads as closed at once. A close with anything
 /// to record since the fsync (a write, a new time) commits as before.
 #[test]
 fn a_close_after_a_whole_fsync_records_nothing_of_its_own() {
