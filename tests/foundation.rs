@@ -741,6 +741,64 @@ fn small_files_closed_just_before_kill_9_come_back_whole() {
 }
 
 #[test]
+fn small_files_fsynced_and_closed_just_before_kill_9_are_closed_at_the_next_mount() {
+    // Each file written, fsynced whole and closed (`dd conv=fsync`): the
+    // fsync records block, length and time, and the close makes no
+    // commit of its own; the next create's commit carries it, and no
+    // other commit, lease-monitor tick or checkpoint comes after the last
+    // one before the kill (docs/SEMANTICS.md "Replication and faults", a
+    // file that fits in one packet). The daemon reads every file as
+    // closed at once (`fsck` lists none open); after the kill the store
+    // still has the last file under construction, and the mount's
+    // recovery closes it at the length and time its fsync recorded. Over
+    // etcd such a close commits at once, under its claim.
+    let lazy = !etcd_backend();
+    let mut m =
+        Mount::with_o("monitor_interval=600,journal_checkpoint=600,housekeeping_interval=3600");
+    m.sh_ok(
+        "for i in $(seq 1 20); do seq $i $((i * 30)) | dd of=f$i bs=1M iflag=fullblock conv=fsync status=none; done",
+    );
+    if lazy {
+        assert_eq!(m.stats_counter("closes_without_commit"), 20);
+    }
+    let open = m.fsck(&[]);
+    assert_eq!(open.code, 0, "fsck: {}", open.stdout);
+    assert!(
+        !open.stdout.contains("OPENFORWRITE") && !open.stdout.contains("LEFT OPEN"),
+        "closed files listed open: {}",
+        open.stdout
+    );
+    let stat = "stat -c '%n %s %.9Y' f*";
+    let before = m.sh_ok(stat);
+    m.crash();
+    m.mount();
+    if lazy {
+        assert!(
+            m.log()
+                .contains("recovering file left open by a previous daemon"),
+            "the last close was committed before the kill:\n{}",
+            m.log()
+        );
+    }
+    assert_eq!(
+        m.sh_ok(stat),
+        before,
+        "lengths or times changed across kill -9"
+    );
+    for i in 1..=20 {
+        let want: String = (i..=i * 30).map(|n| format!("{n}\n")).collect();
+        assert!(
+            m.read(&format!("f{i}")) == want.as_bytes(),
+            "f{i} changed across kill -9"
+        );
+        assert_eq!(m.lease_state(&format!("f{i}")), "free");
+    }
+    let after = m.fsck(&[]);
+    assert_eq!(after.code, 0, "fsck after the mount: {}", after.stdout);
+    assert!(!after.stdout.contains("OPEN"), "{}", after.stdout);
+}
+
+#[test]
 fn a_file_open_for_writing_at_kill_9_keeps_its_fsynced_prefix_and_its_lease_is_free() {
     let mut m = Mount::with_o("block_size=128K,packet_size=16K");
     let src = pattern(400_000, 7);
