@@ -81,10 +81,9 @@ impl FileRecord {
         else {
             return false;
         };
-        !durable
-            && self.claimed.is_none()
-            && self.under_construction.load(Ordering::Acquire)
-            && *lock(&self.settled) == Some((size, mtime))
+        // `settled` is only set by a whole fsync's commit, which recorded
+        // the file under construction: nothing else to check.
+        !durable && self.claimed.is_none() && *lock(&self.settled) == Some((size, mtime))
     }
 }
 

@@ -28,6 +28,8 @@ const REPLY_DEADLINE: Duration = Duration::from_secs(30);
 pub struct TestFs {
     pub dir: tempfile::TempDir,
     pub meta: Arc<dyn Meta>,
+    /// The same store, for its fault injection (a failing WAL sync).
+    pub store: Arc<MetaStore>,
     pub clock: Arc<FakeClock>,
     pub core: Arc<Core>,
     pub opts: MountOptions,
@@ -89,8 +91,8 @@ impl TestFs {
 
     fn build(opts: MountOptions, datanodes: usize, cluster: Option<Arc<FakeCluster>>) -> TestFs {
         let dir = tempfile::tempdir().expect("tempdir");
-        let meta: Arc<dyn Meta> =
-            Arc::new(MetaStore::open(&dir.path().join("meta.db"), 0, 0).expect("store"));
+        let store = Arc::new(MetaStore::open(&dir.path().join("meta.db"), 0, 0).expect("store"));
+        let meta: Arc<dyn Meta> = store.clone();
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_time()
@@ -101,6 +103,7 @@ impl TestFs {
         TestFs {
             dir,
             meta,
+            store,
             clock,
             core,
             opts,

@@ -323,3 +323,42 @@ fn a_close_after_a_whole_fsync_records_nothing_of_its_own() {
     assert_eq!(t.meta.get(g).expect("get").mtime, 1_000_000_000);
     assert!(t.meta.uc(g).expect("uc").is_none());
 }
+
+/// A small file's fsync whose metadata sync fails (EIO of the WAL, which
+/// the block journal makes the block's durability): the fsync fails, the
+/// stream with it, and the close that follows reports the failure; it is
+/// never a close left for the next commit.
+#[test]
+fn a_close_after_a_failed_whole_fsync_is_never_left_for_later() {
+    let t = TestFs::new(opts(), 3);
+    let ino = t.create("f");
+    let a = t.open(ino, libc::O_WRONLY, me()).expect("open");
+    t.fsync(a).expect("fsync of the entry");
+    t.write(a, 0, &[3u8; 4096]).expect("write");
+    t.store.fail_syncs(Some(libc::EIO));
+    assert_eq!(errno(t.fsync(a)), libc::EIO);
+    assert_eq!(errno(t.close(a)), libc::EIO, "the close hid the failure");
+    assert_eq!(closes_without_commit(&t), 0);
+    // What the failed fsync would have made durable is not kept: a
+    // reader sees nothing the store could not vouch for.
+    assert_eq!(t.size(ino), 0);
+    assert!(t.meta.blocks(ino).expect("blocks").is_empty());
+}
+
+/// Over a shared namespace a close commits under the writer's claim,
+/// even after a whole fsync: no other daemon could see a removal left in
+/// this one's memory, and a daemon whose claim was taken behind its back
+/// must learn it from that commit.
+#[test]
+fn over_a_shared_namespace_a_close_after_a_whole_fsync_commits() {
+    use super::fake_cluster::FakeCluster;
+    let cluster = std::sync::Arc::new(FakeCluster::default());
+    let t = TestFs::clustered(opts(), 2, cluster);
+    let ino = t.create("f");
+    let a = t.open(ino, libc::O_WRONLY, me()).expect("open");
+    t.write(a, 0, &[4u8; 4096]).expect("write");
+    t.fsync(a).expect("fsync");
+    t.close(a).expect("close");
+    assert_eq!(closes_without_commit(&t), 0, "left for later over etcd");
+    assert!(t.meta.uc(ino).expect("uc").is_none());
+}

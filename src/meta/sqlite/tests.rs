@@ -262,6 +262,26 @@ fn entries_on_disk(p: &Path) -> Vec<u64> {
         .unwrap()
 }
 
+/// A fresh store at `m.db` in a temporary directory, with one file per
+/// name, each under construction.
+fn store_with_open_files(names: &[&str]) -> (tempfile::TempDir, PathBuf, MetaStore, Vec<u64>) {
+    use crate::meta::{BlockMap, Change};
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("m.db");
+    let m = MetaStore::open(&p, 0, 0).unwrap();
+    let inos: Vec<u64> = names
+        .iter()
+        .map(|n| {
+            m.create(ROOT_INO, n.as_bytes(), node(Kind::File))
+                .unwrap()
+                .ino
+        })
+        .collect();
+    let entries: Vec<Change> = inos.iter().map(|&i| Change::PutUc(uc(i))).collect();
+    m.commit(&entries, false).unwrap();
+    (d, p, m, inos)
+}
+
 /// A close left for the next commit (a small file closed after its whole
 /// fsync) is seen at once by every reader of the store, and committed by
 /// the next commit, whatever it is; until then another reader of the
@@ -269,24 +289,19 @@ fn entries_on_disk(p: &Path) -> Vec<u64> {
 /// which its recovery closes.
 #[test]
 fn a_lazy_close_is_seen_at_once_and_committed_with_the_next_commit() {
-    use crate::meta::{BlockMap, Change};
-    let d = tempfile::tempdir().unwrap();
-    let p = d.path().join("m.db");
-    let m = MetaStore::open(&p, 0, 0).unwrap();
-    let f = m.create(ROOT_INO, b"f", node(Kind::File)).unwrap();
-    let g = m.create(ROOT_INO, b"g", node(Kind::File)).unwrap();
-    m.commit(&[Change::PutUc(uc(f.ino)), Change::PutUc(uc(g.ino))], false)
-        .unwrap();
+    use crate::meta::BlockMap;
+    let (_d, p, m, inos) = store_with_open_files(&["f", "g"]);
+    let [f, g] = inos[..] else { unreachable!() };
 
-    m.close_lazily(f.ino).unwrap();
-    assert!(m.uc(f.ino).unwrap().is_none(), "the close is not seen");
+    m.close_lazily(f).unwrap();
+    assert!(m.uc(f).unwrap().is_none(), "the close is not seen");
     let listed: Vec<u64> = m.list_uc().unwrap().iter().map(|u| u.ino).collect();
-    assert_eq!(listed, [g.ino]);
-    assert_eq!(entries_on_disk(&p), [f.ino, g.ino], "committed on its own");
+    assert_eq!(listed, [g]);
+    assert_eq!(entries_on_disk(&p), [f, g], "committed on its own");
 
     // Any commit carries it: here a namespace change.
     m.create(ROOT_INO, b"h", node(Kind::File)).unwrap();
-    assert_eq!(entries_on_disk(&p), [g.ino]);
+    assert_eq!(entries_on_disk(&p), [g]);
     assert!(lock(&m.lazy_closes).is_empty());
 }
 
@@ -295,17 +310,14 @@ fn a_lazy_close_is_seen_at_once_and_committed_with_the_next_commit() {
 #[test]
 fn an_entry_made_after_a_lazy_close_stays() {
     use crate::meta::{BlockMap, Change};
-    let d = tempfile::tempdir().unwrap();
-    let p = d.path().join("m.db");
-    let m = MetaStore::open(&p, 0, 0).unwrap();
-    let f = m.create(ROOT_INO, b"f", node(Kind::File)).unwrap();
-    m.commit(&[Change::PutUc(uc(f.ino))], false).unwrap();
-    m.close_lazily(f.ino).unwrap();
-    let mut again = uc(f.ino);
+    let (_d, p, m, inos) = store_with_open_files(&["f"]);
+    let f = inos[0];
+    m.close_lazily(f).unwrap();
+    let mut again = uc(f);
     again.epoch = 2;
     m.commit(&[Change::PutUc(again.clone())], false).unwrap();
-    assert_eq!(m.uc(f.ino).unwrap(), Some(again));
-    assert_eq!(entries_on_disk(&p), [f.ino]);
+    assert_eq!(m.uc(f).unwrap(), Some(again));
+    assert_eq!(entries_on_disk(&p), [f]);
 }
 
 /// A commit that fails (rolled back) keeps the lazy closes for the next
@@ -315,14 +327,11 @@ fn an_entry_made_after_a_lazy_close_stays() {
 #[test]
 fn lazy_closes_outlive_a_failed_commit_and_are_bounded() {
     use crate::meta::{BlockMap, Change};
-    let d = tempfile::tempdir().unwrap();
-    let p = d.path().join("m.db");
-    let m = MetaStore::open(&p, 0, 0).unwrap();
-    let f = m.create(ROOT_INO, b"f", node(Kind::File)).unwrap();
-    m.commit(&[Change::PutUc(uc(f.ino))], false).unwrap();
-    m.close_lazily(f.ino).unwrap();
+    let (_d, p, m, inos) = store_with_open_files(&["f"]);
+    let f = inos[0];
+    m.close_lazily(f).unwrap();
     let stale = BlockRow {
-        ino: f.ino,
+        ino: f,
         idx: 0,
         block_id: 9,
         gs: 1,
@@ -338,22 +347,21 @@ fn lazy_closes_outlive_a_failed_commit_and_are_bounded() {
         false,
     );
     assert!(matches!(r, Err(FsError::Moved(_))), "{r:?}");
-    assert!(m.uc(f.ino).unwrap().is_none());
-    assert_eq!(entries_on_disk(&p), [f.ino], "rolled back with the commit");
+    assert!(m.uc(f).unwrap().is_none());
+    assert_eq!(entries_on_disk(&p), [f], "rolled back with the commit");
     m.settle_closes().unwrap();
     assert!(entries_on_disk(&p).is_empty());
 
-    let mut inos = Vec::new();
-    for i in 0..blocks::LAZY_CLOSES_MAX {
-        let n = m.create(ROOT_INO, format!("g{i}").as_bytes(), node(Kind::File));
-        inos.push(n.unwrap().ino);
-    }
-    let all: Vec<Change> = inos.iter().map(|&i| Change::PutUc(uc(i))).collect();
-    m.commit(&all, false).unwrap();
-    for &i in &inos[..blocks::LAZY_CLOSES_MAX - 1] {
+    let names: Vec<String> = (0..blocks::LAZY_CLOSES_MAX)
+        .map(|i| format!("g{i}"))
+        .collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let (_d, p, m, inos) = store_with_open_files(&names);
+    let (last, rest) = inos.split_last().unwrap();
+    for &i in rest {
         m.close_lazily(i).unwrap();
     }
     assert_eq!(entries_on_disk(&p).len(), blocks::LAZY_CLOSES_MAX);
-    m.close_lazily(inos[blocks::LAZY_CLOSES_MAX - 1]).unwrap();
+    m.close_lazily(*last).unwrap();
     assert!(entries_on_disk(&p).is_empty(), "not committed at the bound");
 }
