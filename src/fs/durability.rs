@@ -48,4 +48,13 @@ impl Core {
             }
         }
     }
+
+    /// fsync of a directory: the metadata store's log made durable, on the
+    /// blocking pool.
+    pub fn fsync_dir(self: &Arc<Self>, reply: Reply<()>) {
+        let me = self.clone();
+        self.ctx
+            .rt
+            .spawn_blocking(move || reply(me.meta().sync_if_needed()));
+    }
 }

@@ -19,16 +19,20 @@ mod handles;
 mod leasing;
 mod maintenance;
 pub mod namespace;
+mod opening;
 mod privs;
 pub mod proc_info;
+mod reads;
 pub mod request;
 mod stats;
 #[cfg(test)]
 pub(crate) mod testing;
 #[cfg(test)]
 mod tests;
+mod truncate;
 mod unflushed;
 mod waits;
+mod writes;
 pub mod xattrs;
 
 pub use self::core::Core;
