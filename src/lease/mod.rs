@@ -6,6 +6,7 @@ mod deferred;
 mod index;
 pub mod manager;
 mod record;
+mod table;
 pub mod types;
 
 #[cfg(test)]
