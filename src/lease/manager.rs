@@ -469,6 +469,6 @@ impl LeaseManager {
     }
 }
 
-pub(super) fn nanos(d: Duration) -> u64 {
+fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
