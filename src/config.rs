@@ -26,6 +26,11 @@ pub struct MountOptions {
     /// (`replica_sync=file`, for datanodes on filesystems shared with
     /// heavy unrelated writers, whose dirty data `syncfs` would also wait for).
     pub sync_by_fs: bool,
+    /// `sync_cpus=auto` (the default): a small file's one-step fsync is
+    /// made, for that call, from the CPUs that take the metadata store's disk's
+    /// completion interrupts, when those are fewer than the CPUs the
+    /// daemon may use (see `sync_cpus`); `off`: syncs run where they are.
+    pub sync_cpus: bool,
     /// `journal_checkpoint=SECONDS`: the longest a small file made durable
     /// by the block journal waits for its replicas' sync (its bytes are
     /// in the metadata store meanwhile); 0 turns the journal off, so each
@@ -94,6 +99,7 @@ impl Default for MountOptions {
             log_size: 16 << 20,
             housekeeping_interval: Duration::from_secs(30),
             sync_by_fs: true,
+            sync_cpus: true,
             journal_checkpoint: crate::pipeline::journal::CHECKPOINT_AFTER,
             reads_direct: true,
             metrics: None,
@@ -110,7 +116,7 @@ impl Default for MountOptions {
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum OptionError {
     #[error(
-        "unknown mount option '{0}' (known: soft_limit, hard_limit, monitor_interval, lease_wait, block_size, packet_size, max_packets_in_flight, write_buffer, log_size, housekeeping_interval, replica_sync, journal_checkpoint, replica_reads, fuse_uring, fuse_uring_poll, metrics, s3_endpoint, s3_region, s3_credentials, s3_retry_timeout, s3_capacity, local_copy, host_id)"
+        "unknown mount option '{0}' (known: soft_limit, hard_limit, monitor_interval, lease_wait, block_size, packet_size, max_packets_in_flight, write_buffer, log_size, housekeeping_interval, replica_sync, sync_cpus, journal_checkpoint, replica_reads, fuse_uring, fuse_uring_poll, metrics, s3_endpoint, s3_region, s3_credentials, s3_retry_timeout, s3_capacity, local_copy, host_id)"
     )]
     Unknown(String),
     #[error("mount option '{key}' has a bad value '{value}': {why}")]
@@ -205,6 +211,13 @@ impl MountOptions {
                         "fs" => true,
                         "file" => false,
                         _ => return Err(bad("expected fs or file".into())),
+                    }
+                }
+                "sync_cpus" => {
+                    self.sync_cpus = match value {
+                        "auto" => true,
+                        "off" => false,
+                        _ => return Err(bad("expected auto or off".into())),
                     }
                 }
                 "journal_checkpoint" => self.journal_checkpoint = parse_secs(value).map_err(bad)?,
@@ -373,6 +386,12 @@ mod tests {
         assert!(o.journal_checkpoint.is_zero());
         assert!(o.apply("journal_checkpoint=soon").is_err());
         assert!(o.apply("replica_sync=disk").is_err());
+        assert!(o.sync_cpus);
+        o.apply("sync_cpus=off").unwrap();
+        assert!(!o.sync_cpus);
+        o.apply("sync_cpus=auto").unwrap();
+        assert!(o.sync_cpus);
+        assert!(o.apply("sync_cpus=1").is_err());
         assert!(o.sync_by_fs);
         o.apply("replica_sync=file").unwrap();
         assert!(o.reads_direct);

@@ -33,3 +33,4 @@ pub mod proc_tree;
 pub mod spout;
 pub mod storage;
 pub mod sync;
+pub mod sync_cpus;

@@ -779,3 +779,33 @@ fn a_small_request_that_reaches_the_helpers_entry_is_forwarded_and_answered() {
         "no request that reached the helper's entry was forwarded"
     );
 }
+
+/// Durable small files make their syncs from the CPUs that take the
+/// metadata store's disk's completion interrupts, where the disk routes
+/// them to fewer CPUs than the daemon may use (the one-queue virtio disk of
+/// these machines: `syncs_on_completion_cpus` counts each), and from
+/// wherever they are with `sync_cpus=off` or on any other disk; either way
+/// every file reads back whole.
+#[test]
+fn syncs_move_to_the_cpus_of_the_disks_completions_and_stay_put_when_off() {
+    let body = vec![b'q'; 4096];
+    for (o, on) in [("sync_cpus=auto", true), ("sync_cpus=off", false)] {
+        let m = Mount::with_o(o);
+        let routed = leasefs::sync_cpus::routing_of(&m.data);
+        eprintln!("{o}: the data directory's disk completes on {routed:?}");
+        for i in 0..20 {
+            let mut f = std::fs::File::create(m.mnt.join(format!("d{i}"))).unwrap();
+            f.write_all(&body).unwrap();
+            f.sync_all().unwrap();
+        }
+        let moved = m.stats_counter("syncs_on_completion_cpus");
+        if on && routed.is_some() {
+            assert!(moved >= 20, "{o}: {moved} syncs moved for 20 fsyncs");
+        } else {
+            assert_eq!(moved, 0, "{o}: syncs moved");
+        }
+        for i in 0..20 {
+            assert_eq!(std::fs::read(m.mnt.join(format!("d{i}"))).unwrap(), body);
+        }
+    }
+}

@@ -390,6 +390,7 @@ impl Daemon {
         cfg.io_uring = spec.opts.fuse_uring;
         cfg.io_uring_poll = spec.opts.fuse_uring_poll;
         crate::storage::direct::set_enabled(spec.opts.reads_direct);
+        crate::sync_cpus::configure(spec.opts.sync_cpus, &spec.data);
         cfg.acl = if nix::unistd::geteuid().is_root() {
             fuser::SessionACL::All
         } else {

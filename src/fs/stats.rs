@@ -21,6 +21,7 @@ impl Core {
         let helpers = fuser::ring_helpers();
         s.ring_helper_reads = helpers.reads;
         s.ring_helper_forwarded = helpers.forwarded;
+        s.syncs_on_completion_cpus = crate::sync_cpus::moved();
         s.leases_held = self.leases.len() as u64;
         s.lease_waiters = self.leases.waiting().len() as u64;
         for stream in self.handles.streams() {

@@ -109,6 +109,11 @@ pub const RING_POLLS: Name = counter(
     "leasefs_fuse_ring_polls",
     "Polls of a FUSE ring's thread for a reply another thread owed it, by outcome",
 );
+/// Small files' fsyncs moved to the CPUs of the disk's completion interrupts.
+pub const SYNCS_ON_COMPLETION_CPUS: Name = counter(
+    "leasefs_syncs_on_completion_cpus",
+    "One-step fsyncs of small files made from the CPUs that take the metadata store's disk's completion interrupts",
+);
 /// What a FUSE ring's second (helper) thread did.
 pub const RING_HELPER: Name = counter(
     "leasefs_fuse_ring_helper_requests",
@@ -243,6 +248,7 @@ pub const NAMES: &[&Name] = &[
     &PIPELINE_RECOVERIES,
     &CLOSES_ON_CALLER,
     &CLOSES_WITHOUT_COMMIT,
+    &SYNCS_ON_COMPLETION_CPUS,
     &RING_POLLS,
     &RING_HELPER,
     &DN_STATE,
@@ -347,6 +353,11 @@ impl Collector for Scrape {
         one_counter(&mut enc, &PIPELINE_RECOVERIES, s.pipeline_recoveries)?;
         one_counter(&mut enc, &CLOSES_ON_CALLER, s.closes_on_caller)?;
         one_counter(&mut enc, &CLOSES_WITHOUT_COMMIT, s.closes_without_commit)?;
+        one_counter(
+            &mut enc,
+            &SYNCS_ON_COMPLETION_CPUS,
+            s.syncs_on_completion_cpus,
+        )?;
         {
             let mut m = metric(&mut enc, &RING_POLLS)?;
             for (outcome, n) in [

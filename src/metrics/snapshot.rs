@@ -117,6 +117,10 @@ pub struct Snapshot {
     /// that reached an entry a helper held, forwarded to the main thread.
     pub ring_helper_reads: u64,
     pub ring_helper_forwarded: u64,
+    /// One-step fsyncs of small files moved, for the call, to the CPUs
+    /// that take the metadata store's disk's completion interrupts
+    /// (`sync_cpus`).
+    pub syncs_on_completion_cpus: u64,
     pub datanodes: Vec<DatanodeStats>,
 }
 

@@ -254,6 +254,11 @@ impl DataStreamer {
     /// its checkpoint: the fsync is then one sync of the store's WAL.
     /// `mtime`: the file's modification time, recorded with the block.
     pub fn sync_whole(&mut self, p: &Packet, mtime: Option<i64>) -> FsResult<()> {
+        // Commit and sync on the CPU that the sync's completion wakes.
+        crate::sync_cpus::run(|| self.sync_whole_here(p, mtime))
+    }
+
+    fn sync_whole_here(&mut self, p: &Packet, mtime: Option<i64>) -> FsResult<()> {
         trip(p);
         let bs = self.file.block_size;
         let ctx = &self.file.ctx;
