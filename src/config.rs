@@ -27,10 +27,12 @@ pub struct MountOptions {
     /// heavy unrelated writers, whose dirty data `syncfs` would also wait for).
     pub sync_by_fs: bool,
     /// `sync_cpus=auto` (the default): a small file's one-step fsync is
-    /// made, for that call, from the CPUs that take the metadata store's disk's
-    /// completion interrupts, when those are fewer than the CPUs the
-    /// daemon may use (see `sync_cpus`); `off`: syncs run where they are.
-    pub sync_cpus: bool,
+    /// made, for that call, from the CPUs that take the metadata store's
+    /// disk's completion interrupts, when those are fewer than the CPUs
+    /// the daemon may use; `sync_cpus=LIST` (`1`, `0-3,6`): from those
+    /// CPUs, for a disk whose routing cannot be read (behind device
+    /// mapper); `off`: where it is. See `sync_cpus`.
+    pub sync_cpus: crate::sync_cpus::Placement,
     /// `journal_checkpoint=SECONDS`: the longest a small file made durable
     /// by the block journal waits for its replicas' sync (its bytes are
     /// in the metadata store meanwhile); 0 turns the journal off, so each
@@ -99,7 +101,7 @@ impl Default for MountOptions {
             log_size: 16 << 20,
             housekeeping_interval: Duration::from_secs(30),
             sync_by_fs: true,
-            sync_cpus: true,
+            sync_cpus: crate::sync_cpus::Placement::Auto,
             journal_checkpoint: crate::pipeline::journal::CHECKPOINT_AFTER,
             reads_direct: true,
             metrics: None,
@@ -214,11 +216,7 @@ impl MountOptions {
                     }
                 }
                 "sync_cpus" => {
-                    self.sync_cpus = match value {
-                        "auto" => true,
-                        "off" => false,
-                        _ => return Err(bad("expected auto or off".into())),
-                    }
+                    self.sync_cpus = crate::sync_cpus::Placement::parse(value).map_err(bad)?
                 }
                 "journal_checkpoint" => self.journal_checkpoint = parse_secs(value).map_err(bad)?,
                 "replica_reads" => {
@@ -386,12 +384,18 @@ mod tests {
         assert!(o.journal_checkpoint.is_zero());
         assert!(o.apply("journal_checkpoint=soon").is_err());
         assert!(o.apply("replica_sync=disk").is_err());
-        assert!(o.sync_cpus);
+        use crate::sync_cpus::Placement;
+        assert_eq!(o.sync_cpus, Placement::Auto);
         o.apply("sync_cpus=off").unwrap();
-        assert!(!o.sync_cpus);
+        assert_eq!(o.sync_cpus, Placement::Off);
         o.apply("sync_cpus=auto").unwrap();
-        assert!(o.sync_cpus);
-        assert!(o.apply("sync_cpus=1").is_err());
+        assert_eq!(o.sync_cpus, Placement::Auto);
+        let cpu = crate::sync_cpus::allowed_cpus()[0];
+        o.apply(&format!("sync_cpus={cpu}")).unwrap();
+        assert_eq!(o.sync_cpus, Placement::Cpus(vec![cpu]));
+        for bad in ["", "on", "2-1", "4096", "x,1"] {
+            assert!(o.apply(&format!("sync_cpus={bad}")).is_err(), "{bad}");
+        }
         assert!(o.sync_by_fs);
         o.apply("replica_sync=file").unwrap();
         assert!(o.reads_direct);

@@ -10,9 +10,9 @@
 //! on the CPU its interrupt is routed to, so a sync made from that CPU is
 //! woken where the interrupt arrives. Measured here (benches/PROFILE.md,
 //! "thirteenth look"): the same `fdatasync` loop 167 µs p50 from the
-//! interrupt's CPU, 236 from the other; durable small files written from
-//! the interrupt's CPU 22–28% faster at R=1, 9–11% at R=3, and by four
-//! writers 8–11% faster with 15–19% less daemon CPU a file.
+//! interrupt's CPU, 236 from the other; durable small files by four
+//! writers 10–15% faster with 17–22% less daemon CPU a file, by one writer
+//! 1–14% faster.
 //!
 //! So the stream's worker, for the one-step fsync of a small file (its
 //! commit and the WAL's sync, `DataStreamer::sync_whole`), is moved to
@@ -24,7 +24,8 @@
 //! tmpfs, FUSE) and routings that cover every CPU the daemon may use leave
 //! the thread where it is. The routing is read again every
 //! [`REFRESH`] (an operator or `irqbalance` may move the interrupt).
-//! `-o sync_cpus=off` turns it off.
+//! `-o sync_cpus=LIST` names the CPUs instead (a disk behind device mapper
+//! has no interrupts of its own to read), `-o sync_cpus=off` turns it off.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -53,20 +54,88 @@ static TARGET: Mutex<Option<Target>> = Mutex::new(None);
 
 /// The device whose interrupts decide, and what was last read of them.
 struct Target {
-    dir: PathBuf,
+    /// `None`: CPUs named by the operator, never read again.
+    dir: Option<PathBuf>,
     cpus: Option<CpuSet>,
     read_at: Instant,
 }
 
-/// Turns placement on for syncs of what `dir` (the metadata store's
-/// directory) holds, or off.
-pub fn configure(enabled: bool, dir: &Path) {
-    ENABLED.store(enabled, Ordering::Release);
-    *lock(&TARGET) = enabled.then(|| Target {
-        dir: dir.to_path_buf(),
-        cpus: routing_of(dir).map(|c| cpu_set(&c)),
+/// Where a small file's fsync is made (`-o sync_cpus`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// From the CPUs the data directory's disk's interrupts are routed to.
+    Auto,
+    /// From these CPUs.
+    Cpus(Vec<usize>),
+    /// Wherever the worker is.
+    Off,
+}
+
+impl Placement {
+    /// `auto`, `off`, or a CPU list as the kernel writes them (`0-3,6`),
+    /// every CPU one this process may run on.
+    pub fn parse(s: &str) -> Result<Placement, String> {
+        match s {
+            "auto" => Ok(Placement::Auto),
+            "off" => Ok(Placement::Off),
+            _ => {
+                let cpus = parse_cpu_list(s)
+                    .filter(|c| !c.is_empty())
+                    .ok_or("expected auto, off or a list of CPUs such as 1 or 0-3,6")?;
+                let allowed = allowed_cpus();
+                match cpus.iter().find(|c| !allowed.contains(c)) {
+                    Some(c) => Err(format!("CPU {c} is not one this process may run on")),
+                    None => Ok(Placement::Cpus(cpus)),
+                }
+            }
+        }
+    }
+}
+
+/// Sets where a small file's fsync is made; `dir`: the metadata store's
+/// directory, whose disk `Auto` reads the routing of.
+pub fn configure(placement: &Placement, dir: &Path) {
+    let (dir, cpus) = match placement {
+        Placement::Off => {
+            ENABLED.store(false, Ordering::Release);
+            *lock(&TARGET) = None;
+            return;
+        }
+        Placement::Auto => (Some(dir.to_path_buf()), routing_of(dir)),
+        Placement::Cpus(c) => (None, Some(c.clone())),
+    };
+    *lock(&TARGET) = Some(Target {
+        dir,
+        cpus: cpus.map(|c| cpu_set(&c)),
         read_at: Instant::now(),
     });
+    ENABLED.store(true, Ordering::Release);
+}
+
+/// For a thread pool's `on_thread_start`: a new thread inherits the
+/// CPUs of the thread that made it, and a pool grows from whichever of
+/// its threads asks for one, possibly in the middle of [`run`]; without
+/// this the new thread would stay on the sync's CPUs for good. Takes the
+/// CPUs of the calling thread (the daemon's, before anything moved it).
+pub fn unpinned_start() -> impl Fn() + Send + Sync + 'static {
+    let all = sched_getaffinity(Pid::from_raw(0)).ok();
+    move || {
+        if let Some(set) = &all {
+            let _ = sched_setaffinity(Pid::from_raw(0), set);
+        }
+    }
+}
+
+/// The CPUs this process may run on.
+pub fn allowed_cpus() -> Vec<usize> {
+    sched_getaffinity(Pid::from_raw(0)).map_or_else(
+        |_| Vec::new(),
+        |set| {
+            (0..CpuSet::count())
+                .filter(|&c| set.is_set(c).unwrap_or(false))
+                .collect()
+        },
+    )
 }
 
 fn cpu_set(cpus: &[usize]) -> CpuSet {
@@ -90,8 +159,10 @@ fn target_cpus() -> Option<CpuSet> {
     }
     let mut t = lock(&TARGET);
     let t = t.as_mut()?;
-    if t.read_at.elapsed() >= REFRESH {
-        t.cpus = routing_of(&t.dir).map(|c| cpu_set(&c));
+    if let Some(dir) = &t.dir
+        && t.read_at.elapsed() >= REFRESH
+    {
+        t.cpus = routing_of(dir).map(|c| cpu_set(&c));
         t.read_at = Instant::now();
     }
     t.cpus
@@ -133,10 +204,7 @@ pub fn run<T>(f: impl FnOnce() -> T) -> T {
 /// sync of what `dir` holds (public for the tests that check it ran).
 pub fn routing_of(dir: &Path) -> Option<Vec<usize>> {
     let dev = std::fs::metadata(dir).ok()?.dev();
-    let allowed = sched_getaffinity(Pid::from_raw(0)).ok()?;
-    let allowed: Vec<usize> = (0..CpuSet::count())
-        .filter(|&c| allowed.is_set(c).unwrap_or(false))
-        .collect();
+    let allowed = allowed_cpus();
     let major = u32::try_from(nix::sys::stat::major(dev)).ok()?;
     let minor = u32::try_from(nix::sys::stat::minor(dev)).ok()?;
     completion_cpus(
@@ -242,7 +310,7 @@ fn parse_cpu_list(s: &str) -> Option<Vec<usize>> {
 fn set_for_test(cpus: Option<Vec<usize>>) {
     ENABLED.store(cpus.is_some(), Ordering::Release);
     *lock(&TARGET) = cpus.map(|cpus| Target {
-        dir: PathBuf::from("/nonexistent"),
+        dir: None,
         cpus: Some(cpu_set(&cpus)),
         read_at: Instant::now(),
     });

@@ -17,6 +17,27 @@ use std::io::Write;
 use std::os::fd::IntoRawFd;
 use std::time::Duration;
 
+/// `sync_cpus=N`, N the last CPU this process may run on: the power cuts
+/// of durable small files make their fsyncs from that CPU, as
+/// `sync_cpus=auto` does on a disk whose interrupts are routed there (the
+/// datanodes here are loop and FUSE disks, which have none of their own).
+/// With one CPU nothing moves.
+fn sync_cpus_option() -> (String, bool) {
+    let allowed = leasefs::sync_cpus::allowed_cpus();
+    let last = allowed.last().copied().unwrap_or(0);
+    (format!("sync_cpus={last}"), allowed.len() > 1)
+}
+
+/// The fsyncs the daemon made from the CPUs of `sync_cpus`: all `n`, if
+/// it could move them.
+fn moved_all(pc: &PowerCut, moves: bool, n: u64) {
+    let moved = pc.m.stats_counter("syncs_on_completion_cpus");
+    eprintln!("one-step fsyncs made from the sync CPUs: {moved}");
+    if moves {
+        assert!(moved >= n, "{moved} of {n} fsyncs moved");
+    }
+}
+
 fn power(o: &[&str]) -> PowerCut {
     PowerCut::new(Opts {
         o: o.iter().map(|s| s.to_string()).collect(),
@@ -547,11 +568,13 @@ fn durable_small_files_of_concurrent_writers_survive_a_power_cut() {
     // file whose fsync returned reads back whole after the cut. Without
     // the block journal (as over etcd, or with its window full), whose
     // own test is `durable_small_files_come_back_from_the_block_journal_*`.
-    let mut pc = power(&["journal_checkpoint=0"]);
+    let (cpus, moves) = sync_cpus_option();
+    let mut pc = power(&["journal_checkpoint=0", &cpus]);
     let root = pc.m.path("");
     let acked = fsynced_by_writers(&root, 40, |w, i| {
         (format!("w{w}-{i}"), pattern(4096, 100 * w + i))
     });
+    moved_all(&pc, moves, 160);
     let [.., shared] = counters(&pc);
     eprintln!("fsyncs covered by another's syncfs: {shared}");
     // Each file's fsync wrote its replicas whole (docs/SEMANTICS.md,
@@ -589,7 +612,8 @@ fn durable_small_files_come_back_from_the_block_journal_after_a_power_cut() {
     // whose fsync returned reads back whole (docs/SEMANTICS.md,
     // "Durability", "The block journal").
     for seed in [None, Some(17)] {
-        let mut pc = power(&["journal_checkpoint=600"]);
+        let (cpus, moves) = sync_cpus_option();
+        let mut pc = power(&["journal_checkpoint=600", &cpus]);
         let root = pc.m.path("");
         let acked = fsynced_by_writers(&root, 20, |w, i| {
             (
@@ -597,6 +621,7 @@ fn durable_small_files_come_back_from_the_block_journal_after_a_power_cut() {
                 pattern(4096 + 100 * i as usize, 50 * w + i),
             )
         });
+        moved_all(&pc, moves, 80);
         let [journaled, whole, deferred] = sums(&pc, ["journaled", "one_step_synced", "deferred"]);
         eprintln!(
             "journaled replicas {journaled}, one-step fsyncs {whole}, held in memory {deferred}"

@@ -783,15 +783,27 @@ fn a_small_request_that_reaches_the_helpers_entry_is_forwarded_and_answered() {
 /// Durable small files make their syncs from the CPUs that take the
 /// metadata store's disk's completion interrupts, where the disk routes
 /// them to fewer CPUs than the daemon may use (the one-queue virtio disk of
-/// these machines: `syncs_on_completion_cpus` counts each), and from
-/// wherever they are with `sync_cpus=off` or on any other disk; either way
-/// every file reads back whole.
+/// these machines: `syncs_on_completion_cpus` counts each), from the CPUs
+/// named by `sync_cpus=LIST`, and from wherever they are with
+/// `sync_cpus=off` or on any other disk; either way every file reads back
+/// whole.
 #[test]
 fn syncs_move_to_the_cpus_of_the_disks_completions_and_stay_put_when_off() {
     let body = vec![b'q'; 4096];
-    for (o, on) in [("sync_cpus=auto", true), ("sync_cpus=off", false)] {
+    let allowed = leasefs::sync_cpus::allowed_cpus();
+    let last = allowed.last().copied().unwrap_or(0);
+    let named = format!("sync_cpus={last}");
+    for (o, on) in [
+        ("sync_cpus=auto", true),
+        (named.as_str(), true),
+        ("sync_cpus=off", false),
+    ] {
         let m = Mount::with_o(o);
-        let routed = leasefs::sync_cpus::routing_of(&m.data);
+        let routed = if o == named {
+            (allowed.len() > 1).then(|| vec![last])
+        } else {
+            leasefs::sync_cpus::routing_of(&m.data)
+        };
         eprintln!("{o}: the data directory's disk completes on {routed:?}");
         for i in 0..20 {
             let mut f = std::fs::File::create(m.mnt.join(format!("d{i}"))).unwrap();

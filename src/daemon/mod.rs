@@ -174,6 +174,7 @@ impl Daemon {
             .worker_threads(1)
             .max_blocking_threads(1024)
             .thread_name("leasefs-worker")
+            .on_thread_start(crate::sync_cpus::unpinned_start())
             .enable_time()
             // Sockets: the metrics endpoint (`-o metrics=`).
             .enable_io()
@@ -390,7 +391,7 @@ impl Daemon {
         cfg.io_uring = spec.opts.fuse_uring;
         cfg.io_uring_poll = spec.opts.fuse_uring_poll;
         crate::storage::direct::set_enabled(spec.opts.reads_direct);
-        crate::sync_cpus::configure(spec.opts.sync_cpus, &spec.data);
+        crate::sync_cpus::configure(&spec.opts.sync_cpus, &spec.data);
         cfg.acl = if nix::unistd::geteuid().is_root() {
             fuser::SessionACL::All
         } else {

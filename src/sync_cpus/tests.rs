@@ -3,6 +3,9 @@ use std::path::Path;
 
 use super::*;
 
+/// The tests that set the process's one target take turns.
+static SERIAL: Mutex<()> = Mutex::new(());
+
 /// A `/sys` and `/proc` as this machine has them: one virtio disk (254:0,
 /// partition 254:1) whose PCI function has a configuration interrupt (35,
 /// fired once, routed to CPU 0) and one queue's (36, routed to CPU 1); an
@@ -101,6 +104,7 @@ fn cpu_lists_parse_as_the_kernel_writes_them() {
 
 #[test]
 fn a_sync_runs_on_the_target_cpus_and_the_thread_goes_back_after() {
+    let _turn = lock(&SERIAL);
     let me = Pid::from_raw(0);
     let before = sched_getaffinity(me).unwrap();
     let allowed: Vec<usize> = (0..CpuSet::count())
@@ -126,4 +130,42 @@ fn a_sync_runs_on_the_target_cpus_and_the_thread_goes_back_after() {
     assert_eq!(on(&nested), vec![target], "a nested sync stays put");
     assert_eq!(on(&after), allowed, "put back");
     assert!(moved() >= before_moves + 2, "counted");
+}
+
+#[test]
+fn a_pool_thread_made_during_a_sync_starts_on_every_cpu() {
+    let _turn = lock(&SERIAL);
+    let me = Pid::from_raw(0);
+    let allowed = allowed_cpus();
+    if allowed.len() < 2 {
+        eprintln!("one CPU: nothing to move to");
+        return;
+    }
+    let on = |s: &CpuSet| -> Vec<usize> {
+        (0..CpuSet::count())
+            .filter(|&c| s.is_set(c).unwrap_or(false))
+            .collect()
+    };
+    let target = allowed[allowed.len() - 1];
+    // The pool's threads are made on demand, by the thread that asks: here
+    // one in the middle of a sync, on the sync's CPU.
+    let rt = |hook: bool| {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(1);
+        if hook {
+            b.on_thread_start(unpinned_start());
+        }
+        b.build().unwrap()
+    };
+    let (with, without) = (rt(true), rt(false));
+    set_for_test(Some(vec![target]));
+    let (fresh, inherited) = run(|| {
+        let get = move || on(&sched_getaffinity(me).unwrap());
+        let fresh = with.block_on(with.spawn_blocking(get)).unwrap();
+        let inherited = without.block_on(without.spawn_blocking(get)).unwrap();
+        (fresh, inherited)
+    });
+    set_for_test(None);
+    assert_eq!(inherited, vec![target], "what the hook is for");
+    assert_eq!(fresh, allowed, "a new pool thread on every CPU");
 }
