@@ -17,13 +17,13 @@
 //! So the stream's worker, for the one-step fsync of a small file (its
 //! commit and the WAL's sync, `DataStreamer::sync_whole`), is moved to
 //! the CPUs that took the metadata store's device's completion interrupts
-//! ([`run`]), and put back after. Nothing else changes: the same calls, the
-//! same errors, the same order. Other syncs stay where they are: an
-//! append's fsync moved the same way measured no better. Devices with a queue per CPU
-//! (NVMe), devices without interrupts of their own (loop, device mapper,
-//! tmpfs, FUSE) and routings that cover every CPU the daemon may use leave
-//! the thread where it is. The routing is read again every
-//! [`REFRESH`] (an operator or `irqbalance` may move the interrupt).
+//! ([`run`]), and put back after. Nothing else changes: the same calls,
+//! the same errors, the same order. Other syncs stay where they are: an
+//! append's fsync moved the same way measured no better. Devices with a
+//! queue per CPU (NVMe), devices without interrupts of their own (loop,
+//! device mapper, tmpfs, FUSE) and routings that cover every CPU the
+//! daemon may use leave the thread where it is. The routing is read again
+//! every [`REFRESH`] (an operator or `irqbalance` may move the interrupt).
 //! `-o sync_cpus=LIST` names the CPUs instead (a disk behind device mapper
 //! has no interrupts of its own to read), `-o sync_cpus=off` turns it off.
 
