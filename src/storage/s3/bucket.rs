@@ -108,6 +108,9 @@ impl Bucket {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("leasefs-s3")
+            // A blocking thread made while a caller's sync was moved
+            // would otherwise keep its CPU (see `sync_cpus`).
+            .on_thread_start(crate::sync_cpus::unpinned_start())
             .enable_all()
             .build()
             .map_err(|e| StorageError::io(&PathBuf::from(&url), e))?;
