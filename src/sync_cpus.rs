@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use nix::sched::{CpuSet, sched_getaffinity, sched_setaffinity};
 use nix::unistd::Pid;
 
-use crate::sync::{AtomicBool, AtomicU64, Mutex, Ordering, lock};
+use crate::sync::{AtomicU64, Mutex, Ordering, lock};
 
 /// How long a routing read from `/proc` is trusted.
 pub const REFRESH: Duration = Duration::from_secs(10);
@@ -48,7 +48,6 @@ const ENOUGH: u64 = 100;
 /// fired once is not where completions land.
 const SIGNIFICANT_PERMILLE: u64 = 10;
 
-static ENABLED: AtomicBool = AtomicBool::new(false);
 static MOVED: AtomicU64 = AtomicU64::new(0);
 static TARGET: Mutex<Option<Target>> = Mutex::new(None);
 
@@ -97,7 +96,6 @@ impl Placement {
 pub fn configure(placement: &Placement, dir: &Path) {
     let (dir, cpus) = match placement {
         Placement::Off => {
-            ENABLED.store(false, Ordering::Release);
             *lock(&TARGET) = None;
             return;
         }
@@ -109,7 +107,6 @@ pub fn configure(placement: &Placement, dir: &Path) {
         cpus: cpus.map(|c| cpu_set(&c)),
         read_at: Instant::now(),
     });
-    ENABLED.store(true, Ordering::Release);
 }
 
 /// For a thread pool's `on_thread_start`: a new thread inherits the
@@ -154,9 +151,6 @@ pub fn moved() -> u64 {
 
 /// The CPUs a sync should run on now, if not wherever it is.
 fn target_cpus() -> Option<CpuSet> {
-    if !ENABLED.load(Ordering::Acquire) {
-        return None;
-    }
     let mut t = lock(&TARGET);
     let t = t.as_mut()?;
     if let Some(dir) = &t.dir
@@ -305,10 +299,9 @@ fn parse_cpu_list(s: &str) -> Option<Vec<usize>> {
 }
 
 /// Sets the target directly (no device behind it); `None` turns
-/// placement off.
+/// placement off. Callers take turns through [`tests::SERIAL`].
 #[cfg(test)]
-fn set_for_test(cpus: Option<Vec<usize>>) {
-    ENABLED.store(cpus.is_some(), Ordering::Release);
+pub(crate) fn set_for_test(cpus: Option<Vec<usize>>) {
     *lock(&TARGET) = cpus.map(|cpus| Target {
         dir: None,
         cpus: Some(cpu_set(&cpus)),
@@ -317,4 +310,4 @@ fn set_for_test(cpus: Option<Vec<usize>>) {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -4,7 +4,7 @@ use std::path::Path;
 use super::*;
 
 /// The tests that set the process's one target take turns.
-static SERIAL: Mutex<()> = Mutex::new(());
+pub(crate) static SERIAL: Mutex<()> = Mutex::new(());
 
 /// A `/sys` and `/proc` as this machine has them: one virtio disk (254:0,
 /// partition 254:1) whose PCI function has a configuration interrupt (35,

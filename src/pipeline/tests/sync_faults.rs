@@ -364,3 +364,32 @@ fn a_syncfs_of_the_wal_s_filesystem_makes_the_metadata_durable_without_a_sync_of
     );
     assert_eq!(node.io().fast_paths().wal_by_syncfs, 1);
 }
+
+/// A small file's one-step fsync, moved to the CPUs of the disk's
+/// completions (`sync_cpus`), fails when the WAL's sync fails, and so does
+/// every later one: the move changes where the sync runs, never its
+/// result. The move counter proves the path ran.
+#[test]
+fn a_failed_wal_sync_of_a_moved_small_file_fsync_fails_it() {
+    let _turn = crate::sync::lock(&crate::sync_cpus::tests::SERIAL);
+    let cpus = crate::sync_cpus::allowed_cpus();
+    let moves = cpus.len() > 1;
+    crate::sync_cpus::set_for_test(Some(vec![*cpus.last().unwrap()]));
+    let rig = Rig::with(2, 2, 16, true);
+    let log = rig.log();
+    let s = rig.stream(&log);
+    let data = bytes(4096, 5);
+    write(&s, &data).unwrap();
+    let before = crate::sync_cpus::moved();
+    rig.store.fail_syncs(Some(libc::EIO));
+    let e = wait(|d| s.sync(d)).unwrap_err();
+    let moved = crate::sync_cpus::moved() - before;
+    rig.store.fail_syncs(None);
+    let later = wait(|d| s.sync(d));
+    crate::sync_cpus::set_for_test(None);
+    assert_eq!(e.errno(), libc::EIO, "{e}");
+    assert!(later.is_err(), "a later fsync succeeded");
+    if moves {
+        assert!(moved >= 1, "the one-step fsync was not moved");
+    }
+}
