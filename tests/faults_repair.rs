@@ -546,20 +546,49 @@ fn files_closed_a_housekeeping_round_before_a_crash_are_not_checked_at_the_next_
         m.log()
     );
     // A file whose block opens before a move and closes after it: the
-    // mark may be past its stamp by then, so its close syncs it.
-    let moved_to = marks(&m);
+    // mark is past its stamp by then, so its close syncs it. The wait is
+    // for the marks to pass the open block's own stamp: a move whose
+    // stamp was taken before the block opened (its syncs still running
+    // when the write returned) may land after the write and says nothing
+    // of the block. The writer is a process of its own: a descriptor of
+    // this test process is inherited by every program another test of
+    // this binary starts meanwhile, and that copy's close at `exec` is a
+    // close of the file (FUSE's FLUSH), which finalizes the block early
+    // (CI saw both end the test's premise, and the close then rightly
+    // synced nothing).
     let slow = pattern(200_000, 47);
-    let mut f = std::fs::File::create(m.path("slow")).expect("create slow");
-    f.write_all(&slow[..100_000]).expect("write slow");
-    let moved = wait_until(Duration::from_secs(10), || {
-        marks(&m)
-            .iter()
-            .zip(&moved_to)
-            .all(|(now, then)| now > then)
+    let src = m.dir.path().join("slow.src");
+    std::fs::write(&src, &slow).expect("write slow's source");
+    let mut w = Agent::spawn(&m.mnt);
+    w.ok("open slow wct");
+    w.ok(&format!("write-from {} 0 100000", src.display()));
+    let mut open = Vec::new();
+    let opened = wait_until(Duration::from_secs(10), || {
+        open = blocks_of(&m, "slow");
+        open.len() == 1
     });
-    assert!(moved, "no move while slow was open\n{}", m.log());
-    f.write_all(&slow[100_000..]).expect("write slow");
-    drop(f);
+    assert!(
+        opened,
+        "slow's block is not recorded open: {open:?}\n{}",
+        m.log()
+    );
+    let gs = open[0].gs;
+    let moved = wait_until(Duration::from_secs(10), || {
+        marks(&m).iter().all(|&k| k > gs)
+    });
+    assert!(
+        moved,
+        "no move past slow's stamp {gs} while it was open: {:?}\n{}",
+        marks(&m),
+        m.log()
+    );
+    w.ok(&format!("write-from {} 100000 -", src.display()));
+    w.ok("close");
+    assert_eq!(
+        blocks_of(&m, "slow")[0].gs,
+        gs,
+        "slow's block was reopened while it was written"
+    );
     assert_eq!(
         m.dn_counter("synced_behind_mark"),
         3,
