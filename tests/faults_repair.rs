@@ -10,7 +10,6 @@ mod common;
 use common::faults::*;
 use common::*;
 
-use std::io::Write;
 use std::time::Duration;
 
 fn mount(o: &str) -> Mount {

@@ -151,16 +151,6 @@ pub(crate) fn reopen_rbw(
     )?;
     let data_at = l.data(ReplicaState::Rbw, block);
     let meta_at = l.meta(ReplicaState::Rbw, block, gs);
-    if loc.data_in == ReplicaState::Finalized {
-        cur_data.rename_to(&data_at)?;
-    }
-    if loc.meta_in == ReplicaState::Finalized {
-        cur_meta.rename_to(&meta_at)?;
-    }
-    if loc.any_finalized() {
-        l.fsync_dir(ReplicaState::Rbw)?;
-        l.fsync_dir(ReplicaState::Finalized)?;
-    }
     // The first append into a partial last chunk rewrites its CRC in
     // place. Unless a note already vouches for the chunk as it is (the
     // last sync of the writer before ended here), one must be durable
@@ -172,11 +162,32 @@ pub(crate) fn reopen_rbw(
         len,
         crc: crc(&tail),
     });
-    if let Some(n) = note
-        && Note::read(&note_at) != Some(n)
-    {
-        n.write_durably(&note_at)?;
-    }
+    let to_write = note.filter(|n| Note::read(&note_at) != Some(*n));
+    // The note, the move to `rbw/` and its two directory syncs are each
+    // durable before this returns (before any byte is appended), in no
+    // order among themselves: a note beside a finalized replica is what
+    // every close leaves anyway. So their syncs run at once, and an
+    // append to a closed file waits for one sync of this disk, not three.
+    std::thread::scope(|s| {
+        let note_at = &note_at;
+        let noting = to_write.map(|n| s.spawn(move || n.write_durably(note_at)));
+        let moved = (|| {
+            if loc.data_in == ReplicaState::Finalized {
+                cur_data.rename_to(&data_at)?;
+            }
+            if loc.meta_in == ReplicaState::Finalized {
+                cur_meta.rename_to(&meta_at)?;
+            }
+            if loc.any_finalized() {
+                let rbw = s.spawn(|| l.fsync_dir(ReplicaState::Rbw));
+                let finalized = l.fsync_dir(ReplicaState::Finalized);
+                joined(rbw).and(finalized)?;
+            }
+            Ok(())
+        })();
+        let noted = noting.map_or(Ok(()), joined);
+        moved.and(noted)
+    })?;
     let files = ReplicaFiles {
         data,
         meta,
@@ -185,6 +196,19 @@ pub(crate) fn reopen_rbw(
         note: note_at,
     };
     Ok(ReplicaWriter::new(block, files, len, tail, io).with_note(note))
+}
+
+/// The result of a sync run on a scoped thread; a panic there is this
+/// replica's I/O error, not the daemon's.
+fn joined(
+    h: std::thread::ScopedJoinHandle<'_, Result<(), StorageError>>,
+) -> Result<(), StorageError> {
+    h.join().unwrap_or_else(|_| {
+        Err(StorageError::io(
+            Path::new("(replica sync)"),
+            std::io::Error::other("a sync thread panicked"),
+        ))
+    })
 }
 
 /// Moves a replica from `rbw/` to `finalized/` (data, then meta), after

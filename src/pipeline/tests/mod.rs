@@ -901,6 +901,65 @@ fn an_append_records_its_new_stamp_durably_before_any_replica_carries_it() {
     assert_eq!(rig.read(3000), data);
 }
 
+/// An append to a closed file reopens its replicas in parallel: while the
+/// first datanode of the pipeline hangs in its reopen, the others reopen
+/// theirs (one at a time, they would wait behind it); once it answers,
+/// the append goes through on every replica.
+#[test]
+fn an_append_reopens_the_replicas_in_parallel() {
+    let rig = Rig::new(3, 3, 8);
+    let data = bytes(3000, 9);
+    let first = rig.log();
+    let s = rig.stream(&first);
+    write(&s, &data[..1000]).unwrap();
+    wait(|d| s.close(d)).unwrap();
+    let old = rig.blocks().remove(0);
+    let held = &rig.nodes[old.replicas[0].0 as usize];
+    let others: Vec<_> = old.replicas[1..]
+        .iter()
+        .map(|dn| &rig.nodes[dn.0 as usize])
+        .collect();
+    held.arm(Op::Reopen, Fault::Hold, 0);
+    // Heal even when an assertion fails, so that the test fails rather
+    // than hangs.
+    struct Heal<'a>(&'a Faulty);
+    impl Drop for Heal<'_> {
+        fn drop(&mut self) {
+            self.0.heal();
+        }
+    }
+    let heal = Heal(held);
+    let log = rig.log();
+    let s = rig.stream(&log);
+    write(&s, &data[1000..]).unwrap();
+    // Less than a packet: a flush sends it, and the worker reopens the
+    // block for it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    s.flush(Box::new(move |r| {
+        let _ = tx.send(r);
+    }));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while held.calls(Op::Reopen) == 0 || others.iter().any(|n| n.calls(Op::Reopen) == 0) {
+        assert!(
+            Instant::now() < deadline,
+            "the other replicas waited for the held one: {:?}",
+            others
+                .iter()
+                .map(|n| n.calls(Op::Reopen))
+                .collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    drop(heal);
+    rx.recv_timeout(Duration::from_secs(10)).unwrap().unwrap();
+    wait(|d| s.close(d)).unwrap();
+    let row = rig.blocks().remove(0);
+    assert!(row.gs > old.gs);
+    assert_eq!(row.replicas.len(), 3, "{row:?}");
+    assert_unbroken(&log);
+    assert_eq!(rig.read(3000), data);
+}
+
 #[test]
 fn fsync_drops_a_replica_whose_sync_fails_and_records_that_durably() {
     let rig = Rig::with(2, 2, 8, false);
