@@ -12,7 +12,7 @@ use super::pipe::{OpenBlock, ReplicaOut, datanodes_of};
 use crate::error::{FsError, FsResult};
 use crate::meta::{BlockRow, Counter};
 use crate::storage::checksum::{CHUNK_SIZE, chunk_crcs};
-use crate::storage::{ChunkAccumulator, DnId, Storage, StorageError};
+use crate::storage::{ChunkAccumulator, Storage, StorageError};
 
 /// A block whose replicas were finalised: its row (the replicas that
 /// made it) and the file offset just past it.
@@ -233,43 +233,34 @@ fn reopen(f: &StreamFile, row: BlockRow, start: u64, len: u64) -> FsResult<OpenB
 }
 
 /// Moves every replica of `row` to `new_gs` and reopens it at `len`, the
-/// datanodes in parallel (the last on this thread): each one's renames
-/// and syncs (its directories, the saved last chunk) wait for its disk
-/// alone, so an append to a closed file waits for the slowest replica,
-/// not for their sum. Returns those that reopened, in `row`'s order.
+/// datanodes in parallel ([`super::helping`]): each one's renames and
+/// syncs (its directories, the saved last chunk) wait for its disk alone,
+/// so an append to a closed file waits for the slowest replica, not for
+/// their sum. Returns those that reopened, in `row`'s order.
 fn reopen_replicas(f: &StreamFile, row: &BlockRow, new_gs: u64, len: u64) -> Vec<ReplicaOut> {
     let (block, old_gs) = (row.block_id, row.gs);
-    let one = move |dn: DnId, node: std::sync::Arc<dyn Storage>| {
-        let r = node
-            .bump_gs(block, old_gs, new_gs)
-            .and_then(|_| node.reopen_rbw(block, new_gs, len));
-        r.map(|w| ReplicaOut { dn, w })
-            .inspect_err(|e| tracing::warn!(datanode = %dn, "replica not reopened for append: {e}"))
-            .ok()
-    };
-    let mut nodes: Vec<(DnId, std::sync::Arc<dyn Storage>)> = row
+    type Job = Box<dyn FnOnce() -> Option<ReplicaOut> + Send>;
+    let jobs: Vec<Job> = row
         .replicas
         .iter()
-        .filter_map(|&dn| f.ctx.dns.get(dn).map(|n| (dn, n)))
+        .filter_map(|&dn| f.ctx.dns.get(dn).map(|node| (dn, node)))
+        .map(|(dn, node)| -> Job {
+            Box::new(move || {
+                let r = node
+                    .bump_gs(block, old_gs, new_gs)
+                    .and_then(|_| node.reopen_rbw(block, new_gs, len));
+                r.map(|w| ReplicaOut { dn, w })
+                    .inspect_err(
+                        |e| tracing::warn!(datanode = %dn, "replica not reopened for append: {e}"),
+                    )
+                    .ok()
+            })
+        })
         .collect();
-    let last = nodes.pop();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let n = nodes.len();
-    for (i, (dn, node)) in nodes.into_iter().enumerate() {
-        let tx = tx.clone();
-        f.ctx.rt.spawn_blocking(move || {
-            let _ = tx.send((i, one(dn, node)));
-        });
-    }
-    drop(tx);
-    let mut got: Vec<(usize, Option<ReplicaOut>)> = last
-        .map(|(dn, node)| (n, one(dn, node)))
+    super::helping::run_all(&f.ctx.rt, jobs)
         .into_iter()
-        .collect();
-    // A task that never reports (the pool shut down) reopened nothing.
-    got.extend(rx.iter().take(n));
-    got.sort_by_key(|(i, _)| *i);
-    got.into_iter().filter_map(|(_, r)| r).collect()
+        .filter_map(|(_, r)| r)
+        .collect()
 }
 
 /// Closes the replicas of a block and moves them to `finalized/`; returns

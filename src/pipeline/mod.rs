@@ -16,6 +16,7 @@
 //! | [`journal`] | small blocks made durable by the metadata store's WAL; their checkpoint and replay |
 //! | [`budget`] | the mount's write buffer |
 //! | [`ctx`] | what every stream shares |
+//! | [`helping`] | jobs run in parallel by a pool thread that never waits for one not started |
 //! | [`datanodes`], [`placement`], [`attach`] | the mount's datanodes, where replicas go, which directory is which |
 //! | [`copies`] | host-local copies (`-o local_copy`): which datanodes are shared, which a host's |
 //! | [`in_flight`] | blocks written or copied but not yet recorded (no sweep deletes them) |
@@ -30,6 +31,7 @@ pub mod datanodes;
 pub mod durable;
 pub mod flush_floor;
 pub mod fs_sync;
+mod helping;
 pub mod in_flight;
 pub mod journal;
 pub mod ledger;
