@@ -390,36 +390,25 @@ pub fn sync_file(ctx: &StreamCtx, ino: u64) -> FsResult<()> {
 
 /// Runs independent jobs on the blocking pool (reused threads, so an fsync
 /// costs no thread creation) and `here` on the calling thread meanwhile,
-/// then the last job there too (one hand-off fewer: the usual fsync has
-/// `here` or one job, seldom both); returns every result.
+/// then there too the last job and any other the pool has not started
+/// ([`super::helping`]: one hand-off fewer, as the usual fsync has `here`
+/// or one job, seldom both; and no wait for a job no thread took);
+/// returns every result, a lost job's as a failed sync.
 fn run_parallel(
     rt: &tokio::runtime::Handle,
-    mut jobs: Vec<SyncJob>,
+    jobs: Vec<SyncJob>,
     here: impl FnOnce() -> Vec<Synced>,
 ) -> Vec<Synced> {
-    let last = jobs.pop();
-    let (tx, rx) = std::sync::mpsc::channel();
     let n = jobs.len();
-    for job in jobs {
-        let tx = tx.clone();
-        rt.spawn_blocking(move || {
-            let _ = tx.send(job());
+    let (mut out, done) = super::helping::run_all_beside(rt, jobs, here);
+    // A job that panicked reported nothing: its syncs failed.
+    for _ in done.len()..n {
+        out.push(Synced {
+            who: None,
+            result: Err(FsError::Io("sync task lost".into())),
+            shared: false,
         });
     }
-    drop(tx);
-    let mut out = here();
-    if let Some(job) = last {
-        out.extend(job());
-    }
-    for _ in 0..n {
-        match rx.recv() {
-            Ok(r) => out.extend(r),
-            Err(_) => out.push(Synced {
-                who: None,
-                result: Err(FsError::Io("sync task lost".into())),
-                shared: false,
-            }),
-        }
-    }
+    out.extend(done.into_iter().flat_map(|(_, r)| r));
     out
 }

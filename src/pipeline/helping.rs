@@ -22,6 +22,16 @@ pub(crate) fn run_all<T: Send + 'static>(
     rt: &tokio::runtime::Handle,
     jobs: Vec<Box<dyn FnOnce() -> T + Send>>,
 ) -> Vec<(usize, T)> {
+    run_all_beside(rt, jobs, || ()).1
+}
+
+/// [`run_all`], with `here` run on the caller's thread first, while the
+/// pool starts on the jobs.
+pub(crate) fn run_all_beside<T: Send + 'static, R>(
+    rt: &tokio::runtime::Handle,
+    jobs: Vec<Box<dyn FnOnce() -> T + Send>>,
+    here: impl FnOnce() -> R,
+) -> (R, Vec<(usize, T)>) {
     let slots: Vec<Slot<T>> = jobs
         .into_iter()
         .map(|j| Arc::new(Mutex::new(Some(j))))
@@ -38,6 +48,7 @@ pub(crate) fn run_all<T: Send + 'static>(
         });
     }
     drop(tx);
+    let mine = here();
     let mut out = Vec::with_capacity(slots.len());
     for (i, slot) in slots.iter().enumerate().rev() {
         let job = lock(slot).take();
@@ -50,7 +61,7 @@ pub(crate) fn run_all<T: Send + 'static>(
     let running = slots.len() - out.len();
     out.extend(rx.iter().take(running));
     out.sort_by_key(|(i, _)| *i);
-    out
+    (mine, out)
 }
 
 #[cfg(test)]
