@@ -34,24 +34,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-mount_leasefs() { # NAME BIN R
-    local base=$work/$1 i args
-    mkdir -p "$base/mnt" "$base/data"
-    args=(mount "$base/mnt" --data "$base/data")
-    for ((i = 1; i <= $3; i++)); do
-        mkdir -p "$base/dn$i"
-        args+=(--datanode "$base/dn$i")
-    done
-    timeout 60 "$2" "${args[@]}" --replication "$3" >"$base/log" 2>&1 || {
-        echo "cannot mount $1: $(head -c 500 "$base/log")" >&2
-        exit 1
-    }
-    for ((i = 0; i < 100; i++)); do
-        findmnt -n "$base/mnt" >/dev/null && break
-        sleep 0.1
-    done
-    mounts+=("$base/mnt")
-}
+# shellcheck source=lib.sh
+. "$(dirname "$0")/lib.sh"
 
 mkdir -p "$work/native" "$work/bindfs-src" "$work/bindfs"
 bindfs -o big_writes "$work/bindfs-src" "$work/bindfs" 2>/dev/null ||

@@ -31,24 +31,8 @@ trap cleanup EXIT
 mkdir -p "$work/tmpfs" "$work/native"
 mount -t tmpfs -o size=256m tmpfs "$work/tmpfs" || exit 1
 
-mount_leasefs() { # NAME BIN R
-    local base=$work/$1 i args
-    mkdir -p "$base/mnt" "$base/data"
-    args=(mount "$base/mnt" --data "$base/data")
-    for ((i = 1; i <= $3; i++)); do
-        mkdir -p "$base/dn$i"
-        args+=(--datanode "$base/dn$i")
-    done
-    timeout 60 "$2" "${args[@]}" --replication "$3" >"$base/log" 2>&1 || {
-        echo "cannot mount $1: $(head -c 500 "$base/log")" >&2
-        exit 1
-    }
-    for ((i = 0; i < 100; i++)); do
-        findmnt -n "$base/mnt" >/dev/null && break
-        sleep 0.1
-    done
-    mounts+=("$base/mnt")
-}
+# shellcheck source=lib.sh
+. "$(dirname "$0")/lib.sh"
 
 declare -A dir=([tmpfs]=$work/tmpfs [native]=$work/native)
 for t in before-r1:$before:1 before-r3:$before:3 after-r1:$after:1 after-r3:$after:3; do

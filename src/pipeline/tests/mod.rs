@@ -772,6 +772,16 @@ fn when_every_replica_fails_the_writer_gets_eio_and_the_acknowledged_prefix_stay
     assert_eq!(rig.read(PACKET as u64), &data[..PACKET]);
 }
 
+/// Heals a datanode when dropped: a test that holds one fails rather
+/// than hangs when an assertion fails first.
+struct Heal<'a>(&'a Faulty);
+
+impl Drop for Heal<'_> {
+    fn drop(&mut self) {
+        self.0.heal();
+    }
+}
+
 #[test]
 fn a_replica_that_does_not_answer_holds_its_writer_at_the_in_flight_bound() {
     let rig = Rig::new(1, 1, 2);
@@ -826,12 +836,6 @@ fn packets_queued_behind_a_slow_write_go_to_a_merging_datanode_as_one_write() {
     rig.nodes[0].arm(Op::Write, Fault::Hold, 1);
     // Let the held write go even when an assertion fails, so that the test
     // fails rather than hangs.
-    struct Heal<'a>(&'a Faulty);
-    impl Drop for Heal<'_> {
-        fn drop(&mut self) {
-            self.0.heal()
-        }
-    }
     let _heal = Heal(&rig.nodes[0]);
     write(&s, &data).unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -922,12 +926,6 @@ fn an_append_reopens_the_replicas_in_parallel() {
     held.arm(Op::Reopen, Fault::Hold, 0);
     // Heal even when an assertion fails, so that the test fails rather
     // than hangs.
-    struct Heal<'a>(&'a Faulty);
-    impl Drop for Heal<'_> {
-        fn drop(&mut self) {
-            self.0.heal();
-        }
-    }
     let heal = Heal(held);
     let log = rig.log();
     let s = rig.stream(&log);
