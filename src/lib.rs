@@ -24,6 +24,7 @@ pub mod etcd;
 pub mod fault;
 pub mod fs;
 pub mod fsck;
+pub mod fsstat;
 pub mod housekeeping;
 pub mod lease;
 pub mod meta;

@@ -10,11 +10,11 @@ use std::path::Path;
 
 use super::error::StorageError;
 
-/// Length of the open file `f` (opened from `path`).
+/// Length of the open file `f` (opened from `path`), read without its
+/// times: a replica's next sync then writes no inode for it (see
+/// `crate::fsstat`).
 pub(crate) fn file_len(f: &File, path: &Path) -> Result<u64, StorageError> {
-    f.metadata()
-        .map(|m| m.len())
-        .map_err(|e| StorageError::io(path, e))
+    crate::fsstat::len(f).map_err(|e| StorageError::io(path, e))
 }
 
 /// `pread` until `buf` is full or end of file; returns the bytes read.

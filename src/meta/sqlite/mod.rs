@@ -326,10 +326,12 @@ impl MetaStore {
         }
         let mut held = lock(&self.wal_fd);
         // A WAL removed (the last connection closed) is not ours to sync:
-        // the one at the path now is.
+        // the one at the path now is. Asked of its link count alone: a
+        // `stat` would read its times, and every next write would dirty
+        // its inode for this sync to write (see `crate::fsstat`).
         let current = held
             .take()
-            .filter(|f| f.metadata().is_ok_and(|m| m.nlink() > 0));
+            .filter(|f| crate::fsstat::nlink(f).is_ok_and(|n| n > 0));
         let f = match current {
             Some(f) => f,
             None => match std::fs::File::open(&self.wal) {

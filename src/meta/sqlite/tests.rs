@@ -365,3 +365,51 @@ fn lazy_closes_outlive_a_failed_commit_and_are_bounded() {
     m.close_lazily(*last).unwrap();
     assert!(entries_on_disk(&p).is_empty(), "not committed at the bound");
 }
+
+/// A sync of the WAL reads none of its times. On a filesystem with
+/// multigrain timestamps (Linux 6.13+) a `stat` there made the next
+/// commit's write take a fine-grained time and dirty the WAL's inode,
+/// which every `fdatasync` then wrote before its flush (benches/PROFILE.md,
+/// "fifteenth look"). Counted as in `crate::fsstat`'s test: after a sync,
+/// a commit's time is never later than the moment it began unless
+/// something read the WAL's times. Where the kernel has no multigrain
+/// timestamps there is nothing to check (said on stderr).
+#[test]
+fn a_sync_of_the_wal_leaves_the_next_commit_coarse() {
+    use crate::meta::BlockMap;
+    use std::time::SystemTime;
+    let d = tempfile::tempdir().unwrap();
+    let m = MetaStore::open(&d.path().join("m.db"), 0, 0).unwrap();
+    let wal = d.path().join("m.db-wal");
+    let mtime = || std::fs::metadata(&wal).unwrap().modified().unwrap();
+    let rounds = 50;
+    let fine_after = |tag: &str, between: &dyn Fn()| {
+        let mut fine = 0;
+        for i in 0..rounds {
+            // Read, so that the first commit takes a fine-grained time.
+            let _ = mtime();
+            m.create(ROOT_INO, format!("{tag}a{i}").as_bytes(), node(Kind::File))
+                .unwrap();
+            between();
+            let before = SystemTime::now();
+            m.create(ROOT_INO, format!("{tag}b{i}").as_bytes(), node(Kind::File))
+                .unwrap();
+            if mtime() > before {
+                fine += 1;
+            }
+        }
+        fine
+    };
+    let stat = fine_after("s", &|| {
+        let _ = mtime();
+    });
+    if stat < rounds * 3 / 4 {
+        eprintln!("no multigrain timestamps here ({stat} of {rounds}): nothing to check");
+        return;
+    }
+    let synced = fine_after("y", &|| m.sync_if_needed().unwrap());
+    assert!(
+        synced < rounds / 4,
+        "the WAL's sync read its times: {synced} of {rounds} commits after it were fine-grained"
+    );
+}
