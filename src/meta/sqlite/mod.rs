@@ -28,6 +28,7 @@ macro_rules! inode_cols {
 }
 
 mod blocks;
+mod checkpointer;
 mod counters;
 mod elections;
 mod group;
@@ -47,7 +48,7 @@ use super::blockmap::BlockMap;
 use super::counters::IdPool;
 use super::types::*;
 use crate::error::{FsError, FsResult};
-use crate::sync::{AtomicU64, Mutex, Ordering, lock};
+use crate::sync::{Arc, AtomicU64, Mutex, Ordering, lock};
 
 pub struct MetaStore {
     conn: Mutex<Connection>,
@@ -71,7 +72,10 @@ pub struct MetaStore {
     /// The first failed sync of the WAL, given to every later one: the
     /// kernel reports a writeback error once, and a second `fdatasync`
     /// finds the pages it failed to write clean.
-    sync_failed: Mutex<Option<FsError>>,
+    sync_failed: Arc<Mutex<Option<FsError>>>,
+    /// Checkpoints of the WAL, mostly off the committing threads (`None`
+    /// where its connection could not be opened: SQLite's own then).
+    checkpointer: Option<checkpointer::Checkpointer>,
     /// Concurrent syncs of the WAL grouped into one.
     group: group::GroupSync,
     /// Files closed with nothing to record but the end of their time
@@ -219,6 +223,11 @@ impl MetaStore {
         let dev = std::fs::metadata(path)
             .map_err(|e| FsError::Io(format!("cannot stat {}: {e}", path.display())))?
             .dev();
+        let sync_failed = Arc::new(Mutex::new(None));
+        let checkpointer = checkpointer::Checkpointer::start(path, sync_failed.clone());
+        if checkpointer.is_some() {
+            conn.pragma_update(None, "wal_autocheckpoint", checkpointer::RESTART_AT_PAGES)?;
+        }
         Ok(MetaStore {
             conn: Mutex::new(conn),
             wal: wal.into(),
@@ -228,7 +237,8 @@ impl MetaStore {
             commits: AtomicU64::new(1),
             synced: AtomicU64::new(0),
             pool: Mutex::new(IdPool::default()),
-            sync_failed: Mutex::new(None),
+            sync_failed,
+            checkpointer,
             group: group::GroupSync::default(),
             lazy_closes: Mutex::new(Vec::new()),
             #[cfg(test)]
@@ -269,6 +279,9 @@ impl MetaStore {
         match r {
             Ok(v) => {
                 self.commits.fetch_add(1, Ordering::Release);
+                if let Some(c) = &self.checkpointer {
+                    c.committed();
+                }
                 Ok(v)
             }
             Err(e) => {
@@ -358,6 +371,17 @@ fn wal_sync_error(wal: &Path, e: std::io::Error) -> FsError {
     match e.raw_os_error() {
         Some(libc::ENOSPC | libc::EDQUOT) => FsError::Full(msg),
         _ => FsError::Io(msg),
+    }
+}
+
+impl Drop for MetaStore {
+    /// The checkpoint thread's connection closes first, so that the
+    /// store's own, the last, checkpoints and removes the WAL as SQLite
+    /// does at close.
+    fn drop(&mut self) {
+        if let Some(c) = &self.checkpointer {
+            c.stop();
+        }
     }
 }
 
