@@ -13,9 +13,10 @@
 //! syncs every commit so far. (A commit with `synchronous=FULL` would do
 //! the same only when it writes a frame: SQLite skips writes that change
 //! nothing, so the former trick of rewriting a counter to its own value
-//! committed nothing and synced nothing.) Checkpoints need no help: with
-//! `synchronous=NORMAL` SQLite syncs the WAL before copying it into the
-//! database, the database after, and the WAL's header when it reuses it.
+//! committed nothing and synced nothing.) Checkpoints (`checkpointer`):
+//! with `synchronous=NORMAL` SQLite syncs the WAL before copying it into
+//! the database, the database after, and the WAL's header when it reuses
+//! it; a thread of their own makes most of them.
 
 use std::path::{Path, PathBuf};
 
