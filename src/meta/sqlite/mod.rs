@@ -168,6 +168,15 @@ fn get_inode(c: &Connection, ino: u64) -> FsResult<Inode> {
 /// statements: a small-file create commits three times, and parsing them
 /// anew each time (as `Connection::transaction` does) showed in profiles.
 /// Anything but a commit (an error, a panic) rolls back.
+///
+/// `IMMEDIATE`: the WAL's write lock is taken at the start, where SQLite
+/// waits (the busy timeout) for whoever holds it for a moment. A deferred
+/// transaction that read first and then wrote got `SQLITE_BUSY` at once
+/// instead (SQLite never waits to upgrade a read transaction): another
+/// connection that reads a header a commit is writing takes the write
+/// lock for a moment to read it again, be it the checkpoint thread's or
+/// an operator's `sqlite3` (`tests/dir_listing.rs` failed so, 3 runs in
+/// about 45, once the checkpoint thread was there).
 fn in_tx<T>(c: &Connection, f: impl FnOnce(&Connection) -> FsResult<T>) -> FsResult<T> {
     struct Open<'a>(&'a Connection, bool);
     impl Drop for Open<'_> {
@@ -177,7 +186,7 @@ fn in_tx<T>(c: &Connection, f: impl FnOnce(&Connection) -> FsResult<T>) -> FsRes
             }
         }
     }
-    c.prepare_cached("BEGIN")?.execute([])?;
+    c.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
     let mut open = Open(c, false);
     let v = f(c)?;
     c.prepare_cached("COMMIT")?.execute([])?;

@@ -474,3 +474,25 @@ fn the_checkpoint_thread_keeps_the_wal_short() {
     assert!(m.lookup(ROOT_INO, b"f2999").is_ok());
     assert_eq!(m.readdir(ROOT_INO, 0, 10_000).unwrap().len(), 3_000);
 }
+
+/// A commit waits for another connection that holds the WAL's write lock
+/// for a moment (an operator's `sqlite3`; a connection that read a
+/// header as a commit wrote it takes the lock to read it again) instead
+/// of failing with `SQLITE_BUSY`: a deferred transaction that had read
+/// already got it at once (`in_tx`).
+#[test]
+fn a_commit_waits_for_another_connections_write_lock() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("m.db");
+    let m = MetaStore::open(&p, 0, 0).unwrap();
+    m.create(ROOT_INO, b"a", node(Kind::File)).unwrap();
+    let other = rusqlite::Connection::open(&p).unwrap();
+    other.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let t = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        other.execute_batch("COMMIT").unwrap();
+    });
+    m.create(ROOT_INO, b"b", node(Kind::File)).unwrap();
+    t.join().unwrap();
+    assert!(m.lookup(ROOT_INO, b"b").is_ok());
+}
