@@ -129,6 +129,14 @@ impl Checkpointer {
     }
 }
 
+impl Drop for Checkpointer {
+    /// Never a thread left waiting on a store that is gone (as when the
+    /// store's opening fails after the thread started).
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
 fn run(s: &Shared, conn: &Connection, failed: &Mutex<Option<FsError>>) {
     loop {
         {

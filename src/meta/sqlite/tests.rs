@@ -457,11 +457,13 @@ fn the_checkpoint_thread_keeps_the_wal_short() {
                 .unwrap();
         }
         let c = m.checkpointer.as_ref().expect("a checkpoint thread");
-        assert!(
-            c.made() >= 1,
-            "no checkpoint in {} commits",
-            3 * checkpointer::EVERY
-        );
+        // The thread was woken long before; on a loaded machine it may
+        // still be at its first checkpoint.
+        let t = std::time::Instant::now();
+        while c.made() == 0 && t.elapsed() < std::time::Duration::from_secs(20) {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(c.made() >= 1, "no checkpoint after 3,000 commits");
         let wal = std::fs::metadata(d.path().join("m.db-wal")).unwrap().len();
         assert!(
             wal < wal_bytes(9_000),
