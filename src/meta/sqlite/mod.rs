@@ -13,10 +13,9 @@
 //! syncs every commit so far. (A commit with `synchronous=FULL` would do
 //! the same only when it writes a frame: SQLite skips writes that change
 //! nothing, so the former trick of rewriting a counter to its own value
-//! committed nothing and synced nothing.) Checkpoints (`checkpointer`):
-//! with `synchronous=NORMAL` SQLite syncs the WAL before copying it into
-//! the database, the database after, and the WAL's header when it reuses
-//! it; a thread of their own makes most of them.
+//! committed nothing and synced nothing.) Checkpoints need no help: with
+//! `synchronous=NORMAL` SQLite syncs the WAL before copying it into the
+//! database, the database after, and the WAL's header when it reuses it.
 
 use std::path::{Path, PathBuf};
 
@@ -29,7 +28,6 @@ macro_rules! inode_cols {
 }
 
 mod blocks;
-mod checkpointer;
 mod counters;
 mod elections;
 mod group;
@@ -49,7 +47,7 @@ use super::blockmap::BlockMap;
 use super::counters::IdPool;
 use super::types::*;
 use crate::error::{FsError, FsResult};
-use crate::sync::{Arc, AtomicU64, Mutex, Ordering, lock};
+use crate::sync::{AtomicU64, Mutex, Ordering, lock};
 
 pub struct MetaStore {
     conn: Mutex<Connection>,
@@ -73,10 +71,7 @@ pub struct MetaStore {
     /// The first failed sync of the WAL, given to every later one: the
     /// kernel reports a writeback error once, and a second `fdatasync`
     /// finds the pages it failed to write clean.
-    sync_failed: Arc<Mutex<Option<FsError>>>,
-    /// Checkpoints of the WAL, mostly off the committing threads (`None`
-    /// where its connection could not be opened: SQLite's own then).
-    checkpointer: Option<checkpointer::Checkpointer>,
+    sync_failed: Mutex<Option<FsError>>,
     /// Concurrent syncs of the WAL grouped into one.
     group: group::GroupSync,
     /// Files closed with nothing to record but the end of their time
@@ -174,9 +169,9 @@ fn get_inode(c: &Connection, ino: u64) -> FsResult<Inode> {
 /// transaction that read first and then wrote got `SQLITE_BUSY` at once
 /// instead (SQLite never waits to upgrade a read transaction): another
 /// connection that reads a header a commit is writing takes the write
-/// lock for a moment to read it again, be it the checkpoint thread's or
-/// an operator's `sqlite3` (`tests/dir_listing.rs` failed so, 3 runs in
-/// about 45, once the checkpoint thread was there).
+/// lock for a moment to read it again: an operator's `sqlite3`, a test's
+/// reader (`tests/dir_listing.rs` failed so, 3 runs in about 45, while a
+/// second connection of the daemon made checkpoints).
 fn in_tx<T>(c: &Connection, f: impl FnOnce(&Connection) -> FsResult<T>) -> FsResult<T> {
     struct Open<'a>(&'a Connection, bool);
     impl Drop for Open<'_> {
@@ -233,11 +228,6 @@ impl MetaStore {
         let dev = std::fs::metadata(path)
             .map_err(|e| FsError::Io(format!("cannot stat {}: {e}", path.display())))?
             .dev();
-        let sync_failed = Arc::new(Mutex::new(None));
-        let checkpointer = checkpointer::Checkpointer::start(path, sync_failed.clone());
-        if checkpointer.is_some() {
-            conn.pragma_update(None, "wal_autocheckpoint", checkpointer::RESTART_AT_PAGES)?;
-        }
         Ok(MetaStore {
             conn: Mutex::new(conn),
             wal: wal.into(),
@@ -247,8 +237,7 @@ impl MetaStore {
             commits: AtomicU64::new(1),
             synced: AtomicU64::new(0),
             pool: Mutex::new(IdPool::default()),
-            sync_failed,
-            checkpointer,
+            sync_failed: Mutex::new(None),
             group: group::GroupSync::default(),
             lazy_closes: Mutex::new(Vec::new()),
             #[cfg(test)]
@@ -289,9 +278,6 @@ impl MetaStore {
         match r {
             Ok(v) => {
                 self.commits.fetch_add(1, Ordering::Release);
-                if let Some(c) = &self.checkpointer {
-                    c.committed();
-                }
                 Ok(v)
             }
             Err(e) => {
@@ -381,17 +367,6 @@ fn wal_sync_error(wal: &Path, e: std::io::Error) -> FsError {
     match e.raw_os_error() {
         Some(libc::ENOSPC | libc::EDQUOT) => FsError::Full(msg),
         _ => FsError::Io(msg),
-    }
-}
-
-impl Drop for MetaStore {
-    /// The checkpoint thread's connection closes first, so that the
-    /// store's own, the last, checkpoints and removes the WAL as SQLite
-    /// does at close.
-    fn drop(&mut self) {
-        if let Some(c) = &self.checkpointer {
-            c.stop();
-        }
     }
 }
 

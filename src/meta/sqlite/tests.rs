@@ -414,69 +414,6 @@ fn a_sync_of_the_wal_leaves_the_next_commit_coarse() {
     );
 }
 
-/// Bytes of `n` frames of the WAL (each a 24-byte header and a page).
-fn wal_bytes(n: u64) -> u64 {
-    n * (24 + 4096)
-}
-
-/// Commits leave the checkpoints to the thread until the WAL is long:
-/// with the thread held, 600 creates (some 3,600 pages) all stay in the
-/// WAL. With SQLite's automatic checkpoint as it was, the commit that
-/// passed 1,000 pages copied them and synced the WAL and the database on
-/// its own thread, and the WAL started over at about 1,000 pages.
-#[test]
-fn commits_leave_checkpoints_to_their_thread_until_the_wal_is_long() {
-    let d = tempfile::tempdir().unwrap();
-    let m = MetaStore::open(&d.path().join("m.db"), 0, 0).unwrap();
-    let c = m.checkpointer.as_ref().expect("a checkpoint thread");
-    c.pause(true);
-    for i in 0..600 {
-        m.create(ROOT_INO, format!("f{i}").as_bytes(), node(Kind::File))
-            .unwrap();
-    }
-    let wal = std::fs::metadata(d.path().join("m.db-wal")).unwrap().len();
-    assert!(
-        wal > wal_bytes(2_000),
-        "the WAL holds {wal} bytes: a commit checkpointed it"
-    );
-    assert_eq!(c.made(), 0);
-    c.pause(false);
-}
-
-/// The checkpoint thread keeps the WAL bounded while commits go on:
-/// 3,000 creates (some 18,000 pages) leave it far shorter, and the
-/// namespace whole.
-#[test]
-fn the_checkpoint_thread_keeps_the_wal_short() {
-    let d = tempfile::tempdir().unwrap();
-    let p = d.path().join("m.db");
-    {
-        let m = MetaStore::open(&p, 0, 0).unwrap();
-        for i in 0..3_000 {
-            m.create(ROOT_INO, format!("f{i}").as_bytes(), node(Kind::File))
-                .unwrap();
-        }
-        let c = m.checkpointer.as_ref().expect("a checkpoint thread");
-        // The thread was woken long before; on a loaded machine it may
-        // still be at its first checkpoint.
-        let t = std::time::Instant::now();
-        while c.made() == 0 && t.elapsed() < std::time::Duration::from_secs(20) {
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-        assert!(c.made() >= 1, "no checkpoint after 3,000 commits");
-        let wal = std::fs::metadata(d.path().join("m.db-wal")).unwrap().len();
-        assert!(
-            wal < wal_bytes(9_000),
-            "the WAL holds {wal} bytes after 3,000 creates"
-        );
-    }
-    // Closed: the last connection checkpointed and removed the WAL.
-    assert!(!d.path().join("m.db-wal").exists());
-    let m = MetaStore::open(&p, 0, 0).unwrap();
-    assert!(m.lookup(ROOT_INO, b"f2999").is_ok());
-    assert_eq!(m.readdir(ROOT_INO, 0, 10_000).unwrap().len(), 3_000);
-}
-
 /// A commit waits for another connection that holds the WAL's write lock
 /// for a moment (an operator's `sqlite3`; a connection that read a
 /// header as a commit wrote it takes the lock to read it again) instead
