@@ -250,6 +250,46 @@ fn a_replica_whose_fsync_failed_is_not_counted_by_recovery() {
     reads_back(&pc, "f", &all, all.len());
 }
 
+/// The metadata log's sync is where a durable small file's fsync meets
+/// the disk (its bytes are journaled there; the log's link count is read
+/// before it without its times, `src/fsstat.rs`). When that sync fails
+/// the fsync says so, and so does every later one, even once the disk
+/// answers again: the pages the failed sync could not write are clean in
+/// the page cache now, and a second sync would find nothing to write.
+/// What an fsync made durable before the failure survives the cut.
+#[test]
+fn a_failed_sync_of_the_metadata_log_fails_that_fsync_and_every_later_one() {
+    let mut pc = power(&[]);
+    if !pc.on_fuse() {
+        // Not checked on ext4 or XFS disks: there `fail data EIO --sync`
+        // did not fail the WAL's `fdatasync` (the fsync below returned
+        // 0); why the loop device's flush error does not reach it is not
+        // known yet.
+        eprintln!("a failed sync of the log: checked on the powercut disk only");
+        return;
+    }
+    let kept = pattern(4096, 40);
+    drop(write_synced(&pc, "kept", &kept));
+    pc.control("fail data EIO --sync");
+    let mut f = File::create(pc.m.path("lost")).unwrap();
+    f.write_all(&pattern(4096, 41)).unwrap();
+    let e = f
+        .sync_all()
+        .expect_err("an fsync over a failed sync of the log");
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    drop(f);
+    pc.control("heal");
+    let mut g = File::create(pc.m.path("later")).unwrap();
+    g.write_all(&pattern(4096, 42)).unwrap();
+    let e = g
+        .sync_all()
+        .expect_err("an fsync after a failed sync of the log");
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    drop(g);
+    pc.cut();
+    reads_back(&pc, "kept", &kept, kept.len());
+}
+
 #[test]
 fn fsync_through_a_read_only_descriptor_makes_what_was_written_durable() {
     // fsync of a descriptor that had not written did nothing.
