@@ -301,10 +301,10 @@ fn a_barrier_waits_behind_the_packets_before_it() {
 }
 
 // The one-step endings: a close only behind the stream's last packet
-// with nothing after it; an fsync also with a close behind it (a
+// with nothing after it but closes; an fsync also with a close behind it (a
 // forked child's exec closes its copy of the descriptor: FLUSH).
 #[test]
-fn an_fsync_is_taken_with_its_packet_whatever_follows_it_and_a_close_only_last() {
+fn an_fsync_is_taken_with_its_packet_whatever_follows_it_and_a_close_only_with_closes_behind_it() {
     let buf = Buffer::new(100);
     let calls = Calls::default();
     // One packet queued, then two barriers behind it; the packet taken.
@@ -327,6 +327,17 @@ fn an_fsync_is_taken_with_its_packet_whatever_follows_it_and_a_close_only_last()
     let mut s = behind_a_packet(Barrier::Close, Barrier::Flush);
     assert!(s.take_ending(true).is_none());
     assert!(matches!(s.next_job(), Next::Job(Job::Close(_))));
+    // But one with only closes behind it is (a child's exec closed its
+    // copy of the descriptor, then the writer closed its own): every
+    // close completes with it.
+    let mut s = behind_a_packet(Barrier::Close, Barrier::Close);
+    let Some(Ending::Close(d)) = s.take_ending(false) else {
+        panic!("two closes behind the last packet: no one-step close")
+    };
+    assert!(matches!(s.next_job(), Next::Idle));
+    d(Ok(()));
+    let seen = calls.seen();
+    assert_eq!(seen[seen.len() - 2..], ["first: ok", "second: ok"]);
 }
 
 #[test]
