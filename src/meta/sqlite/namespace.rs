@@ -21,11 +21,11 @@ pub(super) const READDIR_PAGE: &str = "SELECT d.name, d.ino, i.kind, d.cookie FR
 
 impl Namespace for MetaStore {
     fn get(&self, ino: u64) -> FsResult<Inode> {
-        get_inode(&lock(&self.conn), ino)
+        get_inode(&lock(&self.reader), ino)
     }
 
     fn lookup(&self, parent: u64, name: &[u8]) -> FsResult<Inode> {
-        rules::lookup(&mut SqlTx(&lock(&self.conn)), parent, name)
+        rules::lookup(&mut SqlTx(&lock(&self.reader)), parent, name)
     }
 
     fn parent_of(&self, dir: u64) -> FsResult<u64> {
@@ -154,7 +154,7 @@ impl Namespace for MetaStore {
     }
 
     fn get_with_xattr(&self, ino: u64, name: &[u8]) -> FsResult<(Inode, Option<Vec<u8>>)> {
-        lock(&self.conn)
+        lock(&self.reader)
             .prepare_cached(concat!(
                 "SELECT ",
                 inode_cols!(),
