@@ -525,3 +525,31 @@ fn reads_do_not_wait_for_a_commit_under_way() {
     assert_eq!(b.unwrap(), f.ino);
     assert_eq!(c.unwrap(), (f.ino, None));
 }
+
+/// A database made with 4 KiB pages (by an older leasefs) keeps them: in
+/// WAL mode SQLite cannot change the page size, and the store does not
+/// try (no rewrite of a large database at a mount).
+#[test]
+fn a_database_made_with_larger_pages_keeps_them() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("m.db");
+    {
+        let old = Connection::open(&p).unwrap();
+        old.pragma_update(None, "page_size", 4096).unwrap();
+        old.pragma_update(None, "journal_mode", "WAL").unwrap();
+        old.execute_batch("CREATE TABLE t(x)").unwrap();
+    }
+    let page_size = |m: &MetaStore| -> i64 {
+        lock(&m.conn)
+            .pragma_query_value(None, "page_size", |r| r.get(0))
+            .unwrap()
+    };
+    let m = MetaStore::open(&p, 0, 0).unwrap();
+    assert_eq!(page_size(&m), 4096);
+    let f = m.create(ROOT_INO, b"f", node(Kind::File)).unwrap();
+    drop(m);
+    let m = MetaStore::open(&p, 0, 0).unwrap();
+    assert_eq!(m.lookup(ROOT_INO, b"f").unwrap().ino, f.ino);
+    let fresh = MetaStore::open(&d.path().join("new.db"), 0, 0).unwrap();
+    assert_eq!(page_size(&fresh), PAGE_SIZE);
+}
