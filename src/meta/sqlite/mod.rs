@@ -50,7 +50,6 @@ use crate::error::{FsError, FsResult};
 use crate::sync::{AtomicU64, Mutex, Ordering, lock};
 
 pub struct MetaStore {
-    conn: Mutex<Connection>,
     /// A second connection for the reads a request makes on its own
     /// (`get`, `lookup`, `get_with_xattr`): in WAL mode it reads the last
     /// commit while `conn` writes, so a FUSE request thread no longer
@@ -58,8 +57,11 @@ pub struct MetaStore {
     /// one ring's thread serving four writers those waits were most of
     /// its blocking (benches/PROFILE.md, "sixteenth look"). Every commit
     /// returns before the reply of the request that made it, so a later
-    /// request reads it here.
+    /// request reads it here. Declared before `conn`, so dropped first:
+    /// the writing connection closes last, and its close copies the WAL
+    /// into the database and removes it.
     reader: Mutex<Connection>,
+    conn: Mutex<Connection>,
     /// `meta.db-wal`, synced to make commits durable.
     wal: PathBuf,
     /// The WAL held open from its first sync on: no path lookup per
@@ -104,16 +106,14 @@ const INODE_COLS: &str = inode_cols!();
 /// The page size of a new database. A commit writes every page it
 /// changed whole into the WAL, and a durable small file changes some
 /// fourteen (the create's entry, its two indexes, the two inodes, the
-/// block row, its index, the journal row), each holding a row of a
-/// hundred bytes or so: with SQLite's 4 KiB pages, 56 KiB of WAL for 4 KiB
-/// of data, every byte of it copied, checksummed and written back before
-/// the sync's flush. With 1 KiB pages the same commits write about a
-/// third of it (`a_durable_small_file_writes_little_wal`: 16 KiB against
-/// 45 KiB), and one
-/// writer's durable small files went from 2,500 to 2,747 files/s, the
-/// daemon's CPU per file from 408 to 365 µs (benches/PROFILE.md,
-/// "sixteenth look"). SQLite fixes the page size of a WAL database when
-/// it is made: a database made before keeps its 4 KiB pages.
+/// block row, its index, the journal row), each for a row of a hundred
+/// bytes or so: with SQLite's 4 KiB pages 45 KiB of WAL per file of 4 KiB
+/// (`a_durable_small_file_writes_little_wal`), every byte of it copied,
+/// checksummed and written back before the sync's flush; with 1 KiB pages
+/// 16 KiB. One writer's durable small files went from 2,500 to 2,747
+/// files/s, the daemon's CPU per file from 408 to 365 µs
+/// (benches/PROFILE.md, "sixteenth look"). SQLite fixes the page size of
+/// a WAL database when it is made: one made before keeps its 4 KiB pages.
 const PAGE_SIZE: i64 = 1024;
 
 /// Statements kept prepared (`prepare_cached`): room for every one the

@@ -553,3 +553,23 @@ fn a_database_made_with_larger_pages_keeps_them() {
     let fresh = MetaStore::open(&d.path().join("new.db"), 0, 0).unwrap();
     assert_eq!(page_size(&fresh), PAGE_SIZE);
 }
+
+/// Closed, the store leaves no WAL: its last connection to close (the
+/// writing one) copies everything into the database and removes the
+/// WAL, as SQLite does at the last close.
+#[test]
+fn a_closed_store_leaves_everything_in_the_database() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("m.db");
+    {
+        let m = MetaStore::open(&p, 0, 0).unwrap();
+        for i in 0..50 {
+            m.create(ROOT_INO, format!("f{i}").as_bytes(), node(Kind::File))
+                .unwrap();
+        }
+        m.get(ROOT_INO).unwrap();
+    }
+    assert!(!d.path().join("m.db-wal").exists(), "a WAL is left");
+    let m = MetaStore::open(&p, 0, 0).unwrap();
+    assert!(m.lookup(ROOT_INO, b"f49").is_ok());
+}

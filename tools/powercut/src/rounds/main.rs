@@ -23,7 +23,7 @@
 //!
 //! Workloads: append, reopen, truncate, rename-over, unlink, small,
 //! pipeline (a datanode fails mid-write: ENOSPC or EIO injected by the
-//! powercut filesystem), lease (a client-renewed holder stops renewing; a
+//! powercut filesystem, or EIO of its syncs alone), lease (a client-renewed holder stops renewing; a
 //! second writer takes over after the soft limit), spout, elect.
 
 mod content;
@@ -43,6 +43,10 @@ use clap::{Parser, Subcommand};
 use content::Rng;
 use model::Model;
 use rig::Rig;
+
+/// What the daemon logs when a replica's sync fails (and the replica
+/// leaves its block: `pipeline::durable`).
+const FAILED_SYNC: &str = "replica sync failed";
 
 #[derive(Parser)]
 #[command(
@@ -153,6 +157,9 @@ struct Run {
     /// The spout's done directory at the start of the last spout round.
     spout_checked: std::collections::BTreeSet<String>,
     counts: BTreeMap<&'static str, usize>,
+    /// Pipeline rounds whose datanode's syncs failed, and how many of
+    /// those failures the daemon met before the cut.
+    sync_faults: (usize, usize),
     dropped: Vec<String>,
     /// Fast-path counters summed over the rounds' daemons (read before
     /// each cut): ranged syncs, full syncs, zero fills, one-step replicas
@@ -216,6 +223,7 @@ fn run(
         spout_outs: Vec::new(),
         spout_checked: Default::default(),
         counts: BTreeMap::new(),
+        sync_faults: (0, 0),
         dropped: Vec::new(),
         fast: [0; FAST.len()],
         subset_cuts: 0,
@@ -285,9 +293,11 @@ fn run(
         .map(|(k, n)| format!("{k} {n}"))
         .collect();
     println!(
-        "powercut-rounds: fast paths run before the cuts on {disks}: {}; {} of the cuts kept a random subset of the pending sectors",
+        "powercut-rounds: fast paths run before the cuts on {disks}: {}; {} of the cuts kept a random subset of the pending sectors; {} datanodes whose syncs failed, {} of those failures met by a replica's sync before the cut",
         fast.join(", "),
-        r.subset_cuts
+        r.subset_cuts,
+        r.sync_faults.0,
+        r.sync_faults.1
     );
     println!(
         "powercut-rounds: {} rounds in {:.0} s (seed {seed}, disks {disks}): {failures} failed{}; rounds per workload: {}",
@@ -423,10 +433,13 @@ impl Run {
                 let name = self.slot("pl");
                 started.push(self.spawn_work(round, "append", "a", &name, 0)?);
                 let dn = self.rng.range(1, 3);
-                let errno = if self.rng.chance(0.5) {
-                    "ENOSPC"
-                } else {
-                    "EIO"
+                // A full disk, a dead one, or one whose writes succeed
+                // and whose syncs (on ext4 and XFS: its cache flushes)
+                // fail, as fsyncgate's.
+                let errno = match self.rng.below(3) {
+                    0 => "ENOSPC",
+                    1 => "EIO",
+                    _ => "EIO --sync",
                 };
                 fault = Some((
                     self.rng.range(run_ms / 4, run_ms * 3 / 4),
@@ -481,12 +494,18 @@ impl Run {
             _ => {}
         }
         let t0 = Instant::now();
+        let failed_syncs = || self.rig.daemon_log().matches(FAILED_SYNC).count();
+        let syncs_before = failed_syncs();
         if let Some((at, dn, errno)) = &fault {
             std::thread::sleep(Duration::from_millis(*at));
             self.rig.control(&format!("fail {dn} {errno}"))?;
         }
         let rest = Duration::from_millis(run_ms).saturating_sub(t0.elapsed());
         std::thread::sleep(rest);
+        if let Some((.., "EIO --sync")) = &fault {
+            self.sync_faults.0 += 1;
+            self.sync_faults.1 += usize::from(failed_syncs() > syncs_before);
+        }
 
         // The cut.
         let mut children: Vec<Child> = Vec::new();
