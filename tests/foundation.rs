@@ -741,6 +741,34 @@ fn small_files_closed_just_before_kill_9_come_back_whole() {
 }
 
 #[test]
+fn an_unmount_does_not_wait_for_the_block_journal_window() {
+    // A durable small file schedules a checkpoint `journal_checkpoint`
+    // later. The unmount checkpoints at once and the daemon exits then,
+    // not ten minutes later still holding the data directory (it did).
+    let journal = !etcd_backend();
+    let mut m = Mount::with_o("journal_checkpoint=600");
+    m.sh_ok("seq 1 300 | dd of=f bs=1M iflag=fullblock conv=fsync status=none");
+    if journal {
+        assert!(m.dn_counter("journaled") >= 1, "the fsync took the journal");
+    }
+    let t = Instant::now();
+    m.unmount();
+    let took = t.elapsed();
+    assert!(
+        took < Duration::from_secs(10),
+        "the daemon outlived its unmount by {took:?}"
+    );
+    m.mount();
+    assert!(
+        !m.log().contains("block journal replayed"),
+        "the unmount left rows to replay:\n{}",
+        m.log()
+    );
+    let want: String = (1..=300).map(|n| format!("{n}\n")).collect();
+    assert!(m.read("f") == want.as_bytes());
+}
+
+#[test]
 fn small_files_fsynced_and_closed_just_before_kill_9_are_closed_at_the_next_mount() {
     // Each file written, fsynced whole and closed (`dd conv=fsync`): the
     // fsync records block, length and time, and the close makes no

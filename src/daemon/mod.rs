@@ -356,6 +356,7 @@ impl Daemon {
             tracing::warn!("committing lazy closes at unmount: {e}");
         }
         // A clean unmount leaves the next mount no journal to replay.
+        self.core.ctx.journal.stop();
         if let Err(e) = crate::pipeline::journal::checkpoint(&self.core.ctx) {
             tracing::warn!("block journal checkpoint at unmount: {e}");
         }

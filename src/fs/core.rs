@@ -196,7 +196,7 @@ impl Core {
             ledger: Default::default(),
             budget,
             metrics: Arc::default(),
-            journal: crate::pipeline::journal::Journal::new(opts.journal_checkpoint),
+            journal: Arc::new(crate::pipeline::journal::Journal::new(opts.journal_checkpoint)),
             floor: Default::default(),
         });
         Arc::new(Core {

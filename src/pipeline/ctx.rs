@@ -39,7 +39,7 @@ pub struct StreamCtx {
     pub metrics: Arc<Metrics>,
     /// Small blocks whose bytes an fsync or close kept in the metadata
     /// store's WAL, their replicas not yet synced.
-    pub journal: super::journal::set::Journal,
+    pub journal: Arc<super::journal::set::Journal>,
     /// Replicas finalized unsynced, which the flush marks may not pass
     /// yet (`fs::unflushed`).
     pub floor: super::flush_floor::FlushFloor,

@@ -62,10 +62,10 @@ pub(crate) fn add(ctx: &Arc<StreamCtx>, row: &BlockRow) {
     }
     if ctx.journal.note(row.block_id) {
         let weak = Arc::downgrade(ctx);
-        let after = ctx.journal.after;
+        let journal = Arc::clone(&ctx.journal);
         // A pool thread that waits: no timer needed of the runtime.
         ctx.rt.spawn_blocking(move || {
-            std::thread::sleep(after);
+            journal.wait_window();
             checkpoint_later(weak)
         });
     }

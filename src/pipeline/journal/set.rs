@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use crate::meta::Meta;
-use crate::sync::{AtomicBool, Mutex, Ordering, lock};
+use crate::sync::{AtomicBool, Condvar, Mutex, Ordering, lock};
 
 /// How long a checkpoint waits for more blocks to share its syncs, by
 /// default (`-o journal_checkpoint`). Not a matter of durability (the
@@ -40,6 +40,13 @@ pub struct Journal {
     /// old stamp by a checkpoint when its stamp changes (a per-file sync
     /// would then find a newer replica and fail it).
     pub(super) running: Mutex<()>,
+    /// Set at unmount: a scheduled checkpoint stops waiting for more
+    /// blocks. Its wait holds a pool thread, and the runtime's end waits
+    /// for every such thread: with a long `journal_checkpoint` the daemon
+    /// would outlive its unmount by up to that long, holding the data
+    /// directory that a new mount needs.
+    stopping: Mutex<bool>,
+    stopped: Condvar,
     /// Unit tests: scheduled checkpoints do nothing (the test runs them).
     #[cfg(test)]
     pub(super) held: AtomicBool,
@@ -62,6 +69,8 @@ impl Journal {
             stuck: Mutex::default(),
             scheduled: AtomicBool::new(false),
             running: Mutex::new(()),
+            stopping: Mutex::new(false),
+            stopped: Condvar::new(),
             #[cfg(test)]
             held: AtomicBool::new(false),
         }
@@ -85,6 +94,21 @@ impl Journal {
     pub(super) fn note(&self, id: u64) -> bool {
         lock(&self.pending).insert(id);
         !self.scheduled.swap(true, Ordering::AcqRel)
+    }
+
+    /// Waits the checkpoint's window, or until [`Self::stop`].
+    pub(super) fn wait_window(&self) {
+        let stopping = lock(&self.stopping);
+        let _ = self
+            .stopped
+            .wait_timeout_while(stopping, self.after, |stop| !*stop);
+    }
+
+    /// Unmounting: scheduled checkpoints run now (the unmount's own
+    /// checkpoint syncs what they would have).
+    pub fn stop(&self) {
+        *lock(&self.stopping) = true;
+        self.stopped.notify_all();
     }
 
     /// Unit tests: checkpoints run only when the test calls them.
