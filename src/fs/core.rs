@@ -196,7 +196,9 @@ impl Core {
             ledger: Default::default(),
             budget,
             metrics: Arc::default(),
-            journal: Arc::new(crate::pipeline::journal::Journal::new(opts.journal_checkpoint)),
+            journal: Arc::new(crate::pipeline::journal::Journal::new(
+                opts.journal_checkpoint,
+            )),
             floor: Default::default(),
         });
         Arc::new(Core {

@@ -129,3 +129,25 @@ impl Journal {
         lock(&self.pending).len()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sync::Arc;
+    use std::time::Instant;
+
+    #[test]
+    fn a_stop_ends_the_window_of_a_checkpoint_waiting_and_of_those_to_come() {
+        let j = Arc::new(Journal::new(Duration::from_secs(600)));
+        let waiting = {
+            let j = Arc::clone(&j);
+            std::thread::spawn(move || j.wait_window())
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        let t = Instant::now();
+        j.stop();
+        waiting.join().unwrap();
+        j.wait_window();
+        assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    }
+}
