@@ -751,19 +751,7 @@ fn an_unmount_does_not_wait_for_the_block_journal_window() {
     if journal {
         assert!(m.dn_counter("journaled") >= 1, "the fsync took the journal");
     }
-    let t = Instant::now();
-    m.unmount();
-    let took = t.elapsed();
-    assert!(
-        took < Duration::from_secs(10),
-        "the daemon outlived its unmount by {took:?}"
-    );
-    m.mount();
-    assert!(
-        !m.log().contains("block journal replayed"),
-        "the unmount left rows to replay:\n{}",
-        m.log()
-    );
+    m.remount_after_a_prompt_unmount_with_no_journal_left();
     let want: String = (1..=300).map(|n| format!("{n}\n")).collect();
     assert!(m.read("f") == want.as_bytes());
 }

@@ -503,3 +503,54 @@ fn a_datanode_or_data_directory_others_can_change_is_refused_at_mount() {
         "datanode add of a 0777 directory: {o:?}"
     );
 }
+
+/// A user's flood of durable small files goes through the block journal
+/// (docs/SEMANTICS.md, "The block journal"): what the daemon holds for it
+/// stays within the journal's bound (1,024 blocks, and one more per fsync
+/// under way; past it an fsync syncs its replicas itself), and it cannot make the root daemon outlive its
+/// unmount by the checkpoint's window (ten minutes here): the unmount
+/// checkpoints everything at once, and the next mount replays nothing.
+#[test]
+fn a_users_flood_of_durable_small_files_is_bounded_and_does_not_hold_up_an_unmount() {
+    let journal = !etcd_backend();
+    let mut m = Mount::with_o("journal_checkpoint=600");
+    m.open_to_all();
+    m.sh_ok("mkdir u && chown nobody:nogroup u");
+    let (writers, each) = (4, 300);
+    let flood = m.sh_as_nobody(&format!(
+        "for w in $(seq 1 {writers}); do \
+           (for i in $(seq 1 {each}); do \
+              echo \"$w $i\" | dd of=u/f$w-$i conv=fsync status=none || exit 1; \
+            done) & \
+         done; wait"
+    ));
+    assert!(
+        flood.status.success(),
+        "the flood as nobody failed: {}",
+        String::from_utf8_lossy(&flood.stderr)
+    );
+    if journal {
+        let journaled = m.dn_counter("journaled");
+        // Three replicas a block. The bound is in blocks, checked as an
+        // fsync starts: each writer's fsync under way may pass it once.
+        assert!(
+            journaled > 0 && journaled <= 3 * (1024 + writers as u64),
+            "replicas journaled: {journaled} of {} files",
+            writers * each
+        );
+    }
+    m.remount_after_a_prompt_unmount_with_no_journal_left();
+    let owned = m.sh_ok("find u -type f -user nobody | wc -l");
+    assert_eq!(
+        owned.trim(),
+        (writers * each).to_string(),
+        "files of nobody's"
+    );
+    assert_eq!(m.sh_ok("find u -type f ! -user nobody | wc -l").trim(), "0");
+    for w in 1..=writers {
+        for i in [1, each / 2, each] {
+            let got = m.read(&format!("u/f{w}-{i}"));
+            assert_eq!(got, format!("{w} {i}\n").as_bytes(), "u/f{w}-{i}");
+        }
+    }
+}

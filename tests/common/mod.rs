@@ -344,6 +344,25 @@ impl Mount {
         wait_until(Duration::from_secs(20), || data_dir_free(&self.data));
     }
 
+    /// Unmounts and mounts again, asserting that the daemon exited
+    /// within 10 s of the unmount (not by [`Mount::unmount`]'s kill after
+    /// 20 s) and left the next mount no block-journal rows to replay.
+    pub fn remount_after_a_prompt_unmount_with_no_journal_left(&mut self) {
+        let t = Instant::now();
+        self.unmount();
+        let took = t.elapsed();
+        assert!(
+            took < Duration::from_secs(10),
+            "the daemon outlived its unmount by {took:?}"
+        );
+        self.mount();
+        assert!(
+            !self.log().contains("block journal replayed"),
+            "the unmount left rows to replay:\n{}",
+            self.log()
+        );
+    }
+
     /// kill -9 of the daemon, then clean up the dead mount.
     pub fn crash(&mut self) {
         if let Some(pid) = self.pid.take() {

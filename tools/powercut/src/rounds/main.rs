@@ -48,6 +48,9 @@ use rig::Rig;
 /// leaves its block: `pipeline::durable`).
 const FAILED_SYNC: &str = "replica sync failed";
 
+/// The pipeline workload's fault that fails a datanode's syncs alone.
+const SYNC_FAULT: &str = "EIO --sync";
+
 #[derive(Parser)]
 #[command(
     name = "powercut-rounds",
@@ -439,7 +442,7 @@ impl Run {
                 let errno = match self.rng.below(3) {
                     0 => "ENOSPC",
                     1 => "EIO",
-                    _ => "EIO --sync",
+                    _ => SYNC_FAULT,
                 };
                 fault = Some((
                     self.rng.range(run_ms / 4, run_ms * 3 / 4),
@@ -495,16 +498,19 @@ impl Run {
         }
         let t0 = Instant::now();
         let failed_syncs = || self.rig.daemon_log().matches(FAILED_SYNC).count();
-        let syncs_before = failed_syncs();
+        let syncs_before = fault
+            .as_ref()
+            .filter(|(.., errno)| *errno == SYNC_FAULT)
+            .map(|_| failed_syncs());
         if let Some((at, dn, errno)) = &fault {
             std::thread::sleep(Duration::from_millis(*at));
             self.rig.control(&format!("fail {dn} {errno}"))?;
         }
         let rest = Duration::from_millis(run_ms).saturating_sub(t0.elapsed());
         std::thread::sleep(rest);
-        if let Some((.., "EIO --sync")) = &fault {
+        if let Some(before) = syncs_before {
             self.sync_faults.0 += 1;
-            self.sync_faults.1 += usize::from(failed_syncs() > syncs_before);
+            self.sync_faults.1 += usize::from(failed_syncs() > before);
         }
 
         // The cut.
