@@ -74,7 +74,7 @@ section "FUSE over io_uring"
 uring_on=0
 [[ $(cat /sys/module/fuse/parameters/enable_uring 2>/dev/null) == Y ]] && uring_on=1
 
-section "cargo build --release"
+section "build: cargo test --release --no-run, and the test tools"
 # The tests' build, which includes leasefs itself (target/release/leasefs),
 # then the tools. Not `cargo build` first: `cargo test` resolves the
 # dependencies' features together with the dev-dependencies, so a plain

@@ -507,9 +507,10 @@ fn a_datanode_or_data_directory_others_can_change_is_refused_at_mount() {
 /// A user's flood of durable small files goes through the block journal
 /// (docs/SEMANTICS.md, "The block journal"): what the daemon holds for it
 /// stays within the journal's bound (1,024 blocks, and one more per fsync
-/// under way; past it an fsync syncs its replicas itself), and it cannot make the root daemon outlive its
-/// unmount by the checkpoint's window (ten minutes here): the unmount
-/// checkpoints everything at once, and the next mount replays nothing.
+/// under way; past it an fsync syncs its replicas itself), and it cannot
+/// make the root daemon outlive its unmount by the checkpoint's window
+/// (ten minutes here): the unmount checkpoints everything at once, and
+/// the next mount replays nothing.
 #[test]
 fn a_users_flood_of_durable_small_files_is_bounded_and_does_not_hold_up_an_unmount() {
     let journal = !etcd_backend();
